@@ -1,0 +1,75 @@
+"""ARCHITECTURE §1 import rules, enforced by reading the source and by importing in a clean process."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PURE = ["whalegen/gpus", "whalegen/placement", "whalegen/forecast", "whalegen/sim", "whalegen/protocol.py"]
+FORBIDDEN_IN_PURE = {"django", "celery", "rest_framework", "django_filters", "drf_spectacular", "apps"}
+PRODUCT_PACKAGES = {"whalegen", "apps", "agents"}
+
+
+def _python_files(rel: str) -> list[Path]:
+    path = ROOT / rel
+    if path.is_file():
+        return [path]
+    return sorted(path.rglob("*.py")) if path.exists() else []
+
+
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_pure_core_never_imports_django_celery_or_apps(package: str) -> None:
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _python_files(package)
+        for line, module in _imported_modules(path)
+        if module.split(".")[0] in FORBIDDEN_IN_PURE
+    ]
+    assert offences == []
+
+
+def test_agent_imports_only_gpus_and_protocol_from_the_product() -> None:
+    allowed = ("whalegen.gpus", "whalegen.protocol", "agents")
+    offences = []
+    for path in _python_files("agents"):
+        for line, module in _imported_modules(path):
+            top = module.split(".")[0]
+            if top in {"django", "celery", "rest_framework"} or (
+                top in PRODUCT_PACKAGES and not module.startswith(allowed) and module != "whalegen"
+            ):
+                offences.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert offences == []
+
+
+def test_pure_core_loads_in_a_process_without_django() -> None:
+    modules = ["whalegen.gpus", "whalegen.placement", "whalegen.forecast", "whalegen.sim"]
+    if (ROOT / "whalegen" / "protocol.py").exists():
+        modules.append("whalegen.protocol")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
+        f"{sorted(FORBIDDEN_IN_PURE)!r})\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == ""

@@ -1,0 +1,3 @@
+from whalegen.cli import main
+
+raise SystemExit(main())

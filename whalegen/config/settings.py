@@ -1,0 +1,161 @@
+"""Django settings, read from the environment only (see README "Configuration").
+
+With nothing set, WhaleGen runs on its embedded default: an SQLite file under WHALEGEN_DATA_DIR and an
+in-process Celery (tasks run eagerly). Production sets DATABASE_URL (PostgreSQL) and REDIS_URL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from whalegen.config.env import (
+    ConfigError,
+    database_from_url,
+    envbool,
+    envint,
+    envlist,
+    envstr,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+DATA_DIR = Path(envstr("WHALEGEN_DATA_DIR", str(BASE_DIR / "var")) or "var")
+
+DEBUG = envbool("WHALEGEN_DEBUG", False)
+# Without a database URL we are on the embedded default (demo); debug-grade conveniences are fine there.
+EMBEDDED = envstr("DATABASE_URL") is None
+
+_secret = envstr("SECRET_KEY")
+if _secret is None:
+    if not (DEBUG or EMBEDDED):
+        raise ConfigError("SECRET_KEY is required unless WHALEGEN_DEBUG=true or running embedded")
+    # A per-installation key for the embedded default, kept in the data dir so sessions survive
+    # restarts; never a constant in the source.
+    _key_file = DATA_DIR / "secret_key"
+    if _key_file.exists():
+        _secret = _key_file.read_text().strip()
+    else:
+        import secrets
+
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        _secret = secrets.token_urlsafe(50)
+        _key_file.write_text(_secret)
+SECRET_KEY = _secret
+
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "apps.tenants",
+    "apps.inventory",
+    "apps.workloads",
+    "apps.approvals",
+    "apps.scheduling",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "whalegen.config.urls"
+WSGI_APPLICATION = "whalegen.config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "frontend" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'whalegen.sqlite3'}")
+assert _database_url is not None
+DATABASES = {"default": database_from_url(_database_url)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(str(DATABASES["default"]["NAME"])).parent.mkdir(parents=True, exist_ok=True)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = envstr("TIME_ZONE", "UTC") or "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.tenants.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": envint("WHALEGEN_API_PAGE_SIZE", 50),
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "apps.common.exceptions.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "WhaleGen API",
+    "DESCRIPTION": "Submit, inspect and cancel GPU tasks; read pools, quotas and usage.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# Celery: Redis when configured, otherwise tasks run in-process (eagerly) for the embedded default.
+REDIS_URL = envstr("REDIS_URL")
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
+if CELERY_BROKER_URL is None:
+    CELERY_BROKER_URL = "memory://"
+    CELERY_RESULT_BACKEND = "cache+memory://"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULE = {
+    "expire-overrides": {
+        "task": "apps.approvals.tasks.overrides_expire",
+        "schedule": float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60)),
+    },
+}
+
+# WhaleGen's own knobs.
+WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
+WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
+WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("WHALEGEN_LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,1 @@
+"""Feature building and XGBoost forecasters behind small typed functions. Pure: no Django."""
