@@ -9,10 +9,10 @@ models: they are kept opaque (figures unknown, None) rather than guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Vendor(str, Enum):
+class Vendor(StrEnum):
     NVIDIA = "nvidia"
     UNKNOWN = "unknown"
 
