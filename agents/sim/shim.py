@@ -80,11 +80,13 @@ def _fill_array(
     write: Callable[[Any, int, Any], None],
     *,
     null_is_query: bool = False,
+    count_is_output_only: bool = False,
 ) -> None:
     """NVML's two-call pattern: a null array asks for the count; a short one gets INSUFFICIENT_SIZE.
 
     Placement calls document a null array as a plain count query (SUCCESS); the process lists answer
     it with INSUFFICIENT_SIZE when there is something to list, which is what pynvml's wrapper expects.
+    The instance lists take an array sized by the profile's instanceCount and only write the count.
     """
     if count_ref is None:
         raise SimNvmlError(Nvml.INVALID_ARGUMENT, "null count pointer")
@@ -94,7 +96,7 @@ def _fill_array(
         if rows and not null_is_query:
             raise SimNvmlError(Nvml.INSUFFICIENT_SIZE)
         return
-    if count.value < len(rows):
+    if count.value < len(rows) and not count_is_output_only:
         count.value = len(rows)
         raise SimNvmlError(Nvml.INSUFFICIENT_SIZE)
     array = _target(array_ref)
@@ -253,7 +255,7 @@ class NvmlLibShim:
         handles = self.system.gpu_instances(_handle_in(device), _value_in(profile_id))
         if array_ref is None:
             raise SimNvmlError(Nvml.INVALID_ARGUMENT, "null instance array")
-        _fill_array(array_ref, count_ref, handles, _pointer_array_writer)
+        _fill_array(array_ref, count_ref, handles, _pointer_array_writer, count_is_output_only=True)
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gi_id: Any, instance_ref: Any) -> None:
         _put_handle(instance_ref, self.system.gpu_instance_by_id(_handle_in(device), _value_in(gi_id)))
@@ -319,7 +321,7 @@ class NvmlLibShim:
         handles = self.system.compute_instances(_handle_in(instance), _value_in(profile_id))
         if array_ref is None:
             raise SimNvmlError(Nvml.INVALID_ARGUMENT, "null instance array")
-        _fill_array(array_ref, count_ref, handles, _pointer_array_writer)
+        _fill_array(array_ref, count_ref, handles, _pointer_array_writer, count_is_output_only=True)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, instance: Any, ci_id: Any, ci_ref: Any) -> None:
         _put_handle(ci_ref, self.system.compute_instance_by_id(_handle_in(instance), _value_in(ci_id)))
