@@ -11,6 +11,7 @@ agent's loop never blocks on a slow task.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -135,10 +136,8 @@ class Runner:
         self._signal(proc, signal.SIGTERM)
 
     def _signal(self, proc: TaskProcess, signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def _alive(self, proc: TaskProcess) -> bool:
         if proc.popen is not None:

@@ -10,6 +10,7 @@ device plugin does; `get_default_active_thread_percentage` is the health probe.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -153,10 +154,8 @@ class MpsManager:
         pid = self.daemon_pid(device_uuid)
         if pid is None:
             return True
-        try:
+        with contextlib.suppress(MpsError):
             self.control(device_uuid, "quit")
-        except MpsError:
-            pass
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             if self.daemon_pid(device_uuid) is None:

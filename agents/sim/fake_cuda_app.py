@@ -54,9 +54,8 @@ def main(argv: list[str]) -> int:
             return 3
         device_uuid = str(limits["device_uuid"])
         limit_mib = limits["pinned_mib"]
-        print(
-            f"mps server={limits['server_pid']} thread_pct={limits['thread_pct']:g} pinned_limit_mib={limit_mib}"
-        )
+        print(f"mps server={limits['server_pid']} thread_pct={limits['thread_pct']:g}", end=" ")
+        print(f"pinned_limit_mib={limit_mib}")
     else:
         device_uuid = env.get("CUDA_VISIBLE_DEVICES", "")
         print(f"device {device_uuid}")
@@ -67,10 +66,8 @@ def main(argv: list[str]) -> int:
         for step in range(max(1, args.steps)):
             want = args.alloc_mib + step * args.grow_mib
             if limit_mib is not None and want > limit_mib:
-                print(
-                    f"CUDA error: out of memory (allocating {want} MiB exceeds the MPS pinned limit {limit_mib} MiB)",
-                    file=sys.stderr,
-                )
+                message = f"allocating {want} MiB exceeds the MPS pinned limit {limit_mib} MiB"
+                print(f"CUDA error: out of memory ({message})", file=sys.stderr)
                 return OUT_OF_MEMORY_EXIT
             used = want
             _declare(proc_dir, device_uuid, used, mps)
