@@ -30,5 +30,6 @@ def from_spec_file(spec_path: Path, node: str | None, sim_dir: Path) -> tuple[Si
         call_log_path=sim_dir / "calls.jsonl",
         control_dir=sim_dir / "control",
         proc_dir=sim_dir / "procs",
+        state_path=sim_dir / "driver-state.json",
     )
     return system, simulated_backend(system)

@@ -299,6 +299,7 @@ class SimSystem:
         call_log: CallLog | None = None,
         control_dir: Path | None = None,
         proc_dir: Path | None = None,
+        state_path: Path | None = None,
     ) -> None:
         self.gpus = list(gpus)
         self.driver_version = driver_version
@@ -319,6 +320,11 @@ class SimSystem:
         self._serial = 0
         self._event_sets: dict[int, SimEventSet] = {}
         self._control_checked_at = 0.0
+        # The driver outlives the agent: with a state path, instances, modes and lost GPUs survive an
+        # agent restart the way they survive one on a real host.
+        self.state_path = state_path
+        if state_path is not None and state_path.exists():
+            self.restore(json.loads(state_path.read_text()))
 
     # ---- plumbing -------------------------------------------------------------------------------
     def _invoke(self, name: str, method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -337,7 +343,65 @@ class SimSystem:
             self._record(name, args, int(error.code))
             raise
         self._record(name, args, 0)
+        if name in MUTATING:
+            self._persist()
         return result
+
+    # ---- the driver state file -------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "serial": self._serial,
+            "gpus": [
+                {
+                    "mig_current": gpu.mig_current,
+                    "mig_pending": gpu.mig_pending,
+                    "compute_mode": gpu.compute_mode,
+                    "lost": gpu.lost,
+                    "gis": [
+                        {
+                            "id": gi.id,
+                            "serial": gi.serial,
+                            "profile_id": gi.profile.profile_id,
+                            "start": gi.start,
+                            "cis": [
+                                {
+                                    "id": ci.id,
+                                    "serial": ci.serial,
+                                    "slices": ci.profile.compute_slices,
+                                    "start": ci.start,
+                                    "uuid": ci.uuid,
+                                }
+                                for ci in gi.cis.values()
+                            ],
+                        }
+                        for gi in gpu.gis.values()
+                    ],
+                }
+                for gpu in self.gpus
+            ],
+        }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        self._serial = int(data["serial"])
+        for gpu, saved in zip(self.gpus, data["gpus"], strict=False):
+            gpu.mig_current, gpu.mig_pending = saved["mig_current"], saved["mig_pending"]
+            gpu.compute_mode, gpu.lost = saved["compute_mode"], saved["lost"]
+            gpu.gis = {}
+            for row in saved["gis"]:
+                profile = next(p for p in gpu.sku.gi_profiles if p.profile_id == row["profile_id"])
+                gi = SimGi(row["id"], row["serial"], profile, row["start"])
+                by_slices = {c.compute_slices: c for c in ci_profiles(profile)}
+                for ci in row["cis"]:
+                    gi.cis[ci["id"]] = SimCi(
+                        ci["id"], ci["serial"], by_slices[ci["slices"]], ci["start"], ci["uuid"]
+                    )
+                gpu.gis[gi.id] = gi
+
+    def _persist(self) -> None:
+        if self.state_path is not None:
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.snapshot()))
+            tmp.replace(self.state_path)
 
     def _record(self, name: str, args: tuple[Any, ...], code: int) -> None:
         self.log.append(CallRecord(len(self.log.entries), self.clock.now_s, name, args, code))
@@ -548,6 +612,7 @@ class SimSystem:
         )
         if xid == XID_GPU_FALLEN_OFF_BUS:
             self.gpus[gpu].lost = True
+            self._persist()
 
     def reset(self, index: int) -> None:
         """What `nvidia-smi -r -i` does: refuse while busy, else clear instances and apply pending mode."""

@@ -64,6 +64,7 @@ def build_system(
     call_log_path: Path | None = None,
     control_dir: Path | None = None,
     proc_dir: Path | None = None,
+    state_path: Path | None = None,
 ) -> SimSystem:
     chosen = node_spec(spec, node)
     gpus: list[SimGpu] = []
@@ -103,4 +104,5 @@ def build_system(
         call_log=CallLog(call_log_path),
         control_dir=control_dir,
         proc_dir=proc_dir,
+        state_path=state_path,
     )
