@@ -160,7 +160,11 @@ class Agent:
         poller.start()
         try:
             while not self.stop_event.is_set():
-                self.tick()
+                try:
+                    self.tick()
+                except Exception:
+                    # One bad pass must not take the supervisor of running tasks down with it.
+                    log.exception("agent loop pass failed; continuing")
                 self.wake.wait(self.config.tick_s)
                 self.wake.clear()
         finally:

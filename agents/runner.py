@@ -19,7 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,7 @@ class TaskProcess:
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     def record(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("popen")
-        return data
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
 
 
 @dataclass(frozen=True)
