@@ -414,19 +414,24 @@ class NvmlBackend:
 
     # ---- processes and telemetry ---------------------------------------------------------------------
     def _raw_processes(self, handle: Any, uuid: str) -> list[tuple[int, int | None, int, int, bool]]:
+        """(pid, used MiB, GI ID, CI ID, is MPS client). Calls the versioned wrappers: the
+        unversioned ones turn an older driver's FUNCTION_NOT_FOUND into a non-NVML exception."""
         rows = []
-        for mps, call, op in (
-            (False, pynvml.nvmlDeviceGetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses"),
-            (True, pynvml.nvmlDeviceGetMPSComputeRunningProcesses, "nvmlDeviceGetMPSComputeRunningProcesses"),
-        ):
-            try:
-                with _nvml(op, uuid):
-                    procs = call(handle)
-            except BackendError as error:
-                if error.code == NOT_SUPPORTED:
-                    continue
-                raise
-            for proc in procs:
+        for mps, kind in ((False, "ComputeRunningProcesses"), (True, "MPSComputeRunningProcesses")):
+            procs = None
+            for version in ("_v3", "_v2"):  # _v2 for drivers older than the pinned binding
+                op = f"nvmlDeviceGet{kind}{version}"
+                try:
+                    with _nvml(op, uuid):
+                        procs = getattr(pynvml, op)(handle)
+                    break
+                except BackendError as error:
+                    if error.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and version == "_v3":
+                        continue
+                    if error.code == NOT_SUPPORTED:
+                        break
+                    raise
+            for proc in procs or []:
                 used = None if proc.usedGpuMemory is None else int(proc.usedGpuMemory) // MIB
                 rows.append((int(proc.pid), used, int(proc.gpuInstanceId), int(proc.computeInstanceId), mps))
         return rows

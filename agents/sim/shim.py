@@ -134,6 +134,7 @@ class NvmlLibShim:
 
     def __init__(self, system: SimSystem) -> None:
         self.system = system
+        self._hidden: set[str] = set()
         # Plain functions, not bound methods: pynvml sets attributes on some (`fn.restype = …`).
         for name in dir(type(self)):
             if name.startswith("nvml") and name != "nvmlErrorString":
@@ -146,7 +147,16 @@ class NvmlLibShim:
         self.nvmlErrorString = nvmlErrorString  # type: ignore[method-assign]
 
     def symbols(self) -> set[str]:
-        return {name for name in dir(type(self)) if name.startswith("nvml")}
+        return {name for name in dir(type(self)) if name.startswith("nvml")} - self._hidden
+
+    def hide(self, *names: str) -> None:
+        """Behave like an older driver that lacks these symbols (pynvml: FUNCTION_NOT_FOUND)."""
+        self._hidden.update(names)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("nvml") and name in object.__getattribute__(self, "_hidden"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
 
     # ---- init and system ----
     def nvmlInitWithFlags(self, flags: Any) -> None:
@@ -208,9 +218,9 @@ class NvmlLibShim:
     def nvmlDeviceSetMigMode(self, device: Any, mode: Any, status_ref: Any) -> None:
         _put(status_ref, self.system.set_mig_mode(_handle_in(device), _value_in(mode)))
 
-    def nvmlDeviceGetGpuInstanceProfileInfoV(self, device: Any, index: Any, info_ref: Any) -> None:
+    def _gi_profile_info(self, device: Any, index: Any, info_ref: Any, *, v2: bool) -> None:
         info = _target(info_ref)
-        if info.version != GI_PROFILE_INFO_V2:
+        if v2 and info.version != GI_PROFILE_INFO_V2:
             raise SimNvmlError(Nvml.VERSION_MISMATCH)
         profile = self.system.gi_profile_info(_handle_in(device), _value_in(index))
         info.id = profile.profile_id
@@ -226,7 +236,14 @@ class NvmlLibShim:
         info.jpegCount = media
         info.ofaCount = media
         info.memorySizeMB = profile.mem_mib
-        info.name = f"MIG {profile.name}".encode()
+        if v2:
+            info.name = f"MIG {profile.name}".encode()
+
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, device: Any, index: Any, info_ref: Any) -> None:
+        self._gi_profile_info(device, index, info_ref, v2=True)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, index: Any, info_ref: Any) -> None:
+        self._gi_profile_info(device, index, info_ref, v2=False)
 
     def nvmlDeviceGetGpuInstancePossiblePlacements_v2(
         self, device: Any, profile_id: Any, placements_ref: Any, count_ref: Any
@@ -271,15 +288,11 @@ class NvmlLibShim:
         self.system.gi_destroy(_handle_in(instance))
 
     # ---- compute instances ----
-    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(
-        self, instance: Any, index: Any, engine_profile: Any, info_ref: Any
-    ) -> None:
+    def _ci_profile_info(self, instance: Any, index: Any, engine: Any, info_ref: Any, *, v2: bool) -> None:
         info = _target(info_ref)
-        if info.version != CI_PROFILE_INFO_V2:
+        if v2 and info.version != CI_PROFILE_INFO_V2:
             raise SimNvmlError(Nvml.VERSION_MISMATCH)
-        profile, gi = self.system.ci_profile_info(
-            _handle_in(instance), _value_in(index), _value_in(engine_profile)
-        )
+        profile, gi = self.system.ci_profile_info(_handle_in(instance), _value_in(index), _value_in(engine))
         info.id = profile.profile_id
         info.sliceCount = profile.compute_slices
         info.instanceCount = profile.max_instances
@@ -288,7 +301,18 @@ class NvmlLibShim:
         info.sharedCopyEngineCount = max(1, gi.profile.compute_slices)
         info.sharedDecoderCount = gi.profile.compute_slices // 2
         info.sharedEncoderCount = info.sharedJpegCount = info.sharedOfaCount = 0
-        info.name = f"MIG {profile.name}".encode()
+        if v2:
+            info.name = f"MIG {profile.name}".encode()
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+        self, instance: Any, index: Any, engine_profile: Any, info_ref: Any
+    ) -> None:
+        self._ci_profile_info(instance, index, engine_profile, info_ref, v2=True)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, instance: Any, index: Any, engine_profile: Any, info_ref: Any
+    ) -> None:
+        self._ci_profile_info(instance, index, engine_profile, info_ref, v2=False)
 
     def nvmlGpuInstanceGetComputeInstancePossiblePlacements(
         self, instance: Any, profile_id: Any, placements_ref: Any, count_ref: Any
@@ -357,11 +381,22 @@ class NvmlLibShim:
         _put(id_ref, self.system.mig_ci_id(_handle_in(device)))
 
     # ---- processes and telemetry ----
+    def _processes(self, device: Any, count_ref: Any, array_ref: Any, *, mps: bool) -> None:
+        read = self.system.mps_processes if mps else self.system.compute_processes
+        _fill_array(array_ref, count_ref, read(_handle_in(device)), _process_writer)
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, device: Any, count_ref: Any, array_ref: Any) -> None:
-        _fill_array(array_ref, count_ref, self.system.compute_processes(_handle_in(device)), _process_writer)
+        self._processes(device, count_ref, array_ref, mps=False)
 
     def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, device: Any, count_ref: Any, array_ref: Any) -> None:
-        _fill_array(array_ref, count_ref, self.system.mps_processes(_handle_in(device)), _process_writer)
+        self._processes(device, count_ref, array_ref, mps=True)
+
+    # The _v2 process structs have the same layout in this binding (c_nvmlProcessInfo_v3_t is _v2_t).
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, device: Any, count_ref: Any, array_ref: Any) -> None:
+        self._processes(device, count_ref, array_ref, mps=False)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, device: Any, count_ref: Any, array_ref: Any) -> None:
+        self._processes(device, count_ref, array_ref, mps=True)
 
     def nvmlDeviceGetUtilizationRates(self, device: Any, util_ref: Any) -> None:
         util = _target(util_ref)
