@@ -103,15 +103,6 @@ class GpuBackend(Protocol):
     def telemetry(self, gpu: int) -> TelemetrySample: ...
     def compute_mode(self, gpu: int) -> int: ...
     def set_compute_mode(self, gpu: int, mode: int) -> None: ...
-    def _uuid_of_handle(self, handle_value: int | None) -> str:
-        for index, uuid in self._uuids.items():
-            try:
-                if ctypes.cast(self._handle(index), ctypes.c_void_p).value == handle_value:
-                    return uuid
-            except BackendError:
-                continue
-        return ""
-
     def events(self, timeout_ms: int = 0) -> list[GpuEvent]: ...
     def task_env(self) -> dict[str, str]: ...
 
@@ -165,8 +156,9 @@ class NvmlBackend:
     def uuid(self, gpu: int) -> str:
         handle = self._handle(gpu)
         with _nvml("nvmlDeviceGetUUID", self._uuids.get(gpu, "")):
-            self._uuids[gpu] = _text(pynvml.nvmlDeviceGetUUID(handle))
-        return self._uuids[gpu]
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        self._uuids[gpu] = uuid
+        return uuid
 
     def _gi_handle(self, gpu: int, gi_id: int) -> Any:
         with _nvml("nvmlDeviceGetGpuInstanceById", self._uuids.get(gpu, "")):
@@ -342,7 +334,7 @@ class NvmlBackend:
         uuid = self._uuids.get(gpu, "")
         with _nvml("nvmlDeviceGetMaxMigDeviceCount", uuid):
             count = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
-        found = {}
+        found: dict[tuple[int, int], str] = {}
         for index in range(count):
             try:
                 with _nvml("nvmlDeviceGetMigDeviceHandleByIndex", uuid):
@@ -542,7 +534,7 @@ class NvmlBackend:
     def events(self, timeout_ms: int = 0) -> list[GpuEvent]:
         """Drain pending Xid/ECC/MIG-change events; waits at most `timeout_ms` for the first."""
         self._ensure_registered()
-        found = []
+        found: list[GpuEvent] = []
         wait_ms = timeout_ms
         while True:
             try:

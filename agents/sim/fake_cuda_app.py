@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
             _declare(proc_dir, device_uuid, used, mps)
             print(f"step {step} using {used} MiB", flush=True)
             time.sleep(args.step_s)
-        return args.exit_code
+        return int(args.exit_code)
     finally:
         if proc_dir is not None:
             (proc_dir / f"{os.getpid()}.json").unlink(missing_ok=True)
