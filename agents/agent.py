@@ -255,18 +255,20 @@ class Agent:
             log.warning("reading NVML events failed: %s", error)
             return
         for event in events:
-            if event.fatal and event.gpu_uuid not in self.lost:
-                self.lost.add(event.gpu_uuid)
-                self._partition_report(
-                    PartitionReport(
-                        gpu_uuid=event.gpu_uuid,
-                        state=PartitionState.GPU_LOST,
-                        at_s=now,
-                        generation=self.generation_applied,
-                        reason=f"Xid {event.xid}: GPU fell off the bus",
-                    )
-                )
+            if event.fatal:
+                self._mark_lost(event.gpu_uuid, f"Xid {event.xid}: GPU fell off the bus", now)
         self.events = (self.events + events)[-MAX_QUEUED_EVENTS:]
+
+    def _mark_lost(self, gpu_uuid: str, reason: str, now: float) -> None:
+        """A lost GPU leaves the usable inventory once, with one partition report saying why."""
+        if not gpu_uuid or gpu_uuid in self.lost:
+            return
+        self.lost.add(gpu_uuid)
+        log.error("GPU %s lost: %s", gpu_uuid, reason)
+        report = PartitionReport(
+            gpu_uuid, PartitionState.GPU_LOST, now, self.generation_applied, reason=reason
+        )
+        self._partition_report(report)
 
     # ---- applying the desired state ----------------------------------------------------------------
     def _gpu_index(self, gpu_uuid: str) -> int | None:
@@ -300,7 +302,8 @@ class Agent:
             now_s=now,
         )
         if report.state is PartitionState.GPU_LOST:
-            self.lost.add(layout.gpu_uuid)
+            self._mark_lost(layout.gpu_uuid, report.reason, now)
+            return
         if report.state is PartitionState.OK:
             report = self._apply_sharing(index, layout, report, now)
         self._partition_report(report)
@@ -357,6 +360,8 @@ class Agent:
             running_or_done = task.task_id in self.runner.tasks or task.task_id in self.finished
             if task.desired is DesiredTaskState.RUN and not running_or_done:
                 self._start_task(task, now)
+        # Remember ended tasks only while the plane still lists them (so they are never rerun).
+        self.finished &= set(wanted)
 
     def _start_task(self, task: TaskSpec, now: float) -> None:
         env = dict(os.environ)
@@ -494,7 +499,7 @@ class Agent:
             log.warning("inventory failed: %s", error)
         for gpu in self.inventory:
             if gpu.lost:
-                self.lost.add(gpu.uuid)
+                self._mark_lost(gpu.uuid, "NVML answers GPU_IS_LOST", now)
             if gpu.uuid in self.lost:
                 continue
             try:
