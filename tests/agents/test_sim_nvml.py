@@ -349,3 +349,33 @@ def test_specs_are_checked() -> None:
         host({"sku": "v100"})
     with pytest.raises(SimNvmlError):
         host({"sku": "l40s"}).device_count()  # not initialised
+
+
+@pytest.mark.parametrize(
+    ("order", "placements", "fails_at"),
+    [
+        ([19, 14, 5], [6, 4, 0], None),  # MIG guide: 1g → 6, 2g → 4, 4g → 0
+        ([19, 19, 14, 9], [6, 5, 2], 3),  # the guide's known issue: the 3g finds no room
+    ],
+)
+def test_automatic_placement_can_follow_the_observed_a100_policy(
+    order: list[int], placements: list[int], fails_at: int | None
+) -> None:
+    """The two §4.6 examples the "1g/2g high, others low" heuristic reproduces (the driver's real
+    policy is uncertain; the agent never relies on it)."""
+    opened(host({"sku": "a100-40gb", "mig": "enabled"}, auto_placement="observed-a100"))
+    device = pynvml.nvmlDeviceGetHandleByIndex(0)
+    starts = []
+    for step, profile_id in enumerate(order):
+        if step == fails_at:
+            assert (
+                nvml_code(pynvml.nvmlDeviceCreateGpuInstance, device, profile_id)
+                == Nvml.INSUFFICIENT_RESOURCES
+            )
+            break
+        starts.append(
+            pynvml.nvmlGpuInstanceGetInfo(
+                pynvml.nvmlDeviceCreateGpuInstance(device, profile_id)
+            ).placement.start
+        )
+    assert starts == placements
