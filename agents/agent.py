@@ -126,7 +126,6 @@ class Agent:
         self.backend.open()
         self.events.extend(self.backend.events(0))  # registers for events before anything can happen
         self.inventory = self.backend.inventory()
-        self.lost = {gpu.uuid for gpu in self.inventory if gpu.lost}
         saved = self.state_file.load()
         self.seq = max(int(saved.get("seq", 0)), self.outbox.last_seq())
         self.finished = set(saved.get("finished", []))
@@ -139,6 +138,9 @@ class Agent:
                 log.warning("ignoring an unreadable desired state in the state file")
         self.specs = {tid: TaskSpec.from_dict(spec) for tid, spec in saved.get("specs", {}).items()}
         now = self.clock()
+        for gpu in self.inventory:
+            if gpu.lost:
+                self._mark_lost(gpu.uuid, "NVML answers GPU_IS_LOST at start-up", now)
         for record in saved.get("tasks", []):
             ended = self.runner.adopt(record)
             if ended is None:
@@ -169,8 +171,12 @@ class Agent:
                 self.wake.clear()
         finally:
             self._save_state()
-            self.backend.close()
             self.client.close()
+            self.poll_client.close()
+            try:
+                self.backend.close()
+            except BackendError as error:
+                log.warning("closing NVML: %s", error)
 
     def stop(self) -> None:
         """Leave tasks and MPS daemons running: a restarted agent re-adopts them."""
