@@ -141,3 +141,52 @@ def test_whole_gpu_layout_on_a_mig_gpu_disables_mig_after_clearing_it() -> None:
     report = apply(backend, GpuLayout(uuid, PartitionMode.WHOLE), allow=True)
     assert report.state is PartitionState.OK
     assert (system.gpus[0].mig_current, system.gpus[0].gis) == (0, {})
+
+
+COMPLETE_LAYOUTS = [
+    "7g",
+    "4g+3g",
+    "4g+2g+1g",
+    "4g+2g+1g'",
+    "4g+3*1g",
+    "4g+2*1g+1g'",
+    "3g+2*2g",
+    "3g+2g+2*1g",
+    "3g+4*1g",
+    "3*2g+1g",
+    "3*2g+1g'",
+    "2*2g+3*1g",
+    "2*2g+2*1g+1g'",
+    "2g+5*1g",
+    "2g+4*1g+1g'",
+    "7*1g",
+    "6*1g+1g'",
+]  # reference §4.5; 1g' is the double-memory 1g
+
+
+@pytest.mark.parametrize("sku", ["a100-80gb", "h100-80gb-sxm", "h200-141gb"])
+@pytest.mark.parametrize("layout", COMPLETE_LAYOUTS)
+def test_every_complete_layout_is_created_on_the_simulated_gpu(sku: str, layout: str) -> None:
+    system, backend, uuid = setup(sku)
+    by_kind: dict[str, str] = {}
+    for profile in system.gpus[0].sku.gi_profiles:
+        kind = profile.name.split(".")[0]
+        if profile.profile_id == 15:
+            kind = "1g'"
+        elif profile.profile_id == 20:
+            continue
+        by_kind[kind] = profile.name
+    names = []
+    for part in layout.split("+"):
+        count, _, kind = part.rpartition("*")
+        names += [by_kind[kind]] * int(count or 1)
+    report = apply(backend, mig(uuid, *names))
+    assert report.state is PartitionState.OK, report.reason
+    assert sorted(i.profile for i in report.instances) == sorted(names)
+    assert all(i.mig_uuid for i in report.instances)
+    assert (
+        sum(next(p.compute_slices for p in system.gpus[0].sku.gi_profiles if p.name == n) for n in names) == 7
+    )
+    for profile in system.gpus[0].sku.gi_profiles:  # full: nothing else fits
+        if profile.profile_id != 20:
+            assert backend.remaining_capacity(0, profile.profile_id) == 0
