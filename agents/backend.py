@@ -232,22 +232,37 @@ class NvmlBackend:
     def gi_profiles(self, gpu: int) -> list[GiProfileInfo]:
         """Walk profile indexes: NOT_SUPPORTED skips one, INVALID_ARGUMENT ends the list (§4.1)."""
         handle = self._handle(gpu)
+        uuid = self._uuids.get(gpu, "")
+        version = 2
         found = []
         for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                with _nvml("nvmlDeviceGetGpuInstanceProfileInfo", self._uuids.get(gpu, "")):
-                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, 2)
+                with _nvml("nvmlDeviceGetGpuInstanceProfileInfo", uuid):
+                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, version)
             except BackendError as error:
-                if error.code == NOT_SUPPORTED:
+                if error.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and version == 2:
+                    version = 1  # a driver without the V call: v1 structs carry no name
+                    with _nvml("nvmlDeviceGetGpuInstanceProfileInfo", uuid):
+                        try:
+                            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, version)
+                        except pynvml.NVMLError_NotSupported:
+                            continue
+                elif error.code == NOT_SUPPORTED:
                     continue
-                if error.code == INVALID_ARGUMENT:
+                elif error.code == INVALID_ARGUMENT:
                     break
-                raise
+                else:
+                    raise
+            name = (
+                _text(info.name).removeprefix("MIG ")
+                if version == 2
+                else self._derived_name(gpu, index, info)
+            )
             found.append(
                 GiProfileInfo(
                     index=index,
                     profile_id=int(info.id),
-                    name=_text(info.name).removeprefix("MIG "),
+                    name=name,
                     compute_slices=int(info.sliceCount),
                     max_instances=int(info.instanceCount),
                     sm_count=int(info.multiprocessorCount),
@@ -255,6 +270,17 @@ class NvmlBackend:
                 )
             )
         return found
+
+    def _derived_name(self, gpu: int, index: int, info: Any) -> str:
+        """go-nvlib's profile name from a v1 struct (reference §4.1):
+        GB = round(ceil(8 · memorySizeMB · 2^20 / totalMem) / 8 · ceil(totalMem / 1 GiB))."""
+        with _nvml("nvmlDeviceGetMemoryInfo", self._uuids.get(gpu, "")):
+            total = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle(gpu)).total)
+        eighths = -(-8 * int(info.memorySizeMB) * MIB // total)
+        # Go's math.Round rounds halves away from zero (H200 3g: 70.5 → 71); Python's round() would not.
+        gigabytes = int(eighths / 8 * -(-total // (1 << 30)) + 0.5)
+        media = "+me" if index == pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 else ""
+        return f"{int(info.sliceCount)}g.{gigabytes}gb{media}"
 
     def placements(self, gpu: int, profile_id: int) -> list[tuple[int, int]]:
         """Every allowed (start, size) of a profile, in memory slices; needs a privileged caller."""
@@ -384,10 +410,17 @@ class NvmlBackend:
                 "nvmlGpuInstanceGetComputeInstanceProfileInfo", NOT_SUPPORTED, uuid, "no CI profile"
             )
         placement = pynvml.c_nvmlComputeInstancePlacement_t(0, int(widest.sliceCount))
-        with _nvml("nvmlGpuInstanceCreateComputeInstanceWithPlacement", uuid):
-            ci = pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement(
-                gi, widest.id, ctypes.byref(placement)
-            )
+        try:
+            with _nvml("nvmlGpuInstanceCreateComputeInstanceWithPlacement", uuid):
+                ci = pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+                    gi, widest.id, ctypes.byref(placement)
+                )
+        except BackendError as error:
+            if error.code != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            # Older drivers lack the placement variant for CIs; a whole-GI CI has only one placement.
+            with _nvml("nvmlGpuInstanceCreateComputeInstance", uuid):
+                ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, widest.id)
         with _nvml("nvmlComputeInstanceGetInfo", uuid):
             return int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
 

@@ -95,6 +95,25 @@ def test_an_older_driver_without_v3_process_symbols_falls_back_to_v2() -> None:
     ]
 
 
+def test_an_older_driver_without_ci_placement_still_gets_its_whole_gi_compute_instance() -> None:
+    backend = opened(host({"sku": "h100-80gb-sxm", "mig": "enabled"}))
+    pynvml.nvmlLib.hide("nvmlGpuInstanceCreateComputeInstanceWithPlacement")
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    gi = backend.create_gi(0, 9, 0, 4)
+    backend.create_default_ci(0, gi)
+    (instance,) = backend.instances(0)
+    assert instance.ci_id is not None and instance.mig_uuid is not None
+
+
+@pytest.mark.parametrize("sku", ["a100-40gb", "a100-80gb", "h100-80gb-sxm", "h200-141gb"])
+def test_without_the_v2_profile_call_names_are_derived_like_go_nvlib(sku: str) -> None:
+    backend = opened(host({"sku": sku, "mig": "enabled"}))
+    named = [(p.profile_id, p.name) for p in backend.gi_profiles(0)]
+    pynvml.nvmlLib.hide("nvmlDeviceGetGpuInstanceProfileInfoV")
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    assert [(p.profile_id, p.name) for p in backend.gi_profiles(0)] == named
+
+
 def test_a_missing_symbol_surfaces_as_function_not_found_like_an_old_driver() -> None:
     backend = opened(host({"sku": "h100-80gb-sxm", "mig": "enabled"}))
     pynvml.nvmlLib.hide("nvmlDeviceCreateGpuInstanceWithPlacement")  # pre-R460
