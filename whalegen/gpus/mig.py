@@ -125,3 +125,64 @@ def profile_by_id(model_name: str, profile_id: int) -> MigProfile:
         if profile.profile_id == profile_id:
             return profile
     raise LookupError(f"{model_name} has no MIG profile with ID {profile_id}")
+
+
+@dataclass(frozen=True)
+class CiProfile:
+    """A compute-instance profile inside a GI profile. Placements count *compute* slices of the GI.
+
+    CI profile IDs equal their NVML_COMPUTE_INSTANCE_PROFILE_* index (observed in `nvidia-smi`:
+    `-cci 0` gives 1c). The start lists mirror the GI placement rules in compute-slice space
+    (1c anywhere, 2c on even starts, 3c at 0 and 4 of a 7g); they are inferred, not captured (§10.1).
+    """
+
+    profile_id: int
+    index: int
+    compute_slices: int
+    max_instances: int
+    starts: tuple[int, ...]
+    gi_compute_slices: int
+    provenance: str = "inferred"
+
+    @property
+    def name(self) -> str:
+        # go-nvlib drops the "<C>c." prefix when the CI spans the whole GI (§4.1).
+        if self.compute_slices == self.gi_compute_slices:
+            return f"{self.gi_compute_slices}g"
+        return f"{self.compute_slices}c.{self.gi_compute_slices}g"
+
+    def slice_mask(self, start: int) -> int:
+        return ((1 << self.compute_slices) - 1) << start
+
+
+# CI index constant by compute-slice size (NVML_COMPUTE_INSTANCE_PROFILE_{1,2,3,4,7}_SLICE).
+_CI_INDEX_BY_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4}
+# GI compute slices → {CI compute slices → allowed starts (compute slices)}.
+_CI_GEOMETRY: dict[int, dict[int, tuple[int, ...]]] = {
+    7: {1: (0, 1, 2, 3, 4, 5, 6), 2: (0, 2, 4), 3: (0, 4), 4: (0,), 7: (0,)},
+    4: {1: (0, 1, 2, 3), 2: (0, 2), 4: (0,)},
+    3: {1: (0, 1, 2), 2: (0,), 3: (0,)},
+    2: {1: (0, 1), 2: (0,)},
+    1: {1: (0,)},
+}
+
+
+def ci_profiles(gi_profile: MigProfile) -> tuple[CiProfile, ...]:
+    """The compute-instance profiles a GI of this profile offers, smallest first."""
+    rows = _CI_GEOMETRY[gi_profile.compute_slices]
+    return tuple(
+        CiProfile(
+            profile_id=_CI_INDEX_BY_SLICES[size],
+            index=_CI_INDEX_BY_SLICES[size],
+            compute_slices=size,
+            max_instances=len(starts),
+            starts=starts,
+            gi_compute_slices=gi_profile.compute_slices,
+        )
+        for size, starts in sorted(rows.items())
+    )
+
+
+def full_ci_profile(gi_profile: MigProfile) -> CiProfile:
+    """The CI that spans the whole GI: what `nvidia-smi mig -cgi … -C` creates by default."""
+    return ci_profiles(gi_profile)[-1]

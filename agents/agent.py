@@ -1,0 +1,621 @@
+"""The node agent: register, heartbeat, pull desired state, enforce it, report what happened.
+
+Two threads. A poller long-polls the plane for the desired state and hands each new one over. The
+main loop wakes on a new desired state or every `tick_s` and, in order:
+  1. registers (once, with back-off),
+  2. drains NVML events (Xid 79 → the GPU leaves the inventory),
+  3. applies a new desired state, or re-checks the current one every `reconcile_s` (idempotent: an
+     unchanged host gets zero mutating NVML calls),
+  4. supervises tasks: exits, max runtime, stop escalation, the time-slice memory watchdog,
+  5. heartbeats when due, 6. queues reports on disk and sends what it can, 7. saves its state file.
+No step waits on the plane, so running tasks keep running through an outage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.backend import BackendError, GpuBackend
+from agents.client import Backoff, PlaneClient, PlaneRejected, PlaneUnavailable
+from agents.enforce.mig import reconcile_mig
+from agents.enforce.mps import MpsError, MpsManager
+from agents.enforce.timeslice import find_overruns
+from agents.runner import Finished, Runner
+from agents.state import Outbox, StateFile
+from whalegen import __version__
+from whalegen.protocol import (
+    DesiredState,
+    DesiredTaskState,
+    GpuEvent,
+    GpuInventory,
+    GpuLayout,
+    Heartbeat,
+    MigInstance,
+    MpsSpec,
+    PartitionMode,
+    PartitionReport,
+    PartitionState,
+    ProcessSample,
+    ProtocolError,
+    Register,
+    Report,
+    TaskReport,
+    TaskSpec,
+    TaskState,
+    TelemetrySample,
+    UnitKind,
+)
+
+log = logging.getLogger("whalegen.agent")
+
+EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, what MPS wants (reference §6.1)
+MAX_QUEUED_EVENTS = 200
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    server: str
+    token: str
+    state_dir: Path
+    node_name: str = field(default_factory=socket.gethostname)
+    allow_mig_mode_change: bool = False  # the node's consent; the desired state must also allow it
+    mps_exclusive_compute_mode: bool = True
+    heartbeat_s: float = 10.0
+    poll_wait_s: float = 20.0
+    tick_s: float = 1.0
+    reconcile_s: float = 30.0
+    log_max_bytes: int = 10 << 20
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: GpuBackend,
+        *,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.clock = clock
+        self.rng = rng or random.Random()
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.client = PlaneClient(config.server, config.token)
+        self.poll_client = PlaneClient(config.server, config.token)
+        self.runner = Runner(config.state_dir / "tasks", log_max_bytes=config.log_max_bytes)
+        self.mps = MpsManager(config.state_dir / "mps")
+        self.state_file = StateFile(config.state_dir)
+        self.outbox = Outbox(config.state_dir / "outbox")
+        self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        self._inbox_lock = threading.Lock()
+        self._inbox: DesiredState | None = None
+        self._poll_generation = 0
+
+        self.node_id: str | None = None
+        self.desired: DesiredState | None = None
+        self.generation_applied = 0
+        self.specs: dict[str, TaskSpec] = {}  # tasks started and not yet reported finished
+        self.finished: set[str] = set()  # task IDs that ended here: never started again
+        self.stop_reasons: dict[str, tuple[TaskState, str]] = {}
+        self.partitions: dict[str, PartitionReport] = {}  # last report per GPU
+        self.inventory: list[GpuInventory] = []
+        self.lost: set[str] = set()
+        self.events: list[GpuEvent] = []
+        self.pending_tasks: list[TaskReport] = []
+        self.pending_partitions: list[PartitionReport] = []
+        self.seq = 0
+        self._backoff = {name: Backoff(rng=self.rng) for name in ("register", "heartbeat", "report")}
+        self._next_heartbeat_s = 0.0
+        self._next_reconcile_s = 0.0
+
+    # ---- life cycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Open NVML, load the state file, re-adopt tasks left running by a previous agent."""
+        self.backend.open()
+        self.events.extend(self.backend.events(0))  # registers for events before anything can happen
+        self.inventory = self.backend.inventory()
+        saved = self.state_file.load()
+        self.seq = max(int(saved.get("seq", 0)), self.outbox.last_seq())
+        self.finished = set(saved.get("finished", []))
+        if saved.get("desired"):
+            try:
+                self.desired = DesiredState.from_dict(saved["desired"])
+                self.generation_applied = int(saved.get("generation_applied", 0))
+                self._poll_generation = self.generation_applied
+            except ProtocolError:
+                log.warning("ignoring an unreadable desired state in the state file")
+        self.specs = {tid: TaskSpec.from_dict(spec) for tid, spec in saved.get("specs", {}).items()}
+        now = self.clock()
+        for gpu in self.inventory:
+            if gpu.lost:
+                self._mark_lost(gpu.uuid, "NVML answers GPU_IS_LOST at start-up", now)
+        for record in saved.get("tasks", []):
+            ended = self.runner.adopt(record)
+            if ended is None:
+                self._task_report(
+                    record["task_id"],
+                    TaskState.RUNNING,
+                    now,
+                    pid=record["pid"],
+                    device_uuid=record.get("device_uuid"),
+                    reason="re-adopted after agent restart",
+                )
+            else:
+                self._on_finished(ended, now)
+        log.info("agent started: %d GPUs, %d tasks re-adopted", len(self.inventory), len(self.runner.tasks))
+
+    def run(self) -> None:
+        self.start()
+        poller = threading.Thread(target=self._poll_loop, name="desired-state-poller", daemon=True)
+        poller.start()
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    self.tick()
+                except Exception:
+                    # One bad pass must not take the supervisor of running tasks down with it.
+                    log.exception("agent loop pass failed; continuing")
+                self.wake.wait(self.config.tick_s)
+                self.wake.clear()
+        finally:
+            self._save_state()
+            self.client.close()
+            self.poll_client.close()
+            try:
+                self.backend.close()
+            except BackendError as error:
+                log.warning("closing NVML: %s", error)
+
+    def stop(self) -> None:
+        """Leave tasks and MPS daemons running: a restarted agent re-adopts them."""
+        self.stop_event.set()
+        self.wake.set()
+
+    # ---- the poller thread ----------------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        backoff = Backoff(rng=self.rng)
+        while not self.stop_event.is_set():
+            if self.node_id is None:
+                self.stop_event.wait(0.2)
+                continue
+            try:
+                desired = self.poll_client.desired_state(self._poll_generation, self.config.poll_wait_s)
+                backoff.succeeded()
+            except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
+                delay = backoff.failed(time.monotonic())
+                log.info("desired state unavailable (%s); retrying in %.1f s", error, delay)
+                self.stop_event.wait(delay)
+                continue
+            if desired is not None and desired.generation != self._poll_generation:
+                with self._inbox_lock:
+                    self._inbox = desired
+                self._poll_generation = desired.generation
+                self.wake.set()
+
+    # ---- one pass of the main loop --------------------------------------------------------------------
+    def tick(self) -> None:
+        now = self.clock()
+        # 1. Register.
+        if self.node_id is None and self._backoff["register"].ready(now):
+            self._register(now)
+        # 2. Events.
+        self._drain_events(now)
+        # 3. Desired state.
+        with self._inbox_lock:
+            incoming, self._inbox = self._inbox, None
+        if incoming is not None:
+            self.desired = incoming
+            self._apply(now, new=True)
+        elif self.desired is not None and now >= self._next_reconcile_s:
+            self._apply(now, new=False)
+        # 4. Supervise.
+        self._supervise(now)
+        # 5. Heartbeat.
+        if (
+            self.node_id is not None
+            and now >= self._next_heartbeat_s
+            and self._backoff["heartbeat"].ready(now)
+        ):
+            self._heartbeat(now)
+        # 6. Reports.
+        self._queue_reports(now)
+        if self.node_id is not None and self._backoff["report"].ready(now):
+            self._flush_reports(now)
+        # 7. State file.
+        self._save_state()
+
+    def _register(self, now: float) -> None:
+        message = Register(
+            node_name=self.config.node_name,
+            hostname=socket.gethostname(),
+            agent_version=__version__,
+            inventory=tuple(self.inventory),
+        )
+        try:
+            registered = self.client.register(message)
+        except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
+            delay = self._backoff["register"].failed(now)
+            log.warning("register failed (%s); retrying in %.1f s", error, delay)
+            return
+        self._backoff["register"].succeeded()
+        self.node_id = registered.node_id
+        self.config = _replace_intervals(self.config, registered.heartbeat_interval_s, registered.poll_wait_s)
+        log.info("registered as node %s", self.node_id)
+
+    def _drain_events(self, now: float) -> None:
+        try:
+            events = self.backend.events(0)
+        except BackendError as error:
+            log.warning("reading NVML events failed: %s", error)
+            return
+        for event in events:
+            if event.fatal:
+                self._mark_lost(event.gpu_uuid, f"Xid {event.xid}: GPU fell off the bus", now)
+        self.events = (self.events + events)[-MAX_QUEUED_EVENTS:]
+
+    def _mark_lost(self, gpu_uuid: str, reason: str, now: float) -> None:
+        """A lost GPU leaves the usable inventory once, with one partition report saying why."""
+        if not gpu_uuid or gpu_uuid in self.lost:
+            return
+        self.lost.add(gpu_uuid)
+        log.error("GPU %s lost: %s", gpu_uuid, reason)
+        report = PartitionReport(
+            gpu_uuid, PartitionState.GPU_LOST, now, self.generation_applied, reason=reason
+        )
+        self._partition_report(report)
+
+    # ---- applying the desired state ----------------------------------------------------------------
+    def _gpu_index(self, gpu_uuid: str) -> int | None:
+        return next((gpu.index for gpu in self.inventory if gpu.uuid == gpu_uuid), None)
+
+    def _apply(self, now: float, *, new: bool) -> None:
+        desired = self.desired
+        assert desired is not None
+        self._next_reconcile_s = now + self.config.reconcile_s
+        for layout in desired.gpus:
+            self._apply_layout(layout, desired, now)
+        if new:
+            self.generation_applied = desired.generation
+        self._apply_tasks(desired, now)
+
+    def _apply_layout(self, layout: GpuLayout, desired: DesiredState, now: float) -> None:
+        index = self._gpu_index(layout.gpu_uuid)
+        if index is None or layout.gpu_uuid in self.lost:
+            state = PartitionState.GPU_LOST if layout.gpu_uuid in self.lost else PartitionState.ERROR
+            reason = "GPU is lost" if state is PartitionState.GPU_LOST else "no such GPU on this node"
+            self._partition_report(
+                PartitionReport(layout.gpu_uuid, state, now, desired.generation, reason=reason)
+            )
+            return
+        report = reconcile_mig(
+            self.backend,
+            index,
+            layout,
+            generation=desired.generation,
+            allow_mode_change=self.config.allow_mig_mode_change and desired.allow_mig_mode_change,
+            now_s=now,
+        )
+        if report.state is PartitionState.GPU_LOST:
+            self._mark_lost(layout.gpu_uuid, report.reason, now)
+            return
+        if report.state is PartitionState.OK:
+            report = self._apply_sharing(index, layout, report, now)
+        self._partition_report(report)
+
+    def _apply_sharing(
+        self, index: int, layout: GpuLayout, report: PartitionReport, now: float
+    ) -> PartitionReport:
+        """MPS daemon up with its defaults in MPS mode; down (once idle) otherwise."""
+        actions = list(report.actions)
+        try:
+            if layout.mode is PartitionMode.MPS:
+                if (
+                    self.config.mps_exclusive_compute_mode
+                    and self.backend.compute_mode(index) != EXCLUSIVE_PROCESS
+                ):
+                    self.backend.set_compute_mode(index, EXCLUSIVE_PROCESS)
+                    actions.append("compute mode EXCLUSIVE_PROCESS")
+                actions += self.mps.ensure(layout.gpu_uuid, layout.mps or MpsSpec())
+            elif self.mps.daemon_pid(layout.gpu_uuid) is not None and not self._tasks_on(layout.gpu_uuid):
+                self.mps.shutdown(layout.gpu_uuid)
+                actions.append("mps daemon stopped")
+                if (
+                    self.config.mps_exclusive_compute_mode
+                    and self.backend.compute_mode(index) == EXCLUSIVE_PROCESS
+                ):
+                    self.backend.set_compute_mode(index, 0)
+                    actions.append("compute mode DEFAULT")
+        except MpsError as error:
+            return _with(report, state=PartitionState.ERROR, actions=tuple(actions), reason=f"MPS: {error}")
+        except BackendError as error:
+            return _with(
+                report,
+                state=PartitionState.ERROR,
+                actions=tuple(actions),
+                errors=(*report.errors, error.failure),
+                reason=str(error),
+            )
+        return _with(report, actions=tuple(actions))
+
+    def _tasks_on(self, gpu_uuid: str) -> list[str]:
+        return [
+            tid for tid in self.runner.tasks if tid in self.specs and self.specs[tid].gpu_uuid == gpu_uuid
+        ]
+
+    def _apply_tasks(self, desired: DesiredState, now: float) -> None:
+        wanted = {task.task_id: task for task in desired.tasks}
+        for task_id in list(self.runner.tasks):
+            spec = wanted.get(task_id)
+            if spec is None or spec.desired is DesiredTaskState.STOP:
+                why = "stopped by the plane" if spec is not None else "no longer in the desired state"
+                self.stop_reasons.setdefault(task_id, (TaskState.STOPPED, why))
+                self.runner.stop(task_id, why, now)
+        for task in desired.tasks:
+            running_or_done = task.task_id in self.runner.tasks or task.task_id in self.finished
+            if task.desired is DesiredTaskState.RUN and not running_or_done:
+                self._start_task(task, now)
+        # Remember ended tasks only while the plane still lists them (so they are never rerun).
+        self.finished &= set(wanted)
+
+    def _start_task(self, task: TaskSpec, now: float) -> None:
+        env = dict(os.environ)
+        env.update(self.backend.task_env())
+        env.update(task.env)
+        device_uuid: str | None = task.gpu_uuid
+        if task.gpu_uuid in self.lost:
+            self._reject(task, now, "GPU is lost")
+            return
+        if task.unit.kind is UnitKind.MIG:
+            instance = self._mig_instance_for(task)
+            if instance is None or instance.mig_uuid is None:
+                state = self.partitions.get(task.gpu_uuid)
+                start = "any" if task.unit.mig_start is None else task.unit.mig_start
+                where = f"{task.unit.mig_profile}@{start}"
+                self._reject(
+                    task,
+                    now,
+                    f"MIG instance {where} not present (partition {state.state if state else 'unknown'})",
+                )
+                return
+            device_uuid = instance.mig_uuid
+            env["CUDA_VISIBLE_DEVICES"] = device_uuid
+        elif task.unit.kind is UnitKind.MPS:
+            if self.mps.daemon_pid(task.gpu_uuid) is None:
+                self._reject(task, now, "no MPS daemon on this GPU (layout mode is not mps)")
+                return
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # the MPS server remaps devices (reference §6.1)
+            env.update(self.mps.client_env(task.gpu_uuid, task.unit.thread_pct, task.unit.pinned_mem_mib))
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = task.gpu_uuid
+        try:
+            proc = self.runner.start(
+                task.task_id,
+                list(task.command),
+                env,
+                device_uuid=device_uuid,
+                now_s=now,
+                max_runtime_s=task.max_runtime_s,
+                stop_grace_s=task.stop_grace_s,
+            )
+        except OSError as error:
+            self._reject(task, now, f"cannot start: {error}")
+            return
+        self.specs[task.task_id] = task
+        self._task_report(
+            task.task_id, TaskState.RUNNING, now, pid=proc.pid, device_uuid=device_uuid, started_at_s=now
+        )
+
+    def _mig_instance_for(self, task: TaskSpec) -> MigInstance | None:
+        report = self.partitions.get(task.gpu_uuid)
+        if report is None:
+            return None
+        taken = {
+            self.runner.tasks[tid].device_uuid
+            for tid in self.runner.tasks
+            if tid in self.specs and self.specs[tid].unit.kind is UnitKind.MIG
+        }
+        for inst in report.instances:
+            if inst.profile != task.unit.mig_profile:
+                continue
+            if task.unit.mig_start is not None:
+                if inst.start == task.unit.mig_start:
+                    return inst
+            elif inst.mig_uuid not in taken:
+                return inst
+        return None
+
+    def _reject(self, task: TaskSpec, now: float, reason: str) -> None:
+        self.finished.add(task.task_id)
+        self._task_report(task.task_id, TaskState.REJECTED, now, reason=reason)
+
+    # ---- supervision ----------------------------------------------------------------------------------
+    def _supervise(self, now: float) -> None:
+        limits = {
+            tid: self.specs[tid].unit.mem_limit_mib
+            for tid in self.runner.tasks
+            if tid in self.specs
+            and self.specs[tid].unit.kind is UnitKind.TIMESLICE
+            and self.specs[tid].unit.mem_limit_mib is not None
+        }
+        if limits:
+            gpus = {self.specs[tid].gpu_uuid for tid in limits}
+            processes: list[ProcessSample] = []
+            for gpu_uuid in gpus - self.lost:
+                index = self._gpu_index(gpu_uuid)
+                if index is None:
+                    continue
+                try:
+                    processes += self.backend.processes(index)
+                except BackendError as error:
+                    log.warning("watchdog cannot read processes on %s: %s", gpu_uuid, error)
+            bounded = {tid: int(limit) for tid, limit in limits.items() if limit is not None}
+            for overrun in find_overruns(processes, bounded, self.runner.pgid_of):
+                if overrun.task_id not in self.stop_reasons:
+                    log.warning("task %s: %s", overrun.task_id, overrun.reason)
+                    self.stop_reasons[overrun.task_id] = (TaskState.FAILED, overrun.reason)
+                    self.runner.stop(overrun.task_id, overrun.reason, now)
+        for ended in self.runner.poll(now):
+            self._on_finished(ended, now)
+
+    def _on_finished(self, ended: Finished, now: float) -> None:
+        state, reason = self.stop_reasons.pop(ended.task_id, (None, ended.reason))
+        if state is None:
+            if ended.lost:
+                state = TaskState.LOST
+            elif ended.reason.startswith("max_runtime_exceeded"):
+                state = TaskState.FAILED
+            elif ended.exit_code == 0:
+                state = TaskState.SUCCEEDED
+            else:
+                state = TaskState.FAILED
+        spec = self.specs.pop(ended.task_id, None)
+        self.finished.add(ended.task_id)
+        self._task_report(
+            ended.task_id,
+            state,
+            now,
+            reason=reason,
+            pid=ended.pid,
+            exit_code=ended.exit_code,
+            signal=ended.signal,
+            device_uuid=spec.gpu_uuid if spec else None,
+            finished_at_s=now,
+        )
+
+    # ---- heartbeat and reports ------------------------------------------------------------------------
+    def _heartbeat(self, now: float) -> None:
+        self._next_heartbeat_s = now + self.config.heartbeat_s
+        telemetry: list[TelemetrySample] = []
+        processes: list[ProcessSample] = []
+        try:
+            self.inventory = self.backend.inventory()
+        except BackendError as error:
+            log.warning("inventory failed: %s", error)
+        for gpu in self.inventory:
+            if gpu.lost:
+                self._mark_lost(gpu.uuid, "NVML answers GPU_IS_LOST", now)
+            if gpu.uuid in self.lost:
+                continue
+            try:
+                telemetry.append(self.backend.telemetry(gpu.index))
+                processes += [
+                    _with_task(p, self.runner.pgid_of(p.pid)) for p in self.backend.processes(gpu.index)
+                ]
+            except BackendError as error:
+                log.warning("telemetry on %s failed: %s", gpu.uuid, error)
+        assert self.node_id is not None
+        message = Heartbeat(
+            node_id=self.node_id,
+            agent_version=__version__,
+            sent_at_s=now,
+            inventory=tuple(g if g.uuid not in self.lost else _lost(g) for g in self.inventory),
+            telemetry=tuple(telemetry),
+            processes=tuple(processes),
+            events=tuple(self.events),
+            lost_gpus=tuple(sorted(self.lost)),
+            generation_applied=self.generation_applied,
+        )
+        try:
+            self.client.heartbeat(message)
+        except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
+            delay = self._backoff["heartbeat"].failed(now)
+            log.info("heartbeat failed (%s); retrying in %.1f s", error, delay)
+            return
+        self._backoff["heartbeat"].succeeded()
+        self.events = []
+
+    def _task_report(self, task_id: str, state: TaskState, now: float, **fields: Any) -> None:
+        self.pending_tasks.append(TaskReport(task_id=task_id, state=state, at_s=now, **fields))
+
+    def _partition_report(self, report: PartitionReport) -> None:
+        """Queue a partition report when something about it changed (not on every periodic pass)."""
+        last = self.partitions.get(report.gpu_uuid)
+        self.partitions[report.gpu_uuid] = report
+        if (
+            last is not None
+            and not report.actions
+            and (last.state, last.instances, last.errors, last.reason, last.generation)
+            == (report.state, report.instances, report.errors, report.reason, report.generation)
+        ):
+            return
+        self.pending_partitions.append(report)
+
+    def _queue_reports(self, now: float) -> None:
+        if not self.pending_tasks and not self.pending_partitions:
+            return
+        self.seq += 1
+        report = Report(
+            node_id=self.node_id or "",
+            seq=self.seq,
+            sent_at_s=now,
+            tasks=tuple(self.pending_tasks),
+            partitions=tuple(self.pending_partitions),
+        )
+        self.outbox.put(self.seq, report.to_dict())
+        self.pending_tasks, self.pending_partitions = [], []
+
+    def _flush_reports(self, now: float) -> None:
+        for seq, data in self.outbox.pending():
+            if not data.get("node_id"):
+                data["node_id"] = self.node_id  # queued before registration
+            try:
+                self.client.report(Report.from_dict(data))
+            except PlaneRejected as error:
+                if error.status == 400:  # the plane cannot read it and never will: do not wedge the queue
+                    log.error("report %d rejected for good: %s", seq, error)
+                    self.outbox.done(seq)
+                    continue
+                self._backoff["report"].failed(now)
+                return
+            except (PlaneUnavailable, ProtocolError) as error:
+                delay = self._backoff["report"].failed(now)
+                log.info("reports buffered (%s); retrying in %.1f s", error, delay)
+                return
+            self.outbox.done(seq)
+            self._backoff["report"].succeeded()
+
+    def _save_state(self) -> None:
+        self.state_file.save(
+            {
+                "node_name": self.config.node_name,
+                "seq": self.seq,
+                "generation_applied": self.generation_applied,
+                "desired": self.desired.to_dict() if self.desired else None,
+                "tasks": self.runner.records(),
+                "specs": {tid: spec.to_dict() for tid, spec in self.specs.items()},
+                "finished": sorted(self.finished),
+            }
+        )
+
+
+def _with(report: PartitionReport, **changes: Any) -> PartitionReport:
+    return dataclasses.replace(report, **changes)
+
+
+def _with_task(sample: ProcessSample, task_id: str | None) -> ProcessSample:
+    return dataclasses.replace(sample, task_id=task_id)
+
+
+def _lost(gpu: GpuInventory) -> GpuInventory:
+    return dataclasses.replace(gpu, lost=True, instances=())
+
+
+def _replace_intervals(config: AgentConfig, heartbeat_s: float, poll_wait_s: float) -> AgentConfig:
+    """The plane sets the pace; a node configured to go faster (tests, benchmarks) keeps its own."""
+    return dataclasses.replace(
+        config,
+        heartbeat_s=min(config.heartbeat_s, heartbeat_s) if heartbeat_s > 0 else config.heartbeat_s,
+        poll_wait_s=min(config.poll_wait_s, poll_wait_s) if poll_wait_s > 0 else config.poll_wait_s,
+    )

@@ -1,0 +1,1 @@
+"""Enforcers: MIG layouts, MPS daemons, time-slice memory watchdog. Each is idempotent."""

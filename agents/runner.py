@@ -1,0 +1,214 @@
+"""Start, watch and stop task processes; re-adopt them after an agent restart.
+
+Each task runs under `agents/launch.py` in its own session (process group = launcher PID), with
+stdout/stderr appended to files in its task directory. Files, not pipes: a task must survive an
+agent restart, and a pipe to a dead agent would kill it with SIGPIPE. Logs rotate by copy-and-
+truncate, which works on files the task keeps open in append mode.
+
+Stopping is SIGTERM to the group → `stop_grace_s` → SIGKILL to the group, driven by `poll()` so the
+agent's loop never blocks on a slow task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+LAUNCHER = Path(__file__).with_name("launch.py")
+
+
+@dataclass
+class TaskProcess:
+    task_id: str
+    pid: int  # the launcher; also the process-group ID
+    started_at_s: float
+    device_uuid: str | None
+    task_dir: str
+    max_runtime_s: float | None
+    stop_grace_s: float
+    proc_start_ticks: int  # /proc/<pid>/stat field 22: tells our process from a reused PID
+    stop_requested_at_s: float | None = None
+    stop_reason: str = ""
+    killed: bool = False
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    def record(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
+
+
+@dataclass(frozen=True)
+class Finished:
+    task_id: str
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    reason: str  # "" for a natural end, else why the agent stopped it or lost track of it
+    lost: bool = False  # the exit status could not be learned
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after the last ')' are fixed.
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[19])
+
+
+def _safe_name(task_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", task_id)[:120] or "task"
+
+
+class Runner:
+    def __init__(self, tasks_dir: Path, *, log_max_bytes: int = 10 << 20, log_keep: int = 3) -> None:
+        self.tasks_dir = tasks_dir
+        self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        self.log_max_bytes = log_max_bytes
+        self.log_keep = log_keep
+        self.tasks: dict[str, TaskProcess] = {}
+
+    # ---- start and adopt ---------------------------------------------------------------------------
+    def start(
+        self,
+        task_id: str,
+        command: list[str],
+        env: dict[str, str],
+        *,
+        device_uuid: str | None,
+        now_s: float,
+        max_runtime_s: float | None = None,
+        stop_grace_s: float = 10.0,
+    ) -> TaskProcess:
+        task_dir = self.tasks_dir / _safe_name(task_id)
+        task_dir.mkdir(parents=True, exist_ok=True)
+        (task_dir / "exit.json").unlink(missing_ok=True)
+        with (task_dir / "stdout.log").open("ab") as out, (task_dir / "stderr.log").open("ab") as err:
+            popen = subprocess.Popen(
+                [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json"), "--", *command],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=task_dir,
+                start_new_session=True,
+            )
+        proc = TaskProcess(
+            task_id=task_id,
+            pid=popen.pid,
+            started_at_s=now_s,
+            device_uuid=device_uuid,
+            task_dir=str(task_dir),
+            max_runtime_s=max_runtime_s,
+            stop_grace_s=stop_grace_s,
+            proc_start_ticks=proc_start_ticks(popen.pid) or 0,
+            popen=popen,
+        )
+        self.tasks[task_id] = proc
+        return proc
+
+    def adopt(self, record: dict[str, Any]) -> Finished | None:
+        """Take back a task recorded by an earlier agent; returns how it ended if it already has."""
+        proc = TaskProcess(**{k: v for k, v in record.items() if k != "popen"})
+        if proc_start_ticks(proc.pid) == proc.proc_start_ticks:
+            self.tasks[proc.task_id] = proc
+            return None
+        return self._finished(proc)
+
+    # ---- stop and watch ------------------------------------------------------------------------------
+    def stop(self, task_id: str, reason: str, now_s: float) -> None:
+        proc = self.tasks.get(task_id)
+        if proc is None or proc.stop_requested_at_s is not None:
+            return
+        proc.stop_requested_at_s = now_s
+        proc.stop_reason = reason
+        self._signal(proc, signal.SIGTERM)
+
+    def _signal(self, proc: TaskProcess, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+
+    def _alive(self, proc: TaskProcess) -> bool:
+        if proc.popen is not None:
+            return proc.popen.poll() is None
+        ticks = proc_start_ticks(proc.pid)
+        if ticks != proc.proc_start_ticks:
+            return False
+        # An adopted launcher is not our child: a zombie left for init still has a /proc entry.
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    def _finished(self, proc: TaskProcess) -> Finished:
+        exit_file = Path(proc.task_dir) / "exit.json"
+        reason = proc.stop_reason
+        try:
+            data = json.loads(exit_file.read_text())
+            return Finished(proc.task_id, proc.pid, data.get("exit_code"), data.get("signal"), reason)
+        except (OSError, ValueError):
+            pass
+        if proc.killed:
+            return Finished(proc.task_id, proc.pid, None, int(signal.SIGKILL), reason)
+        if proc.popen is not None and proc.popen.returncode is not None and proc.popen.returncode < 0:
+            return Finished(proc.task_id, proc.pid, None, -proc.popen.returncode, reason)
+        return Finished(proc.task_id, proc.pid, None, None, reason or "exit status unknown", lost=True)
+
+    def poll(self, now_s: float) -> list[Finished]:
+        """Reap ended tasks, enforce max runtime and stop escalation, rotate logs."""
+        done = []
+        for task_id, proc in list(self.tasks.items()):
+            if not self._alive(proc):
+                done.append(self._finished(proc))
+                del self.tasks[task_id]
+                continue
+            if proc.max_runtime_s is not None and now_s - proc.started_at_s > proc.max_runtime_s:
+                self.stop(task_id, f"max_runtime_exceeded: ran {now_s - proc.started_at_s:.0f} s", now_s)
+            if (
+                proc.stop_requested_at_s is not None
+                and not proc.killed
+                and now_s - proc.stop_requested_at_s >= proc.stop_grace_s
+            ):
+                proc.killed = True
+                self._signal(proc, signal.SIGKILL)
+            self._rotate(Path(proc.task_dir))
+        return done
+
+    def _rotate(self, task_dir: Path) -> None:
+        for name in ("stdout.log", "stderr.log"):
+            path = task_dir / name
+            try:
+                if path.stat().st_size <= self.log_max_bytes:
+                    continue
+            except OSError:
+                continue
+            for n in range(self.log_keep - 1, 0, -1):
+                older = task_dir / f"{name}.{n}"
+                if older.exists():
+                    older.replace(task_dir / f"{name}.{n + 1}")
+            shutil.copyfile(path, task_dir / f"{name}.1")
+            os.truncate(path, 0)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [proc.record() for proc in self.tasks.values()]
+
+    def pgid_of(self, pid: int) -> str | None:
+        """The task whose process group holds `pid` (task processes never leave their session)."""
+        try:
+            pgid = os.getpgid(pid)
+        except (ProcessLookupError, PermissionError):
+            return None
+        for proc in self.tasks.values():
+            if proc.pid == pgid:
+                return proc.task_id
+        return None

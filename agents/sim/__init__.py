@@ -1,0 +1,1 @@
+"""Simulated NVML: Layer A (`core`, pure Python), Layer B (`shim`, pynvml's C library stand-in)."""

@@ -1,0 +1,121 @@
+"""`whalegen agent`: run the node agent, or `whalegen agent inspect` to print this host's GPUs as JSON.
+
+    whalegen agent --server URL --token T [--backend nvml|sim] [--sim-spec FILE] [--state-dir DIR]
+    whalegen agent inspect [--backend nvml|sim] [--sim-spec FILE]
+
+The token may come from WHALEGEN_AGENT_TOKEN or a file named by WHALEGEN_AGENT_TOKEN_FILE instead of
+the command line (where other users of the host can read it). Imports only the agent, never Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_STATE_DIR = "/var/lib/whalegen-agent"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", nargs="?", choices=["run", "inspect"], default="run")
+    parser.add_argument("--server", default=os.environ.get("WHALEGEN_AGENT_SERVER"), help="control plane URL")
+    parser.add_argument("--token", default=None, help="this node's token (or WHALEGEN_AGENT_TOKEN[_FILE])")
+    parser.add_argument(
+        "--backend", choices=["nvml", "sim"], default=os.environ.get("WHALEGEN_AGENT_BACKEND", "nvml")
+    )
+    parser.add_argument("--sim-spec", type=Path, help="YAML/JSON fleet spec for --backend sim")
+    parser.add_argument("--sim-node", help="which node of the spec this agent plays (default: the first)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=Path(os.environ.get("WHALEGEN_AGENT_STATE_DIR", DEFAULT_STATE_DIR))
+    )
+    parser.add_argument("--node-name", default=None, help="name to register under (default: hostname)")
+    parser.add_argument(
+        "--allow-mig-mode-change",
+        action="store_true",
+        default=os.environ.get("WHALEGEN_AGENT_ALLOW_MIG_MODE_CHANGE", "") in {"1", "true", "yes"},
+        help="let the agent enable/disable MIG when the desired state asks (off by default)",
+    )
+    parser.add_argument("--heartbeat-s", type=float, default=10.0)
+    parser.add_argument("--poll-wait-s", type=float, default=20.0)
+    parser.add_argument("--tick-s", type=float, default=1.0)
+    parser.add_argument("--reconcile-s", type=float, default=30.0)
+    parser.add_argument("--log-level", default=os.environ.get("WHALEGEN_LOG_LEVEL", "INFO"))
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token:
+        return str(args.token)
+    path = os.environ.get("WHALEGEN_AGENT_TOKEN_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get("WHALEGEN_AGENT_TOKEN")
+
+
+def _backend(args: argparse.Namespace, sim_dir: Path) -> Any:
+    if args.backend == "sim":
+        if args.sim_spec is None:
+            raise SystemExit("whalegen agent: --backend sim needs --sim-spec FILE")
+        from agents.sim.backend import from_spec_file
+
+        _, backend = from_spec_file(args.sim_spec, args.sim_node, sim_dir)
+        return backend
+    from agents.backend import NvmlBackend
+
+    return NvmlBackend()
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from agents.backend import BackendError
+    from agents.inspect import inspect_host
+
+    with tempfile.TemporaryDirectory(prefix="whalegen-inspect-") as tmp:
+        backend = _backend(args, Path(tmp))
+        try:
+            backend.open()
+        except BackendError as error:
+            print(json.dumps({"ok": False, "error": error.failure.to_dict()}, indent=2))
+            return 1
+        try:
+            print(json.dumps(inspect_host(backend), indent=2, sort_keys=True))
+        finally:
+            backend.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if args.action == "inspect":
+        return _inspect(args)
+    token = _token(args)
+    if not args.server or not token:
+        print("whalegen agent: --server and --token (or WHALEGEN_AGENT_TOKEN) are required", file=sys.stderr)
+        return 2
+    from agents.agent import Agent, AgentConfig
+
+    config = AgentConfig(
+        server=args.server,
+        token=token,
+        state_dir=args.state_dir,
+        node_name=args.node_name or os.uname().nodename,
+        allow_mig_mode_change=args.allow_mig_mode_change,
+        heartbeat_s=args.heartbeat_s,
+        poll_wait_s=args.poll_wait_s,
+        tick_s=args.tick_s,
+        reconcile_s=args.reconcile_s,
+    )
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    agent = Agent(config, _backend(args, args.state_dir / "sim"))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: agent.stop())
+    agent.run()
+    return 0

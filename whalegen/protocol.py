@@ -1,0 +1,374 @@
+"""Wire messages between a node agent and the control plane. Pure: stdlib only.
+
+Conversation (all JSON over HTTP, `Authorization: Bearer <node token>`):
+
+1. `POST REGISTER_PATH` with `Register` → `Registered` (node id, intervals). 401 on a bad token; 409
+   when the agent's protocol major version is not the plane's.
+2. `POST HEARTBEAT_PATH` with `Heartbeat` every `heartbeat_interval_s`: inventory, telemetry,
+   processes, NVML events, lost GPUs → `HeartbeatAck`.
+3. `GET DESIRED_STATE_PATH?generation=G&wait_s=W` long-polls: 200 with a `DesiredState` whose
+   generation differs from G, or 204 after W seconds with nothing new.
+4. `POST REPORT_PATH` with `Report` (task and partition state changes, numbered by `seq`) →
+   `ReportAck` carrying the highest seq stored. Reports are idempotent by (node, seq): an agent that
+   buffered them on disk through an outage resends them and the plane ignores repeats.
+
+A node sees and changes only its own state: every path acts on the node the token belongs to.
+Messages ignore unknown fields so either side can add optional ones within a major version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+PROTOCOL_VERSION = "1.0"  # major.minor: the major must match, minors only add optional fields
+
+API_PREFIX = "/api/v1/agent"
+REGISTER_PATH = f"{API_PREFIX}/register/"
+HEARTBEAT_PATH = f"{API_PREFIX}/heartbeat/"
+DESIRED_STATE_PATH = f"{API_PREFIX}/desired-state/"
+REPORT_PATH = f"{API_PREFIX}/reports/"
+TOKEN_HEADER = "Authorization"  # value: "Bearer <token>"
+
+
+def protocol_major(version: str) -> int:
+    return int(version.split(".", 1)[0])
+
+
+def compatible(version: str) -> bool:
+    return protocol_major(version) == protocol_major(PROTOCOL_VERSION)
+
+
+class ProtocolError(ValueError):
+    pass
+
+
+T = TypeVar("T", bound="Message")
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    return value
+
+
+def _decode(tp: Any, value: Any, where: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        inner = [o for o in options if o is not type(None)]
+        return _decode(inner[0], value, where)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ProtocolError(f"{where}: expected a list")
+        item_type = get_args(tp)[0]
+        return tuple(_decode(item_type, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        _, value_type = get_args(tp)
+        return {str(k): _decode(value_type, v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, Message):
+        return tp.from_dict(value, where)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise ProtocolError(f"{where}: {value!r} is not one of {[e.value for e in tp]}") from None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProtocolError(f"{where}: expected a number")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError(f"{where}: expected an integer")
+        return value
+    if tp in (str, bool) and not isinstance(value, tp):
+        raise ProtocolError(f"{where}: expected {tp.__name__}")
+    return value
+
+
+class Message:
+    """Frozen dataclass messages with `to_dict()` / `from_dict()`; unknown keys are ignored."""
+
+    def to_dict(self) -> dict[str, Any]:
+        encoded = _encode(self)
+        assert isinstance(encoded, dict)
+        return encoded
+
+    @classmethod
+    def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        hints = typing.get_type_hints(cls)
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name in data:
+                kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{where}: missing {f.name}")
+        return cls(**kwargs)
+
+
+# ---- what the agent observes ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class NvmlFailure(Message):
+    """An NVML error as data: the operation, the GPU, NVML's numeric code and its name."""
+
+    op: str
+    code: int
+    name: str
+    gpu_uuid: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class MigInstance(Message):
+    """One GPU instance with its (default, whole-GI) compute instance, as found on the GPU."""
+
+    gi_id: int
+    profile_id: int
+    profile: str  # e.g. "3g.40gb"
+    start: int  # memory slice
+    size: int  # memory slices
+    ci_id: int | None = None
+    mig_uuid: str | None = None  # what CUDA_VISIBLE_DEVICES takes
+    mem_mib: int = 0
+    busy_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuInventory(Message):
+    index: int
+    uuid: str
+    name: str  # NVML device name
+    model: str | None  # catalogue model name, None when unknown
+    mem_mib: int
+    pci_bus_id: str
+    mig_capable: bool
+    mig_current: bool = False
+    mig_pending: bool = False
+    lost: bool = False
+    instances: tuple[MigInstance, ...] = ()
+
+
+@dataclass(frozen=True)
+class TelemetrySample(Message):
+    gpu_uuid: str
+    at_s: float  # agent wall clock, seconds since the epoch
+    mem_used_mib: int | None
+    mem_total_mib: int | None
+    util_gpu_pct: int | None  # None where NVML says NOT_SUPPORTED (MIG mode)
+    util_mem_pct: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    temperature_c: int | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    ecc_uncorrected_aggregate: int | None
+    not_supported: tuple[str, ...] = ()  # the metrics NVML does not offer here, e.g. "utilization"
+
+
+@dataclass(frozen=True)
+class ProcessSample(Message):
+    pid: int
+    gpu_uuid: str
+    device_uuid: str  # the GPU's or the MIG device's UUID
+    used_mib: int | None
+    mps: bool = False
+    task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuEvent(Message):
+    gpu_uuid: str
+    kind: str  # "xid", "ecc_single", "ecc_double", "mig_config_change"
+    at_s: float
+    xid: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    fatal: bool = False  # Xid 79 / GPU_IS_LOST: the GPU left the inventory
+
+
+# ---- register and heartbeat --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Register(Message):
+    node_name: str
+    hostname: str
+    agent_version: str
+    protocol_version: str = PROTOCOL_VERSION
+    inventory: tuple[GpuInventory, ...] = ()
+
+
+@dataclass(frozen=True)
+class Registered(Message):
+    node_id: str
+    heartbeat_interval_s: float = 10.0
+    poll_wait_s: float = 20.0
+    protocol_version: str = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    node_id: str
+    agent_version: str
+    sent_at_s: float
+    protocol_version: str = PROTOCOL_VERSION
+    inventory: tuple[GpuInventory, ...] = ()
+    telemetry: tuple[TelemetrySample, ...] = ()
+    processes: tuple[ProcessSample, ...] = ()
+    events: tuple[GpuEvent, ...] = ()
+    lost_gpus: tuple[str, ...] = ()
+    generation_applied: int = 0
+
+
+@dataclass(frozen=True)
+class HeartbeatAck(Message):
+    generation: int = 0  # the plane's current desired-state generation: a hint to poll now
+
+
+# ---- desired state ------------------------------------------------------------------------------------
+class PartitionMode(StrEnum):
+    WHOLE = "whole"
+    MIG = "mig"
+    MPS = "mps"
+    TIMESLICE = "timeslice"
+
+
+class UnitKind(StrEnum):
+    WHOLE = "whole"
+    MIG = "mig"
+    MPS = "mps"
+    TIMESLICE = "timeslice"
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec(Message):
+    profile: str  # profile name on this GPU's model, e.g. "1g.18gb"
+    start: int | None = None  # pinned memory slice; None lets the agent plan it
+
+
+@dataclass(frozen=True)
+class MpsSpec(Message):
+    default_thread_pct: int = 100
+    default_pinned_mem_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuLayout(Message):
+    gpu_uuid: str
+    mode: PartitionMode = PartitionMode.WHOLE
+    instances: tuple[MigInstanceSpec, ...] = ()  # mode MIG: the wanted GPU instances
+    mps: MpsSpec | None = None  # mode MPS
+
+
+@dataclass(frozen=True)
+class ComputeUnit(Message):
+    kind: UnitKind
+    mig_profile: str | None = None  # MIG: which instance on the GPU (profile + start)
+    mig_start: int | None = None
+    thread_pct: int | None = None  # MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    pinned_mem_mib: int | None = None  # MPS: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+    mem_limit_mib: int | None = None  # time slice: the watchdog's bound on the task's GPU memory
+
+
+class DesiredTaskState(StrEnum):
+    RUN = "run"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class TaskSpec(Message):
+    task_id: str
+    command: tuple[str, ...]
+    gpu_uuid: str
+    unit: ComputeUnit
+    env: dict[str, str] = field(default_factory=dict)
+    max_runtime_s: float | None = None
+    desired: DesiredTaskState = DesiredTaskState.RUN
+    stop_grace_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class DesiredState(Message):
+    generation: int
+    gpus: tuple[GpuLayout, ...] = ()
+    tasks: tuple[TaskSpec, ...] = ()
+    allow_mig_mode_change: bool = False  # the plane's consent; the node's own config must allow it too
+
+
+# ---- reports --------------------------------------------------------------------------------------------
+class TaskState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # stopped on request or by a limit (see reason)
+    LOST = "lost"  # the agent cannot tell what became of it (e.g. pid gone after a restart)
+    REJECTED = "rejected"  # never started: its compute unit does not exist or is unusable
+
+
+class PartitionState(StrEnum):
+    OK = "ok"
+    BLOCKED = "blocked"  # busy instances stand in the way; nothing was killed
+    NEEDS_DRAIN = "needs_drain"
+    INFEASIBLE = "infeasible"  # no layout satisfies the geometry
+    MODE_CHANGE_NOT_ALLOWED = "mode_change_not_allowed"
+    PENDING_RESET = "pending_reset"
+    REBOOT_REQUIRED = "reboot_required"
+    GPU_LOST = "gpu_lost"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class TaskReport(Message):
+    task_id: str
+    state: TaskState
+    at_s: float
+    reason: str = ""
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    device_uuid: str | None = None
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PartitionReport(Message):
+    gpu_uuid: str
+    state: PartitionState
+    at_s: float
+    generation: int
+    instances: tuple[MigInstance, ...] = ()
+    actions: tuple[str, ...] = ()  # mutating NVML calls made, e.g. "create_gi 9@4 → gi 2"
+    errors: tuple[NvmlFailure, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Report(Message):
+    node_id: str
+    seq: int
+    sent_at_s: float
+    tasks: tuple[TaskReport, ...] = ()
+    partitions: tuple[PartitionReport, ...] = ()
+    protocol_version: str = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class ReportAck(Message):
+    stored_seq: int
