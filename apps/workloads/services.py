@@ -243,7 +243,7 @@ def _submit_one(
         queue=queue,
         pool=queue.pool,
         submitted_by=submitted_by,
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key or "",
         **values,
     )
     # 3. Charge the quota under its row lock, then store the task and its first event.
