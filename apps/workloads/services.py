@@ -244,6 +244,7 @@ def _submit_one(
         pool=queue.pool,
         submitted_by=submitted_by,
         idempotency_key=idempotency_key or "",
+        why_pending="waiting for the first scheduling cycle",
         **values,
     )
     # 3. Charge the quota under its row lock, then store the task and its first event.
