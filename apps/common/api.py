@@ -48,7 +48,7 @@ def resolve_tenant(request: Request, slug: str | None, *, role: str, action: str
     elif (token := request_token(request)) is not None:
         tenant = token.tenant
     else:
-        candidates = [tid for tid, held in access.roles.items() if access.has(tid, role) and held]
+        candidates = [tid for tid in access.roles if access.has(tid, role)]
         if not candidates and not access.platform_admin:
             raise NotAllowed(f"{action} needs the {role} role in a tenant, and you hold it in none")
         if len(candidates) != 1:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -37,9 +37,6 @@ class Access:
             return True
         held = self.roles.get(tenant_id)
         return held is not None and ROLE_RANK[held] >= ROLE_RANK[role]  # type: ignore[index]
-
-    def tenant_ids_with(self, role: str) -> list[int]:
-        return sorted(tid for tid in self.roles if self.has(tid, role))
 
 
 def _subtree(tree: Mapping[int, int | None], root_id: int) -> set[int]:
@@ -79,7 +76,3 @@ def tenant_list(*, access: Access) -> QuerySet[Tenant]:
 
 def tenant_get_by_slug(*, slug: str) -> Tenant | None:
     return Tenant.objects.filter(slug=slug).first()
-
-
-def tenants_by_id(*, ids: Iterable[int]) -> dict[int, Tenant]:
-    return Tenant.objects.in_bulk(list(ids))
