@@ -14,8 +14,11 @@ class QuotaAdmin(admin.ModelAdmin):
         "charged_milli",
     ]
     list_filter = ["pool"]
-    # The charge is bookkeeping kept by submission and state changes; editing it by hand breaks accounting.
-    readonly_fields = ["charged_milli", "charged_mem_mib"]
+
+    # The charge is bookkeeping kept by submission and state changes; editing it by hand breaks accounting,
+    # and so would moving a quota (with its charge) to another tenant or pool.
+    def get_readonly_fields(self, request, obj=None):
+        return ["charged_milli", "charged_mem_mib", *(["tenant", "pool"] if obj else [])]
 
 
 @admin.register(Queue)
@@ -37,7 +40,8 @@ class TaskEventInline(admin.TabularInline):
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    """Read-mostly: state changes go through the state machine (API or scheduler), never a form."""
+    """Read-only: state changes go through the state machine and requests are charged to quotas at
+    submission, so a form edit would bypass both. Cancel through the API or `whalegen tasks cancel`."""
 
     list_display = [
         "id",
@@ -52,10 +56,12 @@ class TaskAdmin(admin.ModelAdmin):
     ]
     list_filter = ["state", "tenant", "pool", "kind", "isolation"]
     search_fields = ["name", "gang_id", "profile_key", "idempotency_key"]
-    readonly_fields = ["state", "version", "attempts", "started_at", "finished_at", "submitted_by"]
     inlines = [TaskEventInline]
 
     def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False
 
 

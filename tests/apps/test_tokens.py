@@ -78,3 +78,11 @@ def test_a_malformed_authorization_header_is_refused(world) -> None:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Bearer two words")
     assert client.get("/api/v1/tasks/").status_code == 401
+
+
+def test_a_browser_session_reads_and_needs_csrf_to_write(world) -> None:
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(world.alice)
+    assert client.get("/api/v1/tasks/").status_code == 200
+    refused = client.post(f"/api/v1/tasks/{world.task_a.pk}/cancel/", {}, format="json")
+    assert refused.status_code == 403 and "CSRF" in refused.json()["detail"]
