@@ -89,8 +89,8 @@ def database_from_url(url: str) -> dict[str, object]:
         }
     if parts.scheme == "sqlite":
         path = unquote(parts.path)
-        # sqlite:////abs/path → "//abs/path" after the netloc; sqlite:///rel → "/rel".
-        if path.startswith("//") or path.startswith("/"):
+        # sqlite:////abs/path → "//abs/path" after the netloc, sqlite:///rel → "/rel": drop one slash.
+        if path.startswith("/"):
             path = path[1:]
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path or ":memory:"}
     raise ConfigError(f"DATABASE_URL scheme {parts.scheme!r} is not supported (use postgres:// or sqlite://)")
