@@ -103,7 +103,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+# The dashboard adds its assets there; until it exists, a missing directory is not an error.
+STATICFILES_DIRS = [d for d in [BASE_DIR / "frontend" / "static"] if d.is_dir()]
 
 LOGIN_URL = "/admin/login/"
 
@@ -126,6 +127,18 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Operation ids read `tasks_list`, not `v1_tasks_list`.
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    # Several models have a `state` / `kind`; name each enum after its owner.
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStateEnum": "apps.workloads.models.Task.State",
+        "TaskKindEnum": "apps.workloads.models.Task.Kind",
+        "NodeStateEnum": "apps.inventory.models.Node.State",
+        "ComputeUnitKindEnum": "apps.inventory.models.ComputeUnit.Kind",
+        "GpuPartitionModeEnum": "apps.inventory.models.Gpu.PartitionMode",
+        "TenantKindEnum": "apps.tenants.models.Tenant.Kind",
+        "OverrideStateEnum": "apps.approvals.models.PriorityOverride.State",
+    },
 }
 
 # Celery: Redis when configured, otherwise tasks run in-process (eagerly) for the embedded default.

@@ -1,0 +1,10 @@
+"""API v1: every app's routes under /api/v1/."""
+
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("apps.tenants.api.urls")),
+    path("", include("apps.inventory.api.urls")),
+    path("", include("apps.workloads.api.urls")),
+    path("", include("apps.approvals.api.urls")),
+]

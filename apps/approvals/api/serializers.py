@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from apps.approvals.models import OverrideAuditEntry, PriorityOverride
+
+
+class OverrideRequestInputSerializer(serializers.Serializer):
+    task = serializers.IntegerField(required=False, help_text="Task id; name a task or a queue.")
+    queue = serializers.IntegerField(required=False, help_text="Queue id; name a task or a queue.")
+    wanted_priority = serializers.IntegerField(min_value=-1000, max_value=1000)
+    reason = serializers.CharField(max_length=500)
+    ttl_hours = serializers.IntegerField(min_value=1, max_value=24 * 30, required=False)
+
+    def validate(self, attrs: dict) -> dict:
+        if ("task" in attrs) == ("queue" in attrs):
+            raise serializers.ValidationError({"task": ["name exactly one target: a task or a queue"]})
+        return attrs
+
+
+class OverrideDecisionInputSerializer(serializers.Serializer):
+    comment = serializers.CharField(max_length=500, required=False, allow_blank=True)
+
+
+class OverrideAuditOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = OverrideAuditEntry
+        fields = ["created_at", "action", "actor", "note"]
+        read_only_fields = fields
+
+
+class OverrideOutputSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    decided_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = PriorityOverride
+        fields = [
+            "id", "tenant", "task", "queue", "wanted_priority", "previous_priority", "reason", "requested_by",
+            "state", "decided_by", "decided_at", "comment", "expires_at", "created_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class OverrideDetailOutputSerializer(OverrideOutputSerializer):
+    audit = OverrideAuditOutputSerializer(many=True, read_only=True)
+
+    class Meta(OverrideOutputSerializer.Meta):
+        fields = [*OverrideOutputSerializer.Meta.fields, "audit"]
+        read_only_fields = fields

@@ -1,0 +1,139 @@
+"""The fleet: clusters, pools, nodes, GPUs and the compute units carved out of them."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from apps.common.models import TimestampedModel
+from whalegen.gpus import model_names
+
+
+def gpu_model_choices() -> list[tuple[str, str]]:
+    return [(name, name) for name in model_names()]
+
+
+class Cluster(TimestampedModel):
+    """A site or region; each of its nodes runs one agent."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    region = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pool(TimestampedModel):
+    """GPUs offered to tenants under one name. Nodes of several clusters may join the same pool."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(TimestampedModel):
+    class State(models.TextChoices):
+        READY = "ready", "ready"
+        CORDONED = "cordoned", "cordoned"  # runs what it has, takes nothing new
+        DRAINING = "draining", "draining"  # its tasks are being moved off
+        LOST = "lost", "lost"  # no heartbeat within the deadline
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="nodes")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    name = models.CharField(max_length=128)
+    cpu_milli = models.PositiveIntegerField()
+    mem_mib = models.PositiveBigIntegerField()
+    labels = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.READY, db_index=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # SHA-256 of the agent's credential, like API tokens: the agent holds the secret, we hold the hash.
+    agent_credential_hash = models.CharField(max_length=64, blank=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    # Raised on every write that changes what can be placed here; cycles compare-and-set on it.
+    version = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["cluster__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_cluster_name_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.name}"
+
+
+class Gpu(TimestampedModel):
+    class PartitionMode(models.TextChoices):
+        WHOLE = "whole", "whole GPU"
+        MIG = "mig", "MIG instances"
+        MPS = "mps", "MPS shares"
+        TIME_SLICE = "timeslice", "time slices"
+
+    class Health(models.TextChoices):
+        HEALTHY = "healthy", "healthy"
+        DEGRADED = "degraded", "degraded"  # e.g. correctable ECC errors climbing
+        UNHEALTHY = "unhealthy", "unhealthy"  # XID / uncorrectable errors; take nothing new
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()  # NVML device index on its node
+    uuid = models.CharField(max_length=64, unique=True)
+    model = models.CharField(max_length=32, choices=gpu_model_choices)
+    mem_mib = models.PositiveIntegerField()
+    mig_capable = models.BooleanField(default=False)
+    partition_mode = models.CharField(
+        max_length=10, choices=PartitionMode.choices, default=PartitionMode.WHOLE
+    )
+    health = models.CharField(max_length=10, choices=Health.choices, default=Health.HEALTHY)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_node_index_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.uuid}"
+
+
+class ComputeUnit(TimestampedModel):
+    """What a task is given: a whole GPU, a MIG instance, an MPS share or a time slice."""
+
+    class Kind(models.TextChoices):
+        WHOLE = "whole", "whole GPU"
+        MIG = "mig", "MIG instance"
+        MPS = "mps", "MPS share"
+        TIME_SLICE = "timeslice", "time slice"
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="units")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    # MIG: the profile name (e.g. "3g.40gb") and its start memory slice (the placement).
+    mig_profile = models.CharField(max_length=16, blank=True)
+    mig_start = models.PositiveSmallIntegerField(null=True, blank=True)
+    # MPS: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; time slice: none, the memory bound is the watchdog's.
+    mps_thread_pct = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+    gpu_milli = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(1000)])
+    mem_mib = models.PositiveIntegerField()
+    # The task holding the unit, if any; set and cleared by compare-and-set in the scheduling commit.
+    task = models.ForeignKey(
+        "workloads.Task", null=True, blank=True, on_delete=models.SET_NULL, related_name="compute_units"
+    )
+    version = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["gpu_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(kind="mig")
+                | (models.Q(mig_start__isnull=False) & ~models.Q(mig_profile="")),
+                name="unit_mig_has_profile_and_start",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.mig_profile or self.gpu_milli} on {self.gpu_id}"

@@ -1,0 +1,16 @@
+from django.contrib import admin
+
+from apps.scheduling.models import Assignment, Cycle
+
+
+@admin.register(Cycle)
+class CycleAdmin(admin.ModelAdmin):
+    list_display = ["id", "pool", "policy", "started_at", "tasks_considered", "tasks_placed", "conflicts"]
+    list_filter = ["pool", "policy"]
+
+
+@admin.register(Assignment)
+class AssignmentAdmin(admin.ModelAdmin):
+    list_display = ["task", "node", "created_at", "released_at", "release_reason"]
+    raw_id_fields = ["task", "cycle"]
+    filter_horizontal = ["units"]

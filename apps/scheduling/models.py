@@ -1,0 +1,60 @@
+"""What the scheduling loop commits (assignments) and the record it keeps of each cycle."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.inventory.models import ComputeUnit, Node, Pool
+from apps.workloads.models import Task
+
+
+class Cycle(models.Model):
+    """One scheduling pass over a pool: snapshot → solve → commit."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="cycles")
+    policy = models.CharField(max_length=32)
+    started_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    tasks_considered = models.PositiveIntegerField(default=0)
+    tasks_placed = models.PositiveIntegerField(default=0)
+    tasks_preempted = models.PositiveIntegerField(default=0)
+    # Decisions that lost a compare-and-set race at commit and were skipped (never double-booked).
+    conflicts = models.PositiveIntegerField(default=0)
+    solve_ms = models.FloatField(null=True, blank=True)
+    commit_ms = models.FloatField(null=True, blank=True)
+    # Free-form figures from the solver (fragmentation before/after, reasons by count …).
+    stats = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"cycle {self.pk} on {self.pool_id}"
+
+
+class Assignment(models.Model):
+    """The binding of a task to a node and the compute units it holds there."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="assignments")
+    units = models.ManyToManyField(ComputeUnit, related_name="assignments")
+    cycle = models.ForeignKey(
+        Cycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="assignments"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Set when the task stops holding the units (finished, preempted, lost). One live row per task.
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task"],
+                condition=models.Q(released_at__isnull=True),
+                name="assignment_one_live_per_task",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} on node {self.node_id}"

@@ -1,0 +1,79 @@
+"""Who may do what: tenants in a tree (org → team), memberships with roles, and API tokens.
+
+Platform admins are Django staff users (`is_staff`): they operate the fleet, write quotas and decide
+priority overrides for every tenant, without being members of any.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from apps.common.models import TimestampedModel
+
+
+class Tenant(TimestampedModel):
+    class Kind(models.TextChoices):
+        ORG = "org", "organisation"
+        TEAM = "team", "team"
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TEAM)
+    # A membership in a tenant carries its role to every tenant below it.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(TimestampedModel):
+    class Role(models.TextChoices):
+        VIEWER = "viewer", "viewer"
+        MEMBER = "member", "member"
+        ADMIN = "admin", "admin"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=8, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+
+# Roles in increasing power; a caller needs at least the rank an action asks for.
+ROLE_RANK = {Membership.Role.VIEWER: 1, Membership.Role.MEMBER: 2, Membership.Role.ADMIN: 3}
+
+
+class ApiToken(TimestampedModel):
+    """A bearer token for pipelines. Only its SHA-256 is stored; the token itself is shown once.
+
+    SHA-256 (not a slow password hash) is enough because the token is 256 bits of randomness: there is
+    nothing to brute-force, and every API call must look it up in one indexed query.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    # The first characters of the token, kept so an operator can tell tokens apart in lists.
+    prefix = models.CharField(max_length=16)
+    token_hash = models.CharField(max_length=64, unique=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"

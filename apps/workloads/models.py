@@ -1,0 +1,201 @@
+"""Queues, quotas, tasks and what history says about them (profiles)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from apps.common.models import TimestampedModel
+from apps.inventory.models import Pool
+from apps.tenants.models import Tenant
+
+
+class Quota(TimestampedModel):
+    """A tenant's share of a pool, in milli-GPUs (1000 = one whole GPU).
+
+    `charged_*` is what the tenant's live tasks (not yet finished) in this pool hold: submission adds to
+    it under a row lock and refuses anything above `guaranteed + borrow limit`; a final state gives it
+    back. The scheduler later decides which of those tasks run inside the guarantee and which borrow.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="quotas")
+    guaranteed_milli = models.PositiveIntegerField()
+    borrow_limit_milli = models.PositiveIntegerField(default=0)
+    gpu_mem_limit_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    charged_milli = models.PositiveBigIntegerField(default=0)
+    charged_mem_mib = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["tenant__slug", "pool__name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "pool"], name="quota_tenant_pool_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}@{self.pool_id}"
+
+    @property
+    def limit_milli(self) -> int:
+        return self.guaranteed_milli + self.borrow_limit_milli
+
+
+class Queue(TimestampedModel):
+    """A tenant's ordered line of tasks into one pool."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="queues")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="queues")
+    name = models.SlugField(max_length=64)
+    default_priority = models.IntegerField(default=0)
+    # Share of the tenant's capacity under dominant-resource fair share, relative to its other queues.
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+
+    class Meta:
+        ordering = ["tenant__slug", "name"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="queue_tenant_name_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.name}"
+
+
+class Task(TimestampedModel):
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        ADMITTED = "admitted", "admitted"
+        ASSIGNED = "assigned", "assigned"
+        RUNNING = "running", "running"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        CANCELLED = "cancelled", "cancelled"
+        PREEMPTED = "preempted", "preempted"
+        LOST = "lost", "lost"
+
+    class Isolation(models.TextChoices):
+        ANY = "any", "any"
+        MIG = "mig", "MIG instance"
+        MPS = "mps", "MPS share"
+        EXCLUSIVE = "exclusive", "exclusive GPU"
+
+    class Kind(models.TextChoices):
+        TRAINING = "training", "training"
+        INFERENCE = "inference", "inference"
+        BATCH = "batch", "batch"
+        INTERACTIVE = "interactive", "interactive"
+
+    class SlaClass(models.TextChoices):
+        ONLINE = "online", "online"
+        BATCH = "batch", "batch"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")
+    queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="tasks")
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="tasks")
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
+    )
+    name = models.CharField(max_length=200, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    # Compare-and-set counter: every state change is `UPDATE … WHERE version = v`.
+    version = models.PositiveBigIntegerField(default=0)
+
+    # Requests. gpu_milli is per GPU: 1000 is a whole GPU; below 1000 only a single GPU can be shared.
+    gpu_count = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    gpu_milli = models.PositiveSmallIntegerField(
+        default=1000, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
+    gpu_mem_mib = models.PositiveIntegerField(null=True, blank=True)  # per GPU; None = whatever the unit has
+    cpu_milli = models.PositiveIntegerField(default=1000)
+    host_mem_mib = models.PositiveBigIntegerField(default=4096)
+    allowed_gpu_models = models.JSONField(default=list, blank=True)  # catalogue names; empty = any
+    isolation = models.CharField(max_length=10, choices=Isolation.choices, default=Isolation.ANY)
+    kind = models.CharField(max_length=12, choices=Kind.choices, default=Kind.BATCH)
+    sla_class = models.CharField(max_length=8, choices=SlaClass.choices, default=SlaClass.BATCH)
+    priority = models.IntegerField()
+    preemptible = models.BooleanField(default=True)
+    gang_id = models.CharField(max_length=100, blank=True, db_index=True)
+    gang_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    command = models.JSONField(default=list, blank=True)  # argv, not a shell string
+    env = models.JSONField(default=dict, blank=True)
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    profile_key = models.CharField(max_length=200, blank=True)
+    idempotency_key = models.CharField(max_length=200, blank=True)  # blank = none given
+
+    # Life.
+    attempts = models.PositiveIntegerField(default=0)
+    why_pending = models.CharField(max_length=500, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+
+    # Forecasts, filled by the forecasting app.
+    predicted_duration_p50_s = models.FloatField(null=True, blank=True)
+    predicted_duration_p90_s = models.FloatField(null=True, blank=True)
+    predicted_gpu_mem_peak_mib = models.PositiveIntegerField(null=True, blank=True)
+    predicted_start_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="task_tenant_idempotency_key_unique",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(gpu_milli=1000) | models.Q(gpu_count=1),
+                name="task_fractional_gpu_is_single",
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "state"]), models.Index(fields=["pool", "state"])]
+
+    def __str__(self) -> str:
+        return f"task {self.pk} ({self.state})"
+
+    @property
+    def charge_milli(self) -> int:
+        """What this task holds against its quota while it is alive."""
+        return self.gpu_count * self.gpu_milli
+
+    @property
+    def charge_mem_mib(self) -> int:
+        return self.gpu_count * (self.gpu_mem_mib or 0)
+
+
+class TaskEvent(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_state = models.CharField(max_length=10, choices=Task.State.choices, blank=True)  # blank on submit
+    to_state = models.CharField(max_length=10, choices=Task.State.choices)
+    # Who moved it: "user:<name>", "scheduler", "agent:<node>", "system:<job>".
+    actor = models.CharField(max_length=150)
+    reason = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}: {self.from_state or '∅'} → {self.to_state}"
+
+
+class TaskProfile(models.Model):
+    """What history says about tasks of one tenant and profile key."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="task_profiles")
+    profile_key = models.CharField(max_length=200)
+    sample_count = models.PositiveIntegerField(default=0)
+    duration_p50_s = models.FloatField(null=True, blank=True)
+    duration_p90_s = models.FloatField(null=True, blank=True)
+    gpu_mem_peak_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_util_mean = models.FloatField(null=True, blank=True)  # 0..1
+    gpu_util_burstiness = models.FloatField(null=True, blank=True)  # coefficient of variation
+    # "flat", "linear", "step" …: how memory grows over a run; free text until the learner fixes a set.
+    mem_growth = models.CharField(max_length=32, blank=True)
+    util_curve = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant_id", "profile_key"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "profile_key"], name="profile_tenant_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.profile_key}"

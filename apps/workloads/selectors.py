@@ -1,0 +1,66 @@
+"""Reads for queues, quotas and tasks, always through what the caller may see.
+
+Objects of tenants the caller cannot see are simply absent: a detail read answers 404, never 403,
+so nobody learns that another tenant's task 1234 exists.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Count, F, Q, QuerySet
+from django.http import Http404
+
+from apps.tenants.selectors import Access
+from apps.workloads.models import Queue, Quota, Task, TaskEvent
+from apps.workloads.state_machine import FINAL
+
+
+def _visible(queryset: QuerySet, access: Access, tenant_field: str = "tenant_id") -> QuerySet:
+    if access.platform_admin:
+        return queryset
+    return queryset.filter(**{f"{tenant_field}__in": access.tenant_ids})
+
+
+def task_list(*, access: Access) -> QuerySet[Task]:
+    return _visible(Task.objects.select_related("tenant", "queue", "pool", "submitted_by"), access)
+
+
+def task_get(*, access: Access, task_id: int) -> Task:
+    task = task_list(access=access).filter(pk=task_id).first()
+    if task is None:
+        raise Http404(f"no task {task_id}")
+    return task
+
+
+def task_events(*, task: Task) -> QuerySet[TaskEvent]:
+    return TaskEvent.objects.filter(task=task)
+
+
+def queue_list(*, access: Access) -> QuerySet[Queue]:
+    return _visible(Queue.objects.select_related("tenant", "pool"), access)
+
+
+def queue_get(*, access: Access, queue_id: int) -> Queue:
+    queue = queue_list(access=access).filter(pk=queue_id).first()
+    if queue is None:
+        raise Http404(f"no queue {queue_id}")
+    return queue
+
+
+def quota_list(*, access: Access) -> QuerySet[Quota]:
+    """Quotas with their usage: the charge, and how many live tasks hold it (pending vs the rest)."""
+    live = ~Q(pool__tasks__state__in=FINAL)
+    same_tenant = Q(pool__tasks__tenant_id=F("tenant_id"))
+    return _visible(
+        Quota.objects.select_related("tenant", "pool").annotate(
+            tasks_pending=Count("pool__tasks", filter=same_tenant & Q(pool__tasks__state=Task.State.PENDING)),
+            tasks_live=Count("pool__tasks", filter=same_tenant & live),
+        ),
+        access,
+    )
+
+
+def quota_get(*, access: Access, quota_id: int) -> Quota:
+    quota = quota_list(access=access).filter(pk=quota_id).first()
+    if quota is None:
+        raise Http404(f"no quota {quota_id}")
+    return quota

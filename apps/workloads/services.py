@@ -1,0 +1,389 @@
+"""Writes for queues, quotas and tasks: submission with quota accounting, and every state change."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.common.errors import ApplicationError, Conflict
+from apps.inventory.models import ComputeUnit, Gpu, Pool
+from apps.scheduling.models import Assignment
+from apps.tenants.models import Tenant
+from apps.workloads.models import Queue, Quota, Task, TaskEvent
+from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
+from whalegen.gpus import UnknownGpuModel, get_model
+
+
+def user_actor(user: AbstractBaseUser | None) -> str:
+    return f"user:{user.get_username()}" if user is not None else "system"
+
+
+# ---------------------------------------------------------------------------------------------- queues
+
+
+def queue_create(
+    *, tenant: Tenant, pool: Pool, name: str, default_priority: int = 0, weight: int = 1
+) -> Queue:
+    if Queue.objects.filter(tenant=tenant, name=name).exists():
+        raise ValidationError({"name": [f"tenant {tenant.slug!r} already has a queue named {name!r}"]})
+    queue = Queue(tenant=tenant, pool=pool, name=name, default_priority=default_priority, weight=weight)
+    queue.full_clean()
+    queue.save()
+    return queue
+
+
+def queue_update(*, queue: Queue, data: dict[str, Any]) -> Queue:
+    """Change a queue's name, default priority or weight. Its pool is fixed: tasks already point at it."""
+    if (
+        "name" in data
+        and Queue.objects.filter(tenant=queue.tenant_id, name=data["name"]).exclude(pk=queue.pk).exists()
+    ):
+        raise ValidationError({"name": [f"this tenant already has a queue named {data['name']!r}"]})
+    for key in ("name", "default_priority", "weight"):
+        if key in data:
+            setattr(queue, key, data[key])
+    queue.full_clean()
+    queue.save()
+    return queue
+
+
+def queue_delete(*, queue: Queue) -> None:
+    if queue.tasks.exclude(state__in=FINAL).exists():
+        raise Conflict(f"queue {queue.name!r} still has unfinished tasks; cancel or wait for them first")
+    # Finished tasks keep their history; a queue that has ever held tasks is PROTECTed by them.
+    if queue.tasks.exists():
+        raise Conflict(f"queue {queue.name!r} has task history and cannot be deleted")
+    queue.delete()
+
+
+# ---------------------------------------------------------------------------------------------- quotas
+
+
+def quota_set(
+    *,
+    tenant: Tenant,
+    pool: Pool,
+    guaranteed_milli: int,
+    borrow_limit_milli: int = 0,
+    gpu_mem_limit_mib: int | None = None,
+) -> Quota:
+    """Create or change a tenant's quota in a pool. Lowering it below what is charged is allowed: running
+    work is never evicted by a quota edit, new submissions are refused until the charge falls."""
+    quota, _ = Quota.objects.update_or_create(
+        tenant=tenant,
+        pool=pool,
+        defaults={
+            "guaranteed_milli": guaranteed_milli,
+            "borrow_limit_milli": borrow_limit_milli,
+            "gpu_mem_limit_mib": gpu_mem_limit_mib,
+        },
+    )
+    return quota
+
+
+# ----------------------------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """What a submitter asks for (ARCHITECTURE §2). Units: milli-GPUs per GPU, MiB, CPU milli-cores."""
+
+    queue: str
+    name: str = ""
+    gpu_count: int = 1
+    gpu_milli: int = 1000
+    gpu_mem_mib: int | None = None
+    cpu_milli: int = 1000
+    host_mem_mib: int = 4096
+    allowed_gpu_models: list[str] = field(default_factory=list)
+    isolation: str = Task.Isolation.ANY
+    kind: str = Task.Kind.BATCH
+    sla_class: str = Task.SlaClass.BATCH
+    priority: int | None = None
+    preemptible: bool = True
+    gang_id: str = ""
+    gang_size: int = 1
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    max_runtime_s: int | None = None
+    profile_key: str = ""
+
+
+def _validate_shape(request: TaskRequest) -> list[str]:
+    """Check the rules that need no database; return canonical model names. Raises ValidationError."""
+    errors: dict[str, list[str]] = {}
+    canonical: list[str] = []
+    for name in request.allowed_gpu_models:
+        try:
+            canonical.append(get_model(name).name)
+        except UnknownGpuModel as exc:
+            errors.setdefault("allowed_gpu_models", []).append(str(exc))
+    if request.gpu_milli < 1000 and request.gpu_count > 1:
+        errors.setdefault("gpu_milli", []).append(
+            f"a share below a whole GPU ({request.gpu_milli} milli) is for one GPU; "
+            f"gpu_count is {request.gpu_count}. Ask for whole GPUs (1000) or gpu_count 1."
+        )
+    if request.isolation == Task.Isolation.EXCLUSIVE and request.gpu_milli < 1000:
+        errors.setdefault("isolation", []).append(
+            "exclusive isolation takes whole GPUs; set gpu_milli to 1000"
+        )
+    if request.isolation in {Task.Isolation.MIG, Task.Isolation.MPS} and request.gpu_count > 1:
+        errors.setdefault("isolation", []).append(
+            f"{request.isolation} isolation gives one slice of one GPU; gpu_count must be 1"
+        )
+    if request.gang_size > 1 and not request.gang_id:
+        errors.setdefault("gang_id", []).append("a gang of more than one task needs a gang_id")
+    if errors:
+        raise ValidationError(errors)
+    return canonical
+
+
+def _validate_against_pool(*, pool: Pool, request: TaskRequest, models: list[str]) -> None:
+    # One query: which GPU models this pool has, and whether any of each is MIG capable.
+    present: dict[str, bool] = {}
+    for model, mig_capable in (
+        Gpu.objects.filter(node__pool=pool).values_list("model", "mig_capable").distinct()
+    ):
+        present[model] = present.get(model, False) or mig_capable
+    candidates = {m: cap for m, cap in present.items() if not models or m in models}
+    if models and present and not candidates:
+        raise ValidationError(
+            {
+                "allowed_gpu_models": [
+                    f"pool {pool.name!r} has none of {', '.join(models)} "
+                    f"(it has {', '.join(sorted(present))})"
+                ]
+            }
+        )
+    if request.isolation == Task.Isolation.MIG and not any(candidates.values()):
+        raise ValidationError(
+            {
+                "isolation": [
+                    f"pool {pool.name!r} has no MIG-capable GPU"
+                    + (" of the allowed models" if models else "")
+                ]
+            }
+        )
+
+
+def _charge_quota(
+    *, tenant: Tenant, pool: Pool, charge_milli: int, charge_mem_mib: int, mem_stated: bool
+) -> None:
+    """Add a task's charge to the tenant's quota in the pool, or refuse. Must run inside a transaction.
+
+    The quota row is locked (SELECT … FOR UPDATE) so concurrent submitters queue on it: each sees the
+    charge the previous one committed, and the limit can never be crossed by a race.
+    """
+    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+    if quota is None:
+        raise ValidationError({"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}"]})
+    if quota.charged_milli + charge_milli > quota.limit_milli:
+        free = max(quota.limit_milli - quota.charged_milli, 0)
+        raise ValidationError(
+            {
+                "gpu_milli": [
+                    f"request of {charge_milli} milli-GPUs is above what tenant {tenant.slug!r} has left "
+                    f"in pool {pool.name!r}: {free} of {quota.limit_milli} (guaranteed "
+                    f"{quota.guaranteed_milli} + borrow {quota.borrow_limit_milli}) are free"
+                ]
+            }
+        )
+    if quota.gpu_mem_limit_mib is not None:
+        if not mem_stated:
+            raise ValidationError(
+                {"gpu_mem_mib": [f"pool {pool.name!r} bounds this tenant's GPU memory; state gpu_mem_mib"]}
+            )
+        if quota.charged_mem_mib + charge_mem_mib > quota.gpu_mem_limit_mib:
+            free_mem = max(quota.gpu_mem_limit_mib - quota.charged_mem_mib, 0)
+            raise ValidationError(
+                {
+                    "gpu_mem_mib": [
+                        f"request of {charge_mem_mib} MiB GPU memory is above the {free_mem} MiB "
+                        "left in the quota"
+                    ]
+                }
+            )
+    Quota.objects.filter(pk=quota.pk).update(
+        charged_milli=F("charged_milli") + charge_milli, charged_mem_mib=F("charged_mem_mib") + charge_mem_mib
+    )
+
+
+def _submit_one(
+    *,
+    tenant: Tenant,
+    request: TaskRequest,
+    submitted_by: AbstractBaseUser | None,
+    idempotency_key: str | None,
+) -> tuple[Task, bool]:
+    # 1. A retry with a key we have seen returns the task it created, whatever else it says.
+    if idempotency_key:
+        existing = Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+    # 2. Rules on the request alone, then against the queue's pool.
+    models = _validate_shape(request)
+    queue = Queue.objects.select_related("pool").filter(tenant=tenant, name=request.queue).first()
+    if queue is None:
+        raise ValidationError({"queue": [f"tenant {tenant.slug!r} has no queue named {request.queue!r}"]})
+    _validate_against_pool(pool=queue.pool, request=request, models=models)
+    values = asdict(request)
+    values.pop("queue")
+    values["allowed_gpu_models"] = models
+    if values["priority"] is None:
+        values["priority"] = queue.default_priority
+    task = Task(
+        tenant=tenant,
+        queue=queue,
+        pool=queue.pool,
+        submitted_by=submitted_by,
+        idempotency_key=idempotency_key or "",
+        why_pending="waiting for the first scheduling cycle",
+        **values,
+    )
+    # 3. Charge the quota under its row lock, then store the task and its first event.
+    _charge_quota(
+        tenant=tenant,
+        pool=queue.pool,
+        charge_milli=task.charge_milli,
+        charge_mem_mib=task.charge_mem_mib,
+        mem_stated=request.gpu_mem_mib is not None,
+    )
+    task.save()
+    TaskEvent.objects.create(
+        task=task,
+        from_state="",
+        to_state=Task.State.PENDING,
+        actor=user_actor(submitted_by),
+        reason="submitted",
+    )
+    return task, True
+
+
+def task_submit(
+    *,
+    tenant: Tenant,
+    request: TaskRequest,
+    submitted_by: AbstractBaseUser | None,
+    idempotency_key: str | None = None,
+) -> tuple[Task, bool]:
+    """Validate, charge the quota and store one task as pending. Returns (task, created).
+
+    All or nothing: a refused request leaves no task, no event and no charge behind.
+    """
+    try:
+        with transaction.atomic():
+            return _submit_one(
+                tenant=tenant, request=request, submitted_by=submitted_by, idempotency_key=idempotency_key
+            )
+    except IntegrityError:
+        # Two retries with one key raced past step 1 (on different quota rows, so not serialised by the
+        # lock): the unique constraint kept one; hand that one back.
+        if idempotency_key:
+            existing = Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                return existing, False
+        raise
+
+
+class BulkItemError(ApplicationError):
+    """One item of a bulk submission was refused; nothing of the batch was stored."""
+
+    def __init__(self, *, index: int, count: int, error: ValidationError) -> None:
+        super().__init__(f"task {index} of {count} was refused")
+        self.index = index
+        self.count = count
+        self.error = error
+
+
+@transaction.atomic
+def tasks_submit_bulk(
+    *,
+    tenant: Tenant,
+    items: list[tuple[TaskRequest, str | None]],
+    submitted_by: AbstractBaseUser | None,
+) -> list[Task]:
+    """Submit several tasks (e.g. a gang) in one transaction: all are stored or none is."""
+    tasks = []
+    for index, (request, key) in enumerate(items):
+        try:
+            with transaction.atomic():
+                task, _ = _submit_one(
+                    tenant=tenant, request=request, submitted_by=submitted_by, idempotency_key=key
+                )
+        except ValidationError as exc:
+            raise BulkItemError(index=index, count=len(items), error=exc) from exc
+        tasks.append(task)
+    return tasks
+
+
+def task_transition(
+    *,
+    task: Task,
+    to_state: str,
+    actor: str,
+    reason: str,
+    now: datetime | None = None,
+    exit_code: int | None = None,
+    why_pending: str | None = None,
+) -> Task:
+    """Move a task to `to_state`: the only writer of Task.state.
+
+    Compare-and-set on (state, version) as the caller saw them: if anything moved the task meanwhile,
+    nothing is written and Conflict is raised, so two actors can never both win. Entering a final state
+    gives the quota charge back and releases the task's units; returning to pending after preemption
+    or loss counts a new attempt.
+    """
+    now = now or timezone.now()
+    check_transition(task.state, to_state)
+    updates: dict[str, Any] = {"state": to_state, "version": F("version") + 1, "updated_at": now}
+    if to_state == Task.State.RUNNING:
+        updates["started_at"] = now
+    if to_state in FINAL:
+        updates["finished_at"] = now
+    if exit_code is not None:
+        updates["exit_code"] = exit_code
+    if to_state == Task.State.PENDING and task.state in RETRY_FROM:
+        updates["attempts"] = F("attempts") + 1
+    if why_pending is not None:
+        updates["why_pending"] = why_pending
+    elif to_state != Task.State.PENDING:
+        updates["why_pending"] = ""
+    with transaction.atomic():
+        moved = Task.objects.filter(pk=task.pk, state=task.state, version=task.version).update(**updates)
+        if moved != 1:
+            current = Task.objects.filter(pk=task.pk).values_list("state", flat=True).first()
+            raise Conflict(
+                f"task {task.pk} changed while you acted on it (you saw {task.state}, it is now {current}); "
+                "reload and retry"
+            )
+        TaskEvent.objects.create(
+            task=task, from_state=task.state, to_state=to_state, actor=actor, reason=reason
+        )
+        if to_state in FINAL or to_state in RETRY_FROM:
+            Assignment.objects.filter(task=task, released_at__isnull=True).update(
+                released_at=now, release_reason=reason
+            )
+            ComputeUnit.objects.filter(task=task).update(task=None, version=F("version") + 1)
+        if to_state in FINAL:
+            Quota.objects.filter(tenant_id=task.tenant_id, pool_id=task.pool_id).update(
+                charged_milli=F("charged_milli") - task.charge_milli,
+                charged_mem_mib=F("charged_mem_mib") - task.charge_mem_mib,
+            )
+    task.refresh_from_db()
+    return task
+
+
+def task_cancel(*, task: Task, by: AbstractBaseUser | None, reason: str = "") -> Task:
+    return task_transition(
+        task=task,
+        to_state=Task.State.CANCELLED,
+        actor=user_actor(by),
+        reason=reason or "cancelled by request",
+    )

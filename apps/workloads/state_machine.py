@@ -1,0 +1,48 @@
+"""The task state machine of ARCHITECTURE §5, as data. The one place that says which moves are legal.
+
+    pending → admitted → assigned → running → succeeded | failed | cancelled
+    preempted and lost return the task to pending, with its attempt count raised.
+
+`task_transition` (services.py) is the only writer of `Task.state`; it asks `check_transition` first.
+"""
+
+from __future__ import annotations
+
+from apps.common.errors import Conflict
+from apps.workloads.models import Task
+
+S = Task.State
+
+FINAL: frozenset[str] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.ADMITTED, S.CANCELLED}),
+    # Admission can be undone by preemption (an owner reclaims borrowed quota) before placement.
+    S.ADMITTED: frozenset({S.ASSIGNED, S.PREEMPTED, S.CANCELLED}),
+    S.ASSIGNED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
+    # A preempted or lost task is on its way back to pending; cancelling it then must still work.
+    S.PREEMPTED: frozenset({S.PENDING, S.CANCELLED}),
+    S.LOST: frozenset({S.PENDING, S.CANCELLED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+# Entering pending from these counts as a new attempt.
+RETRY_FROM: frozenset[str] = frozenset({S.PREEMPTED, S.LOST})
+
+
+class IllegalTransition(Conflict):
+    def __init__(self, from_state: str, to_state: str) -> None:
+        allowed = ", ".join(sorted(TRANSITIONS[from_state])) or "none, it is final"
+        super().__init__(f"a {from_state} task cannot become {to_state} (from {from_state}: {allowed})")
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+def check_transition(from_state: str, to_state: str) -> None:
+    if to_state not in TRANSITIONS:
+        raise ValueError(f"unknown task state {to_state!r}")
+    if to_state not in TRANSITIONS[from_state]:
+        raise IllegalTransition(from_state, to_state)

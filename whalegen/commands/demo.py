@@ -1,0 +1,278 @@
+"""`whalegen demo`: the whole plane on its embedded default, with nothing to configure.
+
+Migrates the database (an SQLite file under WHALEGEN_DATA_DIR unless DATABASE_URL is set), seeds a
+believable fleet once (two clusters; pools of H100 and H200 with MIG, A100 and L4; three tenants with
+quotas, queues and a few tasks), prints fresh tokens and an admin login, and serves the API and the
+admin. Celery runs in-process: beat entries fire from a thread, tasks run eagerly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import threading
+import time
+from typing import Any
+
+ADMIN_USERNAME = "admin"
+# (team slug, member username): one member per tenant, each gets a token on every start.
+TEAMS = [("vision", "vera"), ("speech", "sam"), ("ranking", "rita")]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (8000)")
+    parser.add_argument("--no-serve", action="store_true", help="migrate, seed, print the logins, and exit")
+    parser.add_argument(
+        "--serve-seconds", type=float, default=None, help="stop serving after this many seconds (for tests)"
+    )
+
+
+def _progress(message: str) -> None:
+    print(f"[demo] {message}", file=sys.stderr, flush=True)
+
+
+def _seed_fleet() -> None:
+    """Clusters, pools, nodes and GPUs. Two clusters share the H100 pool (a pool may span clusters)."""
+    from apps.inventory.models import Gpu
+    from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
+
+    eu = cluster_create(name="eu-west-1", region="eu-west")
+    us = cluster_create(name="us-east-1", region="us-east")
+    pools = {
+        "h100-train": pool_create(name="h100-train", description="H100-80GB for training; some GPUs in MIG"),
+        "h200-train": pool_create(name="h200-train", description="H200-141GB for large models; MIG on one"),
+        "a100-batch": pool_create(name="a100-batch", description="A100-80GB for batch and fine-tuning"),
+        "l4-infer": pool_create(name="l4-infer", description="L4 for online inference (MPS shares)"),
+    }
+    # (cluster, pool, node name prefix, node count, GPU model, GPUs per node, CPU milli, host MiB)
+    layout = [
+        (eu, "h100-train", "eu-h100", 2, "H100-80GB", 8, 192_000, 2_097_152),
+        (us, "h100-train", "us-h100", 1, "H100-80GB", 8, 192_000, 2_097_152),
+        (us, "h200-train", "us-h200", 2, "H200-141GB", 8, 224_000, 3_145_728),
+        (eu, "a100-batch", "eu-a100", 2, "A100-80GB", 8, 128_000, 1_048_576),
+        (eu, "l4-infer", "eu-l4", 2, "L4", 4, 48_000, 262_144),
+        (us, "l4-infer", "us-l4", 1, "L4", 4, 48_000, 262_144),
+    ]
+    mig_layouts = {
+        # Mixed layouts a real operator runs: a 3g+2g+1g+1g split and seven 1g slices.
+        "H100-80GB": [
+            [("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)],
+            [("1g.10gb", s) for s in range(7)],
+        ],
+        "H200-141GB": [[("3g.71gb", 0), ("3g.71gb", 4)]],
+    }  # fmt: skip
+    for cluster, pool_name, prefix, count, model, per_node, cpu, mem in layout:
+        for n in range(count):
+            node, _ = node_register(
+                cluster=cluster,
+                pool=pools[pool_name],
+                name=f"{prefix}-{n + 1:02d}",
+                cpu_milli=cpu,
+                mem_mib=mem,
+                labels={"zone": f"{cluster.region}-{'abc'[n % 3]}", "gpu": model},
+            )
+            migs = mig_layouts.get(model, []) if n == 0 else []
+            for index in range(per_node):
+                if index < len(migs):
+                    gpu_add(
+                        node=node,
+                        index=index,
+                        model=model,
+                        partition_mode=Gpu.PartitionMode.MIG,
+                        mig_layout=migs[index],
+                    )
+                elif model == "L4" and index == 0:
+                    gpu_add(
+                        node=node,
+                        index=index,
+                        model=model,
+                        partition_mode=Gpu.PartitionMode.MPS,
+                        mps_shares=4,
+                    )
+                else:
+                    gpu_add(node=node, index=index, model=model)
+
+
+def _seed_tenants() -> None:
+    from django.contrib.auth import get_user_model
+
+    from apps.inventory.models import Pool
+    from apps.tenants.models import Membership, Tenant
+    from apps.tenants.services import membership_set, tenant_create
+    from apps.workloads.services import TaskRequest, queue_create, quota_set, task_submit
+
+    user_model = get_user_model()
+    pools = {pool.name: pool for pool in Pool.objects.all()}
+    org = tenant_create(slug="acme", name="Acme Corp", kind=Tenant.Kind.ORG)
+    # team → [(pool, guaranteed milli, borrow milli)], [(queue, pool, default priority, weight)]
+    plan: dict[str, tuple[list[tuple[str, int, int]], list[tuple[str, str, int, int]]]] = {
+        "vision": ([("h100-train", 16_000, 8_000), ("a100-batch", 8_000, 0)],
+                   [("train", "h100-train", 10, 2), ("batch", "a100-batch", 0, 1)]),
+        "speech": ([("h200-train", 8_000, 4_000), ("l4-infer", 4_000, 0)],
+                   [("train", "h200-train", 10, 1), ("serve", "l4-infer", 50, 1)]),
+        "ranking": ([("l4-infer", 8_000, 0), ("a100-batch", 4_000, 4_000)],
+                    [("serve", "l4-infer", 50, 2), ("batch", "a100-batch", 0, 1)]),
+    }  # fmt: skip
+    samples = {
+        "vision": [
+            TaskRequest(queue="train", name="resnet-ablation", gpu_count=4, kind="training",
+                        command=["torchrun", "--nproc_per_node=4", "train.py"], profile_key="resnet50"),
+            TaskRequest(queue="train", name="vit-eval", gpu_milli=430, isolation="mig", kind="batch",
+                        command=["python", "eval.py"], profile_key="vit-eval"),
+        ],
+        "speech": [
+            TaskRequest(queue="train", name="asr-finetune", gpu_count=2, gpu_mem_mib=120_000, kind="training",
+                        command=["python", "finetune.py", "--lr=3e-5"], profile_key="whisper-ft"),
+        ],
+        "ranking": [
+            TaskRequest(queue="serve", name="ranker-canary", gpu_milli=250, isolation="mps",
+                        kind="inference", sla_class="online", preemptible=False,
+                        command=["python", "serve.py"], profile_key="ranker"),
+        ],
+    }  # fmt: skip
+    for slug, member in TEAMS:
+        tenant = tenant_create(slug=slug, name=slug.title(), parent=org)
+        user, _ = user_model.objects.get_or_create(
+            username=member, defaults={"email": f"{member}@acme.example"}
+        )
+        membership_set(user=user, tenant=tenant, role=Membership.Role.MEMBER)
+        quotas, queues = plan[slug]
+        for pool_name, guaranteed, borrow in quotas:
+            quota_set(
+                tenant=tenant, pool=pools[pool_name], guaranteed_milli=guaranteed, borrow_limit_milli=borrow
+            )
+        for name, pool_name, priority, weight in queues:
+            queue_create(
+                tenant=tenant, pool=pools[pool_name], name=name, default_priority=priority, weight=weight
+            )
+        for request in samples[slug]:
+            task_submit(tenant=tenant, request=request, submitted_by=user)
+
+
+def seed() -> bool:
+    """Seed once; later starts keep what is there. Returns True when it seeded now."""
+    from django.db import transaction
+
+    from apps.inventory.models import Cluster
+
+    if Cluster.objects.filter(name="eu-west-1").exists():
+        return False
+    with transaction.atomic():
+        _seed_fleet()
+        _seed_tenants()
+    return True
+
+
+def logins() -> tuple[str, list[tuple[str, str, str]]]:
+    """A fresh admin password and one fresh token per team member (tokens are shown once, so each start
+    makes new ones)."""
+    from django.contrib.auth import get_user_model
+
+    from apps.tenants.models import Tenant
+    from apps.tenants.services import token_create
+
+    user_model = get_user_model()
+    password = secrets.token_urlsafe(12)
+    admin, _ = user_model.objects.get_or_create(
+        username=ADMIN_USERNAME, defaults={"email": "admin@acme.example"}
+    )
+    admin.is_staff = admin.is_superuser = True
+    admin.set_password(password)
+    admin.save()
+    tokens = []
+    for slug, member in TEAMS:
+        user = user_model.objects.get(username=member)
+        _, raw = token_create(user=user, tenant=Tenant.objects.get(slug=slug), name="demo")
+        tokens.append((slug, member, raw))
+    return password, tokens
+
+
+def _beat_thread(stop: threading.Event) -> threading.Thread:
+    """The embedded stand-in for `celery beat`: fire each schedule entry at its interval, in-process."""
+    from django.conf import settings
+    from django.db import close_old_connections
+
+    from whalegen.config.celery import app
+
+    entries = [(entry["task"], float(entry["schedule"])) for entry in settings.CELERY_BEAT_SCHEDULE.values()]
+    due = {name: time.monotonic() + interval for name, interval in entries}
+
+    def loop() -> None:
+        while not stop.wait(1.0):
+            for name, interval in entries:
+                if time.monotonic() >= due[name] and name in app.tasks:
+                    due[name] = time.monotonic() + interval
+                    app.tasks[name].apply()
+                    close_old_connections()
+
+    thread = threading.Thread(target=loop, name="whalegen-beat", daemon=True)
+    thread.start()
+    return thread
+
+
+def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> None:
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+    from django.core.wsgi import get_wsgi_application
+
+    httpd = ThreadedWSGIServer((host, port), WSGIRequestHandler, ipv6=":" in host)
+    httpd.set_app(StaticFilesHandler(get_wsgi_application()))
+    on_ready(httpd.server_address[1])
+    stop = threading.Event()
+    _beat_thread(stop)
+    if serve_seconds is not None:
+        threading.Timer(serve_seconds, httpd.shutdown).start()
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        httpd.server_close()
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
+    if args.host not in {"127.0.0.1", "localhost", "::1"} and "ALLOWED_HOSTS" not in os.environ:
+        # Reached by another name or address than loopback: accept whatever Host the browser sends.
+        os.environ["ALLOWED_HOSTS"] = "*"
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    database = settings.DATABASES["default"]
+    _progress(f"database: {database['ENGINE'].rsplit('.', 1)[-1]} {database['NAME']}")
+    _progress("migrating")
+    call_command("migrate", interactive=False, verbosity=0)
+    _progress(
+        "seeding the fleet, tenants, quotas and queues" if seed() else "already seeded; keeping the data"
+    )
+    password, tokens = logins()
+
+    def announce(port: int) -> None:
+        shown_host = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"http://{shown_host}:{port}"
+        lines = [
+            f"WhaleGen demo serving at {url}",
+            f"  API:     {url}/api/v1/   (Swagger UI: {url}/api/docs/)",
+            f"  admin:   {url}/admin/    login: {ADMIN_USERNAME} / {password}",
+            "  tokens (shown once; each scoped to one tenant):",
+        ]
+        lines += [f"    {slug:<8} {member:<5} {raw}" for slug, member, raw in tokens]
+        lines += [
+            "  try:",
+            f"    curl -H 'Authorization: Bearer {tokens[0][2]}' {url}/api/v1/tasks/",
+            f"    WHALEGEN_URL={url} WHALEGEN_TOKEN={tokens[0][2]} whalegen tasks ls",
+        ]
+        print("\n".join(lines), flush=True)
+
+    if args.no_serve:
+        announce(args.port)
+        return 0
+    _serve(args.host, args.port, args.serve_seconds, announce)
+    return 0

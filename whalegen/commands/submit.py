@@ -1,0 +1,91 @@
+"""`whalegen submit FILE.yaml [--wait]`: submit one task (or several, under `tasks:`) through the API.
+
+The YAML holds the request fields of the API (`queue`, `gpu_count`, `gpu_milli`, `command`, …).
+With `--wait` it polls until the task reaches a final state and prints every state change; it exits
+0 when the task succeeded, 1 when it failed or was cancelled, 124 when `--timeout` ran out first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
+
+FINAL = {"succeeded", "failed", "cancelled"}
+EXIT_TIMEOUT = 124
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, help="YAML file: one task's fields, or `tasks: [...]` for several")
+    add_connection_arguments(parser)
+    parser.add_argument("--tenant", help="tenant slug (default: the token's tenant)")
+    parser.add_argument(
+        "--idempotency-key", help="retry-safe key: submitting again with it returns the same task"
+    )
+    parser.add_argument("--wait", action="store_true", help="poll until the task finishes")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait gives up after (3600)")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between polls (2)")
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"whalegen: cannot read {path}: {exc}") from exc
+    if not isinstance(document, dict):
+        raise SystemExit(f"whalegen: {path} must hold a mapping of task fields (or `tasks: [...]`)")
+    return document
+
+
+def wait_for(client: Client, task_ids: list[int], *, timeout_s: float, interval_s: float) -> int:
+    """Poll tasks until all are final; print each state change. Returns the exit status."""
+    deadline = time.monotonic() + timeout_s
+    seen: dict[int, str] = {}
+    while True:
+        for task_id in task_ids:
+            task = client.call("GET", f"/tasks/{task_id}/")
+            if seen.get(task_id) != task["state"]:
+                seen[task_id] = task["state"]
+                why = f" ({task['why_pending']})" if task.get("why_pending") else ""
+                print(f"task {task_id}: {task['state']}{why}", flush=True)
+        if all(state in FINAL for state in seen.values()):
+            return 0 if all(state == "succeeded" for state in seen.values()) else 1
+        if time.monotonic() >= deadline:
+            waiting = ", ".join(f"{tid} {state}" for tid, state in seen.items() if state not in FINAL)
+            print(f"whalegen: gave up after {timeout_s:g} s; still not finished: {waiting}", file=sys.stderr)
+            return EXIT_TIMEOUT
+        time.sleep(interval_s)
+
+
+def run(args: argparse.Namespace) -> int:
+    document = _load(args.file)
+    client = Client.from_args(args)
+    tenant = args.tenant or document.pop("tenant", None)
+    try:
+        if "tasks" in document:
+            body: dict[str, Any] = {"tasks": document["tasks"]}
+            if tenant:
+                body["tenant"] = tenant
+            tasks = client.call("POST", "/tasks/bulk/", json=body)
+        else:
+            if tenant:
+                document["tenant"] = tenant
+            key = args.idempotency_key or document.pop("idempotency_key", None)
+            headers = {"Idempotency-Key": key} if key else None
+            tasks = [client.call("POST", "/tasks/", json=document, headers=headers)]
+        for task in tasks:
+            where = f"{task['tenant']}/{task['queue']}"
+            print(f"task {task['id']}: {task['state']} in {where} (pool {task['pool']})")
+        if not args.wait:
+            return 0
+        return wait_for(
+            client, [task["id"] for task in tasks], timeout_s=args.timeout, interval_s=args.interval
+        )
+    except ApiError as exc:
+        return print_error(exc)

@@ -1,0 +1,79 @@
+"""`whalegen tasks ls|show|cancel`: read and cancel tasks through the API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    ls = sub.add_parser("ls", help="list tasks, newest first")
+    ls.add_argument("--state", action="append", help="only these states (repeatable)")
+    ls.add_argument("--queue", help="only this queue")
+    ls.add_argument("--tenant", help="only this tenant")
+    ls.add_argument("--limit", type=int, default=50)
+    show = sub.add_parser("show", help="one task with its events")
+    show.add_argument("task_id", type=int)
+    show.add_argument("--json", action="store_true", help="print the raw JSON")
+    cancel = sub.add_parser("cancel", help="cancel a task")
+    cancel.add_argument("task_id", type=int)
+    cancel.add_argument("--reason", default="")
+    for command in (ls, show, cancel):
+        add_connection_arguments(command)
+
+
+def _ls(client: Client, args: argparse.Namespace) -> int:
+    params: dict[str, object] = {"limit": args.limit}
+    if args.state:
+        params["state"] = args.state
+    if args.queue:
+        params["queue"] = args.queue
+    if args.tenant:
+        params["tenant"] = args.tenant
+    page = client.call("GET", "/tasks/", params=params)
+    print(f"{'ID':>6}  {'STATE':<10} {'TENANT/QUEUE':<24} {'GPUS':<10} {'PRIO':>4}  NAME")
+    for task in page["results"]:
+        gpus = f"{task['gpu_count']}x{task['gpu_milli']}m"
+        where = f"{task['tenant']}/{task['queue']}"
+        prio = task["priority"]
+        print(f"{task['id']:>6}  {task['state']:<10} {where:<24} {gpus:<10} {prio:>4}  {task['name']}")
+    shown = len(page["results"])
+    if page["count"] > shown:
+        print(f"({shown} of {page['count']}; use --limit)")
+    return 0
+
+
+def _show(client: Client, args: argparse.Namespace) -> int:
+    task = client.call("GET", f"/tasks/{args.task_id}/")
+    events = client.call("GET", f"/tasks/{args.task_id}/events/", params={"limit": 1000})["results"]
+    if args.json:
+        print(json.dumps({**task, "events": events}, indent=2))
+        return 0
+    for key in ("id", "state", "tenant", "queue", "pool", "name", "priority", "attempts", "why_pending"):
+        print(f"{key:>16}: {task[key]}")
+    print(
+        f"{'request':>16}: {task['gpu_count']} GPU x {task['gpu_milli']} milli, isolation {task['isolation']}"
+    )
+    print(f"{'command':>16}: {' '.join(task['command'])}")
+    print("events:")
+    for event in events:
+        print(f"  {event['created_at']}  {event['from_state'] or '-':>9} -> {event['to_state']:<9} "
+              f"{event['actor']}: {event['reason']}")  # fmt: skip
+    return 0
+
+
+def _cancel(client: Client, args: argparse.Namespace) -> int:
+    task = client.call("POST", f"/tasks/{args.task_id}/cancel/", json={"reason": args.reason})
+    print(f"task {task['id']}: {task['state']}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    client = Client.from_args(args)
+    try:
+        return {"ls": _ls, "show": _show, "cancel": _cancel}[args.action](client, args)
+    except ApiError as exc:
+        return print_error(exc)
