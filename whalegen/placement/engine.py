@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from whalegen.placement.fragmentation import shape_mix_from_tasks
-from whalegen.placement.policies import Policy, make_policy
+from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
+from whalegen.placement.registry import make_policy
 from whalegen.placement.state import Binding, ClusterState, Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
@@ -34,7 +35,7 @@ from whalegen.placement.types import (
     Unplaced,
 )
 
-NEG_INF = float("-inf")
+MEMO_LIMIT = 1_000_000  # entries; cleared when exceeded so a long-lived engine stays bounded
 
 
 @dataclass(frozen=True)
@@ -42,15 +43,6 @@ class EngineConfig:
     policy: str = "whalegen"
     seed: int = 0  # drives the policies that draw at random (`random`); the rest are deterministic
     preemption: bool = True  # propose victims for tasks that cannot place
-
-
-class _ScoreCache:
-    __slots__ = ("devices", "scores", "versions")
-
-    def __init__(self, size: int) -> None:
-        self.scores = np.full(size, NEG_INF)
-        self.versions = np.full(size, -1, np.int64)
-        self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
 
 
 @dataclass
@@ -81,10 +73,16 @@ class Engine:
             mix = shape_mix_from_tasks(known)
         self.rng = random.Random(config.seed)
         self.policy.attach(self.state, mix, self.rng)
-        self.caches: dict[Request, _ScoreCache] = {}
+        self.caches: dict[Request, ScoreCache] = {}
+        self.request_ids: dict[Request, int] = {}
+        # Nodes in the same state score a request the same way (for policies whose score reads only the
+        # node): (node state, request id) -> (score, devices). Identical nodes are common in real fleets.
+        self.memo: dict[tuple[object, int], tuple[float, tuple[int, ...]]] = {}
         self.quotas: dict[str, Quota] = {q.tenant: q for q in snapshot.quotas}
         self.usage_milli: dict[str, int] = defaultdict(int)
         self.records: dict[str, _Record] = {}
+        # Only preemptible or borrowing tasks can ever be victims; keeping them apart keeps a failure cheap.
+        self.victim_pool: dict[str, _Record] = {}
         for task in snapshot.running:
             milli = task.gpu_milli * len(task.gpu_indexes)
             self.usage_milli[task.tenant] += milli
@@ -100,43 +98,48 @@ class Engine:
 
     # -- selection ---------------------------------------------------------------------------------
 
-    def _cache_for(self, req: Request) -> _ScoreCache:
+    def _cache_for(self, req: Request) -> ScoreCache:
         cache = self.caches.get(req)
         if cache is None:
-            cache = _ScoreCache(len(self.state))
+            cache = ScoreCache(len(self.state))
             self.caches[req] = cache
+            self.request_ids[req] = len(self.request_ids)
         # Recompute only the nodes that changed since this request was last scored.
         stale = np.flatnonzero(cache.versions != self.state.version)
         if len(stale):
             state = self.state
-            policy = self.policy
-            scores = cache.scores
+            memo = self.memo if self.policy.node_pure else None
+            if memo is not None and len(memo) > MEMO_LIMIT:
+                memo.clear()
+            rid = self.request_ids[req]
+            keys = state.node_key
+            values: list[float] = []
             devices_of = cache.devices
             for n in stale.tolist():
-                devices = state.eligible_devices(n, req)
-                if devices is None:
-                    scores[n] = NEG_INF
-                    devices_of[n] = ()
+                if memo is None:
+                    value, chosen = self._score_node(n, req)
                 else:
-                    value, chosen = policy.score(n, req, devices)
-                    scores[n] = value
-                    devices_of[n] = chosen
-            cache.versions[stale] = self.state.version[stale]
+                    key = (keys[n], rid)
+                    hit = memo.get(key)
+                    if hit is None:
+                        hit = self._score_node(n, req)
+                        memo[key] = hit
+                    value, chosen = hit
+                values.append(value)
+                devices_of[n] = chosen
+            cache.scores[stale] = values
+            cache.versions[stale] = state.version[stale]
         return cache
+
+    def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
+        devices = self.state.eligible_devices(n, req)
+        if devices is None:
+            return NEG_INF, ()
+        return self.policy.score(n, req, devices)
 
     def choose(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
         """The node (position) and devices the policy picks for `req`, or None when nothing fits."""
-        cache = self._cache_for(req)
-        if self.policy.uniform_choice:
-            feasible = np.flatnonzero(cache.scores > NEG_INF)
-            if len(feasible) == 0:
-                return None
-            n = int(feasible[self.rng.randrange(len(feasible))])
-        else:
-            n = int(np.argmax(cache.scores))
-            if cache.scores[n] == NEG_INF:
-                return None
-        return n, cache.devices[n]
+        return self.policy.select(req, self._cache_for(req))
 
     # -- the cycle ---------------------------------------------------------------------------------
 
@@ -214,16 +217,22 @@ class Engine:
     def _commit(self, task: TaskRequest, binding: Binding, borrowed: bool, now: float) -> Placement:
         milli = task.num_gpu * task.gpu_milli
         self.usage_milli[task.tenant] += milli
-        self.records[task.task_id] = _Record(
-            task.task_id, task.tenant, task.priority, task.preemptible, now, borrowed, milli
+        self._remember(
+            _Record(task.task_id, task.tenant, task.priority, task.preemptible, now, borrowed, milli)
         )
         s = self.state
         indexes = tuple(s.gpu_index[binding.node][d] for d in binding.gpu_indexes)
         return Placement(task.task_id, s.names[binding.node], indexes, binding.unit, borrowed)
 
+    def _remember(self, record: _Record) -> None:
+        self.records[record.task_id] = record
+        if record.preemptible or record.borrowed:
+            self.victim_pool[record.task_id] = record
+
     def release(self, task_id: str) -> None:
         """A task finished or was preempted: give its resources back."""
         record = self.records.pop(task_id)
+        self.victim_pool.pop(task_id, None)
         self.usage_milli[record.tenant] -= record.request_milli
         self.state.release(task_id)
 
@@ -277,7 +286,7 @@ class Engine:
             self.usage_milli[task.tenant] + task.num_gpu * task.gpu_milli <= quota.guaranteed_milli
         )
         by_node: dict[int, list[_Record]] = defaultdict(list)
-        for record in self.records.values():
+        for record in self.victim_pool.values():
             lower = record.preemptible and record.priority < task.priority
             reclaim = within_guarantee and record.borrowed and record.tenant != task.tenant
             if lower or reclaim:

@@ -68,22 +68,23 @@ class ModelMix:
 
     Shapes that can never use this model's GPUs (CPU-only, or a type constraint that excludes the
     model) see all idle GPU as fragment whatever the state, so their weights collapse into `base_weight`.
+    The others are grouped by GPU milli, so one pass over the devices serves every shape of a group.
     """
 
     base_weight: float
-    gpu_shapes: tuple[tuple[float, int, int, int], ...]  # (weight, cpu_milli, num_gpu, gpu_milli)
+    groups: tuple[tuple[int, tuple[tuple[float, int, int], ...]], ...]  # (gpu_milli, ((w, cpu, num_gpu)…))
 
 
 def model_mix(mix: ShapeMix, model: str | None) -> ModelMix:
     base = 0.0
-    rows: list[tuple[float, int, int, int]] = []
+    groups: dict[int, list[tuple[float, int, int]]] = {}
     for shape, weight in zip(mix.shapes, mix.weights, strict=True):
         allowed = not shape.allowed_models or (model is not None and model in shape.allowed_models)
         if shape.num_gpu == 0 or not allowed:
             base += weight
         else:
-            rows.append((weight, shape.cpu_milli, shape.num_gpu, shape.gpu_milli))
-    return ModelMix(base, tuple(rows))
+            groups.setdefault(shape.gpu_milli, []).append((weight, shape.cpu_milli, shape.num_gpu))
+    return ModelMix(base, tuple((milli, tuple(rows)) for milli, rows in sorted(groups.items())))
 
 
 def node_fragmentation_milli(cpu_free_milli: int, gpu_free_milli: Sequence[int], mix: ModelMix) -> float:
@@ -92,10 +93,7 @@ def node_fragmentation_milli(cpu_free_milli: int, gpu_free_milli: Sequence[int],
     if idle == 0:
         return 0.0
     frag = mix.base_weight * idle
-    for weight, cpu_milli, num_gpu, gpu_milli in mix.gpu_shapes:
-        if cpu_free_milli < cpu_milli:
-            frag += weight * idle
-            continue
+    for gpu_milli, rows in mix.groups:
         fitting = 0
         too_small = 0
         for free in gpu_free_milli:
@@ -103,7 +101,13 @@ def node_fragmentation_milli(cpu_free_milli: int, gpu_free_milli: Sequence[int],
                 fitting += 1
             else:
                 too_small += free
-        frag += weight * (idle if fitting < num_gpu else too_small)
+        for weight, cpu_milli, num_gpu in rows:
+            # A shape the node cannot host (CPU or devices) sees all idle GPU as fragment; one it can
+            # host sees only the devices too small for it.
+            if cpu_free_milli < cpu_milli or fitting < num_gpu:
+                frag += weight * idle
+            else:
+                frag += weight * too_small
     return frag
 
 

@@ -16,6 +16,8 @@ import math
 import random
 from collections.abc import Callable
 
+import numpy as np
+
 from whalegen.placement.fragmentation import ModelMix, model_mix, node_fragmentation_milli
 from whalegen.placement.state import ClusterState, Request
 from whalegen.placement.types import WHOLE_GPU_MILLI, ShapeMix
@@ -24,6 +26,18 @@ MAX_NODE_CPU_MILLI = 128_000
 MAX_NODE_GPU_MILLI = 8 * WHOLE_GPU_MILLI
 
 Choice = tuple[float, tuple[int, ...]]  # (score, device positions on the node)
+NEG_INF = float("-inf")  # the score of a node that cannot host the request
+
+
+class ScoreCache:
+    """Per-request scores and device choices for every node, valid while the node's version holds."""
+
+    __slots__ = ("devices", "scores", "versions")
+
+    def __init__(self, size: int) -> None:
+        self.scores = np.full(size, NEG_INF)
+        self.versions = np.full(size, -1, np.int64)
+        self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
 
 
 class Policy:
@@ -31,7 +45,7 @@ class Policy:
 
     name = "base"
     whole_gpus_only = False  # treat every GPU as whole-only (the stock device plugin)
-    uniform_choice = False  # choose uniformly among feasible nodes instead of by score
+    node_pure = True  # the score reads only the node's free resources, so equal nodes score equally
 
     def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
         self.state = state
@@ -40,6 +54,13 @@ class Policy:
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         raise NotImplementedError
+
+    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
+        """The highest score wins; `argmax` returns the first maximum, i.e. the first node in order."""
+        n = int(np.argmax(cache.scores))
+        if cache.scores[n] == NEG_INF:
+            return None
+        return n, cache.devices[n]
 
     # Shared device choices ---------------------------------------------------------------------
 
@@ -57,7 +78,14 @@ class Policy:
 
 class RandomPolicy(Policy):
     name = "random"
-    uniform_choice = True
+    node_pure = False  # draws a device at random
+
+    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
+        feasible = np.flatnonzero(cache.scores > NEG_INF)
+        if len(feasible) == 0:
+            return None
+        n = int(feasible[self.rng.randrange(len(feasible))])
+        return n, cache.devices[n]
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         if req.is_share:
@@ -84,6 +112,7 @@ class ClusteringPolicy(Policy):
     """Keep tasks of one class (CPU-only, shared, k whole GPUs) together; fuller nodes first."""
 
     name = "clustering"
+    node_pure = False  # reads the classes of the tasks a node hosts
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         if req.num_gpu == 0:
@@ -212,7 +241,7 @@ class FgdPolicy(Policy):
         return best
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {
+BASELINES: dict[str, Callable[[], Policy]] = {
     "random": RandomPolicy,
     "dotprod": DotProdPolicy,
     "clustering": ClusteringPolicy,
@@ -221,10 +250,3 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "fgd": FgdPolicy,
     "k8s-default": K8sDefaultPolicy,
 }
-
-
-def make_policy(name: str) -> Policy:
-    factory = POLICIES.get(name)
-    if factory is None:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return factory()

@@ -7,6 +7,7 @@ and sweeps all nodes at once when it selects or explains (numpy). Every change g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,9 +132,14 @@ class ClusterState:
             [PartitionMode.WHOLE if whole_gpus_only else gpu.mode for gpu in node.gpus] for node in nodes
         ]
         self.mig_used = [[gpu.mig_used_slices for gpu in node.gpus] for node in nodes]
+        self.plain = [all(mode is PartitionMode.SHARED for mode in modes) for modes in self.modes]
+        # Everything feasibility and node-local scores read, as one hashable value per node.
+        self.node_key: list[tuple[object, ...]] = [self._key(n) for n in range(len(nodes))]
         # Which task classes each node hosts (count per class): the clustering policy reads it.
         self.classes: list[dict[int, int]] = [{} for _ in nodes]
         self.bindings: dict[str, Binding] = {}
+        # Called with a node position after every change to it (policies that keep their own indexes).
+        self.listeners: list[Callable[[int], None]] = []
         count = len(nodes)
         width = max(self.gpu_count, default=0)
         self.version = np.zeros(count, np.int64)
@@ -151,6 +157,24 @@ class ClusterState:
         for task in snapshot.running:
             state.adopt(task)
         return state
+
+    def _key(self, n: int) -> tuple[object, ...]:
+        base = (
+            self.models[n],
+            self.schedulable[n],
+            self.cpu_free[n],
+            self.mem_free[n],
+            tuple(self.gpu_free[n]),
+        )
+        if self.plain[n]:
+            return base
+        extra = (
+            tuple(self.modes[n]),
+            tuple(self.gpu_mem_free[n]),
+            tuple(self.gpu_mem_total[n]),
+            tuple(self.mig_used[n]),
+        )
+        return (*base, *extra)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -185,7 +209,12 @@ class ClusterState:
             return None
         if req.num_gpu == 0:
             return []
-        devices = [d for d in range(self.gpu_count[n]) if self.device_fits(n, d, req)]
+        if self.plain[n] and not req.gpu_mem_mib:
+            # Shared GPUs and no GPU-memory bound: free milli is the only test.
+            milli = req.gpu_milli
+            devices = [d for d, free in enumerate(self.gpu_free[n]) if free >= milli]
+        else:
+            devices = [d for d in range(self.gpu_count[n]) if self.device_fits(n, d, req)]
         return devices if len(devices) >= req.num_gpu else None
 
     # -- changes -----------------------------------------------------------------------------------
@@ -285,6 +314,9 @@ class ClusterState:
         else:
             del self.bindings[binding.task_id]
         self.version[n] += 1
+        self.node_key[n] = self._key(n)
+        for listener in self.listeners:
+            listener(n)
 
     def adopt(self, task: RunningTask) -> None:
         """Record a task the snapshot already shows as running.
