@@ -1,4 +1,29 @@
-"""The `whalegen` policy (experimental options; documented in docs/placement.md once settled)."""
+"""The `whalegen` policy: FGD's descent, on a measure that also counts what CPU, host memory and model
+scarcity strand, with shared GPUs packed by sum-of-squares.
+
+Why each part leaves fewer fragments (measured in docs/placement.md):
+
+1. **Stranded GPU.** FGD counts only idle GPU that no expected shape can use *by size*. On the openb
+   cluster most GPUs sit on 8-GPU nodes with 12 cores and 48 GiB per GPU, while the work brings about
+   11 cores per GPU on average and some tasks far more: a node whose free CPU or host memory runs out
+   first keeps idle GPUs nobody can start on. The node measure adds `idle − min(idle, cpu/ρ_cpu,
+   mem/ρ_mem)`: the idle GPU the node's free CPU and memory cannot feed at the mix's own CPU and memory
+   per GPU (ρ, volume-weighted over GPU shapes, so CPU-only work does not count). CPU-heavy and CPU-only
+   tasks then drift to CPU-rich nodes (T4 × 2 carries 52 cores per GPU) instead of starving G2 nodes.
+   Host memory also enters each shape's feasibility, as CPU does in FGD.
+2. **Model scarcity.** Type-constrained work can only use some models. Placing any GPU work on model M
+   displaces, in expectation, the fraction of M's capacity that constrained work will need relative to
+   M's share of the cluster (`pressure(M)`, capped at 1). It is added to Δ in GPU milli, the unit of Δ.
+3. **Sum-of-squares packing for shared GPUs.** A partly used GPU is a bin with a gap. A share goes to
+   the gap (or a fresh GPU) that minimises Σ_h N(h)², N(h) the number of GPUs with gap h (Csirik et al.,
+   "On the sum-of-squares algorithm for bin packing", STOC 2000): gap sizes stay balanced, so arriving
+   shares keep finding exact complements. Gaps smaller than every expected share are closed and not
+   counted. The fresh GPU, when chosen, is on the node FGD's descent prefers; within a gap size the
+   first node in order that has the CPU and memory wins.
+
+Everything is derived from the shape mix and the cluster; there are no constants fitted to a workload.
+Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one idea off for ablations.
+"""
 
 from __future__ import annotations
 
@@ -8,80 +33,99 @@ from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd
 from whalegen.placement.state import ClusterState, Request
 from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix
 
-Row = tuple[float, int, int, int, int]  # (weight, cpu_milli, mem_mib, num_gpu, gpu_milli)
+# (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
+Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
+OPTIONS = ("memory", "strand", "scarcity", "sumsq")
 
 
 class WhalegenPolicy(Policy):
     name = "whalegen"
 
     def __init__(self, **options: str) -> None:
-        self.use_mem = options.get("memory", "1") == "1"
-        self.sumsq = options.get("sumsq", "1") == "1"
-        self.closed = options.get("closed", "1") == "1"
+        unknown = set(options) - set(OPTIONS)
+        if unknown or any(value not in {"0", "1"} for value in options.values()):
+            raise ValueError(f"whalegen options are {', '.join(OPTIONS)} set to 0 or 1, got {options}")
+        self.use_memory = options.get("memory", "1") == "1"
         self.strand = options.get("strand", "1") == "1"
+        self.scarcity = options.get("scarcity", "1") == "1"
+        self.sumsq = options.get("sumsq", "1") == "1"
 
     def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
         super().attach(state, mix, rng)
-        self.rows: dict[str | None, tuple[float, tuple[Row, ...]]] = {}
+        pairs = list(zip(mix.shapes, mix.weights, strict=True))
+        # 1. Per-model view of the mix: shapes that can never use the model collapse into a base weight.
+        self.groups: dict[str | None, tuple[float, Groups]] = {}
         for model in set(state.models):
             base = 0.0
-            rows: list[Row] = []
-            for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+            by_milli: dict[int, list[tuple[float, int, int, int]]] = {}
+            for shape, weight in pairs:
                 allowed = not shape.allowed_models or (model is not None and model in shape.allowed_models)
                 if shape.num_gpu == 0 or not allowed:
                     base += weight
-                else:
-                    mem = shape.mem_mib if self.use_mem else 0
-                    rows.append((weight, shape.cpu_milli, mem, shape.num_gpu, shape.gpu_milli))
-            self.rows[model] = (base, tuple(rows))
-        # CPU and host memory the expected GPU work brings per GPU (weighted by GPU volume).
-        volume = sum(w * sh.num_gpu * sh.gpu_milli for sh, w in zip(mix.shapes, mix.weights, strict=True))
-        cpu_total = sum(w * sh.cpu_milli for sh, w in zip(mix.shapes, mix.weights, strict=True) if sh.num_gpu)
-        mem_total = sum(w * sh.mem_mib for sh, w in zip(mix.shapes, mix.weights, strict=True) if sh.num_gpu)
+                    continue
+                mem = shape.mem_mib if self.use_memory else 0
+                by_milli.setdefault(shape.gpu_milli, []).append((weight, shape.cpu_milli, mem, shape.num_gpu))
+            self.groups[model] = (base, tuple((m, tuple(rows)) for m, rows in sorted(by_milli.items())))
+        # 2. CPU and host memory the expected GPU work brings per GPU milli (volume-weighted).
+        volume = sum(w * sh.num_gpu * sh.gpu_milli for sh, w in pairs)
+        cpu_total = sum(w * sh.cpu_milli for sh, w in pairs if sh.num_gpu)
+        mem_total = sum(w * sh.mem_mib for sh, w in pairs if sh.num_gpu)
         self.cpu_per_milli = cpu_total / volume if volume else 0.0
-        self.mem_per_milli = mem_total / volume if volume else 0.0
+        self.mem_per_milli = mem_total / volume if volume and self.use_memory else 0.0
+        # 3. Model pressure from type-constrained shapes.
+        supply: dict[str | None, int] = {}
+        for n, model in enumerate(state.models):
+            supply[model] = supply.get(model, 0) + WHOLE_GPU_MILLI * state.gpu_count[n]
+        total_supply = sum(supply.values())
+        pressure: dict[str | None, float] = {}
+        for sh, w in pairs:
+            eligible = sum(supply.get(m, 0) for m in sh.allowed_models)
+            if not sh.num_gpu or not eligible or not volume:
+                continue
+            demand_share = w * sh.num_gpu * sh.gpu_milli / volume
+            for m in sh.allowed_models:
+                pressure[m] = pressure.get(m, 0.0) + demand_share * total_supply / eligible
+        self.pressure = {m: min(1.0, p) for m, p in pressure.items()} if self.scarcity else {}
+        # 4. Sum-of-squares bookkeeping: partly used shared GPUs by gap; gaps below every share are closed.
         shares = [sh.gpu_milli for sh in mix.shapes if sh.num_gpu == 1 and sh.gpu_milli < WHOLE_GPU_MILLI]
-        # Gaps smaller than every share the mix expects can never be filled: they are closed bins.
-        self.min_share = min(shares) if shares and self.closed else 1
-        self.frag_memo: dict[tuple[object, ...], float] = {}
-        self.choice_memo: dict[tuple[object, ...], Choice] = {}
-        # Gap index: partly used shared GPUs by free milli (the "bins" of sum-of-squares packing).
+        self.min_share = min(shares) if shares else WHOLE_GPU_MILLI
         self.gaps: dict[int, set[tuple[int, int]]] = {}
         self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
         for n in range(len(state)):
             self._reindex(n)
         state.listeners.append(self._reindex)
+        self.frag_memo: dict[tuple[object, ...], float] = {}
+        self.choice_memo: dict[tuple[object, ...], Choice] = {}
 
     def _reindex(self, n: int) -> None:
         s = self.state
-        old = self.registered[n]
+        registered = self.registered[n]
         for d, free in enumerate(s.gpu_free[n]):
-            gap = free if (0 < free < WHOLE_GPU_MILLI and s.modes[n][d] is PartitionMode.SHARED) else 0
-            if gap == old[d]:
+            gap = free if 0 < free < WHOLE_GPU_MILLI and s.modes[n][d] is PartitionMode.SHARED else 0
+            old = registered[d]
+            if gap == old:
                 continue
-            if old[d]:
-                members = self.gaps[old[d]]
+            if old:
+                members = self.gaps[old]
                 members.discard((n, d))
                 if not members:
-                    del self.gaps[old[d]]
+                    del self.gaps[old]
             if gap:
                 self.gaps.setdefault(gap, set()).add((n, d))
-            old[d] = gap
+            registered[d] = gap
 
     # -- node measure ------------------------------------------------------------------------------
 
     def frag(self, model: str | None, cpu: int, mem: int, gpus: list[int]) -> float:
+        """Expected unusable idle GPU (milli): FGD's measure with host memory, plus stranded GPU."""
         key = (model, cpu, mem, tuple(sorted(gpus)))
         value = self.frag_memo.get(key)
         if value is not None:
             return value
         idle = sum(gpus)
-        base, rows = self.rows[model]
+        base, groups = self.groups[model]
         value = base * idle
-        for weight, cpu_m, mem_m, k, milli in rows:
-            if cpu < cpu_m or mem < mem_m:
-                value += weight * idle
-                continue
+        for milli, rows in groups:
             fitting = 0
             small = 0
             for g in gpus:
@@ -89,17 +133,24 @@ class WhalegenPolicy(Policy):
                     fitting += 1
                 else:
                     small += g
-            value += weight * (idle if fitting < k else small)
-        if self.strand:
-            # Idle GPU this node's free CPU or memory cannot feed at the mix's CPU and memory per GPU.
+            for weight, cpu_m, mem_m, k in rows:
+                if cpu < cpu_m or mem < mem_m or fitting < k:
+                    value += weight * idle
+                else:
+                    value += weight * small
+        if self.strand and idle:
             reachable = float(idle)
             if self.cpu_per_milli:
                 reachable = min(reachable, cpu / self.cpu_per_milli)
-            if self.mem_per_milli and self.use_mem:
+            if self.mem_per_milli:
                 reachable = min(reachable, mem / self.mem_per_milli)
             value += idle - reachable
         self.frag_memo[key] = value
         return value
+
+    def _value(self, delta: float, req: Request, model: str | None) -> float:
+        delta += self.pressure.get(model, 0.0) * req.num_gpu * req.gpu_milli
+        return float(fgd_score(delta))
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         s = self.state
@@ -107,40 +158,33 @@ class WhalegenPolicy(Policy):
         cpu = s.cpu_free[n]
         mem = s.mem_free[n]
         gpus = s.gpu_free[n]
-        share = req.is_share and self.sumsq
-        key = (model, cpu, mem, tuple(gpus), req.cpu_milli, req.mem_mib, req.num_gpu, req.gpu_milli, share)
+        key = (model, cpu, mem, tuple(gpus), req.cpu_milli, req.mem_mib, req.num_gpu, req.gpu_milli)
         cached = self.choice_memo.get(key)
         if cached is not None:
             return cached
         before = self.frag(model, cpu, mem, gpus)
-        cpu2 = cpu - req.cpu_milli
-        mem2 = mem - req.mem_mib
+        cpu_after = cpu - req.cpu_milli
+        mem_after = mem - req.mem_mib
         choice: Choice
         if req.num_gpu == 0:
-            choice = (float(fgd_score(self.frag(model, cpu2, mem2, gpus) - before)), ())
-        elif share:
-            # Only the opening of a fresh GPU is scored per node; partly used GPUs go through the gap index.
-            fresh = [d for d in devices if gpus[d] == WHOLE_GPU_MILLI]
-            if not fresh:
-                choice = (NEG_INF, ())
-            else:
-                after = list(gpus)
-                after[fresh[0]] -= req.gpu_milli
-                choice = (float(fgd_score(self.frag(model, cpu2, mem2, after) - before)), (fresh[0],))
-        elif not req.is_share:
-            chosen = self.first_devices(req, devices)
-            after = list(gpus)
-            for d in chosen:
-                after[d] -= req.gpu_milli
-            choice = (float(fgd_score(self.frag(model, cpu2, mem2, after) - before)), chosen)
+            choice = (self._value(self.frag(model, cpu_after, mem_after, gpus) - before, req, model), ())
         else:
+            if not req.is_share:
+                candidates = [self.first_devices(req, devices)]
+            elif self.sumsq:
+                # Partly used GPUs are offered through the gap index; per node only a fresh GPU is scored.
+                fresh = [d for d in devices if gpus[d] == WHOLE_GPU_MILLI]
+                candidates = [(fresh[0],)] if fresh else []
+            else:
+                candidates = [(d,) for d in devices]
             choice = (NEG_INF, ())
-            for d in devices:
+            for chosen in candidates:
                 after = list(gpus)
-                after[d] -= req.gpu_milli
-                value = float(fgd_score(self.frag(model, cpu2, mem2, after) - before))
+                for d in chosen:
+                    after[d] -= req.gpu_milli
+                value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
                 if value > choice[0]:
-                    choice = (value, (d,))
+                    choice = (value, chosen)
         self.choice_memo[key] = choice
         return choice
 
@@ -151,18 +195,19 @@ class WhalegenPolicy(Policy):
             return super().select(req, cache)
         s = self.state
         size = req.gpu_milli
-        counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= self.min_share}
-        options: list[tuple[int, int, int]] = []  # (Δ sum of squares, leftover, gap); gap 0 = fresh GPU
-        for gap, members in self.gaps.items():
+        floor = self.min_share
+        counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
+        # (Δ Σ N², gap left, gap used); gap used 0 = open a fresh GPU.
+        options: list[tuple[int, int, int]] = []
+        for gap in self.gaps:
             if gap < size:
                 continue
-            count = counts.get(gap, 0)
             left = gap - size
-            delta = -2 * count + 1 + (2 * counts.get(left, 0) + 1 if left >= self.min_share else 0)
+            delta = 1 - 2 * counts.get(gap, 0) if gap >= floor else 0
+            delta += 2 * counts.get(left, 0) + 1 if left >= floor else 0
             options.append((delta, left, gap))
         fresh_left = WHOLE_GPU_MILLI - size
-        fresh_delta = 2 * counts.get(fresh_left, 0) + 1 if fresh_left >= self.min_share else 0
-        options.append((fresh_delta, fresh_left, 0))
+        options.append((2 * counts.get(fresh_left, 0) + 1 if fresh_left >= floor else 0, fresh_left, 0))
         options.sort()
         for _, _, gap in options:
             if gap == 0:
@@ -170,8 +215,7 @@ class WhalegenPolicy(Policy):
                 if pick is not None:
                     return pick
                 continue
-            members = sorted(self.gaps[gap])
-            for n, d in members:
+            for n, d in sorted(self.gaps[gap]):
                 if (
                     s.cpu_free[n] >= req.cpu_milli
                     and s.mem_free[n] >= req.mem_mib
