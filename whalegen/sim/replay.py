@@ -60,7 +60,8 @@ class RunResult:
     seed: int
     tasks: int
     failed_tasks: int
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # CPU time of this process: what one core spent, whatever else the machine runs
     # Index = arrived % of GPU capacity (0 … 130); None where no record falls near that bin.
     unallocated_pct: tuple[float | None, ...]
     frag_amount_pct: tuple[float | None, ...]
@@ -126,6 +127,7 @@ def run_replay(
 ) -> RunResult:
     """One run of the protocol; `mix` defaults to the workload's own shape mix (what FGD is given)."""
     started = time.perf_counter()
+    started_cpu = time.process_time()
     shape_mix = (
         mix
         if mix is not None
@@ -175,6 +177,7 @@ def run_replay(
         tasks=len(stream),
         failed_tasks=failed,
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - started_cpu,
         unallocated_pct=_binned(pcts, unalloc),
         frag_amount_pct=_binned(pcts, frag_amount),
         frag_ratio_pct=_binned(pcts, frag_ratio),
