@@ -147,9 +147,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(as_json(args.workload, len(_NODES), gpus, summaries), indent=2))
     else:
         seeds = f"{min(args.seeds)}–{max(args.seeds)}" if len(args.seeds) > 1 else str(args.seeds[0])
-        print(
-            f"workload {args.workload}: {len(_NODES)} nodes, {gpus} GPUs; seeds {seeds} ({len(args.seeds)} runs)"
-        )
+        runs = len(args.seeds)
+        print(f"workload {args.workload}: {len(_NODES)} nodes, {gpus} GPUs; seeds {seeds} ({runs} runs)")
         print(
             "unallocated GPU % and fragmentation (amount, % of capacity): mean ± sd over seeds; s/run = CPU s"
         )
