@@ -86,14 +86,16 @@ class Engine:
         for task in snapshot.running:
             milli = task.gpu_milli * len(task.gpu_indexes)
             self.usage_milli[task.tenant] += milli
-            self.records[task.task_id] = _Record(
-                task.task_id,
-                task.tenant,
-                task.priority,
-                task.preemptible,
-                task.started_at_s,
-                task.borrowed,
-                milli,
+            self._remember(
+                _Record(
+                    task.task_id,
+                    task.tenant,
+                    task.priority,
+                    task.preemptible,
+                    task.started_at_s,
+                    task.borrowed,
+                    milli,
+                )
             )
 
     # -- selection ---------------------------------------------------------------------------------
@@ -274,8 +276,8 @@ class Engine:
                 parts.append(f"no {where} node with {amount} free")
             else:
                 parts.append(f"{with_gpu} of {total} {where} nodes have {amount} free")
-        parts.append(f"{lack_cpu} {_nodes(lack_cpu)} lack CPU ({req.cpu_milli / 1000:g} cores)")
-        parts.append(f"{lack_mem} {_nodes(lack_mem)} lack host memory ({req.mem_mib} MiB)")
+        parts.append(f"{_nodes(lack_cpu)} CPU ({req.cpu_milli / 1000:g} cores)")
+        parts.append(f"{_nodes(lack_mem)} host memory ({req.mem_mib} MiB)")
         return Outcome.NO_CAPACITY, "; ".join(parts)
 
     # -- preemption --------------------------------------------------------------------------------
@@ -340,7 +342,7 @@ class Engine:
 
 
 def _nodes(count: int) -> str:
-    return "node" if count == 1 else "nodes"
+    return "1 node lacks" if count == 1 else f"{count} nodes lack"
 
 
 def _progress_lost(record: _Record, now: float) -> float:

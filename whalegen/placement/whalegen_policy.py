@@ -95,6 +95,7 @@ class WhalegenPolicy(Policy):
             self._reindex(n)
         state.listeners.append(self._reindex)
         self.frag_memo: dict[tuple[object, ...], float] = {}
+        self.device_memo: dict[tuple[object, ...], list[tuple[int, int]]] = {}
         self.choice_memo: dict[tuple[object, ...], Choice] = {}
 
     def _reindex(self, n: int) -> None:
@@ -118,21 +119,29 @@ class WhalegenPolicy(Policy):
 
     def frag(self, model: str | None, cpu: int, mem: int, gpus: list[int]) -> float:
         """Expected unusable idle GPU (milli): FGD's measure with host memory, plus stranded GPU."""
-        key = (model, cpu, mem, tuple(sorted(gpus)))
+        ordered = tuple(sorted(gpus))
+        key = (model, cpu, mem, ordered)
         value = self.frag_memo.get(key)
         if value is not None:
             return value
         idle = sum(gpus)
         base, groups = self.groups[model]
+        # The device pass depends only on the GPUs, which repeat far more often than CPU and memory do.
+        per_group = self.device_memo.get((model, ordered))
+        if per_group is None:
+            per_group = []
+            for milli, _ in groups:
+                fitting = 0
+                small = 0
+                for g in ordered:
+                    if g >= milli:
+                        fitting += 1
+                    else:
+                        small += g
+                per_group.append((fitting, small))
+            self.device_memo[(model, ordered)] = per_group
         value = base * idle
-        for milli, rows in groups:
-            fitting = 0
-            small = 0
-            for g in gpus:
-                if g >= milli:
-                    fitting += 1
-                else:
-                    small += g
+        for (_, rows), (fitting, small) in zip(groups, per_group, strict=True):
             for weight, cpu_m, mem_m, k in rows:
                 if cpu < cpu_m or mem < mem_m or fitting < k:
                     value += weight * idle
