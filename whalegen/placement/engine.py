@@ -117,18 +117,21 @@ class Engine:
             keys = state.node_key
             values: list[float] = []
             devices_of = cache.devices
-            for n in stale.tolist():
-                if memo is None:
-                    value, chosen = self._score_node(n, req)
-                else:
+            score_node = self._score_node
+            if memo is None:
+                for n in stale.tolist():
+                    value, devices_of[n] = score_node(n, req)
+                    values.append(value)
+            else:
+                lookup = memo.get
+                for n in stale.tolist():
                     key = (keys[n], rid)
-                    hit = memo.get(key)
+                    hit = lookup(key)
                     if hit is None:
-                        hit = self._score_node(n, req)
+                        hit = score_node(n, req)
                         memo[key] = hit
-                    value, chosen = hit
-                values.append(value)
-                devices_of[n] = chosen
+                    values.append(hit[0])
+                    devices_of[n] = hit[1]
             cache.scores[stale] = values
             cache.versions[stale] = state.version[stale]
         return cache

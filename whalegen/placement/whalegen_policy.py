@@ -28,6 +28,7 @@ Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one id
 from __future__ import annotations
 
 import random
+from bisect import bisect_right
 
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd_score
 from whalegen.placement.state import ClusterState, Request
@@ -55,6 +56,7 @@ class WhalegenPolicy(Policy):
         pairs = list(zip(mix.shapes, mix.weights, strict=True))
         # 1. Per-model view of the mix: shapes that can never use the model collapse into a base weight.
         self.groups: dict[str | None, tuple[float, Groups]] = {}
+        self.cuts: dict[str | None, tuple[list[int], list[int]]] = {}
         for model in set(state.models):
             base = 0.0
             by_milli: dict[int, list[tuple[float, int, int, int]]] = {}
@@ -66,6 +68,8 @@ class WhalegenPolicy(Policy):
                 mem = shape.mem_mib if self.use_memory else 0
                 by_milli.setdefault(shape.gpu_milli, []).append((weight, shape.cpu_milli, mem, shape.num_gpu))
             self.groups[model] = (base, tuple((m, tuple(rows)) for m, rows in sorted(by_milli.items())))
+            requests = [row for _, rows in by_milli.items() for row in rows]
+            self.cuts[model] = (sorted({r[1] for r in requests}), sorted({r[2] for r in requests}))
         # 2. CPU and host memory the expected GPU work brings per GPU milli (volume-weighted).
         volume = sum(w * sh.num_gpu * sh.gpu_milli for sh, w in pairs)
         cpu_total = sum(w * sh.cpu_milli for sh, w in pairs if sh.num_gpu)
@@ -95,7 +99,6 @@ class WhalegenPolicy(Policy):
             self._reindex(n)
         state.listeners.append(self._reindex)
         self.frag_memo: dict[tuple[object, ...], float] = {}
-        self.device_memo: dict[tuple[object, ...], list[tuple[int, int]]] = {}
         self.choice_memo: dict[tuple[object, ...], Choice] = {}
 
     def _reindex(self, n: int) -> None:
@@ -120,33 +123,15 @@ class WhalegenPolicy(Policy):
     def frag(self, model: str | None, cpu: int, mem: int, gpus: list[int]) -> float:
         """Expected unusable idle GPU (milli): FGD's measure with host memory, plus stranded GPU."""
         ordered = tuple(sorted(gpus))
-        key = (model, cpu, mem, ordered)
+        idle = sum(ordered)
+        # The shape part depends on CPU and memory only through which shape requests they cover, so it
+        # is memoised on those ranks; the stranded part is plain arithmetic on the exact figures.
+        cpu_cuts, mem_cuts = self.cuts[model]
+        key = (model, bisect_right(cpu_cuts, cpu), bisect_right(mem_cuts, mem), ordered)
         value = self.frag_memo.get(key)
-        if value is not None:
-            return value
-        idle = sum(gpus)
-        base, groups = self.groups[model]
-        # The device pass depends only on the GPUs, which repeat far more often than CPU and memory do.
-        per_group = self.device_memo.get((model, ordered))
-        if per_group is None:
-            per_group = []
-            for milli, _ in groups:
-                fitting = 0
-                small = 0
-                for g in ordered:
-                    if g >= milli:
-                        fitting += 1
-                    else:
-                        small += g
-                per_group.append((fitting, small))
-            self.device_memo[(model, ordered)] = per_group
-        value = base * idle
-        for (_, rows), (fitting, small) in zip(groups, per_group, strict=True):
-            for weight, cpu_m, mem_m, k in rows:
-                if cpu < cpu_m or mem < mem_m or fitting < k:
-                    value += weight * idle
-                else:
-                    value += weight * small
+        if value is None:
+            value = self._shape_part(model, cpu, mem, ordered, idle)
+            self.frag_memo[key] = value
         if self.strand and idle:
             reachable = float(idle)
             if self.cpu_per_milli:
@@ -154,7 +139,26 @@ class WhalegenPolicy(Policy):
             if self.mem_per_milli:
                 reachable = min(reachable, mem / self.mem_per_milli)
             value += idle - reachable
-        self.frag_memo[key] = value
+        return value
+
+    def _shape_part(
+        self, model: str | None, cpu: int, mem: int, ordered: tuple[int, ...], idle: int
+    ) -> float:
+        base, groups = self.groups[model]
+        value = base * idle
+        for milli, rows in groups:
+            fitting = 0
+            small = 0
+            for g in ordered:
+                if g >= milli:
+                    fitting += 1
+                else:
+                    small += g
+            for weight, cpu_m, mem_m, k in rows:
+                if cpu < cpu_m or mem < mem_m or fitting < k:
+                    value += weight * idle
+                else:
+                    value += weight * small
         return value
 
     def _value(self, delta: float, req: Request, model: str | None) -> float:
