@@ -1,0 +1,1 @@
+"""Benchmarks: print figures and ratios against a baseline measured in the same run; never fail on speed."""

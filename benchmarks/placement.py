@@ -1,0 +1,55 @@
+"""Placement speed: the production engine vs a plain per-node-loop FGD, for `fgd` and `whalegen`.
+
+    /work/venv/bin/python -m benchmarks.placement [--nodes 5000] [--fill 130]
+
+Targets from issue 3 (reported, not asserted): ≥ 3,000 placements/s on the 1,213-node trace cluster,
+≥ 2,000/s on 5,000 nodes × 8 GPUs, and one full 130 % replay in ≤ 3 CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from whalegen.commands.replay import default_traces
+from whalegen.sim.bench import bench_cluster, synthetic_cluster
+from whalegen.sim.trace import NODE_FILE, load_nodes, load_tasks, pod_file
+
+POLICIES = ("fgd", "whalegen")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--fill", type=float, default=130.0)
+    parser.add_argument("--traces", type=Path, default=None)
+    args = parser.parse_args()
+    traces = args.traces or default_traces()
+    nodes = load_nodes(traces / NODE_FILE)
+    tasks = load_tasks(traces / pod_file("default"))
+    rows = []
+    for policy in POLICIES:
+        for name, cluster, naive_tasks in (
+            ("trace 1213×mixed", nodes, 300),
+            (f"synthetic {args.nodes}×8", synthetic_cluster(args.nodes), max(20, 300 * 1213 // args.nodes)),
+        ):
+            print(f"… {policy} on {name}", file=sys.stderr, flush=True)
+            figures = bench_cluster(
+                cluster, tasks, policy, seed=42, fill=args.fill / 100, naive_tasks=naive_tasks
+            )
+            rows.append((policy, name, figures))
+    header = ("policy", "cluster", "placements/s", "run CPU s", "plain FGD/s", "speed-up")
+    print(f"{header[0]:<10} {header[1]:<18} {header[2]:>12} {header[3]:>9} {header[4]:>11} {header[5]:>8}")
+    for policy, name, f in rows:
+        print(
+            f"{policy:<10} {name:<18} {f['engine']['placements_per_s']:>12.0f} {f['engine']['cpu_s']:>9.2f} "
+            f"{f['naive_fgd_first_tasks']['decisions_per_s']:>11.1f} {f['speedup_vs_naive_fgd']:>7}×"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,193 @@
+"""`solve_cycle`: reasons, gangs, quotas, preemption, MIG units; one code path for replay and production."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.whalegen.placement.builders import node, snapshot, task
+from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
+from whalegen.placement.fragmentation import shape_mix_from_tasks
+from whalegen.placement.types import (
+    ClusterSnapshot,
+    Outcome,
+    PartitionMode,
+    Quota,
+    RunningTask,
+    UnitKind,
+)
+from whalegen.sim.naive import NaiveFgd
+from whalegen.sim.replay import arrivals, shuffled_nodes
+from whalegen.sim.trace import NODE_FILE, load_nodes, load_tasks, pod_file
+
+TRACES = Path("/work/shared/traces/openb")
+
+
+def test_a_task_no_node_can_take_gets_a_reason_and_a_sentence() -> None:
+    snap = snapshot(
+        [
+            node("a", cpu=8, cpu_free=1, free=[200, 1000]),
+            node("b", cpu=8, free=[300, 300]),
+            node("c", model="P100"),
+        ],
+        [task("t", cpu=2, gpus=1, milli=460, models=["T4"])],
+    )
+    (unplaced,) = solve_cycle(snap, EngineConfig(policy="fgd"), now=0.0).unplaced
+    assert unplaced.outcome is Outcome.NO_CAPACITY
+    assert unplaced.message == (
+        "1 of 2 T4 nodes have 460 milli free; 1 node lacks CPU (2 cores); 0 nodes lack host memory (1024 MiB)"
+    )
+
+
+def test_no_gpu_anywhere_reads_as_such() -> None:
+    snap = snapshot([node("a", free=[200, 200])], [task("t", gpus=1, milli=460)])
+    (unplaced,) = solve_cycle(snap, EngineConfig(policy="bestfit"), now=0.0).unplaced
+    assert unplaced.message.startswith("no GPU node with 460 milli free")
+
+
+def test_a_model_nobody_has_is_its_own_reason() -> None:
+    snap = snapshot([node("a")], [task("t", gpus=1, models=["H100-80GB"])])
+    (unplaced,) = solve_cycle(snap, EngineConfig(policy="whalegen"), now=0.0).unplaced
+    assert unplaced.outcome is Outcome.NO_ALLOWED_MODEL
+    assert "H100-80GB" in unplaced.message
+
+
+def test_a_gang_places_every_member_or_none() -> None:
+    gang = [task(f"g{i}", gpus=1, gang_id="job", gang_size=3) for i in range(3)]
+    result = solve_cycle(snapshot([node("a")], gang), EngineConfig(policy="fgd"), now=0.0)
+    assert result.placements == ()
+    outcomes = sorted(u.outcome for u in result.unplaced)
+    assert outcomes == [Outcome.GANG_UNPLACEABLE, Outcome.GANG_UNPLACEABLE, Outcome.NO_CAPACITY]
+    fits = solve_cycle(snapshot([node("a"), node("b")], gang), EngineConfig(policy="fgd"), now=0.0)
+    assert len(fits.placements) == 3
+
+
+def test_a_gang_with_members_missing_waits() -> None:
+    gang = [task(f"g{i}", gpus=1, gang_id="job", gang_size=4) for i in range(2)]
+    result = solve_cycle(snapshot([node("a"), node("b")], gang), EngineConfig(policy="fgd"), now=0.0)
+    assert {u.outcome for u in result.unplaced} == {Outcome.GANG_INCOMPLETE}
+    assert "2 of 4" in result.unplaced[0].message
+
+
+def test_an_undone_gang_leaves_room_for_the_next_task() -> None:
+    gang = [task(f"g{i}", gpus=1, gang_id="job", gang_size=3, priority=5) for i in range(3)]
+    single = task("single", gpus=2)
+    result = solve_cycle(snapshot([node("a")], [*gang, single]), EngineConfig(policy="fgd"), now=0.0)
+    assert [p.task_id for p in result.placements] == ["single"]
+
+
+def test_quota_guarantee_then_borrow_limit() -> None:
+    quotas = [Quota("team", guaranteed_milli=1000, borrow_limit_milli=1000)]
+    tasks = [task(f"t{i}", gpus=1, tenant="team", submitted_at_s=i) for i in range(3)]
+    result = solve_cycle(
+        snapshot([node("a"), node("b")], tasks, quotas=quotas), EngineConfig(policy="fgd"), 0.0
+    )
+    assert [(p.task_id, p.borrowed) for p in result.placements] == [("t0", False), ("t1", True)]
+    (refused,) = result.unplaced
+    assert refused.task_id == "t2" and refused.outcome is Outcome.QUOTA_EXCEEDED
+    assert "1000 guaranteed + 1000 borrowable" in refused.message
+
+
+def test_higher_priority_goes_first() -> None:
+    tasks = [task("low", gpus=2, priority=1), task("high", gpus=2, priority=9, submitted_at_s=5)]
+    result = solve_cycle(snapshot([node("a")], tasks), EngineConfig(policy="fgd"), now=0.0)
+    assert [p.task_id for p in result.placements] == ["high"]
+
+
+def test_preemption_proposes_the_fewest_victims_with_the_least_progress_lost() -> None:
+    # Node a: two preemptible 1-GPU tasks; node b: one preemptible 2-GPU task started recently.
+    nodes = [node("a", free=[0, 0]), node("b", free=[0, 0])]
+    running = [
+        RunningTask("a0", "a", (0,), 1000, 1000, 1024, priority=0, preemptible=True, started_at_s=0),
+        RunningTask("a1", "a", (1,), 1000, 1000, 1024, priority=0, preemptible=True, started_at_s=0),
+        RunningTask("b01", "b", (0, 1), 1000, 1000, 1024, priority=0, preemptible=True, started_at_s=90),
+    ]
+    urgent = task("urgent", gpus=2, priority=10)
+    result = solve_cycle(snapshot(nodes, [urgent], running=running), EngineConfig(policy="fgd"), now=100.0)
+    (unplaced,) = result.unplaced
+    assert unplaced.outcome is Outcome.WAITING_FOR_PREEMPTION
+    assert [(p.victim_task_id, p.node) for p in result.preemptions] == [("b01", "b")]
+    assert "priority 0 below 10" in result.preemptions[0].reason
+
+
+def test_tasks_that_are_not_preemptible_are_never_victims() -> None:
+    running = [RunningTask("r", "a", (0, 1), 1000, 1000, 1024, priority=0)]
+    snap = snapshot([node("a", free=[0, 0])], [task("urgent", gpus=1, priority=10)], running=running)
+    result = solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0)
+    assert result.preemptions == ()
+    assert result.unplaced[0].outcome is Outcome.NO_CAPACITY
+
+
+def test_a_tenant_within_its_guarantee_reclaims_borrowed_capacity() -> None:
+    quotas = [Quota("owner", 2000), Quota("borrower", 0, borrow_limit_milli=2000)]
+    running = [RunningTask("loan", "a", (0, 1), 1000, 1000, 1024, tenant="borrower", borrowed=True)]
+    snap = snapshot(
+        [node("a", free=[0, 0])], [task("mine", gpus=2, tenant="owner")], running=running, quotas=quotas
+    )
+    result = solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0)
+    (proposal,) = result.preemptions
+    assert proposal.victim_task_id == "loan" and "borrowed capacity reclaimed" in proposal.reason
+
+
+def test_mig_gpus_hand_out_the_smallest_profile_that_fits() -> None:
+    a100 = node("a", model="A100-40GB", gpus=1, free=[1000], gpu_mem_mib=40_960, mode=PartitionMode.MIG)
+    tasks = [
+        task("small", gpus=1, milli=140, gpu_mem_mib=4000),
+        task("mid", gpus=1, milli=280, gpu_mem_mib=9000),
+    ]
+    result = solve_cycle(snapshot([a100], tasks), EngineConfig(policy="fgd"), now=0.0)
+    units = {p.task_id: p.unit for p in result.placements}
+    assert units["small"].kind is UnitKind.MIG and units["small"].mig_profile == "1g.5gb"
+    assert units["mid"].mig_profile == "2g.10gb"
+    assert units["small"].mig_start_slice != units["mid"].mig_start_slice
+
+
+def test_whole_mode_gpus_take_one_task_each() -> None:
+    whole = node("a", gpus=1, mode=PartitionMode.WHOLE)
+    result = solve_cycle(
+        snapshot([whole], [task("x", gpus=1, milli=200), task("y", gpus=1, milli=200)]),
+        EngineConfig(policy="bestfit"),
+        now=0.0,
+    )
+    assert len(result.placements) == 1 and result.placements[0].unit.kind is UnitKind.WHOLE
+
+
+@pytest.mark.parametrize("policy", ["fgd", "whalegen", "bestfit"])
+def test_a_kept_engine_decides_like_a_fresh_one_built_from_the_same_state(policy: str) -> None:
+    """The replay keeps one engine; production builds one per cycle. Both must decide alike."""
+    nodes = [node(f"n{i}", gpus=4, cpu=48) for i in range(6)]
+    stream = [task(f"t{i}", cpu=1 + i % 5, gpus=1, milli=(230, 470, 1000, 810)[i % 4]) for i in range(30)]
+    mix = shape_mix_from_tasks(stream)
+    kept = Engine(ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy=policy))
+    running: list[RunningTask] = []
+    by_id = {t.task_id: t for t in stream}
+    for i, t in enumerate(stream):
+        fresh_snapshot = ClusterSnapshot(kept.state.nodes(), (t,), tuple(running), (), mix)
+        fresh = solve_cycle(fresh_snapshot, EngineConfig(policy=policy), now=float(i))
+        mine = kept.solve((t,), float(i))
+        assert mine.placements == fresh.placements
+        for p in mine.placements:
+            src = by_id[p.task_id]
+            running.append(
+                RunningTask(p.task_id, p.node, p.gpu_indexes, p.unit.gpu_milli, src.cpu_milli, src.mem_mib)
+            )
+
+
+@pytest.mark.skipif(not (TRACES / NODE_FILE).is_file(), reason="openb trace not present")
+def test_the_engines_fgd_decides_exactly_like_a_plain_per_node_loop() -> None:
+    nodes = shuffled_nodes(load_nodes(TRACES / NODE_FILE)[::6], seed=7)
+    tasks = load_tasks(TRACES / pod_file("default"))
+    stream = arrivals(tasks, 1000 * sum(len(n.gpus) for n in nodes), seed=7)[:400]
+    mix = shape_mix_from_tasks(tasks)
+    engine = Engine(ClusterSnapshot(nodes, shape_mix=mix), EngineConfig(policy="fgd"))
+    naive = NaiveFgd(nodes, mix)
+    for i, t in enumerate(stream):
+        result = engine.solve((t,), float(i))
+        expected = naive.place(t)
+        got = (
+            (engine.state.index[result.placements[0].node], result.placements[0].gpu_indexes)
+            if result.placements
+            else None
+        )
+        assert got == expected, f"task {i} {t}"

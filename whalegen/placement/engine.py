@@ -1,0 +1,359 @@
+"""`solve_cycle`: one scheduling pass from an immutable snapshot to placements, preemptions and reasons.
+
+The production cycle builds an `Engine` from the snapshot a selector reads and calls `solve` once.
+The replay and the benchmarks keep one `Engine` alive and call `solve` once per arriving task: after a
+cycle commits, the engine's working copy is exactly the snapshot the next cycle would read, so this is
+the same code path without rebuilding 1,000 nodes per task.
+
+Speed: a node's best move for a request only changes when something lands on (or leaves) that node.
+Scores are cached per (request, node) and recomputed for the nodes whose version moved since; selection
+is one numpy argmax over the cached scores (the first maximum is the first node in snapshot order).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from whalegen.placement.fragmentation import shape_mix_from_tasks
+from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
+from whalegen.placement.registry import make_policy
+from whalegen.placement.state import Binding, ClusterState, Request
+from whalegen.placement.types import (
+    WHOLE_GPU_MILLI,
+    ClusterSnapshot,
+    CycleResult,
+    Outcome,
+    Placement,
+    Preemption,
+    Quota,
+    TaskRequest,
+    Unplaced,
+)
+
+MEMO_LIMIT = 1_000_000  # entries; cleared when exceeded so a long-lived engine stays bounded
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    policy: str = "whalegen"
+    seed: int = 0  # drives the policies that draw at random (`random`); the rest are deterministic
+    preemption: bool = True  # propose victims for tasks that cannot place
+
+
+@dataclass
+class _Record:
+    """What preemption and quotas need to know about a task bound in the working copy."""
+
+    task_id: str
+    tenant: str
+    priority: int
+    preemptible: bool
+    started_at_s: float
+    borrowed: bool
+    request_milli: int
+
+
+class Engine:
+    def __init__(self, snapshot: ClusterSnapshot, config: EngineConfig) -> None:
+        self.config = config
+        self.policy: Policy = make_policy(config.policy)
+        self.state = ClusterState.from_snapshot(snapshot, whole_gpus_only=self.policy.whole_gpus_only)
+        # Without a forecast mix, the tasks the snapshot knows of (pending and running) stand in for it.
+        mix = snapshot.shape_mix
+        if mix is None:
+            known = list(snapshot.pending) + [
+                TaskRequest(t.task_id, t.cpu_milli, t.mem_mib, len(t.gpu_indexes), t.gpu_milli)
+                for t in snapshot.running
+            ]
+            mix = shape_mix_from_tasks(known)
+        self.rng = random.Random(config.seed)
+        self.policy.attach(self.state, mix, self.rng)
+        self.caches: dict[Request, ScoreCache] = {}
+        self.request_ids: dict[Request, int] = {}
+        # Nodes in the same state score a request the same way (for policies whose score reads only the
+        # node): (node state, request id) -> (score, devices). Identical nodes are common in real fleets.
+        self.memo: dict[tuple[object, int], tuple[float, tuple[int, ...]]] = {}
+        self.quotas: dict[str, Quota] = {q.tenant: q for q in snapshot.quotas}
+        self.usage_milli: dict[str, int] = defaultdict(int)
+        self.records: dict[str, _Record] = {}
+        # Only preemptible or borrowing tasks can ever be victims; keeping them apart keeps a failure cheap.
+        self.victim_pool: dict[str, _Record] = {}
+        for task in snapshot.running:
+            milli = task.gpu_milli * len(task.gpu_indexes)
+            self.usage_milli[task.tenant] += milli
+            self._remember(
+                _Record(
+                    task.task_id,
+                    task.tenant,
+                    task.priority,
+                    task.preemptible,
+                    task.started_at_s,
+                    task.borrowed,
+                    milli,
+                )
+            )
+
+    # -- selection ---------------------------------------------------------------------------------
+
+    def _cache_for(self, req: Request) -> ScoreCache:
+        cache = self.caches.get(req)
+        if cache is None:
+            cache = ScoreCache(len(self.state))
+            self.caches[req] = cache
+            self.request_ids[req] = len(self.request_ids)
+        # Recompute only the nodes that changed since this request was last scored.
+        stale = np.flatnonzero(cache.versions != self.state.version)
+        if len(stale):
+            state = self.state
+            memo = self.memo if self.policy.node_pure else None
+            if memo is not None and len(memo) > MEMO_LIMIT:
+                memo.clear()
+            rid = self.request_ids[req]
+            keys = state.node_key
+            values: list[float] = []
+            devices_of = cache.devices
+            score_node = self._score_node
+            if memo is None:
+                for n in stale.tolist():
+                    value, devices_of[n] = score_node(n, req)
+                    values.append(value)
+            else:
+                lookup = memo.get
+                for n in stale.tolist():
+                    key = (keys[n], rid)
+                    hit = lookup(key)
+                    if hit is None:
+                        hit = score_node(n, req)
+                        memo[key] = hit
+                    values.append(hit[0])
+                    devices_of[n] = hit[1]
+            cache.scores[stale] = values
+            cache.versions[stale] = state.version[stale]
+        return cache
+
+    def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
+        devices = self.state.eligible_devices(n, req)
+        if devices is None:
+            return NEG_INF, ()
+        return self.policy.score(n, req, devices)
+
+    def choose(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
+        """The node (position) and devices the policy picks for `req`, or None when nothing fits."""
+        return self.policy.select(req, self._cache_for(req))
+
+    # -- the cycle ---------------------------------------------------------------------------------
+
+    def solve(self, pending: tuple[TaskRequest, ...], now: float) -> CycleResult:
+        """Place what fits, in priority order, and commit it to the working copy.
+
+        Steps: 1. order tasks by priority, then submission time; gangs go as one unit at the position
+        of their first member. 2. For each unit: gang completeness, then quota (guarantee, then borrow
+        limit). 3. Place members one by one; a gang that cannot place every member is undone.
+        4. For each task left over, an explanation and, where allowed, a preemption proposal.
+        """
+        placements: list[Placement] = []
+        unplaced: list[Unplaced] = []
+        preemptions: list[Preemption] = []
+        claimed: set[str] = set()
+        # 1. Order.
+        ordered = sorted(pending, key=lambda t: (-t.priority, t.submitted_at_s, t.task_id))
+        gangs: dict[str, list[TaskRequest]] = defaultdict(list)
+        for task in ordered:
+            if task.gang_id is not None:
+                gangs[task.gang_id].append(task)
+        units: list[list[TaskRequest]] = []
+        seen_gangs: set[str] = set()
+        for task in ordered:
+            if task.gang_id is None:
+                units.append([task])
+            elif task.gang_id not in seen_gangs:
+                seen_gangs.add(task.gang_id)
+                units.append(gangs[task.gang_id])
+        for unit in units:
+            # 2. Gang completeness and quota.
+            head = unit[0]
+            if head.gang_id is not None and len(unit) < head.gang_size:
+                message = f"gang {head.gang_id} has {len(unit)} of {head.gang_size} members pending"
+                unplaced += [Unplaced(t.task_id, Outcome.GANG_INCOMPLETE, message) for t in unit]
+                continue
+            need_milli = sum(t.num_gpu * t.gpu_milli for t in unit)
+            quota_problem, borrowed = self._quota_check(head.tenant, need_milli)
+            if quota_problem is not None:
+                unplaced += [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit]
+                continue
+            # 3. Place every member or none.
+            bound: list[tuple[TaskRequest, Binding]] = []
+            failed: TaskRequest | None = None
+            for task in unit:
+                req = Request.of(task)
+                pick = self.choose(req)
+                if pick is None:
+                    failed = task
+                    break
+                bound.append((task, self.state.bind(task.task_id, pick[0], pick[1], req)))
+            if failed is None:
+                for task, binding in bound:
+                    placements.append(self._commit(task, binding, borrowed, now))
+                continue
+            for _, binding in reversed(bound):
+                self.state.release(binding.task_id)
+            # 4. Explain, and propose preemption for single tasks.
+            outcome, message = self.explain(Request.of(failed))
+            if len(unit) == 1 and outcome is Outcome.NO_CAPACITY and self.config.preemption:
+                victims = self._propose_preemption(failed, now, claimed)
+                if victims:
+                    preemptions += victims
+                    names = ", ".join(v.victim_task_id for v in victims)
+                    message = f"{message}; waiting for {names} to be preempted on {victims[0].node}"
+                    outcome = Outcome.WAITING_FOR_PREEMPTION
+            for task in unit:
+                if task is failed:
+                    unplaced.append(Unplaced(task.task_id, outcome, message))
+                else:
+                    why = f"gang {task.gang_id}: member {failed.task_id} cannot be placed ({message})"
+                    unplaced.append(Unplaced(task.task_id, Outcome.GANG_UNPLACEABLE, why))
+        return CycleResult(tuple(placements), tuple(preemptions), tuple(unplaced))
+
+    def _commit(self, task: TaskRequest, binding: Binding, borrowed: bool, now: float) -> Placement:
+        milli = task.num_gpu * task.gpu_milli
+        self.usage_milli[task.tenant] += milli
+        self._remember(
+            _Record(task.task_id, task.tenant, task.priority, task.preemptible, now, borrowed, milli)
+        )
+        s = self.state
+        indexes = tuple(s.gpu_index[binding.node][d] for d in binding.gpu_indexes)
+        return Placement(task.task_id, s.names[binding.node], indexes, binding.unit, borrowed)
+
+    def _remember(self, record: _Record) -> None:
+        self.records[record.task_id] = record
+        if record.preemptible or record.borrowed:
+            self.victim_pool[record.task_id] = record
+
+    def release(self, task_id: str) -> None:
+        """A task finished or was preempted: give its resources back."""
+        record = self.records.pop(task_id)
+        self.victim_pool.pop(task_id, None)
+        self.usage_milli[record.tenant] -= record.request_milli
+        self.state.release(task_id)
+
+    def _quota_check(self, tenant: str, need_milli: int) -> tuple[str | None, bool]:
+        quota = self.quotas.get(tenant)
+        if quota is None:
+            return None, False
+        used = self.usage_milli[tenant]
+        limit = quota.guaranteed_milli + quota.borrow_limit_milli
+        if used + need_milli > limit:
+            return (
+                f"tenant {tenant} holds {used} milli-GPU and asks {need_milli} more; its limit is {limit} "
+                f"({quota.guaranteed_milli} guaranteed + {quota.borrow_limit_milli} borrowable)",
+                False,
+            )
+        return None, used + need_milli > quota.guaranteed_milli
+
+    # -- explanations ------------------------------------------------------------------------------
+
+    def explain(self, req: Request) -> tuple[Outcome, str]:
+        """Why no node takes `req`, counted over all nodes with numpy (cheap even for failures en masse)."""
+        s = self.state
+        allowed = s.allowed_mask(req)
+        models = "/".join(sorted(req.allowed_models)) if req.allowed_models and req.num_gpu else ""
+        if not allowed.any():
+            what = f"{models} GPU" if models else "schedulable node"
+            return Outcome.NO_ALLOWED_MODEL, f"no schedulable node has a {what}"
+        total = int(allowed.sum())
+        lack_cpu = int((allowed & (s.np_cpu_free < req.cpu_milli)).sum())
+        lack_mem = int((allowed & (s.np_mem_free < req.mem_mib)).sum())
+        parts: list[str] = []
+        if req.num_gpu:
+            threshold = WHOLE_GPU_MILLI if self.policy.whole_gpus_only else req.gpu_milli
+            has_gpu: npt.NDArray[np.bool_] = (s.np_gpu_free >= threshold).sum(axis=1) >= req.num_gpu
+            with_gpu = int((allowed & has_gpu).sum())
+            where = models or "GPU"
+            amount = f"{req.gpu_milli} milli" if req.num_gpu == 1 else f"{req.num_gpu}×{req.gpu_milli} milli"
+            if with_gpu == 0:
+                parts.append(f"no {where} node with {amount} free")
+            else:
+                parts.append(f"{with_gpu} of {total} {where} nodes have {amount} free")
+        parts.append(f"{_nodes(lack_cpu)} CPU ({req.cpu_milli / 1000:g} cores)")
+        parts.append(f"{_nodes(lack_mem)} host memory ({req.mem_mib} MiB)")
+        return Outcome.NO_CAPACITY, "; ".join(parts)
+
+    # -- preemption --------------------------------------------------------------------------------
+
+    def _victim_candidates(self, task: TaskRequest) -> dict[int, list[_Record]]:
+        quota = self.quotas.get(task.tenant)
+        within_guarantee = quota is not None and (
+            self.usage_milli[task.tenant] + task.num_gpu * task.gpu_milli <= quota.guaranteed_milli
+        )
+        by_node: dict[int, list[_Record]] = defaultdict(list)
+        for record in self.victim_pool.values():
+            lower = record.preemptible and record.priority < task.priority
+            reclaim = within_guarantee and record.borrowed and record.tenant != task.tenant
+            if lower or reclaim:
+                by_node[self.state.bindings[record.task_id].node].append(record)
+        return by_node
+
+    def _propose_preemption(self, task: TaskRequest, now: float, claimed: set[str]) -> list[Preemption]:
+        """Fewest victims, then least progress lost (GPU-seconds run so far), on one node.
+
+        Victims on a node are tried cheapest first and added until the task fits; the working copy is
+        restored exactly afterwards (victims only leave once the agent confirms they stopped).
+        """
+        req = Request.of(task)
+        best: tuple[int, float, int, list[_Record]] | None = None
+        for n, records in self._victim_candidates(task).items():
+            if not self.state.model_allowed(n, req):
+                continue
+            candidates = sorted(
+                (r for r in records if r.task_id not in claimed), key=lambda r: _progress_lost(r, now)
+            )
+            released: list[Binding] = []
+            chosen: list[_Record] = []
+            fits = False
+            for record in candidates:
+                released.append(self.state.release(record.task_id))
+                chosen.append(record)
+                if self.state.eligible_devices(n, req) is not None:
+                    fits = True
+                    break
+            for binding in reversed(released):
+                self.state.restore(binding)
+            if fits:
+                cost = sum(_progress_lost(r, now) for r in chosen)
+                if best is None or (len(chosen), cost, n) < (best[0], best[1], best[2]):
+                    best = (len(chosen), cost, n, chosen)
+        if best is None:
+            return []
+        node = self.state.names[best[2]]
+        proposals = []
+        for record in best[3]:
+            claimed.add(record.task_id)
+            if record.preemptible and record.priority < task.priority:
+                why = (
+                    f"preemptible, priority {record.priority} below {task.priority}; "
+                    f"loses {_progress_lost(record, now):.0f} GPU-seconds of progress"
+                )
+            else:
+                why = f"borrowed capacity reclaimed for tenant {task.tenant}, which is within its guarantee"
+            proposals.append(Preemption(record.task_id, node, task.task_id, why))
+        return proposals
+
+
+def _nodes(count: int) -> str:
+    return "1 node lacks" if count == 1 else f"{count} nodes lack"
+
+
+def _progress_lost(record: _Record, now: float) -> float:
+    """GPU-seconds of work done so far; CPU-only tasks count as a tenth of a GPU so they are not free."""
+    gpus = max(record.request_milli, 100) / WHOLE_GPU_MILLI
+    return max(0.0, now - record.started_at_s) * gpus
+
+
+def solve_cycle(snapshot: ClusterSnapshot, config: EngineConfig, now: float) -> CycleResult:
+    """One scheduling cycle over a snapshot (the production entry point)."""
+    return Engine(snapshot, config).solve(snapshot.pending, now)

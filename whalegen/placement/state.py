@@ -1,0 +1,385 @@
+"""The engine's working copy of a cluster: plain lists for per-node reads, numpy mirrors for sweeps.
+
+A cycle reads one node at a time when it scores (Python lists are faster than numpy for scalar access)
+and sweeps all nodes at once when it selects or explains (numpy). Every change goes through `bind` or
+`release`, which keep both views equal and bump the node's version so score caches know what to redo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from whalegen.gpus.mig import MEMORY_SLICES, MigProfile, mig_profiles
+from whalegen.placement.types import (
+    WHOLE_GPU_MILLI,
+    ClusterSnapshot,
+    ComputeUnit,
+    GpuState,
+    NodeState,
+    PartitionMode,
+    RunningTask,
+    TaskRequest,
+    UnitKind,
+)
+
+ALL_SLICES = (1 << MEMORY_SLICES) - 1
+
+
+@dataclass(frozen=True)
+class Request:
+    """The resource part of a task: what feasibility and scoring look at (hashable, used as cache key)."""
+
+    cpu_milli: int
+    mem_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_mem_mib: int
+    allowed_models: frozenset[str]
+
+    @staticmethod
+    def of(task: TaskRequest) -> Request:
+        return Request(
+            task.cpu_milli,
+            task.mem_mib,
+            task.num_gpu,
+            task.gpu_milli if task.num_gpu else 0,
+            task.gpu_mem_mib if task.num_gpu else 0,
+            task.allowed_models,
+        )
+
+    @property
+    def is_share(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < WHOLE_GPU_MILLI
+
+
+@dataclass
+class Binding:
+    """Where a task sits in the working copy; enough to undo it exactly."""
+
+    task_id: str
+    node: int
+    gpu_indexes: tuple[int, ...]
+    held_milli: tuple[int, ...]  # per listed GPU
+    held_gpu_mem_mib: tuple[int, ...]
+    held_slices: tuple[int, ...]  # MIG slice masks per listed GPU (0 elsewhere)
+    cpu_milli: int
+    mem_mib: int
+    request_milli: int  # what the task asked for, all GPUs together
+    task_class: int
+    unit: ComputeUnit
+
+
+def task_class(req: Request) -> int:
+    """Clustering classes: 0 CPU-only, 1 shared GPU, otherwise 1 + number of whole GPUs."""
+    if req.num_gpu == 0:
+        return 0
+    if req.is_share:
+        return 1
+    return 1 + req.num_gpu
+
+
+def mig_profile_for(model: str, gpu_milli: int, gpu_mem_mib: int) -> MigProfile | None:
+    """The smallest MIG profile of `model` with at least this compute share and memory."""
+    best: MigProfile | None = None
+    for profile in mig_profiles(model):
+        if profile.name.endswith("+me"):
+            continue  # media-extension profiles are for video engines, never handed out for compute
+        if profile.gpu_milli < gpu_milli or profile.mem_mib < gpu_mem_mib:
+            continue
+        if best is None or (profile.memory_slices, profile.compute_slices) < (
+            best.memory_slices,
+            best.compute_slices,
+        ):
+            best = profile
+    return best
+
+
+def mig_start(profile: MigProfile, used_slices: int) -> int | None:
+    for start in profile.starts:
+        if profile.slice_mask(start) & used_slices == 0:
+            return start
+    return None
+
+
+class ClusterState:
+    """Mutable working copy built from a snapshot; node order is the tie-break order."""
+
+    def __init__(self, nodes: tuple[NodeState, ...], *, whole_gpus_only: bool = False) -> None:
+        self.names = [node.name for node in nodes]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        for node in nodes:
+            if len({gpu.model for gpu in node.gpus}) > 1:
+                raise ValueError(f"node {node.name} mixes GPU models; split it into one node per model")
+        self.models: list[str | None] = [node.model for node in nodes]
+        model_names = sorted({m for m in self.models if m is not None})
+        self.model_ids = {m: i for i, m in enumerate(model_names)}
+        self.model_of = np.array([self.model_ids.get(m, -1) if m else -1 for m in self.models], np.int64)
+        self.schedulable = [node.schedulable for node in nodes]
+        self.cpu_total = [node.cpu_total_milli for node in nodes]
+        self.mem_total = [node.mem_total_mib for node in nodes]
+        self.gpu_count = [len(node.gpus) for node in nodes]
+        self.cpu_free = [node.cpu_free_milli for node in nodes]
+        self.mem_free = [node.mem_free_mib for node in nodes]
+        self.gpu_free = [[gpu.free_milli for gpu in node.gpus] for node in nodes]
+        self.gpu_mem_free = [[gpu.free_mem_mib for gpu in node.gpus] for node in nodes]
+        self.gpu_mem_total = [[gpu.total_mem_mib for gpu in node.gpus] for node in nodes]
+        self.gpu_index = [[gpu.index for gpu in node.gpus] for node in nodes]
+        self.modes: list[list[PartitionMode]] = [
+            [PartitionMode.WHOLE if whole_gpus_only else gpu.mode for gpu in node.gpus] for node in nodes
+        ]
+        self.mig_used = [[gpu.mig_used_slices for gpu in node.gpus] for node in nodes]
+        self.plain = [all(mode is PartitionMode.SHARED for mode in modes) for modes in self.modes]
+        # Everything feasibility and node-local scores read, as one hashable value per node.
+        self.node_key: list[tuple[object, ...]] = [self._key(n) for n in range(len(nodes))]
+        # Which task classes each node hosts (count per class): the clustering policy reads it.
+        self.classes: list[dict[int, int]] = [{} for _ in nodes]
+        self.bindings: dict[str, Binding] = {}
+        # Called with a node position after every change to it (policies that keep their own indexes).
+        self.listeners: list[Callable[[int], None]] = []
+        count = len(nodes)
+        width = max(self.gpu_count, default=0)
+        self.version = np.zeros(count, np.int64)
+        # numpy mirrors for whole-cluster sweeps (selection and explanations); -1 marks "no device".
+        self.np_cpu_free = np.array(self.cpu_free, np.int64)
+        self.np_mem_free = np.array(self.mem_free, np.int64)
+        self.np_gpu_free = np.full((count, max(width, 1)), -1, np.int64)
+        for n, frees in enumerate(self.gpu_free):
+            self.np_gpu_free[n, : len(frees)] = frees
+        self.np_schedulable = np.array(self.schedulable, bool)
+
+    @staticmethod
+    def from_snapshot(snapshot: ClusterSnapshot, *, whole_gpus_only: bool = False) -> ClusterState:
+        state = ClusterState(snapshot.nodes, whole_gpus_only=whole_gpus_only)
+        for task in snapshot.running:
+            state.adopt(task)
+        return state
+
+    def _key(self, n: int) -> tuple[object, ...]:
+        base = (
+            self.models[n],
+            self.schedulable[n],
+            self.cpu_free[n],
+            self.mem_free[n],
+            tuple(self.gpu_free[n]),
+        )
+        if self.plain[n]:
+            return base
+        extra = (
+            tuple(self.modes[n]),
+            tuple(self.gpu_mem_free[n]),
+            tuple(self.gpu_mem_total[n]),
+            tuple(self.mig_used[n]),
+        )
+        return (*base, *extra)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    # -- feasibility -------------------------------------------------------------------------------
+
+    def model_allowed(self, n: int, req: Request) -> bool:
+        if req.num_gpu == 0 or not req.allowed_models:
+            return True
+        model = self.models[n]
+        return model is not None and model in req.allowed_models
+
+    def device_fits(self, n: int, d: int, req: Request) -> bool:
+        free = self.gpu_free[n][d]
+        mode = self.modes[n][d]
+        if mode is PartitionMode.SHARED:
+            return free >= req.gpu_milli and self.gpu_mem_free[n][d] >= req.gpu_mem_mib
+        if mode is PartitionMode.WHOLE:
+            return free == WHOLE_GPU_MILLI and self.gpu_mem_total[n][d] >= req.gpu_mem_mib
+        model = self.models[n]
+        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib) if model else None
+        return profile is not None and mig_start(profile, self.mig_used[n][d]) is not None
+
+    def eligible_devices(self, n: int, req: Request) -> list[int] | None:
+        """Devices of node `n` that could take one GPU of `req`, or None when the node cannot host it."""
+        if (
+            not self.schedulable[n]
+            or self.cpu_free[n] < req.cpu_milli
+            or self.mem_free[n] < req.mem_mib
+            or not self.model_allowed(n, req)
+        ):
+            return None
+        if req.num_gpu == 0:
+            return []
+        if self.plain[n] and not req.gpu_mem_mib:
+            # Shared GPUs and no GPU-memory bound: free milli is the only test.
+            milli = req.gpu_milli
+            devices = [d for d, free in enumerate(self.gpu_free[n]) if free >= milli]
+        else:
+            devices = [d for d in range(self.gpu_count[n]) if self.device_fits(n, d, req)]
+        return devices if len(devices) >= req.num_gpu else None
+
+    # -- changes -----------------------------------------------------------------------------------
+
+    def _unit_on(self, n: int, d: int, req: Request) -> tuple[int, int, int, ComputeUnit]:
+        """What binding one GPU of `req` to device d takes: (milli, GPU memory, MIG slices, unit)."""
+        mode = self.modes[n][d]
+        if mode is PartitionMode.SHARED:
+            kind = UnitKind.SHARE if req.gpu_milli < WHOLE_GPU_MILLI else UnitKind.WHOLE
+            return req.gpu_milli, req.gpu_mem_mib, 0, ComputeUnit(kind, req.gpu_milli)
+        if mode is PartitionMode.WHOLE:
+            return WHOLE_GPU_MILLI, self.gpu_mem_free[n][d], 0, ComputeUnit(UnitKind.WHOLE, WHOLE_GPU_MILLI)
+        model = self.models[n]
+        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib) if model else None
+        start = mig_start(profile, self.mig_used[n][d]) if profile else None
+        if profile is None or start is None:
+            raise ValueError(f"no MIG unit for {req} on {self.names[n]} GPU {d}")
+        milli = min(profile.gpu_milli, self.gpu_free[n][d])
+        unit = ComputeUnit(UnitKind.MIG, profile.gpu_milli, profile.name, start)
+        return milli, profile.mem_mib, profile.slice_mask(start), unit
+
+    def bind(self, task_id: str, n: int, devices: tuple[int, ...], req: Request) -> Binding:
+        held_milli: list[int] = []
+        held_mem: list[int] = []
+        held_slices: list[int] = []
+        unit = ComputeUnit(UnitKind.NONE, 0)
+        for d in devices:
+            milli, mem, slices, unit = self._unit_on(n, d, req)
+            self.gpu_free[n][d] -= milli
+            self.gpu_mem_free[n][d] -= mem
+            self.mig_used[n][d] |= slices
+            self.np_gpu_free[n, d] = self.gpu_free[n][d]
+            held_milli.append(milli)
+            held_mem.append(mem)
+            held_slices.append(slices)
+        binding = Binding(
+            task_id,
+            n,
+            devices,
+            tuple(held_milli),
+            tuple(held_mem),
+            tuple(held_slices),
+            req.cpu_milli,
+            req.mem_mib,
+            req.num_gpu * req.gpu_milli,
+            task_class(req),
+            unit,
+        )
+        self._account(binding, +1)
+        return binding
+
+    def release(self, task_id: str) -> Binding:
+        binding = self.bindings[task_id]
+        n = binding.node
+        for d, milli, mem, slices in zip(
+            binding.gpu_indexes,
+            binding.held_milli,
+            binding.held_gpu_mem_mib,
+            binding.held_slices,
+            strict=True,
+        ):
+            self.gpu_free[n][d] += milli
+            self.gpu_mem_free[n][d] += mem
+            self.mig_used[n][d] &= ~slices
+            self.np_gpu_free[n, d] = self.gpu_free[n][d]
+        self._account(binding, -1)
+        return binding
+
+    def restore(self, binding: Binding) -> None:
+        """Put back a binding exactly as it was (after a trial release)."""
+        n = binding.node
+        for d, milli, mem, slices in zip(
+            binding.gpu_indexes,
+            binding.held_milli,
+            binding.held_gpu_mem_mib,
+            binding.held_slices,
+            strict=True,
+        ):
+            self.gpu_free[n][d] -= milli
+            self.gpu_mem_free[n][d] -= mem
+            self.mig_used[n][d] |= slices
+            self.np_gpu_free[n, d] = self.gpu_free[n][d]
+        self._account(binding, +1)
+
+    def _account(self, binding: Binding, sign: int) -> None:
+        n = binding.node
+        self.cpu_free[n] -= sign * binding.cpu_milli
+        self.mem_free[n] -= sign * binding.mem_mib
+        self.np_cpu_free[n] = self.cpu_free[n]
+        self.np_mem_free[n] = self.mem_free[n]
+        counts = self.classes[n]
+        counts[binding.task_class] = counts.get(binding.task_class, 0) + sign
+        if counts[binding.task_class] == 0:
+            del counts[binding.task_class]
+        if sign > 0:
+            self.bindings[binding.task_id] = binding
+        else:
+            del self.bindings[binding.task_id]
+        self.version[n] += 1
+        self.node_key[n] = self._key(n)
+        for listener in self.listeners:
+            listener(n)
+
+    def adopt(self, task: RunningTask) -> None:
+        """Record a task the snapshot already shows as running.
+
+        Node free figures in the snapshot already exclude it, so only the bookkeeping that scores and
+        preemption read (classes, bindings) changes.
+        """
+        n = self.index.get(task.node)
+        if n is None:
+            return
+        positions = {index: d for d, index in enumerate(self.gpu_index[n])}
+        devices = tuple(positions[i] for i in task.gpu_indexes if i in positions)
+        req = Request(
+            task.cpu_milli, task.mem_mib, len(devices), task.gpu_milli, task.gpu_mem_mib, frozenset()
+        )
+        binding = Binding(
+            task.task_id,
+            n,
+            devices,
+            tuple(task.gpu_milli for _ in devices),
+            tuple(task.gpu_mem_mib for _ in devices),
+            tuple(0 for _ in devices),
+            task.cpu_milli,
+            task.mem_mib,
+            task.gpu_milli * len(devices),
+            task_class(req),
+            ComputeUnit(UnitKind.SHARE if req.is_share else UnitKind.WHOLE, task.gpu_milli),
+        )
+        counts = self.classes[n]
+        counts[binding.task_class] = counts.get(binding.task_class, 0) + 1
+        self.bindings[task.task_id] = binding
+
+    # -- views -------------------------------------------------------------------------------------
+
+    def node_state(self, n: int) -> NodeState:
+        model = self.models[n] or ""
+        gpus = tuple(
+            GpuState(
+                self.gpu_index[n][d],
+                model,
+                self.gpu_free[n][d],
+                self.gpu_mem_free[n][d],
+                self.gpu_mem_total[n][d],
+                self.modes[n][d],
+                self.mig_used[n][d],
+            )
+            for d in range(self.gpu_count[n])
+        )
+        return NodeState(
+            self.names[n],
+            self.cpu_total[n],
+            self.cpu_free[n],
+            self.mem_total[n],
+            self.mem_free[n],
+            gpus,
+            self.schedulable[n],
+        )
+
+    def nodes(self) -> tuple[NodeState, ...]:
+        return tuple(self.node_state(n) for n in range(len(self)))
+
+    def allowed_mask(self, req: Request) -> npt.NDArray[np.bool_]:
+        if req.num_gpu == 0 or not req.allowed_models:
+            return self.np_schedulable.copy()
+        ids = [self.model_ids[m] for m in req.allowed_models if m in self.model_ids]
+        return self.np_schedulable & np.isin(self.model_of, ids)

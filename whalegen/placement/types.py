@@ -1,0 +1,194 @@
+"""Immutable inputs and outputs of one scheduling cycle.
+
+Units are in the names: CPU in millicores (`cpu_milli`), host and GPU memory in MiB (`mem_mib`), GPU
+compute in thousandths of a GPU (`gpu_milli`, 1000 = one whole GPU). Time is seconds since an epoch the
+caller chooses (`now`, `submitted_at_s`); the engine never reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+WHOLE_GPU_MILLI = 1000
+
+
+class PartitionMode(StrEnum):
+    """How a GPU hands out compute units."""
+
+    WHOLE = "whole"  # one task per GPU; a fractional request takes the whole card
+    SHARED = "shared"  # MPS share or time slice: any milli up to what is free
+    MIG = "mig"  # MIG instances: a request is rounded up to the smallest profile that fits
+
+
+class UnitKind(StrEnum):
+    WHOLE = "whole"
+    SHARE = "share"
+    MIG = "mig"
+    NONE = "none"  # CPU-only task
+
+
+class Outcome(StrEnum):
+    """Why a task was not placed, in the order the cycle checks them."""
+
+    GANG_INCOMPLETE = "gang_incomplete"  # fewer gang members pending than the gang size
+    QUOTA_EXCEEDED = "quota_exceeded"  # guaranteed + borrow limit would be exceeded
+    NO_ALLOWED_MODEL = "no_allowed_model"  # no schedulable node carries an allowed GPU model
+    NO_CAPACITY = "no_capacity"  # allowed nodes exist but none has the GPU, CPU and memory at once
+    GANG_UNPLACEABLE = "gang_unplaceable"  # the member fits alone but the whole gang does not
+    WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # victims proposed; it places once they leave
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int  # device index on the node (what CUDA_VISIBLE_DEVICES names)
+    model: str  # canonical catalogue name, e.g. "T4", "H100-80GB"
+    free_milli: int
+    free_mem_mib: int
+    total_mem_mib: int
+    mode: PartitionMode = PartitionMode.SHARED
+    # MIG only: bitmask of occupied memory slices (bit i = slice i), see whalegen.gpus.mig.
+    mig_used_slices: int = 0
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    cpu_total_milli: int
+    cpu_free_milli: int
+    mem_total_mib: int
+    mem_free_mib: int
+    gpus: tuple[GpuState, ...]
+    schedulable: bool = True  # False when cordoned or unhealthy
+
+    @property
+    def model(self) -> str | None:
+        return self.gpus[0].model if self.gpus else None
+
+
+@dataclass(frozen=True)
+class TaskPrediction:
+    runtime_p50_s: float | None = None
+    runtime_p90_s: float | None = None
+    mem_peak_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """A pending task. `gpu_milli` is per GPU: < 1000 only with `num_gpu == 1` (a shared GPU)."""
+
+    task_id: str
+    cpu_milli: int
+    mem_mib: int
+    num_gpu: int = 0
+    gpu_milli: int = 0
+    gpu_mem_mib: int = 0  # per GPU; 0 = no bound asked for
+    allowed_models: frozenset[str] = frozenset()  # empty = any model
+    gang_id: str | None = None
+    gang_size: int = 1
+    priority: int = 0
+    tenant: str = ""
+    preemptible: bool = False
+    submitted_at_s: float = 0.0
+    prediction: TaskPrediction | None = None
+
+    @property
+    def gpu_request_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """A task already bound to a node, as the snapshot sees it."""
+
+    task_id: str
+    node: str
+    gpu_indexes: tuple[int, ...]
+    gpu_milli: int  # per GPU, as held (a MIG or whole unit may hold more than was asked)
+    cpu_milli: int
+    mem_mib: int
+    gpu_mem_mib: int = 0
+    priority: int = 0
+    tenant: str = ""
+    preemptible: bool = False
+    started_at_s: float = 0.0
+    borrowed: bool = False  # admitted above the tenant's guarantee
+
+
+@dataclass(frozen=True)
+class Quota:
+    tenant: str
+    guaranteed_milli: int
+    borrow_limit_milli: int = 0  # how far above the guarantee the tenant may borrow
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A task shape for the fragmentation measure (reference/fragmentation.md §1.1)."""
+
+    cpu_milli: int
+    num_gpu: int
+    gpu_milli: int
+    allowed_models: frozenset[str] = frozenset()
+    mem_mib: int = 0  # ignored by the FGD measure; used by policies that count host memory
+
+
+@dataclass(frozen=True)
+class ShapeMix:
+    """The expected task-shape distribution; weights sum to 1."""
+
+    shapes: tuple[Shape, ...]
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shapes) != len(self.weights):
+            raise ValueError("ShapeMix needs one weight per shape")
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    nodes: tuple[NodeState, ...]  # their order is the tie-break order among equal scores
+    pending: tuple[TaskRequest, ...] = ()
+    running: tuple[RunningTask, ...] = ()
+    quotas: tuple[Quota, ...] = ()
+    shape_mix: ShapeMix | None = None
+
+
+@dataclass(frozen=True)
+class ComputeUnit:
+    kind: UnitKind
+    gpu_milli: int  # per GPU, as held
+    mig_profile: str | None = None
+    mig_start_slice: int | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    task_id: str
+    node: str
+    gpu_indexes: tuple[int, ...]
+    unit: ComputeUnit
+    borrowed: bool = False
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim_task_id: str
+    node: str
+    for_task_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    task_id: str
+    outcome: Outcome
+    message: str
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    unplaced: tuple[Unplaced, ...] = ()
+    notes: tuple[str, ...] = field(default=())

@@ -1,0 +1,240 @@
+"""The `whalegen` policy: FGD's descent, on a measure that also counts what CPU, host memory and model
+scarcity strand, with shared GPUs packed by sum-of-squares.
+
+Why each part leaves fewer fragments (measured in docs/placement.md):
+
+1. **Stranded GPU.** FGD counts only idle GPU that no expected shape can use *by size*. On the openb
+   cluster most GPUs sit on 8-GPU nodes with 12 cores and 48 GiB per GPU, while the work brings about
+   11 cores per GPU on average and some tasks far more: a node whose free CPU or host memory runs out
+   first keeps idle GPUs nobody can start on. The node measure adds `idle − min(idle, cpu/ρ_cpu,
+   mem/ρ_mem)`: the idle GPU the node's free CPU and memory cannot feed at the mix's own CPU and memory
+   per GPU (ρ, volume-weighted over GPU shapes, so CPU-only work does not count). CPU-heavy and CPU-only
+   tasks then drift to CPU-rich nodes (T4 × 2 carries 52 cores per GPU) instead of starving G2 nodes.
+   Host memory also enters each shape's feasibility, as CPU does in FGD.
+2. **Model scarcity.** Type-constrained work can only use some models. Placing any GPU work on model M
+   displaces, in expectation, the fraction of M's capacity that constrained work will need relative to
+   M's share of the cluster (`pressure(M)`, capped at 1). It is added to Δ in GPU milli, the unit of Δ.
+3. **Sum-of-squares packing for shared GPUs.** A partly used GPU is a bin with a gap. A share goes to
+   the gap (or a fresh GPU) that minimises Σ_h N(h)², N(h) the number of GPUs with gap h (Csirik et al.,
+   "On the sum-of-squares algorithm for bin packing", STOC 2000): gap sizes stay balanced, so arriving
+   shares keep finding exact complements. Gaps smaller than every expected share are closed and not
+   counted. The fresh GPU, when chosen, is on the node FGD's descent prefers; within a gap size the
+   first node in order that has the CPU and memory wins.
+
+Everything is derived from the shape mix and the cluster; there are no constants fitted to a workload.
+Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one idea off for ablations.
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+
+from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd_score
+from whalegen.placement.state import ClusterState, Request
+from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix
+
+# (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
+Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
+OPTIONS = ("memory", "strand", "scarcity", "sumsq")
+
+
+class WhalegenPolicy(Policy):
+    name = "whalegen"
+
+    def __init__(self, **options: str) -> None:
+        unknown = set(options) - set(OPTIONS)
+        if unknown or any(value not in {"0", "1"} for value in options.values()):
+            raise ValueError(f"whalegen options are {', '.join(OPTIONS)} set to 0 or 1, got {options}")
+        self.use_memory = options.get("memory", "1") == "1"
+        self.strand = options.get("strand", "1") == "1"
+        self.scarcity = options.get("scarcity", "1") == "1"
+        self.sumsq = options.get("sumsq", "1") == "1"
+
+    def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
+        super().attach(state, mix, rng)
+        pairs = list(zip(mix.shapes, mix.weights, strict=True))
+        # 1. Per-model view of the mix: shapes that can never use the model collapse into a base weight.
+        self.groups: dict[str | None, tuple[float, Groups]] = {}
+        self.cuts: dict[str | None, tuple[list[int], list[int]]] = {}
+        for model in set(state.models):
+            base = 0.0
+            by_milli: dict[int, list[tuple[float, int, int, int]]] = {}
+            for shape, weight in pairs:
+                allowed = not shape.allowed_models or (model is not None and model in shape.allowed_models)
+                if shape.num_gpu == 0 or not allowed:
+                    base += weight
+                    continue
+                mem = shape.mem_mib if self.use_memory else 0
+                by_milli.setdefault(shape.gpu_milli, []).append((weight, shape.cpu_milli, mem, shape.num_gpu))
+            self.groups[model] = (base, tuple((m, tuple(rows)) for m, rows in sorted(by_milli.items())))
+            requests = [row for _, rows in by_milli.items() for row in rows]
+            self.cuts[model] = (sorted({r[1] for r in requests}), sorted({r[2] for r in requests}))
+        # 2. CPU and host memory the expected GPU work brings per GPU milli (volume-weighted).
+        volume = sum(w * sh.num_gpu * sh.gpu_milli for sh, w in pairs)
+        cpu_total = sum(w * sh.cpu_milli for sh, w in pairs if sh.num_gpu)
+        mem_total = sum(w * sh.mem_mib for sh, w in pairs if sh.num_gpu)
+        self.cpu_per_milli = cpu_total / volume if volume else 0.0
+        self.mem_per_milli = mem_total / volume if volume and self.use_memory else 0.0
+        # 3. Model pressure from type-constrained shapes.
+        supply: dict[str | None, int] = {}
+        for n, model in enumerate(state.models):
+            supply[model] = supply.get(model, 0) + WHOLE_GPU_MILLI * state.gpu_count[n]
+        total_supply = sum(supply.values())
+        pressure: dict[str | None, float] = {}
+        for sh, w in pairs:
+            eligible = sum(supply.get(m, 0) for m in sh.allowed_models)
+            if not sh.num_gpu or not eligible or not volume:
+                continue
+            demand_share = w * sh.num_gpu * sh.gpu_milli / volume
+            for m in sh.allowed_models:
+                pressure[m] = pressure.get(m, 0.0) + demand_share * total_supply / eligible
+        self.pressure = {m: min(1.0, p) for m, p in pressure.items()} if self.scarcity else {}
+        # 4. Sum-of-squares bookkeeping: partly used shared GPUs by gap; gaps below every share are closed.
+        shares = [sh.gpu_milli for sh in mix.shapes if sh.num_gpu == 1 and sh.gpu_milli < WHOLE_GPU_MILLI]
+        self.min_share = min(shares) if shares else WHOLE_GPU_MILLI
+        self.gaps: dict[int, set[tuple[int, int]]] = {}
+        self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
+        for n in range(len(state)):
+            self._reindex(n)
+        state.listeners.append(self._reindex)
+        self.frag_memo: dict[tuple[object, ...], float] = {}
+        self.choice_memo: dict[tuple[object, ...], Choice] = {}
+
+    def _reindex(self, n: int) -> None:
+        s = self.state
+        registered = self.registered[n]
+        for d, free in enumerate(s.gpu_free[n]):
+            gap = free if 0 < free < WHOLE_GPU_MILLI and s.modes[n][d] is PartitionMode.SHARED else 0
+            old = registered[d]
+            if gap == old:
+                continue
+            if old:
+                members = self.gaps[old]
+                members.discard((n, d))
+                if not members:
+                    del self.gaps[old]
+            if gap:
+                self.gaps.setdefault(gap, set()).add((n, d))
+            registered[d] = gap
+
+    # -- node measure ------------------------------------------------------------------------------
+
+    def frag(self, model: str | None, cpu: int, mem: int, gpus: list[int]) -> float:
+        """Expected unusable idle GPU (milli): FGD's measure with host memory, plus stranded GPU."""
+        ordered = tuple(sorted(gpus))
+        idle = sum(ordered)
+        # The shape part depends on CPU and memory only through which shape requests they cover, so it
+        # is memoised on those ranks; the stranded part is plain arithmetic on the exact figures.
+        cpu_cuts, mem_cuts = self.cuts[model]
+        key = (model, bisect_right(cpu_cuts, cpu), bisect_right(mem_cuts, mem), ordered)
+        value = self.frag_memo.get(key)
+        if value is None:
+            value = self._shape_part(model, cpu, mem, ordered, idle)
+            self.frag_memo[key] = value
+        if self.strand and idle:
+            reachable = float(idle)
+            if self.cpu_per_milli:
+                reachable = min(reachable, cpu / self.cpu_per_milli)
+            if self.mem_per_milli:
+                reachable = min(reachable, mem / self.mem_per_milli)
+            value += idle - reachable
+        return value
+
+    def _shape_part(
+        self, model: str | None, cpu: int, mem: int, ordered: tuple[int, ...], idle: int
+    ) -> float:
+        base, groups = self.groups[model]
+        value = base * idle
+        for milli, rows in groups:
+            fitting = 0
+            small = 0
+            for g in ordered:
+                if g >= milli:
+                    fitting += 1
+                else:
+                    small += g
+            for weight, cpu_m, mem_m, k in rows:
+                if cpu < cpu_m or mem < mem_m or fitting < k:
+                    value += weight * idle
+                else:
+                    value += weight * small
+        return value
+
+    def _value(self, delta: float, req: Request, model: str | None) -> float:
+        delta += self.pressure.get(model, 0.0) * req.num_gpu * req.gpu_milli
+        return float(fgd_score(delta))
+
+    def score(self, n: int, req: Request, devices: list[int]) -> Choice:
+        s = self.state
+        model = s.models[n]
+        cpu = s.cpu_free[n]
+        mem = s.mem_free[n]
+        gpus = s.gpu_free[n]
+        key = (model, cpu, mem, tuple(gpus), req.cpu_milli, req.mem_mib, req.num_gpu, req.gpu_milli)
+        cached = self.choice_memo.get(key)
+        if cached is not None:
+            return cached
+        before = self.frag(model, cpu, mem, gpus)
+        cpu_after = cpu - req.cpu_milli
+        mem_after = mem - req.mem_mib
+        choice: Choice
+        if req.num_gpu == 0:
+            choice = (self._value(self.frag(model, cpu_after, mem_after, gpus) - before, req, model), ())
+        else:
+            if not req.is_share:
+                candidates = [self.first_devices(req, devices)]
+            elif self.sumsq:
+                # Partly used GPUs are offered through the gap index; per node only a fresh GPU is scored.
+                fresh = [d for d in devices if gpus[d] == WHOLE_GPU_MILLI]
+                candidates = [(fresh[0],)] if fresh else []
+            else:
+                candidates = [(d,) for d in devices]
+            choice = (NEG_INF, ())
+            for chosen in candidates:
+                after = list(gpus)
+                for d in chosen:
+                    after[d] -= req.gpu_milli
+                value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
+                if value > choice[0]:
+                    choice = (value, chosen)
+        self.choice_memo[key] = choice
+        return choice
+
+    # -- selection ---------------------------------------------------------------------------------
+
+    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
+        if not (req.is_share and self.sumsq):
+            return super().select(req, cache)
+        s = self.state
+        size = req.gpu_milli
+        floor = self.min_share
+        counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
+        # (Δ Σ N², gap left, gap used); gap used 0 = open a fresh GPU.
+        options: list[tuple[int, int, int]] = []
+        for gap in self.gaps:
+            if gap < size:
+                continue
+            left = gap - size
+            delta = 1 - 2 * counts.get(gap, 0) if gap >= floor else 0
+            delta += 2 * counts.get(left, 0) + 1 if left >= floor else 0
+            options.append((delta, left, gap))
+        fresh_left = WHOLE_GPU_MILLI - size
+        options.append((2 * counts.get(fresh_left, 0) + 1 if fresh_left >= floor else 0, fresh_left, 0))
+        options.sort()
+        for _, _, gap in options:
+            if gap == 0:
+                pick = super().select(req, cache)
+                if pick is not None:
+                    return pick
+                continue
+            for n, d in sorted(self.gaps[gap]):
+                if (
+                    s.cpu_free[n] >= req.cpu_milli
+                    and s.mem_free[n] >= req.mem_mib
+                    and s.schedulable[n]
+                    and s.model_allowed(n, req)
+                    and s.gpu_mem_free[n][d] >= req.gpu_mem_mib
+                ):
+                    return n, (d,)
+        return None

@@ -1,0 +1,120 @@
+"""Placement speed: the production engine against a plain per-node-loop FGD, timed in the same run.
+
+Times are CPU seconds of this process (`time.process_time`), so a shared machine slows the wall clock
+but not the figures much; wall seconds are reported too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from whalegen.placement.engine import Engine, EngineConfig
+from whalegen.placement.fragmentation import shape_mix_from_tasks
+from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, GpuState, NodeState, TaskRequest
+from whalegen.sim.naive import NaiveFgd
+from whalegen.sim.replay import arrivals, shuffled_nodes
+
+# A synthetic node is the trace's most common one (G2 × 8: 96 cores, 384 GiB host memory).
+SYNTHETIC_MODEL = "G2"
+SYNTHETIC_CPU_MILLI = 96_000
+SYNTHETIC_MEM_MIB = 393_216
+
+
+def synthetic_cluster(count: int, gpus_per_node: int = 8) -> tuple[NodeState, ...]:
+    return tuple(
+        NodeState(
+            f"synthetic-{i:05d}",
+            SYNTHETIC_CPU_MILLI,
+            SYNTHETIC_CPU_MILLI,
+            SYNTHETIC_MEM_MIB,
+            SYNTHETIC_MEM_MIB,
+            tuple(GpuState(d, SYNTHETIC_MODEL, WHOLE_GPU_MILLI, 0, 0) for d in range(gpus_per_node)),
+        )
+        for i in range(count)
+    )
+
+
+@dataclass(frozen=True)
+class Timing:
+    tasks: int
+    placements: int
+    cpu_s: float
+    wall_s: float
+
+    @property
+    def placements_per_s(self) -> float:
+        return self.placements / self.cpu_s if self.cpu_s else 0.0
+
+    @property
+    def decisions_per_s(self) -> float:
+        return self.tasks / self.cpu_s if self.cpu_s else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "placements_per_s": round(self.placements_per_s, 1),
+            "decisions_per_s": round(self.decisions_per_s, 1),
+        }
+
+
+def time_engine(
+    nodes: Sequence[NodeState], stream: Sequence[TaskRequest], policy: str, mix_tasks: Sequence[TaskRequest]
+) -> Timing:
+    """One `Engine.solve` cycle per task, as the replay and a one-task-per-cycle production loop do."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    mix = shape_mix_from_tasks(mix_tasks, with_memory=policy.startswith("whalegen"))
+    engine = Engine(ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy=policy))
+    placed = 0
+    for i, task in enumerate(stream):
+        placed += len(engine.solve((task,), float(i)).placements)
+    return Timing(len(stream), placed, time.process_time() - started_cpu, time.perf_counter() - started)
+
+
+def time_naive(
+    nodes: Sequence[NodeState], stream: Sequence[TaskRequest], mix_tasks: Sequence[TaskRequest]
+) -> Timing:
+    started, started_cpu = time.perf_counter(), time.process_time()
+    naive = NaiveFgd(nodes, shape_mix_from_tasks(mix_tasks))
+    placed = sum(1 for task in stream if naive.place(task) is not None)
+    return Timing(len(stream), placed, time.process_time() - started_cpu, time.perf_counter() - started)
+
+
+def bench_cluster(
+    nodes: Sequence[NodeState],
+    tasks: Sequence[TaskRequest],
+    policy: str,
+    *,
+    seed: int,
+    fill: float,
+    naive_tasks: int,
+) -> dict[str, Any]:
+    """Engine over the protocol's stream up to `fill` × capacity; naive FGD over its first tasks."""
+    cluster = shuffled_nodes(nodes, seed)
+    capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in cluster)
+    stream = arrivals(tasks, capacity, seed)
+    arrived = 0
+    cut = len(stream)
+    for i, task in enumerate(stream):
+        arrived += task.gpu_request_milli
+        if arrived > fill * capacity:
+            cut = i
+            break
+    stream = stream[:cut]
+    head = stream[:naive_tasks]
+    engine = time_engine(cluster, stream, policy, tasks)
+    engine_head = time_engine(cluster, head, policy, tasks)
+    naive = time_naive(cluster, head, tasks)
+    return {
+        "nodes": len(cluster),
+        "gpus": capacity // WHOLE_GPU_MILLI,
+        "fill_pct": round(100 * fill),
+        "engine": engine.as_dict(),
+        "engine_first_tasks": engine_head.as_dict(),
+        "naive_fgd_first_tasks": naive.as_dict(),
+        "speedup_vs_naive_fgd": round(engine_head.decisions_per_s / naive.decisions_per_s, 1)
+        if naive.decisions_per_s
+        else None,
+    }
