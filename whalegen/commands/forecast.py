@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from whalegen.forecast.durations import DurationConfig, evaluate_durations
 from whalegen.forecast.series import Aggregation, SeriesConfig, bin_series, evaluate_series
 
 
@@ -40,23 +42,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
 
     series = sub.add_parser("eval-series", help="pool series h ahead: XGBoost vs persistence and seasonal")
-    series.add_argument("--csv", nargs="+", required=True, type=Path, help="CSV file(s), gzip accepted; "
-                        "several files are several series (e.g. one per pool) scored together")
+    series.add_argument(
+        "--csv",
+        nargs="+",
+        required=True,
+        type=Path,
+        help="CSV file(s), gzip accepted; "
+        "several files are several series (e.g. one per pool) scored together",
+    )
     series.add_argument("--time-col", required=True)
     series.add_argument("--target", required=True, help="numeric column to forecast")
     series.add_argument("--series-col", help="column naming the series in a long-format file")
     series.add_argument("--bin", type=_seconds, default=600, help="bin width (default 10min)")
-    series.add_argument("--agg", choices=[a.value for a in Aggregation], default=Aggregation.MAX.value,
-                        help="bin aggregation (default max, the Helios CES protocol)")
+    series.add_argument(
+        "--agg",
+        choices=[a.value for a in Aggregation],
+        default=Aggregation.MAX.value,
+        help="bin aggregation (default max, the Helios CES protocol)",
+    )
     series.add_argument("--horizon", type=_seconds, default=3600, help="lead time (default 60min)")
     split = series.add_mutually_exclusive_group()
     split.add_argument("--split-at", type=pd.Timestamp, help="first target time of the test part")
     split.add_argument("--split-frac", type=_fraction, default=0.8, help="train share of the time span")
     series.add_argument("--test-until", type=pd.Timestamp, help="end of the test part (exclusive)")
-    series.add_argument("--mask-zero", action="store_true",
-                        help="treat exact zeros as missing samples (telemetry outages)")
+    series.add_argument(
+        "--mask-zero", action="store_true", help="treat exact zeros as missing samples (telemetry outages)"
+    )
     series.add_argument("--save-model", type=Path, help="write the trained model envelope here")
     series.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    _add_durations(sub)
+
+
+def _add_durations(sub: Any) -> None:
+    durations = sub.add_parser(
+        "eval-durations", help="task duration at submission: P50/P90 vs history baselines"
+    )
+    durations.add_argument("--csv", required=True, type=Path, help="one row per task; gzip accepted")
+    durations.add_argument("--start-col", required=True, help="submission time (seconds or datetime)")
+    durations.add_argument("--end-col", required=True, help="finish time (seconds or datetime)")
+    durations.add_argument("--key-cols", nargs="*", default=[], help="columns naming a task's history group")
+    durations.add_argument(
+        "--feature-cols", nargs="*", default=[], help="request columns known at submission"
+    )
+    durations.add_argument(
+        "--split-frac", type=_fraction, default=0.7, help="share of tasks (by time) to train on"
+    )
+    durations.add_argument("--save-model", type=Path, help="write the trained model envelope here")
+    durations.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -93,13 +125,16 @@ def _load_series(args: argparse.Namespace) -> dict[str, pd.Series]:
 
 def _table(models: dict[str, dict[str, Any]], columns: list[str]) -> str:
     width = max(len(name) for name in models)
-    head = "model".ljust(width) + "".join(c.rjust(14) for c in columns)
+    widths = [max(12, len(c) + 2) for c in columns]
+    head = "model".ljust(width) + "".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))
     lines = [head, "-" * len(head)]
     for name, scores in models.items():
         cells = []
-        for c in columns:
+        for c, w in zip(columns, widths, strict=True):
             v = scores.get(c)
-            cells.append(("—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}").rjust(14))
+            cells.append(
+                ("—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}").rjust(w)
+            )
         lines.append(name.ljust(width) + "".join(cells))
     return "\n".join(lines)
 
@@ -127,13 +162,70 @@ def _run_series(args: argparse.Namespace) -> int:
     doc = {"command": "eval-series", "target": args.target, "series": sorted(series), **evaluation.to_json()}
     title = (
         f"{args.target}: {len(series)} series, bin {args.bin}s ({args.agg}), horizon {args.horizon}s, "
-        f"test from {split_at}" + (f" to {args.test_until}" if args.test_until else "")
+        f"test from {split_at}"
+        + (f" to {args.test_until}" if args.test_until else "")
         + f", {evaluation.n_train} train / {evaluation.n_test} test rows"
     )
     _emit(args, doc, ["mae", "smape", "r2", "n"], title)
     return 0
 
 
+def _seconds_of(column: pd.Series) -> np.ndarray:
+    if pd.api.types.is_numeric_dtype(column):
+        return column.to_numpy(np.float64)
+    return (pd.to_datetime(column) - pd.Timestamp(0)).dt.total_seconds().to_numpy(np.float64)
+
+
+def _check_columns(frame: pd.DataFrame, path: Path, columns: list[str]) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise SystemExit(f"{path}: no column(s) {', '.join(missing)} (columns: {', '.join(frame.columns)})")
+
+
+def _run_durations(args: argparse.Namespace) -> int:
+    frame = _read(args.csv)
+    _check_columns(frame, args.csv, [args.start_col, args.end_col, *args.key_cols, *args.feature_cols])
+    cfg = DurationConfig(key_cols=tuple(args.key_cols), feature_cols=tuple(args.feature_cols))
+    model, evaluation = evaluate_durations(
+        frame,
+        _seconds_of(frame[args.start_col]),
+        _seconds_of(frame[args.end_col]),
+        cfg,
+        args.split_frac,
+        log=True,
+    )
+    if args.save_model:
+        args.save_model.write_bytes(model.to_bytes())
+    doc = {
+        "command": "eval-durations",
+        "key_cols": args.key_cols,
+        "feature_cols": args.feature_cols,
+        "features": list(model.feature_names),
+        **evaluation.to_json(),
+    }
+    title = (
+        f"durations: {evaluation.n_train} training tasks (finished before the split), "
+        f"{evaluation.n_test} test tasks; Helios bar within 10/50/100/1000 % = 10/50/70/90 %"
+    )
+    _emit(
+        args,
+        doc,
+        ["within_10pct", "within_50pct", "within_100pct", "within_1000pct", "log_mae", "spearman"],
+        title,
+    )
+    if not args.json:
+        cold = evaluation.cold_start
+        n_cold = next(iter(cold.values()))["n"] if cold else 0
+        print(f"\ncold-start keys (no finished task of the key before submission): {n_cold} tasks")
+        if n_cold:
+            print(_table(cold, ["within_50pct", "within_100pct", "log_mae", "n"]))
+        p = evaluation.models["xgboost_p50"]
+        print(
+            f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5), P90 coverage {p['p90_coverage']:.3f} (ideal 0.9)"
+        )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    handlers = {"eval-series": _run_series}
+    handlers = {"eval-series": _run_series, "eval-durations": _run_durations}
     return handlers[args.action](args)

@@ -79,7 +79,9 @@ def relative_error_buckets(
     """Share of items with |pred − actual| / actual ≤ bound, keyed `within_10pct`, `within_50pct`…"""
     a, p = _pair(actual, predicted)
     rel = np.abs(p - a) / np.maximum(np.abs(a), 1e-12)
-    return {f"within_{round(b * 100)}pct": float(np.mean(rel <= b)) if a.size else float("nan") for b in bounds}
+    return {
+        f"within_{round(b * 100)}pct": float(np.mean(rel <= b)) if a.size else float("nan") for b in bounds
+    }
 
 
 def log_mae(actual: npt.ArrayLike, predicted: npt.ArrayLike) -> float:

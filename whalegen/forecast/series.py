@@ -98,7 +98,9 @@ def _feature_frame(y: pd.Series, cfg: SeriesConfig, scale: float) -> pd.DataFram
     h = cfg.horizon_bins
     last = y
     out: dict[str, pd.Series] = {"last_frac": last / scale, "scale": pd.Series(scale, index=y.index)}
-    lag_bins = sorted({cfg.bins(s) for s in (0, 1_200, 1_800, 3_600, 7_200, 10_800, 21_600, 43_200)} | {1, 2, 3})
+    lag_bins = sorted(
+        {cfg.bins(s) for s in (0, 1_200, 1_800, 3_600, 7_200, 10_800, 21_600, 43_200)} | {1, 2, 3}
+    )
     for k in lag_bins:
         out[f"lag{k}_minus_last"] = y.shift(k) - last
     for w_s in (3_600, 6 * 3_600, DAY_S):
@@ -234,7 +236,9 @@ class SeriesEvaluation:
         }
 
 
-def _all_rows(series: Mapping[str, pd.Series], cfg: SeriesConfig, scales: Mapping[str, float]) -> pd.DataFrame:
+def _all_rows(
+    series: Mapping[str, pd.Series], cfg: SeriesConfig, scales: Mapping[str, float]
+) -> pd.DataFrame:
     parts = []
     for name, y in series.items():
         rows = build_rows(y, cfg, scales[name])
@@ -312,7 +316,9 @@ def evaluate_series(
     for base in BASELINES:
         predictions[base] = test[f"base_{base}"].to_numpy(np.float64)
     actual = test["target"].to_numpy(np.float64)
-    models = {name: {**metrics.series_scores(actual, p), "n": int(len(actual))} for name, p in predictions.items()}
+    models = {
+        name: {**metrics.series_scores(actual, p), "n": int(len(actual))} for name, p in predictions.items()
+    }
     per_series: dict[str, dict[str, dict[str, float]]] = {}
     names = test["series"].to_numpy()
     for name in series:

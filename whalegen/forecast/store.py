@@ -86,9 +86,13 @@ def should_promote(
         if base is None or base != base:
             return PromotionDecision(False, f"baseline {name} has no {metric} on the validation window")
         if not better(value, base):
-            return PromotionDecision(False, f"{metric} {value:.4g} does not beat baseline {name} ({base:.4g})")
+            return PromotionDecision(
+                False, f"{metric} {value:.4g} does not beat baseline {name} ({base:.4g})"
+            )
     if active_metrics is not None:
         active = active_metrics.get(metric)
         if active is not None and active == active and not better(value, active):
-            return PromotionDecision(False, f"{metric} {value:.4g} does not beat the active model ({active:.4g})")
+            return PromotionDecision(
+                False, f"{metric} {value:.4g} does not beat the active model ({active:.4g})"
+            )
     return PromotionDecision(True, f"{metric} {value:.4g} beats every baseline and the active model")
