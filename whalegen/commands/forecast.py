@@ -221,7 +221,8 @@ def _run_durations(args: argparse.Namespace) -> int:
             print(_table(cold, ["within_50pct", "within_100pct", "log_mae", "n"]))
         p = evaluation.models["xgboost_p50"]
         print(
-            f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5), P90 coverage {p['p90_coverage']:.3f} (ideal 0.9)"
+            f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5), "
+            f"P90 coverage {p['p90_coverage']:.3f} (ideal 0.9)"
         )
     return 0
 

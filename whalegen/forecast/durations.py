@@ -413,5 +413,5 @@ def evaluate_durations(
         name: {**duration_scores(actual[cold], p[cold]), "n": int(cold.sum())} for name, p in preds.items()
     }
     for scores in models.values():
-        scores["n"] = int(len(actual))
-    return model, DurationEvaluation(split_s, model.n_train, int(len(actual)), models, cold_scores)
+        scores["n"] = len(actual)
+    return model, DurationEvaluation(split_s, model.n_train, len(actual), models, cold_scores)

@@ -317,7 +317,7 @@ def evaluate_series(
         predictions[base] = test[f"base_{base}"].to_numpy(np.float64)
     actual = test["target"].to_numpy(np.float64)
     models = {
-        name: {**metrics.series_scores(actual, p), "n": int(len(actual))} for name, p in predictions.items()
+        name: {**metrics.series_scores(actual, p), "n": len(actual)} for name, p in predictions.items()
     }
     per_series: dict[str, dict[str, dict[str, float]]] = {}
     names = test["series"].to_numpy()
@@ -330,7 +330,7 @@ def evaluate_series(
         split_at=str(split_at),
         test_until=None if test_until is None else str(test_until),
         n_train=model.n_train,
-        n_test=int(len(actual)),
+        n_test=len(actual),
         rounds=int(model.booster.num_boosted_rounds()),
         models=models,
         per_series=per_series,
