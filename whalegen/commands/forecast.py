@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from whalegen.forecast.durations import DurationConfig, evaluate_durations
+from whalegen.forecast.memory import MemoryConfig, evaluate_memory
 from whalegen.forecast.series import Aggregation, SeriesConfig, bin_series, evaluate_series
 
 
@@ -71,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     series.add_argument("--save-model", type=Path, help="write the trained model envelope here")
     series.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     _add_durations(sub)
+    _add_memory(sub)
 
 
 def _add_durations(sub: Any) -> None:
@@ -89,6 +92,30 @@ def _add_durations(sub: Any) -> None:
     )
     durations.add_argument("--save-model", type=Path, help="write the trained model envelope here")
     durations.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_memory(sub: Any) -> None:
+    memory = sub.add_parser(
+        "eval-memory", help="GPU memory peak over the next horizon: under-prediction rate"
+    )
+    memory.add_argument(
+        "--csv", required=True, type=Path, help="long format: task, time, memory; gzip/tar.gz accepted"
+    )
+    memory.add_argument("--time-col", required=True, help="sample time (seconds or datetime)")
+    memory.add_argument("--value-col", required=True, help="memory used (any unit; results keep it)")
+    memory.add_argument("--key-col", required=True, help="task / pod / container id")
+    memory.add_argument("--window", type=_seconds, default=3600, help="history looked at (default 60min)")
+    memory.add_argument("--horizon", type=_seconds, default=3600, help="peak over this lead (default 60min)")
+    memory.add_argument("--quantile", type=_fraction, default=0.99, help="quantile the model fits")
+    memory.add_argument("--target-under", type=_fraction, default=0.01, help="allowed under-prediction rate")
+    memory.add_argument(
+        "--request",
+        type=float,
+        help="per-task request in the value's unit (default: the largest value seen before the split)",
+    )
+    memory.add_argument("--split-frac", type=_fraction, default=0.6, help="train share of the time span")
+    memory.add_argument("--save-model", type=Path, help="write the trained model envelope here")
+    memory.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -227,6 +254,34 @@ def _run_durations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_memory(args: argparse.Namespace) -> int:
+    frame = _read(args.csv)
+    _check_columns(frame, args.csv, [args.time_col, args.value_col, args.key_col])
+    cfg = MemoryConfig(
+        window_s=args.window, horizon_s=args.horizon, quantile=args.quantile, target_under=args.target_under
+    )
+    model, evaluation = evaluate_memory(
+        frame[args.key_col].astype(str).to_numpy(),
+        _seconds_of(frame[args.time_col]),
+        pd.to_numeric(frame[args.value_col], errors="coerce").to_numpy(np.float64),
+        cfg,
+        args.split_frac,
+        args.request,
+        log=True,
+    )
+    if args.save_model:
+        args.save_model.write_bytes(model.to_bytes())
+    doc = {"command": "eval-memory", "config": asdict(cfg), **evaluation.to_json()}
+    title = (
+        f"memory peak over the next {args.horizon}s: {evaluation.n_train} training / "
+        f"{evaluation.n_test} test "
+        f"origins, request {evaluation.request:.6g}, target under-prediction ≤ {args.target_under:.2%}"
+        f"\ncalibrated margins: " + ", ".join(f"{k} ×{v:.3f}" for k, v in evaluation.margins.items())
+    )
+    _emit(args, doc, ["under_rate", "saved_vs_request", "reserved_over_actual", "pinball", "n"], title)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    handlers = {"eval-series": _run_series, "eval-durations": _run_durations}
+    handlers = {"eval-series": _run_series, "eval-durations": _run_durations, "eval-memory": _run_memory}
     return handlers[args.action](args)

@@ -316,9 +316,7 @@ def evaluate_series(
     for base in BASELINES:
         predictions[base] = test[f"base_{base}"].to_numpy(np.float64)
     actual = test["target"].to_numpy(np.float64)
-    models = {
-        name: {**metrics.series_scores(actual, p), "n": len(actual)} for name, p in predictions.items()
-    }
+    models = {name: {**metrics.series_scores(actual, p), "n": len(actual)} for name, p in predictions.items()}
     per_series: dict[str, dict[str, dict[str, float]]] = {}
     names = test["series"].to_numpy()
     for name in series:
