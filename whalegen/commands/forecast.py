@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from whalegen.forecast.arrivals import ArrivalConfig, evaluate_arrivals, shape_labels
 from whalegen.forecast.durations import DurationConfig, evaluate_durations
 from whalegen.forecast.memory import MemoryConfig, evaluate_memory
 from whalegen.forecast.series import Aggregation, SeriesConfig, bin_series, evaluate_series
@@ -74,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     series.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     _add_durations(sub)
     _add_memory(sub)
+    _add_arrivals(sub)
 
 
 def _add_durations(sub: Any) -> None:
@@ -116,6 +118,22 @@ def _add_memory(sub: Any) -> None:
     memory.add_argument("--split-frac", type=_fraction, default=0.6, help="train share of the time span")
     memory.add_argument("--save-model", type=Path, help="write the trained model envelope here")
     memory.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_arrivals(sub: Any) -> None:
+    arrivals = sub.add_parser("eval-arrivals", help="arrivals per task shape over the next hour, per bin")
+    arrivals.add_argument("--csv", required=True, type=Path, help="one row per task; gzip accepted")
+    arrivals.add_argument("--time-col", required=True, help="submission time (seconds or datetime)")
+    arrivals.add_argument("--shape-cols", nargs="+", required=True, help="columns making a task's shape")
+    arrivals.add_argument("--pool-col", help="pool column: shapes are counted per pool")
+    arrivals.add_argument("--bin", type=_seconds, default=600, help="bin width (default 10min)")
+    arrivals.add_argument("--steps", type=int, default=6, help="bins ahead (default 6: the next hour)")
+    arrivals.add_argument(
+        "--max-shapes", type=int, default=15, help="shape classes kept; the rest are 'other'"
+    )
+    arrivals.add_argument("--split-frac", type=_fraction, default=0.7, help="share of arrivals to train on")
+    arrivals.add_argument("--save-model", type=Path, help="write the trained model envelope here")
+    arrivals.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -282,6 +300,32 @@ def _run_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_arrivals(args: argparse.Namespace) -> int:
+    frame = _read(args.csv)
+    cols = [*([args.pool_col] if args.pool_col else []), *args.shape_cols]
+    _check_columns(frame, args.csv, [args.time_col, *cols])
+    cfg = ArrivalConfig(bin_s=args.bin, steps=args.steps, max_shapes=args.max_shapes)
+    labels = shape_labels(frame, cols).tolist()
+    model, evaluation = evaluate_arrivals(
+        _seconds_of(frame[args.time_col]), labels, cfg, args.split_frac, log=True
+    )
+    if args.save_model:
+        args.save_model.write_bytes(model.to_bytes())
+    doc = {"command": "eval-arrivals", "config": asdict(cfg), **evaluation.to_json()}
+    title = (
+        f"arrivals: {len(evaluation.shapes)} shape classes × {cfg.steps} bins of {cfg.bin_s}s, "
+        f"{evaluation.n_test_origins} test origins"
+    )
+    columns = ["cell_rmse", "poisson_deviance", "cell_mae", "hour_total_mae", "mix_tv_distance"]
+    _emit(args, doc, columns, title)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    handlers = {"eval-series": _run_series, "eval-durations": _run_durations, "eval-memory": _run_memory}
+    handlers = {
+        "eval-series": _run_series,
+        "eval-durations": _run_durations,
+        "eval-memory": _run_memory,
+        "eval-arrivals": _run_arrivals,
+    }
     return handlers[args.action](args)
