@@ -20,7 +20,9 @@ import pandas as pd
 
 from whalegen.forecast.arrivals import ArrivalConfig, evaluate_arrivals, shape_labels
 from whalegen.forecast.durations import DurationConfig, evaluate_durations
+from whalegen.forecast.interference import SoloProfile, evaluate_interference, fit_interference
 from whalegen.forecast.memory import MemoryConfig, evaluate_memory
+from whalegen.forecast.profiles import profiles_by_key, right_size
 from whalegen.forecast.series import Aggregation, SeriesConfig, bin_series, evaluate_series
 
 
@@ -76,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_durations(sub)
     _add_memory(sub)
     _add_arrivals(sub)
+    _add_profiles(sub)
 
 
 def _add_durations(sub: Any) -> None:
@@ -134,6 +137,29 @@ def _add_arrivals(sub: Any) -> None:
     arrivals.add_argument("--split-frac", type=_fraction, default=0.7, help="share of arrivals to train on")
     arrivals.add_argument("--save-model", type=Path, help="write the trained model envelope here")
     arrivals.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def _add_profiles(sub: Any) -> None:
+    prof = sub.add_parser("profiles", help="task profiles from telemetry CSVs, with right-sizing advice")
+    prof.add_argument("--util-csv", type=Path, help="long format: key, time, GPU utilisation %%")
+    prof.add_argument("--mem-csv", type=Path, help="long format: key, time, GPU memory used")
+    prof.add_argument("--key-col", required=True, help="task / pod id (each key is its own profile)")
+    prof.add_argument("--time-col", required=True)
+    prof.add_argument("--value-col", default="value", help="value column in both files (default value)")
+    prof.add_argument(
+        "--mem-unit-mib",
+        type=float,
+        default=1.0 / 2**20,
+        help="MiB per unit of the memory column (default: bytes)",
+    )
+    prof.add_argument("--gpu-model", default="H100-80GB", help="GPU the right-sizing advice is for")
+    prof.add_argument("--margin", type=float, default=0.15, help="safety margin over the observed peak")
+    prof.add_argument("--json", action="store_true", help="print one JSON object per profile key")
+
+    colo = sub.add_parser("eval-colocation", help="pair slowdown from solo profiles (Lucid format)")
+    colo.add_argument("--single-csv", required=True, type=Path, help="solo profiles (single_data.csv)")
+    colo.add_argument("--pairs-csv", required=True, type=Path, help="measured pairs (colocate_info.csv)")
+    colo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -321,11 +347,113 @@ def _run_arrivals(args: argparse.Namespace) -> int:
     return 0
 
 
+def _telemetry(args: argparse.Namespace) -> pd.DataFrame:
+    parts = []
+    for path, column, scale in ((args.util_csv, "util", 1.0), (args.mem_csv, "mem", args.mem_unit_mib)):
+        if path is None:
+            continue
+        frame = _read(path)
+        _check_columns(frame, path, [args.key_col, args.time_col, args.value_col])
+        frame = frame.dropna(subset=[args.key_col])
+        parts.append(
+            pd.DataFrame(
+                {
+                    "key": frame[args.key_col].astype(str),
+                    "t": _seconds_of(frame[args.time_col]),
+                    column: pd.to_numeric(frame[args.value_col], errors="coerce") * scale,
+                }
+            )
+        )
+    if not parts:
+        raise SystemExit("give --util-csv, --mem-csv or both")
+    merged = parts[0]
+    for extra in parts[1:]:
+        merged = merged.merge(extra, on=["key", "t"], how="outer")
+    for column in ("util", "mem"):
+        if column not in merged:
+            merged[column] = np.nan
+    return merged.assign(task=merged["key"])
+
+
+def _run_profiles(args: argparse.Namespace) -> int:
+    telemetry = _telemetry(args)
+    profiles = profiles_by_key(telemetry)
+    advice = {
+        key: right_size(
+            p.mem_peak_mib,
+            args.gpu_model,
+            margin=args.margin,
+            util_p95_pct=p.util_p95_pct,
+            pattern=p.mem_pattern,
+        )
+        for key, p in profiles.items()
+        if p.mem_peak_mib is not None
+    }
+    if args.json:
+        doc = {
+            key: {**asdict(p), "right_size": asdict(advice[key]) if key in advice else None}
+            for key, p in profiles.items()
+        }
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
+    frame = pd.DataFrame([asdict(p) for p in profiles.values()], index=list(profiles))
+    print(f"{len(profiles)} profiles from {len(telemetry)} samples")
+    print(
+        "memory pattern:",
+        pd.Series([p.mem_pattern.value for p in profiles.values()]).value_counts().to_dict(),
+    )
+    cols = [
+        "sample_count",
+        "mem_peak_mib",
+        "mem_typical_mib",
+        "util_mean_pct",
+        "util_p95_pct",
+        "util_burstiness",
+    ]
+    print(frame[cols].describe(percentiles=[0.5, 0.95]).round(2).to_string())
+    units = pd.Series([a.mig_profile or a.kind.value for a in advice.values()]).value_counts()
+    print(f"\nright-sizing on {args.gpu_model} with a {args.margin:.0%} margin: {units.to_dict()}")
+    return 0
+
+
+def _run_colocation(args: argparse.Namespace) -> int:
+    single = _read(args.single_csv)
+    pairs_frame = pd.read_csv(args.pairs_csv, index_col=0)
+
+    def key(model: str, dataset: str, batch: Any, amp: Any) -> tuple[str, str, int, int]:
+        return (str(model), str(dataset), int(batch), int(amp))
+
+    solo = {
+        key(r.model, r.dataset, r.batchsize, r.amp): SoloProfile(
+            float(r.gpu_util), float(r.gmem_util), float(r.gmem)
+        )
+        for r in single.itertuples()
+    }
+    pairs: list[tuple[SoloProfile, SoloProfile, float]] = []
+    families: list[tuple[str, str]] = []
+    for r in pairs_frame.itertuples():
+        a = solo[key(r.model1, r.dataset1, r.batchsize1, r.amp1)]
+        b = solo[key(r.model2, r.dataset2, r.batchsize2, r.amp2)]
+        pairs += [(a, b, float(r.speed1)), (b, a, float(r.speed2))]
+        families += [(str(r.model1), str(r.model2)), (str(r.model2), str(r.model1))]
+    evaluation = evaluate_interference(pairs, families)
+    doc = {
+        "command": "eval-colocation",
+        "n_job_pairs": evaluation.n_pairs,
+        "models": evaluation.models,
+        "coefficients_all_pairs": fit_interference(pairs).coef,
+    }
+    _emit(args, doc, ["mae", "spearman", "n"], "co-located speed (share of solo), leave-one-family-out")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     handlers = {
         "eval-series": _run_series,
         "eval-durations": _run_durations,
         "eval-memory": _run_memory,
         "eval-arrivals": _run_arrivals,
+        "profiles": _run_profiles,
+        "eval-colocation": _run_colocation,
     }
     return handlers[args.action](args)
