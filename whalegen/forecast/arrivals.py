@@ -174,7 +174,13 @@ def choose_shapes(labels: Sequence[str], max_shapes: int) -> tuple[str, ...]:
 
 
 def train_arrivals(
-    times_s: np.ndarray, labels: Sequence[str], cfg: ArrivalConfig, split_s: float, *, log: bool = False
+    times_s: np.ndarray,
+    labels: Sequence[str],
+    cfg: ArrivalConfig,
+    split_s: float,
+    *,
+    rounds: int = 300,
+    log: bool = False,
 ) -> ArrivalModel:
     """Fit on arrivals before `split_s` (every target bin of a training row ends before the split)."""
     t = np.asarray(times_s, dtype=np.float64)
@@ -200,7 +206,7 @@ def train_arrivals(
     if log:
         print(f"forecast: arrivals model on {len(rows)} rows, {len(shapes)} shape classes", file=sys.stderr)
     booster = xgb.train(
-        params, xgb.DMatrix(rows[list(FEATURES)].to_numpy(np.float32), label=rows["target"]), 300
+        params, xgb.DMatrix(rows[list(FEATURES)].to_numpy(np.float32), label=rows["target"]), rounds
     )
     return ArrivalModel(cfg, shapes, tuple(float(r) for r in rate), booster)
 
@@ -260,13 +266,14 @@ def evaluate_arrivals(
     cfg: ArrivalConfig,
     split_frac: float = 0.7,
     *,
+    rounds: int = 300,
     log: bool = False,
 ) -> tuple[ArrivalModel, ArrivalEvaluation]:
     """Split at the `split_frac` quantile of arrival times; test origins are the bin edges after it."""
     t = np.asarray(times_s, dtype=np.float64)
     split_s = float(np.quantile(t, split_frac))
     split_s = math.ceil(split_s / cfg.bin_s) * cfg.bin_s
-    model = train_arrivals(t, labels, cfg, split_s, log=log)
+    model = train_arrivals(t, labels, cfg, split_s, rounds=rounds, log=log)
     counts = arrival_counts(t, labels, model.shapes, cfg.bin_s)
     first_test = int(np.searchsorted(counts.index.to_numpy(), split_s)) - 1
     origins = np.arange(max(first_test, 0), len(counts) - cfg.steps)

@@ -143,7 +143,9 @@ class MemoryModel:
         return self.raw_bound(rows) * self.margin
 
 
-def train_memory(rows: pd.DataFrame, cfg: MemoryConfig, *, log: bool = False) -> MemoryModel:
+def train_memory(
+    rows: pd.DataFrame, cfg: MemoryConfig, *, rounds: int = 300, log: bool = False
+) -> MemoryModel:
     """Fit on `rows` (time-ordered training origins with targets): quantile model, then margin."""
     rows = rows.sort_values("t", kind="mergesort")
     cut = int(len(rows) * (1.0 - CALIBRATION_SHARE))
@@ -162,7 +164,7 @@ def train_memory(rows: pd.DataFrame, cfg: MemoryConfig, *, log: bool = False) ->
     }
     x = fit[list(FEATURES)].to_numpy(np.float32)
     y = (fit["target"] / fit["anchor"]).to_numpy(np.float32)
-    booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=300)
+    booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=rounds)
     model = MemoryModel(cfg, booster, 1.0, len(fit))
     margin = calibrate_margin(cal["target"].to_numpy(), model.raw_bound(cal), cfg.target_under)
     if log:
@@ -205,6 +207,7 @@ def evaluate_memory(
     split_frac: float = 0.6,
     request: float | None = None,
     *,
+    rounds: int = 300,
     log: bool = False,
 ) -> tuple[MemoryModel, MemoryEvaluation]:
     """Time split at `split_frac` of the span. `request` defaults to the largest value seen before the
@@ -221,7 +224,7 @@ def evaluate_memory(
         if request is None
         else request
     )
-    model = train_memory(train, cfg, log=log)
+    model = train_memory(train, cfg, rounds=rounds, log=log)
     # Rule baselines, calibrated on the same latest training origins as the model's margin.
     cal = train.sort_values("t", kind="mergesort").iloc[int(len(train) * (1.0 - CALIBRATION_SHARE)) :]
     rules = {"peak_so_far": "anchor", "window_max": "window_max"}

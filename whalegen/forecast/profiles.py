@@ -190,14 +190,19 @@ def right_size(
         return RightSizing(
             UnitKind.WHOLE, need, None, None, None, f"{model.name} memory undisclosed: whole GPU"
         )
-    if need > model.mem_mib:
+    if peak_mib > model.mem_mib:
         return RightSizing(
             UnitKind.TOO_BIG,
             need,
             None,
             None,
             None,
-            f"needs {need} MiB, {model.name} has {model.mem_mib} MiB",
+            f"peak {peak_mib:.0f} MiB exceeds {model.name}'s {model.mem_mib} MiB",
+        )
+    if need > model.mem_mib:
+        # It did fit once; only the margin does not. The whole GPU is the most that can be given.
+        return RightSizing(
+            UnitKind.WHOLE, need, None, None, None, f"{need} MiB with margin: whole {model.name}"
         )
     compute_need = 0.0 if util_p95_pct is None else min(util_p95_pct, 100.0) / 100.0
     profiles = [p for p in mig_profiles(model.name) if not p.name.endswith("+me")]

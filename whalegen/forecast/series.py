@@ -118,7 +118,7 @@ def _feature_frame(y: pd.Series, cfg: SeriesConfig, scale: float) -> pd.DataFram
         out[f"{name}_change"] = at_target - y.shift(p)
     target_time = y.index + pd.Timedelta(seconds=cfg.horizon_s)
     out["target_hour"] = pd.Series(target_time.hour + target_time.minute / 60.0, index=y.index)
-    out["target_weekday"] = pd.Series(target_time.weekday, index=y.index, dtype=np.float64)
+    out["target_weekday"] = pd.Series(target_time.day_of_week, index=y.index, dtype=np.float64)
     return pd.DataFrame(out)
 
 
