@@ -24,6 +24,7 @@ from whalegen.forecast.interference import SoloProfile, evaluate_interference, f
 from whalegen.forecast.memory import MemoryConfig, evaluate_memory
 from whalegen.forecast.profiles import profiles_by_key, right_size
 from whalegen.forecast.series import Aggregation, SeriesConfig, bin_series, evaluate_series
+from whalegen.forecast.store import should_promote
 
 
 def _seconds(text: str) -> int:
@@ -210,12 +211,32 @@ def _table(models: dict[str, dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _promotion(
+    models: dict[str, dict[str, Any]],
+    candidate: str,
+    metric: str,
+    *,
+    lower_is_better: bool = True,
+    limits: dict[str, float] | None = None,
+    skip: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """What the plane's promotion rule would decide for this run's model with no active model."""
+    baselines = {name: scores for name, scores in models.items() if name != candidate and name not in skip}
+    decision = should_promote(
+        models[candidate], None, baselines, metric=metric, lower_is_better=lower_is_better, limits=limits
+    )
+    return {"metric": metric, "promote": decision.promote, "reason": decision.reason}
+
+
 def _emit(args: argparse.Namespace, doc: dict[str, Any], columns: list[str], title: str) -> None:
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return
     print(title)
     print(_table(doc["models"], columns))
+    if "promotion" in doc:
+        verdict = "promote" if doc["promotion"]["promote"] else "keep the baseline"
+        print(f"promotion on {doc['promotion']['metric']}: {verdict} — {doc['promotion']['reason']}")
 
 
 def _run_series(args: argparse.Namespace) -> int:
@@ -231,6 +252,7 @@ def _run_series(args: argparse.Namespace) -> int:
     if args.save_model:
         args.save_model.write_bytes(model.to_bytes())
     doc = {"command": "eval-series", "target": args.target, "series": sorted(series), **evaluation.to_json()}
+    doc["promotion"] = _promotion(evaluation.models, "xgboost", "mae")
     title = (
         f"{args.target}: {len(series)} series, bin {args.bin}s ({args.agg}), horizon {args.horizon}s, "
         f"test from {split_at}"
@@ -274,6 +296,7 @@ def _run_durations(args: argparse.Namespace) -> int:
         "features": list(model.feature_names),
         **evaluation.to_json(),
     }
+    doc["promotion"] = _promotion(evaluation.models, "xgboost_p50", "log_mae")
     title = (
         f"durations: {evaluation.n_train} training tasks (finished before the split), "
         f"{evaluation.n_test} test tasks; Helios bar within 10/50/100/1000 % = 10/50/70/90 %"
@@ -316,6 +339,15 @@ def _run_memory(args: argparse.Namespace) -> int:
     if args.save_model:
         args.save_model.write_bytes(model.to_bytes())
     doc = {"command": "eval-memory", "config": asdict(cfg), **evaluation.to_json()}
+    # The request baseline saves nothing by definition; the model must beat the rules at the same risk.
+    doc["promotion"] = _promotion(
+        evaluation.models,
+        "xgboost",
+        "saved_vs_request",
+        lower_is_better=False,
+        limits={"under_rate": cfg.target_under},
+        skip=("request",),
+    )
     title = (
         f"memory peak over the next {args.horizon}s: {evaluation.n_train} training / "
         f"{evaluation.n_test} test "
@@ -338,6 +370,7 @@ def _run_arrivals(args: argparse.Namespace) -> int:
     if args.save_model:
         args.save_model.write_bytes(model.to_bytes())
     doc = {"command": "eval-arrivals", "config": asdict(cfg), **evaluation.to_json()}
+    doc["promotion"] = _promotion(evaluation.models, "xgboost", "poisson_deviance")
     title = (
         f"arrivals: {len(evaluation.shapes)} shape classes × {cfg.steps} bins of {cfg.bin_s}s, "
         f"{evaluation.n_test_origins} test origins"

@@ -65,12 +65,14 @@ def should_promote(
     metric: str,
     lower_is_better: bool = True,
     min_gain: float = 0.0,
+    limits: Mapping[str, float] | None = None,
 ) -> PromotionDecision:
     """Promote a candidate only if it beats every baseline and the active model on `metric`.
 
     All metrics must come from the same time-split validation window (reference/forecasting.md §3.5);
     the caller guarantees that. `min_gain` is a relative margin (0.01 = 1 % better) that keeps two
-    models of equal skill from swapping on noise. A missing or NaN figure never promotes.
+    models of equal skill from swapping on noise. `limits` are hard ceilings the candidate must meet
+    first (memory: `{"under_rate": 0.01}`). A missing or NaN figure never promotes.
     """
 
     def better(a: float, b: float) -> bool:
@@ -78,6 +80,10 @@ def should_promote(
             return a < b * (1.0 - min_gain) if b >= 0 else a < b
         return a > b * (1.0 + min_gain) if b >= 0 else a > b
 
+    for name, ceiling in sorted((limits or {}).items()):
+        got = candidate_metrics.get(name)
+        if got is None or got != got or got > ceiling:
+            return PromotionDecision(False, f"{name} {got} is above the limit {ceiling}")
     value = candidate_metrics.get(metric)
     if value is None or value != value:
         return PromotionDecision(False, f"candidate has no {metric}")

@@ -76,3 +76,12 @@ def test_should_promote_respects_direction_and_margin() -> None:
         {"spearman": 0.4}, None, baselines, metric="spearman", lower_is_better=False
     ).promote
     assert not should_promote({"mae": 0.995}, None, {"p": {"mae": 1.0}}, metric="mae", min_gain=0.01).promote
+
+
+def test_should_promote_refuses_a_memory_model_over_the_under_prediction_limit() -> None:
+    baselines = {"peak_so_far": {"saved_vs_request": 0.05, "under_rate": 0.006}}
+    risky = {"saved_vs_request": 0.30, "under_rate": 0.02}
+    safe = {"saved_vs_request": 0.15, "under_rate": 0.008}
+    kwargs = {"metric": "saved_vs_request", "lower_is_better": False, "limits": {"under_rate": 0.01}}
+    assert not should_promote(risky, None, baselines, **kwargs).promote  # type: ignore[arg-type]
+    assert should_promote(safe, None, baselines, **kwargs).promote  # type: ignore[arg-type]
