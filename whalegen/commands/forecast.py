@@ -57,7 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "several files are several series (e.g. one per pool) scored together",
     )
     series.add_argument("--time-col", required=True)
-    series.add_argument("--target", required=True, help="numeric column to forecast")
+    series.add_argument(
+        "--target",
+        required=True,
+        help="numeric column to forecast, or a pandas expression "
+        "over the columns, e.g. 'idle_gpu_num * (pending_gpujob_num > 0)'",
+    )
     series.add_argument("--series-col", help="column naming the series in a long-format file")
     series.add_argument("--bin", type=_seconds, default=600, help="bin width (default 10min)")
     series.add_argument(
@@ -168,6 +173,19 @@ def _read(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, low_memory=False)
 
 
+def _target_values(frame: pd.DataFrame, target: str, path: Path) -> pd.Series:
+    if target in frame.columns:
+        return frame[target]
+    try:
+        values = frame.eval(target)
+    except Exception as exc:  # pandas raises many kinds for a bad expression; all mean the same here
+        raise SystemExit(
+            f"{path}: no column {target!r} and not an expression over the columns ({exc}); "
+            f"columns: {', '.join(frame.columns)}"
+        ) from exc
+    return pd.Series(values, index=frame.index).astype(np.float64)
+
+
 def _times(column: pd.Series) -> pd.Series:
     """Datetime strings as they are; numbers as seconds since an arbitrary epoch (openb, genai)."""
     if pd.api.types.is_numeric_dtype(column):
@@ -180,10 +198,10 @@ def _load_series(args: argparse.Namespace) -> dict[str, pd.Series]:
     out: dict[str, pd.Series] = {}
     for path in args.csv:
         frame = _read(path)
-        for col in (args.time_col, args.target, args.series_col):
+        for col in (args.time_col, args.series_col):
             if col is not None and col not in frame.columns:
                 raise SystemExit(f"{path}: no column {col!r} (columns: {', '.join(frame.columns)})")
-        values = pd.to_numeric(frame[args.target], errors="coerce")
+        values = pd.to_numeric(_target_values(frame, args.target, path), errors="coerce")
         if args.mask_zero:
             values = values.mask(values == 0)
         frame = frame.assign(_t=_times(frame[args.time_col]), _v=values)

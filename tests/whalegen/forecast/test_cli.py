@@ -170,3 +170,12 @@ def test_missing_column_is_a_readable_error(tmp_path: Path) -> None:
     pd.DataFrame({"a": [1], "b": [2]}).to_csv(path, index=False)
     with pytest.raises(SystemExit, match="no column 'time'"):
         main(["forecast", "eval-series", "--csv", str(path), "--time-col", "time", "--target", "a"])
+
+
+def test_eval_series_target_may_be_an_expression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "pool.csv.gz"
+    _pool_csv(path, days=3)
+    common = ["eval-series", "--csv", str(path), "--time-col", "ts", "--horizon", "10min"]
+    raw = _run_json(capsys, [*common, "--target", "idle"])
+    doubled = _run_json(capsys, [*common, "--target", "idle * 2 * (other > 0)"])
+    assert doubled["models"]["persistence"]["mae"] == pytest.approx(2 * raw["models"]["persistence"]["mae"])
