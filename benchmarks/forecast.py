@@ -64,7 +64,7 @@ def _line(name: str, model: float, base_name: str, base: float, unit: str, lower
     ratio = model / base if base else float("nan")
     better = (model < base) if lower else (model > base)
     return (
-        f"{name:<44} model {model:10.4g}  {base_name:<20} {base:10.4g}  ratio {ratio:6.3f}  "
+        f"{name:<44} model {model:10.5g}  {base_name:<20} {base:10.5g}  ratio {ratio:7.4f}  "
         f"{'better' if better else 'NOT better'} ({unit})"
     )
 

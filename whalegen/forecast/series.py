@@ -149,6 +149,9 @@ class SeriesModel:
     scales: dict[str, float]
     trained_until: str
     n_train: int
+    # Counts (GPUs, nodes, jobs) are integers: the MAE-optimal forecast (a conditional median) of an
+    # integer quantity is an integer, and rounding stops sMAPE charging 200 % for 0.2 against 0.
+    integer_valued: bool = False
 
     def to_bytes(self) -> bytes:
         cfg = asdict(self.config)
@@ -158,6 +161,7 @@ class SeriesModel:
             "scales": self.scales,
             "trained_until": self.trained_until,
             "n_train": self.n_train,
+            "integer_valued": self.integer_valued,
         }
         return dump_model("series", meta, {"delta": self.booster})
 
@@ -173,6 +177,7 @@ class SeriesModel:
             scales={k: float(v) for k, v in env.meta["scales"].items()},
             trained_until=env.meta["trained_until"],
             n_train=int(env.meta["n_train"]),
+            integer_valued=bool(env.meta["integer_valued"]),
         )
 
 
@@ -273,13 +278,16 @@ def train_series(
     if log:
         print(f"forecast: fitting XGBoost on {len(train)} rows × {len(names)} features", file=sys.stderr)
     booster, _ = _fit(x, delta, params, log)
-    return SeriesModel(cfg, names, booster, scales, str(split_at), len(train))
+    targets = train["target"].to_numpy(np.float64)
+    integer_valued = bool(np.all(targets == np.round(targets)))
+    return SeriesModel(cfg, names, booster, scales, str(split_at), len(train), integer_valued)
 
 
 def predict_rows(model: SeriesModel, rows: pd.DataFrame) -> np.ndarray:
     x = rows[list(model.feature_names)].to_numpy(np.float32)
     delta = model.booster.predict(xgb.DMatrix(x))
-    return np.asarray(rows["last"].to_numpy(np.float64) + delta, dtype=np.float64)
+    forecast = rows["last"].to_numpy(np.float64) + delta
+    return np.asarray(np.round(forecast) if model.integer_valued else forecast, dtype=np.float64)
 
 
 def predict_series(model: SeriesModel, history: pd.Series, name: str | None = None) -> float:

@@ -115,3 +115,12 @@ def test_model_round_trips_through_bytes_with_identical_forecasts() -> None:
     assert again.config == model.config and again.scales == model.scales
     history = series["big"].iloc[:1_200]
     assert predict_series(again, history, "big") == predict_series(model, history, "big")
+
+
+def test_forecasts_of_a_count_series_are_whole_numbers() -> None:
+    series = _mean_reverting_pools(1_500)
+    cfg = SeriesConfig(horizon_s=600, bin_s=60)
+    model, _ = evaluate_series(series, cfg, series["big"].index[1_000], params=FAST)
+    assert model.integer_valued
+    forecast = predict_series(model, series["big"].iloc[:1_100], "big")
+    assert forecast == round(forecast)
