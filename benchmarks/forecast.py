@@ -87,7 +87,7 @@ def main() -> int:
     if not args.quick:
         series_runs.append(("helios idle GPUs, per minute", _helios(args.traces, 60), 60, "2020-05-25", None))
     for title, series, bin_s, split, until in series_runs:
-        for horizon_s in (600, 3_600):
+        for horizon_s in (600, 1_800, 3_600):
             _log(f"{title}, +{horizon_s // 60} min")
             cfg = SeriesConfig(horizon_s=horizon_s, bin_s=bin_s)
             model, ev = evaluate_series(
