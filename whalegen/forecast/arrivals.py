@@ -33,7 +33,7 @@ import pandas as pd
 import xgboost as xgb
 
 from whalegen.forecast import metrics
-from whalegen.forecast.store import NTHREAD, dump_model, load_model
+from whalegen.forecast.store import dump_model, load_model, nthread_for
 
 OTHER = "other"
 MAX_TRAIN_ROWS = 300_000
@@ -200,7 +200,7 @@ def train_arrivals(
         "max_depth": 5,
         "min_child_weight": 5.0,
         "subsample": 0.8,
-        "nthread": NTHREAD,
+        "nthread": nthread_for(len(rows)),
         "seed": 0,
     }
     if log:

@@ -30,7 +30,7 @@ import pandas as pd
 import xgboost as xgb
 
 from whalegen.forecast import metrics
-from whalegen.forecast.store import NTHREAD, dump_model, load_model
+from whalegen.forecast.store import dump_model, load_model, nthread_for
 
 QUANTILES = (0.5, 0.9)
 LAST_N = 10  # Alibaba's simulator uses the last 10 tasks (dur_mva), reference §2 baseline 3
@@ -264,7 +264,7 @@ def _fit_quantiles(
         "min_child_weight": hp.min_child_weight,
         "subsample": 0.8,
         "colsample_bytree": 0.8,
-        "nthread": NTHREAD,
+        "nthread": nthread_for(len(x)),
         "seed": 0,
     }
     names, n_q = list(x.columns), len(quantiles)

@@ -29,7 +29,7 @@ import pandas as pd
 import xgboost as xgb
 
 from whalegen.forecast import metrics
-from whalegen.forecast.store import NTHREAD, dump_model, load_model
+from whalegen.forecast.store import dump_model, load_model, nthread_for
 
 CALIBRATION_SHARE = 0.25  # latest share of training origins used to set the margin
 FEATURES = (
@@ -159,7 +159,7 @@ def train_memory(
         "max_depth": 4,
         "min_child_weight": 5.0,
         "subsample": 0.8,
-        "nthread": NTHREAD,
+        "nthread": nthread_for(len(fit)),
         "seed": 0,
     }
     x = fit[list(FEATURES)].to_numpy(np.float32)

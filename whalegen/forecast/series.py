@@ -31,7 +31,7 @@ import pandas as pd
 import xgboost as xgb
 
 from whalegen.forecast import metrics
-from whalegen.forecast.store import NTHREAD, dump_model, load_model
+from whalegen.forecast.store import dump_model, load_model, nthread_for
 
 DAY_S = 86_400
 WEEK_S = 7 * DAY_S
@@ -196,7 +196,7 @@ def _fit(x: np.ndarray, delta: np.ndarray, params: XgbParams, log: bool) -> tupl
         "min_child_weight": float(np.clip(len(x) * params.min_leaf_share, 10.0, 200.0)),
         "subsample": params.subsample,
         "colsample_bytree": params.colsample_bytree,
-        "nthread": NTHREAD,
+        "nthread": nthread_for(len(x)),
         "seed": 0,
     }
     # 1. Pick the number of rounds on the latest part of the training window (time-ordered).

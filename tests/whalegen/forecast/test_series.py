@@ -107,20 +107,28 @@ def test_xgboost_beats_persistence_when_the_series_is_predictable() -> None:
     assert set(evaluation.per_series) == {"small", "big"}
 
 
-def test_model_round_trips_through_bytes_with_identical_forecasts() -> None:
+@pytest.fixture(scope="module")
+def trained() -> tuple[dict[str, pd.Series], SeriesModel]:
     series = _mean_reverting_pools(1_500)
     cfg = SeriesConfig(horizon_s=600, bin_s=60)
     model, _ = evaluate_series(series, cfg, series["big"].index[1_000], params=FAST)
+    return series, model
+
+
+def test_model_round_trips_through_bytes_with_identical_forecasts(
+    trained: tuple[dict[str, pd.Series], SeriesModel],
+) -> None:
+    series, model = trained
     again = SeriesModel.from_bytes(model.to_bytes())
     assert again.config == model.config and again.scales == model.scales
     history = series["big"].iloc[:1_200]
     assert predict_series(again, history, "big") == predict_series(model, history, "big")
 
 
-def test_forecasts_of_a_count_series_are_whole_numbers() -> None:
-    series = _mean_reverting_pools(1_500)
-    cfg = SeriesConfig(horizon_s=600, bin_s=60)
-    model, _ = evaluate_series(series, cfg, series["big"].index[1_000], params=FAST)
+def test_forecasts_of_a_count_series_are_whole_numbers(
+    trained: tuple[dict[str, pd.Series], SeriesModel],
+) -> None:
+    series, model = trained
     assert model.integer_valued
     forecast = predict_series(model, series["big"].iloc[:1_100], "big")
     assert forecast == round(forecast)
