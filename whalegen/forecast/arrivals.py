@@ -304,3 +304,13 @@ def evaluate_arrivals(
             "n_cells": len(actual),
         }
     return model, ArrivalEvaluation(split_s, model.shapes, n_o, models)
+
+
+def expected_shape_mix(forecast: pd.DataFrame) -> dict[str, float]:
+    """Share of each shape class among the arrivals expected over the whole forecast (sums to 1), the
+    input the fragmentation score weighs placements with; empty when no arrival is expected."""
+    totals = forecast.sum(axis=0)
+    grand = float(totals.sum())
+    if grand <= 0:
+        return {}
+    return {str(shape): float(v) / grand for shape, v in totals.items()}

@@ -11,6 +11,7 @@ from whalegen.forecast.arrivals import (
     arrival_counts,
     arrival_rows,
     evaluate_arrivals,
+    expected_shape_mix,
     forecast_arrivals,
 )
 from whalegen.forecast.memory import MemoryConfig, MemoryModel, calibrate_margin, evaluate_memory, memory_rows
@@ -116,6 +117,9 @@ def test_arrival_forecaster_learns_the_daily_shape_mix_better_than_persistence()
     noon = forecast_arrivals(model, times, labels, 18 * 86_400 + 12 * 3_600)
     assert noon.shape == (6, 3) and sorted(noon.columns) == sorted(["big", "small", OTHER])
     assert noon["big"].sum() < 0.5 < noon["small"].sum()
+    mix = expected_shape_mix(noon)
+    assert sum(mix.values()) == pytest.approx(1.0)
+    assert mix["small"] > 0.8  # at noon nearly every expected arrival is a 'small' task
     again = ArrivalModel.from_bytes(model.to_bytes())
     pd.testing.assert_frame_equal(forecast_arrivals(again, times, labels, 18 * 86_400 + 12 * 3_600), noon)
 
