@@ -84,19 +84,23 @@ class _KeyState:
 def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]) -> pd.DataFrame:
     """Leak-free key history for every task, in the order given.
 
-    A task's history holds the tasks of the same key whose `end_s` ≤ its `start_s`. Tasks with a NaN
+    A task's history holds the tasks of the same key whose `end_s` ≤ its `start_s` (a zero-length
+    task counts as finished just after the submissions at its own instant). Tasks with a NaN
     end (still running, or new submissions) never enter any history. Besides the features it returns
     the baseline inputs `key_mean_s` and `global_mean_s` (mean seconds, NaN before the first finish).
     """
     n = len(start_s)
-    # 1. One event stream: finishes sort before submissions at the same instant (finished = known).
+    names = [*HISTORY_FEATURES, "key_mean_s", "global_mean_s"]
+    col = {name: j for j, name in enumerate(names)}
+    # 1. One event stream: finishes sort before submissions at the same instant (finished = known),
+    #    except a zero-length task's own finish, which must not precede its own submission.
     ends = np.where(np.isnan(end_s), np.inf, end_s)
     times = np.concatenate([ends, start_s])
-    kinds = np.concatenate([np.zeros(n, dtype=np.int8), np.ones(n, dtype=np.int8)])
+    finish_kind = np.where(ends <= start_s, 2, 0).astype(np.int8)
+    kinds = np.concatenate([finish_kind, np.ones(n, dtype=np.int8)])
     idx = np.concatenate([np.arange(n), np.arange(n)])
     order = np.lexsort((kinds, times))
-    n_feat = len(HISTORY_FEATURES)
-    out = np.full((n, n_feat + 2), np.nan)
+    out = np.full((n, len(names)), np.nan)
     states: dict[Any, _KeyState] = {}
     g_count, g_sum_log, g_sum_s = 0, 0.0, 0.0
     g_recent: deque[float] = deque(maxlen=GLOBAL_RECENT_N)
@@ -104,47 +108,43 @@ def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]
     for e in order:
         i = int(idx[e])
         if times[e] == np.inf:
-            break
+            break  # only never-finished tasks remain
         state = states.setdefault(keys[i], _KeyState())
-        if kinds[e] == 0:
-            log_d = math.log(max(end_s[i] - start_s[i], 1.0))
+        if kinds[e] != 1:
+            dur_s = max(end_s[i] - start_s[i], 1.0)
+            log_d = math.log(dur_s)
             state.count += 1
             state.sum_log += log_d
             state.sum_sq_log += log_d * log_d
-            state.sum_s += max(end_s[i] - start_s[i], 1.0)
+            state.sum_s += dur_s
             state.last_log = log_d
             state.recent.append(log_d)
             state.running -= 1
             g_recent.append(log_d)
-            g_count, g_sum_log, g_sum_s = (
-                g_count + 1,
-                g_sum_log + log_d,
-                g_sum_s + max(end_s[i] - start_s[i], 1.0),
-            )
+            g_count, g_sum_log, g_sum_s = g_count + 1, g_sum_log + log_d, g_sum_s + dur_s
             continue
         t = start_s[i]
         while state.submits and state.submits[0] < t - BURST_WINDOW_S:
             state.submits.popleft()
         row = out[i]
-        row[0] = state.count
+        row[col["key_count"]] = state.count
         if state.count:
             mean = state.sum_log / state.count
-            row[1] = mean
-            row[2] = state.last_log
-            row[3] = float(np.mean(state.recent))
-            row[4] = math.sqrt(max(state.sum_sq_log / state.count - mean * mean, 0.0))
-            row[10] = float(np.median(state.recent))
-            row[n_feat] = state.sum_s / state.count
-        row[5] = len(state.submits)
-        row[6] = t - state.submits[-1] if state.submits else np.nan
+            row[col["key_mean_log"]] = mean
+            row[col["key_last_log"]] = state.last_log
+            row[col["key_last10_mean_log"]] = float(np.mean(state.recent))
+            row[col["key_last10_median_log"]] = float(np.median(state.recent))
+            row[col["key_std_log"]] = math.sqrt(max(state.sum_sq_log / state.count - mean * mean, 0.0))
+            row[col["key_mean_s"]] = state.sum_s / state.count
+        row[col["key_submitted_last_hour"]] = len(state.submits)
+        row[col["since_key_submit_s"]] = t - state.submits[-1] if state.submits else np.nan
         if g_count:
-            row[7] = g_sum_log / g_count
-            row[8] = float(np.mean(g_recent))
-            row[n_feat + 1] = g_sum_s / g_count
-        row[9] = state.running
+            row[col["global_mean_log"]] = g_sum_log / g_count
+            row[col["global_recent_mean_log"]] = float(np.mean(g_recent))
+            row[col["global_mean_s"]] = g_sum_s / g_count
+        row[col["key_running"]] = state.running
         state.submits.append(t)
         state.running += 1
-    names = [*HISTORY_FEATURES, "key_mean_s", "global_mean_s"]
     return pd.DataFrame(out, columns=names)
 
 

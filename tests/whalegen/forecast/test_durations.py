@@ -90,3 +90,11 @@ def test_duration_model_round_trips_with_identical_predictions() -> None:
     assert again.categories == model.categories == {"queue": ["dev", "prod"]}
     args = (frame.iloc[-20:], start[-20:], frame.iloc[:-20], start[:-20], end[:-20])
     np.testing.assert_array_equal(predict_durations(again, *args), predict_durations(model, *args))
+
+
+def test_a_zero_length_task_is_not_in_its_own_history() -> None:
+    start = np.array([10.0, 10.0, 20.0])
+    end = np.array([10.0, 15.0, 30.0])
+    hist = history_features(start, end, ["a", "a", "a"])
+    assert hist["key_count"].tolist() == [0, 0, 2]
+    assert hist.loc[2, "key_mean_s"] == pytest.approx((1.0 + 5.0) / 2)  # 0 s is floored at 1 s
