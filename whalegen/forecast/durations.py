@@ -1,0 +1,417 @@
+"""Task duration at submission: P50 and P90 of the run time, from the request and the key's history.
+
+Protocol (reference/forecasting.md §1.1, §3.1):
+
+* Target: log(seconds), floored at 1 s. XGBoost with the quantile objective fits P50 and P90 in one
+  model; P90 is lifted to P50 where the two cross, so P50 ≤ P90 always holds.
+* Features are what the plane knows when the task is submitted: request columns (numbers as they are,
+  text as category codes learned on the training part), the submission's hour and weekday, and the
+  history of the task's key (the `key_cols`, e.g. tenant + profile key; on openb the request shape)
+  made only of tasks that had **finished** by the submission time, plus how many tasks of the key
+  were submitted in the previous hour (a burst of identical tasks is known at submission).
+* Split by submission time. A training task must also have finished before the split: a running task's
+  duration is not known to the plane then.
+* Baselines: the global median of the training durations (baseline 2) and the key's history mean
+  (baseline 4: mean seconds of the key's finished tasks, falling back to the global mean), plus the
+  key's last-10 mean (baseline 3 with the key standing in for the user).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import xgboost as xgb
+
+from whalegen.forecast import metrics
+from whalegen.forecast.store import dump_model, load_model, nthread_for
+
+QUANTILES = (0.5, 0.9)
+LAST_N = 10  # Alibaba's simulator uses the last 10 tasks (dur_mva), reference §2 baseline 3
+BURST_WINDOW_S = 3_600
+EARLY_STOP_SHARE = 0.15
+
+HISTORY_FEATURES = (
+    "key_count",
+    "key_mean_log",
+    "key_last_log",
+    "key_last10_mean_log",
+    "key_std_log",
+    "key_submitted_last_hour",
+    "since_key_submit_s",
+    "global_mean_log",
+    "global_recent_mean_log",
+    "key_running",
+    "key_last10_median_log",
+)
+GLOBAL_RECENT_N = 50  # finishes of any key: tracks drift in the whole pool's durations
+
+
+@dataclass(frozen=True)
+class DurationConfig:
+    key_cols: tuple[str, ...] = ()
+    feature_cols: tuple[str, ...] = ()
+    quantiles: tuple[float, ...] = QUANTILES
+
+
+@dataclass(frozen=True)
+class DurationParams:
+    eta: float = 0.05
+    max_depth: int = 4
+    min_child_weight: float = 5.0
+    max_rounds: int = 1_000
+    early_stopping_rounds: int = 50
+
+
+@dataclass
+class _KeyState:
+    count: int = 0
+    sum_log: float = 0.0
+    sum_sq_log: float = 0.0
+    sum_s: float = 0.0
+    last_log: float = math.nan
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=LAST_N))
+    submits: deque[float] = field(default_factory=deque)
+    running: int = 0  # submitted, not yet finished
+
+
+def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]) -> pd.DataFrame:
+    """Leak-free key history for every task, in the order given.
+
+    A task's history holds the tasks of the same key whose `end_s` ≤ its `start_s` (a zero-length
+    task counts as finished just after the submissions at its own instant). Tasks with a NaN
+    end (still running, or new submissions) never enter any history. Besides the features it returns
+    the baseline inputs `key_mean_s` and `global_mean_s` (mean seconds, NaN before the first finish).
+    """
+    n = len(start_s)
+    names = [*HISTORY_FEATURES, "key_mean_s", "global_mean_s"]
+    col = {name: j for j, name in enumerate(names)}
+    # 1. One event stream: finishes sort before submissions at the same instant (finished = known),
+    #    except a zero-length task's own finish, which must not precede its own submission.
+    ends = np.where(np.isnan(end_s), np.inf, end_s)
+    times = np.concatenate([ends, start_s])
+    finish_kind = np.where(ends <= start_s, 2, 0).astype(np.int8)
+    kinds = np.concatenate([finish_kind, np.ones(n, dtype=np.int8)])
+    idx = np.concatenate([np.arange(n), np.arange(n)])
+    order = np.lexsort((kinds, times))
+    out = np.full((n, len(names)), np.nan)
+    states: dict[Any, _KeyState] = {}
+    g_count, g_sum_log, g_sum_s = 0, 0.0, 0.0
+    g_recent: deque[float] = deque(maxlen=GLOBAL_RECENT_N)
+    # 2. Walk the events; a submission reads the state, a finish updates it.
+    for e in order:
+        i = int(idx[e])
+        if times[e] == np.inf:
+            break  # only never-finished tasks remain
+        state = states.setdefault(keys[i], _KeyState())
+        if kinds[e] != 1:
+            dur_s = max(end_s[i] - start_s[i], 1.0)
+            log_d = math.log(dur_s)
+            state.count += 1
+            state.sum_log += log_d
+            state.sum_sq_log += log_d * log_d
+            state.sum_s += dur_s
+            state.last_log = log_d
+            state.recent.append(log_d)
+            state.running -= 1
+            g_recent.append(log_d)
+            g_count, g_sum_log, g_sum_s = g_count + 1, g_sum_log + log_d, g_sum_s + dur_s
+            continue
+        t = start_s[i]
+        while state.submits and state.submits[0] < t - BURST_WINDOW_S:
+            state.submits.popleft()
+        row = out[i]
+        row[col["key_count"]] = state.count
+        if state.count:
+            mean = state.sum_log / state.count
+            row[col["key_mean_log"]] = mean
+            row[col["key_last_log"]] = state.last_log
+            row[col["key_last10_mean_log"]] = float(np.mean(state.recent))
+            row[col["key_last10_median_log"]] = float(np.median(state.recent))
+            row[col["key_std_log"]] = math.sqrt(max(state.sum_sq_log / state.count - mean * mean, 0.0))
+            row[col["key_mean_s"]] = state.sum_s / state.count
+        row[col["key_submitted_last_hour"]] = len(state.submits)
+        row[col["since_key_submit_s"]] = t - state.submits[-1] if state.submits else np.nan
+        if g_count:
+            row[col["global_mean_log"]] = g_sum_log / g_count
+            row[col["global_recent_mean_log"]] = float(np.mean(g_recent))
+            row[col["global_mean_s"]] = g_sum_s / g_count
+        row[col["key_running"]] = state.running
+        state.submits.append(t)
+        state.running += 1
+    return pd.DataFrame(out, columns=names)
+
+
+def _calendar(start_s: np.ndarray) -> pd.DataFrame:
+    # Traces count seconds from an undisclosed origin; hour and weekday are then relative, but a daily
+    # or weekly cycle still shows as a fixed phase.
+    return pd.DataFrame({"hour": (start_s % 86_400) / 3_600.0, "weekday": (start_s // 86_400) % 7})
+
+
+@dataclass(eq=False)
+class DurationModel:
+    config: DurationConfig
+    feature_names: tuple[str, ...]
+    categories: dict[str, list[str]]
+    booster: xgb.Booster
+    global_median_s: float
+    n_train: int
+
+    def to_bytes(self) -> bytes:
+        meta = {
+            "key_cols": list(self.config.key_cols),
+            "feature_cols": list(self.config.feature_cols),
+            "quantiles": list(self.config.quantiles),
+            "feature_names": list(self.feature_names),
+            "categories": self.categories,
+            "global_median_s": self.global_median_s,
+            "n_train": self.n_train,
+        }
+        return dump_model("duration", meta, {"quantiles": self.booster})
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> DurationModel:
+        env = load_model(blob, "duration")
+        m = env.meta
+        cfg = DurationConfig(tuple(m["key_cols"]), tuple(m["feature_cols"]), tuple(m["quantiles"]))
+        return cls(
+            cfg,
+            tuple(m["feature_names"]),
+            {k: list(v) for k, v in m["categories"].items()},
+            env.boosters["quantiles"],
+            float(m["global_median_s"]),
+            int(m["n_train"]),
+        )
+
+
+def task_keys(frame: pd.DataFrame, key_cols: Sequence[str]) -> list[Any]:
+    if not key_cols:
+        return [()] * len(frame)
+    return list(frame[list(key_cols)].astype(str).itertuples(index=False, name=None))
+
+
+def _request_features(
+    frame: pd.DataFrame, cols: Sequence[str], categories: dict[str, list[str]]
+) -> pd.DataFrame:
+    out = {}
+    for c in cols:
+        if c in categories:
+            lookup = {v: i for i, v in enumerate(categories[c])}
+            out[c] = frame[c].astype(str).map(lookup).astype(np.float64)
+        else:
+            out[c] = pd.to_numeric(frame[c], errors="coerce").astype(np.float64)
+    return pd.DataFrame(out, index=frame.index)
+
+
+def _categories_of(frame: pd.DataFrame, cols: Sequence[str]) -> dict[str, list[str]]:
+    return {
+        c: sorted(frame[c].astype(str).unique().tolist())
+        for c in cols
+        if not pd.api.types.is_numeric_dtype(frame[c])
+    }
+
+
+def _matrix(
+    frame: pd.DataFrame,
+    hist: pd.DataFrame,
+    start_s: np.ndarray,
+    cfg: DurationConfig,
+    cats: dict[str, list[str]],
+) -> pd.DataFrame:
+    req_cols = list(dict.fromkeys([*cfg.feature_cols, *cfg.key_cols]))
+    parts = [
+        _request_features(frame, req_cols, cats).reset_index(drop=True),
+        _calendar(start_s),
+        hist[list(HISTORY_FEATURES)].reset_index(drop=True),
+    ]
+    return pd.concat(parts, axis=1)
+
+
+def anchor_log(x: pd.DataFrame, fallback_s: float) -> np.ndarray:
+    """Where the model starts from, in log-seconds: the key's last-10 mean, else the pool's recent
+    mean, else the training median. The trees learn corrections to it, so a key with history is
+    never predicted worse than its own recent record unless the training data says so."""
+    anchor = x["key_last10_mean_log"].fillna(x["global_recent_mean_log"]).fillna(math.log(fallback_s))
+    return np.asarray(anchor.to_numpy(np.float64))
+
+
+def _dmatrix(
+    x: pd.DataFrame, names: Sequence[str], fallback_s: float, n_q: int, y: np.ndarray | None = None
+) -> xgb.DMatrix:
+    margin = np.repeat(anchor_log(x, fallback_s)[:, None], n_q, axis=1)
+    return xgb.DMatrix(x[list(names)].to_numpy(np.float32), label=y, base_margin=margin)
+
+
+def _fit_quantiles(
+    x: pd.DataFrame,
+    y_log: np.ndarray,
+    quantiles: Sequence[float],
+    fallback_s: float,
+    hp: DurationParams,
+    log: bool,
+) -> xgb.Booster:
+    params: dict[str, Any] = {
+        "objective": "reg:quantileerror",
+        "quantile_alpha": np.asarray(quantiles),
+        "eta": hp.eta,
+        "max_depth": hp.max_depth,
+        "min_child_weight": hp.min_child_weight,
+        "subsample": 0.8,
+        "colsample_bytree": 0.8,
+        "nthread": nthread_for(len(x)),
+        "seed": 0,
+    }
+    names, n_q = list(x.columns), len(quantiles)
+    cut = int(len(x) * (1.0 - EARLY_STOP_SHARE))
+    # 1. Number of rounds from the latest share of the training tasks (time-ordered).
+    probe = xgb.train(
+        params,
+        _dmatrix(x.iloc[:cut], names, fallback_s, n_q, y_log[:cut]),
+        num_boost_round=hp.max_rounds,
+        evals=[(_dmatrix(x.iloc[cut:], names, fallback_s, n_q, y_log[cut:]), "val")],
+        early_stopping_rounds=hp.early_stopping_rounds,
+        verbose_eval=False,
+    )
+    rounds = int(probe.best_iteration) + 1
+    if log:
+        print(
+            f"forecast: duration model, {rounds} rounds chosen on {len(x) - cut} held-out tasks",
+            file=sys.stderr,
+        )
+    # 2. Refit on every training task.
+    return xgb.train(params, _dmatrix(x, names, fallback_s, n_q, y_log), num_boost_round=rounds)
+
+
+def predict_quantiles_s(model: DurationModel, x: pd.DataFrame) -> np.ndarray:
+    """(n, q) predicted seconds; columns sorted so a higher quantile is never below a lower one."""
+    n_q = len(model.config.quantiles)
+    d = _dmatrix(x, model.feature_names, model.global_median_s, n_q)
+    raw = np.asarray(model.booster.predict(d), dtype=np.float64).reshape(len(x), -1)
+    return np.asarray(np.exp(np.maximum.accumulate(raw, axis=1)), dtype=np.float64)
+
+
+def train_durations(
+    frame: pd.DataFrame,
+    start_s: np.ndarray,
+    end_s: np.ndarray,
+    cfg: DurationConfig,
+    split_s: float,
+    hp: DurationParams | None = None,
+    *,
+    log: bool = False,
+) -> tuple[DurationModel, pd.DataFrame]:
+    """Fit on tasks submitted and finished before `split_s`. Returns the model and the full feature
+    matrix of every task (history built with only the finishes known at each submission)."""
+    keys = task_keys(frame, cfg.key_cols)
+    hist = history_features(start_s, end_s, keys)
+    train_mask = (start_s < split_s) & (end_s <= split_s)
+    cats = _categories_of(frame[train_mask], [c for c in dict.fromkeys([*cfg.feature_cols, *cfg.key_cols])])
+    x_all = _matrix(frame, hist, start_s, cfg, cats)
+    order = np.argsort(start_s[train_mask], kind="mergesort")
+    x = x_all[train_mask].iloc[order].reset_index(drop=True)
+    dur = np.maximum(end_s[train_mask] - start_s[train_mask], 1.0)[order]
+    if len(x) < 50:
+        raise ValueError(f"only {len(x)} finished tasks before the split: need at least 50")
+    median_s = float(np.median(dur))
+    booster = _fit_quantiles(x, np.log(dur), cfg.quantiles, median_s, hp or DurationParams(), log)
+    model = DurationModel(cfg, tuple(x_all.columns), cats, booster, median_s, len(x))
+    return model, pd.concat([x_all, hist[["key_mean_s", "global_mean_s"]]], axis=1)
+
+
+def predict_durations(
+    model: DurationModel,
+    tasks: pd.DataFrame,
+    tasks_start_s: np.ndarray,
+    finished: pd.DataFrame,
+    finished_start_s: np.ndarray,
+    finished_end_s: np.ndarray,
+) -> np.ndarray:
+    """P50/P90 seconds ((n, 2)) for new `tasks`, with key history from the `finished` tasks."""
+    cfg = model.config
+    both = pd.concat([finished, tasks], ignore_index=True)
+    start = np.concatenate([finished_start_s, tasks_start_s]).astype(np.float64)
+    end = np.concatenate([finished_end_s, np.full(len(tasks), np.nan)]).astype(np.float64)
+    hist = history_features(start, end, task_keys(both, cfg.key_cols))
+    x = _matrix(both, hist, start, cfg, model.categories).iloc[len(finished) :]
+    return predict_quantiles_s(model, x.reset_index(drop=True))
+
+
+def duration_scores(actual_s: np.ndarray, p50_s: np.ndarray) -> dict[str, float]:
+    return {
+        **metrics.relative_error_buckets(actual_s, p50_s),
+        "log_mae": metrics.log_mae(actual_s, p50_s),
+        "median_ape_pct": metrics.median_ape(actual_s, p50_s),
+        "spearman": metrics.spearman(actual_s, p50_s),
+    }
+
+
+@dataclass(frozen=True)
+class DurationEvaluation:
+    split_s: float
+    n_train: int
+    n_test: int
+    models: dict[str, dict[str, float]]
+    cold_start: dict[str, dict[str, float]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "split_s": self.split_s,
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+            "models": self.models,
+            "cold_start_keys": self.cold_start,
+            "helios_bar": dict(
+                zip(
+                    [f"within_{round(b * 100)}pct" for b in metrics.DURATION_BUCKETS],
+                    metrics.HELIOS_BUCKET_BAR,
+                    strict=True,
+                )
+            ),
+        }
+
+
+def evaluate_durations(
+    frame: pd.DataFrame,
+    start_s: np.ndarray,
+    end_s: np.ndarray,
+    cfg: DurationConfig,
+    split_frac: float = 0.7,
+    hp: DurationParams | None = None,
+    *,
+    log: bool = False,
+) -> tuple[DurationModel, DurationEvaluation]:
+    """Split by submission time at the `split_frac` quantile of tasks; score on the later tasks."""
+    start_s = np.asarray(start_s, dtype=np.float64)
+    end_s = np.asarray(end_s, dtype=np.float64)
+    order = np.argsort(start_s, kind="mergesort")
+    split_s = float(start_s[order[int(len(order) * split_frac)]])
+    model, feats = train_durations(frame, start_s, end_s, cfg, split_s, hp, log=log)
+    test = (start_s >= split_s) & ~np.isnan(end_s)
+    actual = np.maximum(end_s[test] - start_s[test], 1.0)
+    pred = predict_quantiles_s(model, feats[test].reset_index(drop=True))
+    fallback = feats["global_mean_s"].fillna(model.global_median_s)[test].to_numpy()
+    key_mean = feats["key_mean_s"][test].fillna(pd.Series(fallback, index=feats[test].index)).to_numpy()
+    key_last10 = np.exp(feats["key_last10_mean_log"][test].to_numpy())
+    key_last10 = np.where(np.isnan(key_last10), model.global_median_s, key_last10)
+    preds = {
+        "xgboost_p50": pred[:, 0],
+        "global_median": np.full(len(actual), model.global_median_s),
+        "key_history_mean": key_mean,
+        "key_last10_geomean": key_last10,
+    }
+    models = {name: duration_scores(actual, p) for name, p in preds.items()}
+    models["xgboost_p50"]["p90_coverage"] = float(np.mean(actual <= pred[:, -1]))
+    models["xgboost_p50"]["p50_coverage"] = float(np.mean(actual <= pred[:, 0]))
+    cold = feats["key_count"][test].to_numpy() == 0
+    cold_scores = {
+        name: {**duration_scores(actual[cold], p[cold]), "n": int(cold.sum())} for name, p in preds.items()
+    }
+    for scores in models.values():
+        scores["n"] = len(actual)
+    return model, DurationEvaluation(split_s, model.n_train, len(actual), models, cold_scores)

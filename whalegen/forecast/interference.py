@@ -1,0 +1,90 @@
+"""Co-location interference: predict each job's speed when two jobs share one GPU, from solo profiles.
+
+The model is deliberately small and readable, because an operator must be able to say why two tasks
+were (not) packed together:
+
+    speed_self = 1 − a · u_other − b · m_other − c · u_self · u_other − d · m_self · m_other
+
+with `u` the solo GPU duty cycle and `m` the solo memory-controller utilisation, both as fractions
+(0…1). Fitted by least squares. Validation (Lucid's measured pairs, `traces/lucid-profiles/`) holds
+out one model family at a time, so a family is never scored by coefficients that saw it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from whalegen.forecast import metrics
+
+
+@dataclass(frozen=True)
+class SoloProfile:
+    gpu_util_pct: float
+    gmem_util_pct: float  # memory-controller (bandwidth) utilisation, not memory used
+    gmem_mib: float
+
+
+@dataclass(frozen=True)
+class InterferenceModel:
+    coef: tuple[float, float, float, float]
+
+    def speed(self, me: SoloProfile, other: SoloProfile) -> float:
+        """Predicted throughput of `me` next to `other`, as a share of its solo throughput (0…1]."""
+        x = _terms(me, other)
+        return float(np.clip(1.0 - x @ np.asarray(self.coef), 0.05, 1.0))
+
+    def fits_memory(self, a: SoloProfile, b: SoloProfile, gpu_mem_mib: float, margin: float = 0.1) -> bool:
+        return (a.gmem_mib + b.gmem_mib) * (1.0 + margin) <= gpu_mem_mib
+
+
+def _terms(me: SoloProfile, other: SoloProfile) -> npt.NDArray[np.float64]:
+    us, uo = me.gpu_util_pct / 100.0, other.gpu_util_pct / 100.0
+    ms, mo = me.gmem_util_pct / 100.0, other.gmem_util_pct / 100.0
+    return np.array([uo, mo, us * uo, ms * mo])
+
+
+def fit_interference(pairs: Sequence[tuple[SoloProfile, SoloProfile, float]]) -> InterferenceModel:
+    """`pairs`: (me, other, measured speed of me). Measured speeds above 1 are noise and count as 1."""
+    x = np.array([_terms(me, other) for me, other, _ in pairs])
+    y = 1.0 - np.minimum(np.array([s for _, _, s in pairs]), 1.0)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    a, b, c, d = (float(v) for v in coef)
+    return InterferenceModel((a, b, c, d))
+
+
+@dataclass(frozen=True)
+class InterferenceEvaluation:
+    n_pairs: int
+    models: dict[str, dict[str, float]]
+
+
+def evaluate_interference(
+    pairs: Sequence[tuple[SoloProfile, SoloProfile, float]], families: Sequence[tuple[str, str]]
+) -> InterferenceEvaluation:
+    """Leave-one-family-out: for each family f, fit on pairs without f and predict pairs with f.
+    `families[i]` names the two model families of pair i (me, other)."""
+    actual = np.array([s for _, _, s in pairs])
+    pred = np.full(len(pairs), np.nan)
+    mean_base = np.full(len(pairs), np.nan)
+    for fam in sorted({f for pair in families for f in pair}):
+        test = np.array([fam in pair for pair in families])
+        train = [p for p, t in zip(pairs, test, strict=True) if not t]
+        if len(train) < 10:
+            continue
+        model = fit_interference(train)
+        for i in (int(j) for j in np.flatnonzero(test)):
+            if np.isnan(pred[i]):
+                pred[i] = model.speed(pairs[i][0], pairs[i][1])
+                mean_base[i] = float(np.mean(np.minimum([s for _, _, s in train], 1.0)))
+    ok = ~np.isnan(pred)
+    a = actual[ok]
+    cands = {"solo_profile_model": pred[ok], "training_mean": mean_base[ok], "no_slowdown": np.ones(ok.sum())}
+    models = {
+        name: {"mae": metrics.mae(a, p), "spearman": metrics.spearman(a, p), "n": int(ok.sum())}
+        for name, p in cands.items()
+    }
+    return InterferenceEvaluation(int(ok.sum()), models)
