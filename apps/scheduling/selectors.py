@@ -286,6 +286,10 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
                         if profile is not None and u["mig_start"] is not None:
                             open_slices |= profile.slice_mask(u["mig_start"])
                 used_slices = ALL_SLICES & ~open_slices
+                if used_slices == 0:
+                    # Carved instances need not add up to 1000 (two 3g on an H100 are 856 milli); a GPU
+                    # with every slice free is a fresh GPU to the engine.
+                    free_milli = WHOLE_GPU_MILLI
             states.append(
                 GpuState(
                     index=gpu["index"],
