@@ -322,8 +322,21 @@ class _Commit:
 
 def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[int, dict[str, object]]:
     """Lock rows in id order (every cycle locks in the same order, so two cycles cannot deadlock)."""
-    rows = model.objects.select_for_update().filter(pk__in=list(pks)).order_by("pk").values("pk", *fields)
-    return {row["pk"]: row for row in rows}
+    ids = sorted(set(pks))
+    if not ids:
+        return {}
+    if connection.vendor != "postgresql":
+        rows = model.objects.select_for_update().filter(pk__in=ids).order_by("pk").values("pk", *fields)
+        return {row["pk"]: row for row in rows}
+    columns = [model._meta.get_field(name).column for name in fields]
+    with connection.cursor() as cursor:
+        # One array parameter instead of thousands of IN placeholders.
+        cursor.execute(
+            f"SELECT id, {', '.join(columns)} FROM {model._meta.db_table} "
+            "WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE",
+            [ids],
+        )
+        return {row[0]: dict(zip(fields, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
 def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: datetime) -> _Commit:
@@ -441,36 +454,25 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         reasons=reasons,
         now=now,
     )
-    unit_objects = []
-    for placement in winners:
-        for unit in units_for[placement.task_id]:
-            unit_objects.append(
-                ComputeUnit(
-                    pk=unit.unit_id, task_id=snapshot.pending[placement.task_id].pk, version=unit.version + 1
-                )
-            )
-    ComputeUnit.objects.bulk_update(unit_objects, ["task_id", "version"], batch_size=1000)
-    Node.objects.filter(pk__in={snapshot.node_ids[p.node] for p in winners}).update(version=F("version") + 1)
-    assignments = Assignment.objects.bulk_create(
+    _bind_units(
         [
-            Assignment(
-                task_id=snapshot.pending[p.task_id].pk,
-                node_id=snapshot.node_ids[p.node],
-                cycle=cycle,
-                borrowed=p.borrowed,
+            (unit.unit_id, snapshot.pending[placement.task_id].pk, unit.version)
+            for placement in winners
+            for unit in units_for[placement.task_id]
+        ]
+    )
+    Node.objects.filter(pk__in={snapshot.node_ids[p.node] for p in winners}).update(version=F("version") + 1)
+    _insert_assignments(
+        [
+            (
+                snapshot.pending[p.task_id].pk,
+                snapshot.node_ids[p.node],
+                p.borrowed,
+                [u.unit_id for u in units_for[p.task_id]],
             )
             for p in winners
         ],
-        batch_size=2000,
-    )
-    through = Assignment.units.through
-    through.objects.bulk_create(
-        [
-            through(assignment_id=a.pk, computeunit_id=unit.unit_id)
-            for a, p in zip(assignments, winners, strict=True)
-            for unit in units_for[p.task_id]
-        ],
-        batch_size=5000,
+        cycle=cycle,
     )
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
@@ -501,6 +503,74 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         out.preempted += 1
     out.held_back = lost
     return out
+
+
+def _bind_units(rows: Sequence[tuple[int, int, int]]) -> None:
+    """Give each (unit, task, version seen) its holder: compare-and-set, every row must be touched.
+
+    The rows are locked and checked already; the condition stays so that a unit taken by any path that
+    skipped the lock still makes the cycle roll back instead of double-booking.
+    """
+    if not rows:
+        return
+    if connection.vendor == "postgresql":
+        table = ComputeUnit._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} AS u SET task_id = v.task, version = u.version + 1 "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, task, seen) "
+                "WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen",
+                [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+            )
+            bound = cursor.rowcount
+    else:
+        bound = 0
+        for unit_id, task_id, seen in rows:
+            bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen).update(
+                task_id=task_id, version=F("version") + 1
+            )
+    if bound != len(rows):
+        raise Conflict(f"{len(rows) - bound} of {len(rows)} compute units were taken during the commit")
+
+
+def _insert_assignments(rows: Sequence[tuple[int, int, bool, list[int]]], *, cycle: Cycle) -> None:
+    """One live assignment per (task, node, borrowed, unit ids), with its unit links.
+
+    On PostgreSQL two INSERT … SELECT FROM unnest statements: a cycle binds thousands of tasks, and
+    building that many model instances costs more than the database work.
+    """
+    if not rows:
+        return
+    if connection.vendor != "postgresql":
+        made = Assignment.objects.bulk_create(
+            [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b, _ in rows]
+        )
+        Assignment.units.through.objects.bulk_create(
+            [
+                Assignment.units.through(assignment_id=a.pk, computeunit_id=unit_id)
+                for a, (_, _, _, units) in zip(made, rows, strict=True)
+                for unit_id in units
+            ]
+        )
+        return
+    table = Assignment._meta.db_table
+    links = Assignment.units.through._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (task_id, node_id, cycle_id, borrowed, created_at, release_reason) "
+            "SELECT t, n, %s, b, %s, '' FROM unnest(%s::bigint[], %s::bigint[], %s::boolean[]) AS v(t, n, b) "
+            "RETURNING id, task_id",
+            # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be simulated).
+            [cycle.pk, timezone.now(), [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+        )
+        # Matched by task, not by position: INSERT … RETURNING promises no order.
+        assignment_of = {task_id: pk for pk, task_id in cursor.fetchall()}
+        pairs = [(assignment_of[task_id], unit_id) for task_id, _, _, units in rows for unit_id in units]
+        cursor.execute(
+            f"INSERT INTO {links} (assignment_id, computeunit_id) "
+            "SELECT * FROM unnest(%s::bigint[], %s::bigint[])",
+            [[a for a, _ in pairs], [u for _, u in pairs]],
+        )
 
 
 def _write_why_pending(

@@ -15,7 +15,7 @@ from tests.apps.scheduling.conftest import Fleet
 def test_cycle_pool_runs_one_cycle_and_a_second_run_is_harmless(fleet: Fleet) -> None:
     fleet.node(gpus=1)
     fleet.tenant("a", guaranteed=2000)
-    first, second = fleet.submit("a"), fleet.submit("a")
+    fleet.submit("a"), fleet.submit("a")
     assert tasks.cycle_pool.apply(args=[fleet.pool.pk]).get() == "done"
     assert tasks.cycle_pool.apply(args=[fleet.pool.pk]).get() == "done"
     assert Cycle.objects.filter(pool=fleet.pool).count() == 2
