@@ -442,6 +442,8 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
             if placement.borrowed
             else f"admitted within the guarantee of tenant {request_of[placement.task_id].tenant}"
         )
+        if info.priority_source:
+            admitted += f" at priority {request_of[placement.task_id].priority} ({info.priority_source})"
         where = ",".join(str(i) for i in placement.gpu_indexes)
         unit = placement.unit.mig_profile or placement.unit.kind.value
         placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"

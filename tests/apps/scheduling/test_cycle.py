@@ -254,3 +254,51 @@ def test_every_shipped_policy_runs_the_same_cycle(fleet, policy: str) -> None:
     report = run(fleet, policy=policy)
     assert report.placed == 2 and Cycle.objects.get(pk=report.cycle_id).policy == policy
     assert states(*tasks) == ["assigned", "assigned"]
+
+
+def test_an_approved_queue_override_lifts_its_queue_until_it_expires(fleet) -> None:
+    from apps.approvals.services import override_approve, override_request
+    from apps.workloads.models import Queue
+
+    fleet.node(gpus=1)
+    fleet.tenant("a", guaranteed=2000)
+    fleet.tenant("b", guaranteed=2000)
+    a_task = fleet.submit("a", priority=0)
+    b_task = fleet.submit("b", priority=5)
+    queue = Queue.objects.get(tenant=fleet.tenants["a"])
+    override = override_request(
+        tenant=fleet.tenants["a"],
+        queue=queue,
+        wanted_priority=10,
+        reason="demo day",
+        requested_by=fleet.user,
+        now=NOW,
+    )
+    override_approve(override=override, by=fleet.user, now=NOW)
+    run(fleet)
+    assert states(a_task, b_task) == ["assigned", "pending"]
+    reason = a_task.events.get(to_state="admitted").reason
+    assert reason.endswith(f"at priority 10 (override {override.pk} on its queue)")
+
+
+def test_a_lapsed_queue_override_no_longer_counts(fleet) -> None:
+    from apps.approvals.services import override_approve, override_request
+    from apps.workloads.models import Queue
+
+    fleet.node(gpus=1)
+    fleet.tenant("a", guaranteed=2000)
+    fleet.tenant("b", guaranteed=2000)
+    a_task = fleet.submit("a", priority=0)
+    b_task = fleet.submit("b", priority=5)
+    queue = Queue.objects.get(tenant=fleet.tenants["a"])
+    override = override_request(
+        tenant=fleet.tenants["a"],
+        queue=queue,
+        wanted_priority=10,
+        reason="demo day",
+        requested_by=fleet.user,
+        now=NOW,
+    )
+    override_approve(override=override, by=fleet.user, now=NOW)
+    run(fleet, minutes=60 * 48)  # past the 24-hour term; the expiry job has not run yet
+    assert states(a_task, b_task) == ["pending", "assigned"]
