@@ -271,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "admitted_per_s": round(report.placed / cycle_s, 1) if cycle_s else None,
         "goal_s": GOAL_S,
         "within_goal": cycle_s <= GOAL_S,
+        "commit_phases_ms": cycle.stats.get("commit_phases_ms"),
         "fragmentation_before": cycle.stats.get("fragmentation_before"),
         "fragmentation_after": cycle.stats.get("fragmentation_after"),
         "baseline_engine_alone_s": round(engine_alone_s, 3),

@@ -318,6 +318,12 @@ class _Commit:
     preempted: int = 0
     conflicts: int = 0
     held_back: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
+    phases_ms: dict[str, float] = field(default_factory=dict)  # where the commit's time went
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases_ms[phase] = round((now - since) * 1000, 1)
+        return now
 
 
 def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[int, dict[str, object]]:
@@ -342,11 +348,12 @@ def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[i
 def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: datetime) -> _Commit:
     """Write placements, then preemptions; what lost a race stays pending with a reason.
 
-    Steps: 1. map each placement to free units; 2. lock quotas, nodes, tasks and units (in that order, ids
+    Steps: 1. map each placement to free units; 2. lock quotas, nodes and tasks (in that order, ids
     ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep tenants
     within their limit; 5. write tasks, units, nodes and assignments; 6. preempt.
     """
     out = _Commit()
+    clock = time.perf_counter()
     request_of = {t.task_id: t for t in snapshot.cluster.pending}
     lost: dict[str, tuple[str, str]] = {}
 
@@ -374,6 +381,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         else:
             units_for[placement.task_id] = chosen
 
+    clock = out.lap("map_units", clock)
     # 2. Lock and compare.
     tenants = {snapshot.pending[t].tenant_id for t in units_for}
     quota_rows = _lock_rows(
@@ -384,11 +392,12 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     nodes = {snapshot.node_ids[p.node] for p in decisions.placements if p.task_id in units_for}
     node_rows = _lock_rows(Node, nodes, ["version"])
     task_rows = _lock_rows(Task, (snapshot.pending[t].pk for t in units_for), ["state", "version"])
-    unit_rows = _lock_rows(
-        ComputeUnit, (u.unit_id for us in units_for.values() for u in us), ["task_id", "version"]
-    )
+    # Units are not locked here: every cycle that binds a unit raises its node's version under the node
+    # lock above, so a unit taken since the snapshot shows as a moved node. `_bind_units` still
+    # compares-and-sets each unit; a miss there means something changed units without raising the node's
+    # version, and the whole cycle rolls back rather than double-book.
     placement_of = {p.task_id: p for p in decisions.placements}
-    for task_id, units in units_for.items():
+    for task_id in units_for:
         info = snapshot.pending[task_id]
         node_id = snapshot.node_ids[placement_of[task_id].node]
         row = task_rows.get(info.pk)
@@ -399,12 +408,8 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                 LOST_RACE,
                 f"{placement_of[task_id].node} changed while the cycle decided; retried next cycle",
             )
-        elif any(
-            unit_rows[u.unit_id]["task_id"] is not None or unit_rows[u.unit_id]["version"] != u.version
-            for u in units
-        ):
-            lost[task_id] = (LOST_RACE, "its compute unit was taken by another cycle; retried next cycle")
 
+    clock = out.lap("lock_and_compare", clock)
     # 3. A gang goes whole or not at all: one member lost holds back every member.
     gang_of = {t: request_of[t].gang_id for t in units_for}
     broken = {gang_of[t] for t in lost if t in gang_of and gang_of[t] is not None}
@@ -448,6 +453,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         unit = placement.unit.mig_profile or placement.unit.kind.value
         placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
         reasons[info.pk] = [admitted, placed]
+    clock = out.lap("gangs_and_quota", clock)
     tasks_transition_bulk(
         tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in winners],
         from_state=Task.State.PENDING,
@@ -456,6 +462,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         reasons=reasons,
         now=now,
     )
+    clock = out.lap("write_tasks_and_events", clock)
     _bind_units(
         [
             (unit.unit_id, snapshot.pending[placement.task_id].pk, unit.version)
@@ -463,6 +470,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
             for unit in units_for[placement.task_id]
         ]
     )
+    clock = out.lap("bind_units", clock)
     Node.objects.filter(pk__in={snapshot.node_ids[p.node] for p in winners}).update(version=F("version") + 1)
     _insert_assignments(
         [
@@ -476,6 +484,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         ],
         cycle=cycle,
     )
+    clock = out.lap("write_nodes_and_assignments", clock)
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
 
@@ -503,6 +512,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
             continue
         Node.objects.filter(pk=info.node_id).update(version=F("version") + 1)
         out.preempted += 1
+    out.lap("preempt", clock)
     out.held_back = lost
     return out
 
@@ -657,12 +667,14 @@ def cycle_run(
             cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
             commit = _commit(snapshot, decisions, cycle, now)
             # 5. Why pending, for everything the engine or the commit left behind.
+            clock = time.perf_counter()
             reasons = dict(decisions.unplaced)
             reasons.update(commit.held_back)
             estimates = estimate_starts(
                 snapshot, reasons, now_s, nodes_after=engine.state.nodes(), placements=decisions.placements
             )
             _write_why_pending(snapshot, reasons, estimates)
+            commit.lap("why_pending", clock)
             commit_ms = (time.perf_counter() - started) * 1000
             # 6. Record.
             by_code: dict[str, int] = defaultdict(int)
@@ -684,6 +696,7 @@ def cycle_run(
                     "unplaced_by_reason": dict(by_code),
                     "fragmentation_before": _frag(before),
                     "fragmentation_after": _frag(after),
+                    "commit_phases_ms": commit.phases_ms,
                 },
             )
             return CycleReport(
