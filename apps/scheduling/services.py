@@ -58,7 +58,13 @@ VICTIM_CLAIMED = "victim_claimed"
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
-_local_locks: dict[int, threading.Lock] = defaultdict(threading.Lock)
+_local_locks: dict[int, threading.Lock] = {}
+_local_locks_guard = threading.Lock()
+
+
+def _local_lock(pool_id: int) -> threading.Lock:
+    with _local_locks_guard:  # two threads asking at once for a new pool get the same lock
+        return _local_locks.setdefault(pool_id, threading.Lock())
 
 
 @dataclass(frozen=True)
@@ -635,7 +641,7 @@ def cycle_run(
     """
     policy = policy or settings.WHALEGEN_CYCLE_POLICY
     now = now or timezone.now()
-    local = _local_locks[pool_id] if connection.vendor != "postgresql" and lock else None
+    local = _local_lock(pool_id) if connection.vendor != "postgresql" and lock else None
     if local is not None and not local.acquire(blocking=False):
         return CycleReport(status="busy", pool_id=pool_id)
     try:
