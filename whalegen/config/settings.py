@@ -12,6 +12,7 @@ from whalegen.config.env import (
     ConfigError,
     database_from_url,
     envbool,
+    envfloat,
     envint,
     envlist,
     envstr,
@@ -158,11 +159,19 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.approvals.tasks.overrides_expire",
         "schedule": float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60)),
     },
+    # One scheduling cycle per pool every interval; a cycle that finds its pool busy just leaves.
+    "schedule-pools": {
+        "task": "apps.scheduling.tasks.cycles_all_pools",
+        "schedule": envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0),
+    },
 }
 
 # WhaleGen's own knobs.
 WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
 WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
+# Placement policy of production cycles: whalegen, fgd, bestfit or k8s-default (whalegen.placement.registry).
+WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen"
+WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {
