@@ -99,7 +99,6 @@ class WhalegenPolicy(Policy):
             self._reindex(n)
         state.listeners.append(self._reindex)
         self.frag_memo: dict[tuple[object, ...], float] = {}
-        self.choice_memo: dict[tuple[object, ...], Choice] = {}
 
     def _reindex(self, n: int) -> None:
         s = self.state
@@ -171,10 +170,7 @@ class WhalegenPolicy(Policy):
         cpu = s.cpu_free[n]
         mem = s.mem_free[n]
         gpus = s.gpu_free[n]
-        key = (model, cpu, mem, tuple(gpus), req.cpu_milli, req.mem_mib, req.num_gpu, req.gpu_milli)
-        cached = self.choice_memo.get(key)
-        if cached is not None:
-            return cached
+        # No memo here: the engine already memoises scores on the whole node state.
         before = self.frag(model, cpu, mem, gpus)
         cpu_after = cpu - req.cpu_milli
         mem_after = mem - req.mem_mib
@@ -198,7 +194,6 @@ class WhalegenPolicy(Policy):
                 value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
                 if value > choice[0]:
                     choice = (value, chosen)
-        self.choice_memo[key] = choice
         return choice
 
     # -- selection ---------------------------------------------------------------------------------
