@@ -99,6 +99,8 @@ class WhalegenPolicy(Policy):
             self._reindex(n)
         state.listeners.append(self._reindex)
         self.frag_memo: dict[tuple[object, ...], float] = {}
+        self.before_version = [-1] * len(state)
+        self.before_value = [0.0] * len(state)
 
     def _reindex(self, n: int) -> None:
         s = self.state
@@ -170,8 +172,15 @@ class WhalegenPolicy(Policy):
         cpu = s.cpu_free[n]
         mem = s.mem_free[n]
         gpus = s.gpu_free[n]
-        # No memo here: the engine already memoises scores on the whole node state.
-        before = self.frag(model, cpu, mem, gpus)
+        # No memo of the choice here: the engine memoises scores on the whole node state. The node's
+        # current measure is the same for every request until the node changes, so it is kept per version.
+        version = int(s.version[n])
+        if self.before_version[n] == version:
+            before = self.before_value[n]
+        else:
+            before = self.frag(model, cpu, mem, gpus)
+            self.before_version[n] = version
+            self.before_value[n] = before
         cpu_after = cpu - req.cpu_milli
         mem_after = mem - req.mem_mib
         choice: Choice
@@ -201,7 +210,6 @@ class WhalegenPolicy(Policy):
     def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
         if not (req.is_share and self.sumsq):
             return super().select(req, cache)
-        s = self.state
         size = req.gpu_milli
         floor = self.min_share
         counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
@@ -223,13 +231,21 @@ class WhalegenPolicy(Policy):
                 if pick is not None:
                     return pick
                 continue
-            for n, d in sorted(self.gaps[gap]):
-                if (
-                    s.cpu_free[n] >= req.cpu_milli
-                    and s.mem_free[n] >= req.mem_mib
-                    and s.schedulable[n]
-                    and s.model_allowed(n, req)
-                    and s.gpu_mem_free[n][d] >= req.gpu_mem_mib
-                ):
+            members = self.gaps[gap]
+            # The first member in node order usually fits; sort the whole set only when it does not.
+            first = min(members)
+            for n, d in [first] if self._fits(first, req) else sorted(members):
+                if self._fits((n, d), req):
                     return n, (d,)
         return None
+
+    def _fits(self, member: tuple[int, int], req: Request) -> bool:
+        s = self.state
+        n, d = member
+        return (
+            s.cpu_free[n] >= req.cpu_milli
+            and s.mem_free[n] >= req.mem_mib
+            and s.schedulable[n]
+            and s.model_allowed(n, req)
+            and s.gpu_mem_free[n][d] >= req.gpu_mem_mib
+        )
