@@ -160,7 +160,7 @@ class Engine:
 
     def choose(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
         """The node (position) and devices the policy picks for `req`, or None when nothing fits."""
-        return self.policy.select(req, self._cache_for(req))
+        return self.policy.select(req, lambda: self._cache_for(req))
 
     # -- the cycle ---------------------------------------------------------------------------------
 

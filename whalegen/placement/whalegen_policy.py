@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
+from collections.abc import Callable
 
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd_score
 from whalegen.placement.state import ClusterState, Request
@@ -207,9 +208,9 @@ class WhalegenPolicy(Policy):
 
     # -- selection ---------------------------------------------------------------------------------
 
-    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
+    def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
         if not (req.is_share and self.sumsq):
-            return super().select(req, cache)
+            return super().select(req, scores)
         size = req.gpu_milli
         floor = self.min_share
         counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
@@ -227,7 +228,8 @@ class WhalegenPolicy(Policy):
         options.sort()
         for _, _, gap in options:
             if gap == 0:
-                pick = super().select(req, cache)
+                # Only now are the per-node scores of opening a fresh GPU needed.
+                pick = super().select(req, scores)
                 if pick is not None:
                     return pick
                 continue
