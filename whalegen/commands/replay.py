@@ -179,7 +179,8 @@ def plot(path: Path, workload: str, summaries: Sequence[PolicySummary]) -> None:
             ax.fill_between(arrived, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     # Before the cluster saturates every policy sits on 100 − arrived; the right panel shows where they part.
     zoom.set_xlim(85, MAX_PCT)
-    zoom.set_ylim(0, 16)
+    top = max(float(np.nanmax([r.at(r.unallocated_pct, 100) for s in summaries for r in s.runs])), 10.0)
+    zoom.set_ylim(0, 1.15 * top)
     for ax in (whole, zoom):
         ax.axvline(100, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel("arrived GPU request, % of cluster GPU capacity")

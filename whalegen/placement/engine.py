@@ -75,6 +75,7 @@ class Engine:
         self.policy.attach(self.state, mix, self.rng)
         self.caches: dict[Request, ScoreCache] = {}
         self.request_ids: dict[Request, int] = {}
+        self.allowed: dict[Request, npt.NDArray[np.bool_]] = {}
         # Nodes in the same state score a request the same way (for policies whose score reads only the
         # node): (node state, request id) -> (score, devices). Identical nodes are common in real fleets.
         self.memo: dict[tuple[object, int], tuple[float, tuple[int, ...]]] = {}
@@ -101,39 +102,54 @@ class Engine:
     # -- selection ---------------------------------------------------------------------------------
 
     def _cache_for(self, req: Request) -> ScoreCache:
+        state = self.state
         cache = self.caches.get(req)
         if cache is None:
-            cache = ScoreCache(len(self.state))
+            cache = ScoreCache(len(state))
             self.caches[req] = cache
             self.request_ids[req] = len(self.request_ids)
-        # Recompute only the nodes that changed since this request was last scored.
-        stale = np.flatnonzero(cache.versions != self.state.version)
-        if len(stale):
-            state = self.state
-            memo = self.memo if self.policy.node_pure else None
-            if memo is not None and len(memo) > MEMO_LIMIT:
-                memo.clear()
-            rid = self.request_ids[req]
-            keys = state.node_key
-            values: list[float] = []
-            devices_of = cache.devices
-            score_node = self._score_node
-            if memo is None:
-                for n in stale.tolist():
-                    value, devices_of[n] = score_node(n, req)
-                    values.append(value)
-            else:
-                lookup = memo.get
-                for n in stale.tolist():
-                    key = (keys[n], rid)
-                    hit = lookup(key)
-                    if hit is None:
-                        hit = score_node(n, req)
-                        memo[key] = hit
-                    values.append(hit[0])
-                    devices_of[n] = hit[1]
-            cache.scores[stale] = values
-            cache.versions[stale] = state.version[stale]
+            self.allowed[req] = state.allowed_mask(req)
+        # 1. Only nodes that changed since this request was last scored need a look.
+        stale = np.flatnonzero(cache.versions != state.version)
+        if len(stale) == 0:
+            return cache
+        cache.versions[stale] = state.version[stale]
+        # 2. A numpy pre-filter drops nodes that surely cannot host the request (model, CPU, memory and,
+        #    for shared-mode nodes, free milli); most stale nodes late in a run are full ones.
+        possible = (
+            self.allowed[req][stale]
+            & (state.np_cpu_free[stale] >= req.cpu_milli)
+            & (state.np_mem_free[stale] >= req.mem_mib)
+        )
+        if req.num_gpu:
+            devices_ok = (state.np_gpu_free[stale] >= req.gpu_milli).sum(axis=1) >= req.num_gpu
+            possible &= devices_ok | ~state.np_plain[stale]
+        cache.scores[stale[~possible]] = NEG_INF
+        stale = stale[possible]
+        # 3. Score the rest, through the node-state memo where the policy allows it.
+        memo = self.memo if self.policy.node_pure else None
+        if memo is not None and len(memo) > MEMO_LIMIT:
+            memo.clear()
+        rid = self.request_ids[req]
+        keys = state.node_key
+        values: list[float] = []
+        devices_of = cache.devices
+        score_node = self._score_node
+        if memo is None:
+            for n in stale.tolist():
+                value, devices_of[n] = score_node(n, req)
+                values.append(value)
+        else:
+            lookup = memo.get
+            for n in stale.tolist():
+                key = (keys[n], rid)
+                hit = lookup(key)
+                if hit is None:
+                    hit = score_node(n, req)
+                    memo[key] = hit
+                values.append(hit[0])
+                devices_of[n] = hit[1]
+        cache.scores[stale] = values
         return cache
 
     def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
@@ -144,7 +160,7 @@ class Engine:
 
     def choose(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
         """The node (position) and devices the policy picks for `req`, or None when nothing fits."""
-        return self.policy.select(req, self._cache_for(req))
+        return self.policy.select(req, lambda: self._cache_for(req))
 
     # -- the cycle ---------------------------------------------------------------------------------
 

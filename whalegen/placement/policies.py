@@ -55,8 +55,12 @@ class Policy:
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         raise NotImplementedError
 
-    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
-        """The highest score wins; `argmax` returns the first maximum, i.e. the first node in order."""
+    def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
+        """The highest score wins; `argmax` returns the first maximum, i.e. the first node in order.
+
+        `scores()` brings the request's cache up to date; a policy that can decide without it skips it.
+        """
+        cache = scores()
         n = int(np.argmax(cache.scores))
         if cache.scores[n] == NEG_INF:
             return None
@@ -80,7 +84,8 @@ class RandomPolicy(Policy):
     name = "random"
     node_pure = False  # draws a device at random
 
-    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
+    def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
+        cache = scores()
         feasible = np.flatnonzero(cache.scores > NEG_INF)
         if len(feasible) == 0:
             return None

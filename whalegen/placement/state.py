@@ -150,6 +150,7 @@ class ClusterState:
         for n, frees in enumerate(self.gpu_free):
             self.np_gpu_free[n, : len(frees)] = frees
         self.np_schedulable = np.array(self.schedulable, bool)
+        self.np_plain = np.array(self.plain, bool)
 
     @staticmethod
     def from_snapshot(snapshot: ClusterSnapshot, *, whole_gpus_only: bool = False) -> ClusterState:

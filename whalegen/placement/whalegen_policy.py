@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
+from collections.abc import Callable
 
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd_score
 from whalegen.placement.state import ClusterState, Request
@@ -99,7 +100,8 @@ class WhalegenPolicy(Policy):
             self._reindex(n)
         state.listeners.append(self._reindex)
         self.frag_memo: dict[tuple[object, ...], float] = {}
-        self.choice_memo: dict[tuple[object, ...], Choice] = {}
+        self.before_version = [-1] * len(state)
+        self.before_value = [0.0] * len(state)
 
     def _reindex(self, n: int) -> None:
         s = self.state
@@ -171,11 +173,15 @@ class WhalegenPolicy(Policy):
         cpu = s.cpu_free[n]
         mem = s.mem_free[n]
         gpus = s.gpu_free[n]
-        key = (model, cpu, mem, tuple(gpus), req.cpu_milli, req.mem_mib, req.num_gpu, req.gpu_milli)
-        cached = self.choice_memo.get(key)
-        if cached is not None:
-            return cached
-        before = self.frag(model, cpu, mem, gpus)
+        # No memo of the choice here: the engine memoises scores on the whole node state. The node's
+        # current measure is the same for every request until the node changes, so it is kept per version.
+        version = int(s.version[n])
+        if self.before_version[n] == version:
+            before = self.before_value[n]
+        else:
+            before = self.frag(model, cpu, mem, gpus)
+            self.before_version[n] = version
+            self.before_value[n] = before
         cpu_after = cpu - req.cpu_milli
         mem_after = mem - req.mem_mib
         choice: Choice
@@ -198,15 +204,13 @@ class WhalegenPolicy(Policy):
                 value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
                 if value > choice[0]:
                     choice = (value, chosen)
-        self.choice_memo[key] = choice
         return choice
 
     # -- selection ---------------------------------------------------------------------------------
 
-    def select(self, req: Request, cache: ScoreCache) -> tuple[int, tuple[int, ...]] | None:
+    def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
         if not (req.is_share and self.sumsq):
-            return super().select(req, cache)
-        s = self.state
+            return super().select(req, scores)
         size = req.gpu_milli
         floor = self.min_share
         counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
@@ -224,17 +228,26 @@ class WhalegenPolicy(Policy):
         options.sort()
         for _, _, gap in options:
             if gap == 0:
-                pick = super().select(req, cache)
+                # Only now are the per-node scores of opening a fresh GPU needed.
+                pick = super().select(req, scores)
                 if pick is not None:
                     return pick
                 continue
-            for n, d in sorted(self.gaps[gap]):
-                if (
-                    s.cpu_free[n] >= req.cpu_milli
-                    and s.mem_free[n] >= req.mem_mib
-                    and s.schedulable[n]
-                    and s.model_allowed(n, req)
-                    and s.gpu_mem_free[n][d] >= req.gpu_mem_mib
-                ):
+            members = self.gaps[gap]
+            # The first member in node order usually fits; sort the whole set only when it does not.
+            first = min(members)
+            for n, d in [first] if self._fits(first, req) else sorted(members):
+                if self._fits((n, d), req):
                     return n, (d,)
         return None
+
+    def _fits(self, member: tuple[int, int], req: Request) -> bool:
+        s = self.state
+        n, d = member
+        return (
+            s.cpu_free[n] >= req.cpu_milli
+            and s.mem_free[n] >= req.mem_mib
+            and s.schedulable[n]
+            and s.model_allowed(n, req)
+            and s.gpu_mem_free[n][d] >= req.gpu_mem_mib
+        )
