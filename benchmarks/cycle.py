@@ -198,10 +198,7 @@ def _per_task_commit_s(pool_id: int, placed: int) -> float | None:
     return (time.perf_counter() - started) / len(sample)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=1213)
     parser.add_argument(
@@ -217,7 +214,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the scratch pool in the database")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     _setup_django()
     from django.db import connection
     from django.utils import timezone

@@ -10,9 +10,11 @@ Subjects are subcommands so that others (a full scheduling `cycle`) can join wit
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from whalegen.commands.replay import default_traces
 from whalegen.placement.registry import make_policy
@@ -33,13 +35,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     placement.add_argument("--fill", type=float, default=130.0, help="stop the stream at this %% of capacity")
     placement.add_argument("--naive-tasks", type=int, default=300, help="tasks timed for the plain loop")
     placement.add_argument("--json", action="store_true", help="print one JSON object")
+    cycle = subjects.add_parser(
+        "cycle", help="one production scheduling cycle in the configured PostgreSQL (benchmarks/cycle.py)"
+    )
+    cycle_benchmark = _cycle_benchmark()
+    if cycle_benchmark is not None:
+        cycle_benchmark.add_arguments(cycle)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.subject == "placement":
         return _placement(args)
+    if args.subject == "cycle":
+        cycle_benchmark = _cycle_benchmark()
+        if cycle_benchmark is None:
+            print("whalegen bench cycle: benchmarks/cycle.py is missing (use a checkout)", file=sys.stderr)
+            return 2
+        return int(cycle_benchmark.run(args))
     print(f"whalegen bench: unknown subject {args.subject!r}", file=sys.stderr)
     return 2
+
+
+def _cycle_benchmark() -> ModuleType | None:
+    """benchmarks/cycle.py from the source checkout; it needs Django and PostgreSQL, `placement` does not."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cycle.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("whalegen_bench_cycle", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _placement(args: argparse.Namespace) -> int:
