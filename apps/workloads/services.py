@@ -13,6 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
+from apps.forecasting.services import task_forecast_attach_on_commit
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
@@ -263,6 +264,8 @@ def _submit_one(
         actor=user_actor(submitted_by),
         reason="submitted",
     )
+    # Predictions are attached once the task is committed (a rolled-back batch gets none).
+    task_forecast_attach_on_commit(task_id=task.pk)
     return task, True
 
 

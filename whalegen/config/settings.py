@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "apps.workloads",
     "apps.approvals",
     "apps.scheduling",
+    "apps.forecasting",
 ]
 
 MIDDLEWARE = [
@@ -158,11 +159,25 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.approvals.tasks.overrides_expire",
         "schedule": float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60)),
     },
+    # Retrain the forecasters (a candidate is promoted only when it beats the baselines and the active
+    # model) and refresh the task profiles from finished runs.
+    "forecasting-train": {
+        "task": "apps.forecasting.tasks.forecasting_train_all",
+        "schedule": float(envint("WHALEGEN_FORECAST_TRAIN_INTERVAL_S", 86_400)),
+    },
+    "forecasting-profiles": {
+        "task": "apps.forecasting.tasks.profiles_refresh",
+        "schedule": float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
+    },
 }
 
 # WhaleGen's own knobs.
 WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
 WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
+# Forecasting: how far back finished runs and submissions feed training, baselines and profiles, and
+# how many recent runs a prediction at submission reads for its key history.
+WHALEGEN_FORECAST_LOOKBACK_DAYS = envint("WHALEGEN_FORECAST_LOOKBACK_DAYS", 30)
+WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 20_000)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {
