@@ -145,7 +145,7 @@ def profile_list(*, access: Access) -> QuerySet[TaskProfile]:
     queryset = TaskProfile.objects.select_related("tenant")
     if access.platform_admin:
         return queryset.all()
-    return queryset.filter(tenant_id__in=access.tenant_ids())
+    return queryset.filter(tenant_id__in=access.tenant_ids)
 
 
 def gpu_models_by_tenant(*, tenant_ids: list[int]) -> dict[int, list[str]]:

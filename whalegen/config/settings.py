@@ -12,6 +12,7 @@ from whalegen.config.env import (
     ConfigError,
     database_from_url,
     envbool,
+    envfloat,
     envint,
     envlist,
     envstr,
@@ -178,6 +179,8 @@ WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
 # how many recent runs a prediction at submission reads for its key history.
 WHALEGEN_FORECAST_LOOKBACK_DAYS = envint("WHALEGEN_FORECAST_LOOKBACK_DAYS", 30)
 WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 20_000)
+# Safety margin of right-sizing advice above a profile's observed GPU memory peak (0.15 = 15 %).
+WHALEGEN_RIGHT_SIZE_MARGIN = envfloat("WHALEGEN_RIGHT_SIZE_MARGIN", 0.15)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {
