@@ -24,7 +24,9 @@ _TEXT_COLS = ("tenant", "profile_key", "pool", "kind", "sla_class")
 
 
 def _epoch_s(values: pd.Series) -> np.ndarray:
-    return np.asarray(pd.to_datetime(values, utc=True).astype("int64") / 1e9, dtype=np.float64)
+    # Through `timestamp()`: pandas' integer view of a datetime column is in its own unit (µs or ns
+    # depending on how the column was built), which would silently rescale every duration.
+    return np.asarray([np.nan if v is None or pd.isna(v) else v.timestamp() for v in values], np.float64)
 
 
 def duration_frame(rows: list[dict[str, object]]) -> pd.DataFrame:
@@ -37,7 +39,7 @@ def duration_frame(rows: list[dict[str, object]]) -> pd.DataFrame:
     for col in DURATION_FEATURE_COLS[3:]:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype(np.float64)
     frame["start_s"] = _epoch_s(frame["start"])
-    frame["end_s"] = _epoch_s(frame["end"]) if frame["end"].notna().any() else np.nan
+    frame["end_s"] = _epoch_s(frame["end"])
     return frame
 
 

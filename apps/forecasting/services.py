@@ -7,6 +7,7 @@ database, keeps every model envelope with its metrics and windows, and applies `
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -71,6 +72,20 @@ def _load(row: ForecastModel) -> object:
     return model
 
 
+def _json_safe(value: object) -> object:
+    """Metrics as PostgreSQL JSON accepts them: an undefined figure (NaN, e.g. a Spearman over constant
+    predictions) becomes null, which `should_promote` already treats as "cannot promote on it"."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
 def _as_dt(epoch_s: float) -> datetime:
     return datetime.fromtimestamp(float(epoch_s), tz=UTC)
 
@@ -108,7 +123,7 @@ def _store(
             version=(last["v"] or 0) + 1,
             state=ForecastModel.State.ACTIVE if promote else ForecastModel.State.CANDIDATE,
             blob=blob,
-            metrics=metrics,
+            metrics=_json_safe(metrics),
             train_start=windows[0],
             train_end=windows[1],
             validation_start=windows[2],
@@ -169,7 +184,11 @@ def _train_duration(
         }
         if decision.promote:
             decision = should_promote(
-                same_inputs["candidate"], same_inputs["active"], {}, metric=DURATION_METRIC
+                same_inputs["candidate"],
+                same_inputs["active"],
+                {},
+                metric=DURATION_METRIC,
+                min_gain=settings.WHALEGEN_FORECAST_MIN_GAIN,
             )
             decision = PromotionDecision(decision.promote, f"{decision.reason} (v{active_row.version})")
     # 4. A promoted candidate is refitted on every run up to now before it serves.
@@ -226,7 +245,15 @@ def _train_arrivals(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
         rows = pure_arrivals.arrival_rows(counts, cfg, np.asarray(active_model.train_rate), origins)
         expected = active_model.predict_rows(rows)
         active_scores = {ARRIVALS_METRIC: pure_arrivals.poisson_deviance(rows["target"].to_numpy(), expected)}
-    decision = should_promote(scores["xgboost"], active_scores, baselines, metric=ARRIVALS_METRIC)
+    decision = should_promote(scores["xgboost"], None, baselines, metric=ARRIVALS_METRIC)
+    if decision.promote and active_scores is not None:
+        decision = should_promote(
+            scores["xgboost"],
+            active_scores,
+            {},
+            metric=ARRIVALS_METRIC,
+            min_gain=settings.WHALEGEN_FORECAST_MIN_GAIN,
+        )
     # 4. Refit on everything up to now when promoted.
     blob = model.to_bytes()
     if decision.promote:

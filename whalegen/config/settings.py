@@ -179,6 +179,9 @@ WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
 # how many recent runs a prediction at submission reads for its key history.
 WHALEGEN_FORECAST_LOOKBACK_DAYS = envint("WHALEGEN_FORECAST_LOOKBACK_DAYS", 30)
 WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 20_000)
+# A candidate replaces the active model only when it is this much better (0.02 = 2 %) on the same
+# validation runs: two models of equal skill must not swap on noise.
+WHALEGEN_FORECAST_MIN_GAIN = envfloat("WHALEGEN_FORECAST_MIN_GAIN", 0.02)
 # Safety margin of right-sizing advice above a profile's observed GPU memory peak (0.15 = 15 %).
 WHALEGEN_RIGHT_SIZE_MARGIN = envfloat("WHALEGEN_RIGHT_SIZE_MARGIN", 0.15)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
