@@ -14,7 +14,7 @@ class ForecastModel(models.Model):
 
     Scope: `pool` and `tenant` both empty is a plane-wide model (the duration model learns pools and
     tenants as features); a pool-scoped model serves one pool. At most one model is active per
-    kind and scope (a partial unique constraint, NULLs compared as equal).
+    kind and scope (a partial unique constraint on `scope`).
     """
 
     class Kind(models.TextChoices):
@@ -31,6 +31,9 @@ class ForecastModel(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # "" (plane-wide), "pool:<id>" or "tenant:<id>": the scope as one non-null key, so the uniqueness
+    # rules below hold on PostgreSQL and on the embedded SQLite alike (NULLs never compare equal).
+    scope = models.CharField(max_length=64, blank=True, editable=False)
     version = models.PositiveIntegerField()  # 1, 2, … per kind and scope
     state = models.CharField(max_length=10, choices=State.choices, default=State.CANDIDATE, db_index=True)
     blob = models.BinaryField()  # the envelope exactly as `to_bytes()` wrote it (UTF-8 JSON)
@@ -50,20 +53,25 @@ class ForecastModel(models.Model):
         ordering = ["kind", "-version"]
         constraints = [
             models.UniqueConstraint(
-                fields=["kind", "pool", "tenant", "version"],
-                name="forecastmodel_scope_version_unique",
-                nulls_distinct=False,
+                fields=["kind", "scope", "version"], name="forecastmodel_scope_version_unique"
             ),
             models.UniqueConstraint(
-                fields=["kind", "pool", "tenant"],
+                fields=["kind", "scope"],
                 condition=models.Q(state="active"),
                 name="forecastmodel_one_active_per_scope",
-                nulls_distinct=False,
             ),
         ]
 
     def __str__(self) -> str:
         return f"{self.kind} v{self.version} ({self.state})"
+
+    @staticmethod
+    def scope_of(pool: Pool | None, tenant: Tenant | None) -> str:
+        if pool is not None and tenant is not None:
+            return f"pool:{pool.pk}/tenant:{tenant.pk}"
+        if pool is not None:
+            return f"pool:{pool.pk}"
+        return f"tenant:{tenant.pk}" if tenant is not None else ""
 
 
 class TaskForecast(models.Model):

@@ -120,6 +120,7 @@ def _store(
             kind=kind,
             pool=pool,
             tenant=tenant,
+            scope=ForecastModel.scope_of(pool, tenant),
             version=(last["v"] or 0) + 1,
             state=ForecastModel.State.ACTIVE if promote else ForecastModel.State.CANDIDATE,
             blob=blob,

@@ -15,7 +15,8 @@ from apps.workloads.models import Task, TaskProfile
 def _model(*, tenant=None, version=1, state="active"):
     now = timezone.now()
     return ForecastModel.objects.create(
-        kind="duration", tenant=tenant, version=version, state=state, blob=b'{"kind":"duration"}',
+        kind="duration", tenant=tenant, scope=ForecastModel.scope_of(None, tenant), version=version,
+        state=state, blob=b'{"kind":"duration"}',
         metrics={"metric": "log_mae", "models": {"xgboost_p50": {"log_mae": 0.3}}},
         train_start=now - timedelta(days=9), train_end=now - timedelta(days=2),
         validation_start=now - timedelta(days=2), validation_end=now, trained_at=now, promoted_at=now,
