@@ -192,6 +192,8 @@ def _train_duration(
                 min_gain=settings.WHALEGEN_FORECAST_MIN_GAIN,
             )
             decision = PromotionDecision(decision.promote, f"{decision.reason} (v{active_row.version})")
+    elif decision.promote:
+        decision = PromotionDecision(True, f"{decision.reason} (no model was active)")
     # 4. A promoted candidate is refitted on every run up to now before it serves.
     blob = model.to_bytes()
     if decision.promote:
@@ -247,7 +249,7 @@ def _train_arrivals(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
         expected = active_model.predict_rows(rows)
         active_scores = {ARRIVALS_METRIC: pure_arrivals.poisson_deviance(rows["target"].to_numpy(), expected)}
     decision = should_promote(scores["xgboost"], None, baselines, metric=ARRIVALS_METRIC)
-    if decision.promote and active_scores is not None:
+    if decision.promote and active_row is not None and active_scores is not None:
         decision = should_promote(
             scores["xgboost"],
             active_scores,
@@ -255,6 +257,9 @@ def _train_arrivals(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
             metric=ARRIVALS_METRIC,
             min_gain=settings.WHALEGEN_FORECAST_MIN_GAIN,
         )
+        decision = PromotionDecision(decision.promote, f"{decision.reason} (v{active_row.version})")
+    elif decision.promote:
+        decision = PromotionDecision(True, f"{decision.reason} (no model was active)")
     # 4. Refit on everything up to now when promoted.
     blob = model.to_bytes()
     if decision.promote:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -85,3 +87,42 @@ def test_too_few_runs_train_nothing_and_say_why(world) -> None:
 def test_kinds_without_data_on_the_plane_are_not_trained_and_say_why(world, kind, words) -> None:
     outcome = forecast_model_train(kind=kind, now=timezone.now())
     assert outcome.model is None and words in outcome.reason
+
+
+def test_arrivals_train_per_pool_and_the_decision_follows_the_rule_on_the_stored_metrics(world) -> None:
+    import numpy as np
+
+    from apps.workloads.models import Task
+    from whalegen.forecast.store import should_promote
+
+    # Three days of submissions to the H100 pool: a daily cycle (busy 08–20 h), two shapes.
+    rng = np.random.default_rng(1)
+    now = timezone.now().replace(minute=0, second=0, microsecond=0)
+    times = []
+    for hour in range(72):
+        busy = 8 <= (now - timedelta(hours=72 - hour)).hour < 20
+        times += [
+            now - timedelta(hours=72 - hour, minutes=float(m)) for m in rng.uniform(0, 60, 8 if busy else 1)
+        ]
+    tasks = Task.objects.bulk_create(
+        Task(
+            tenant=world.tenant_a,
+            queue=world.queue_a,
+            pool=world.h100,
+            priority=0,
+            gpu_milli=500 if i % 3 else 1000,
+        )
+        for i in range(len(times))
+    )
+    for task, at in zip(tasks, times, strict=True):
+        task.created_at = at
+    Task.objects.bulk_update(tasks, ["created_at"])
+    outcome = forecast_model_train(kind="arrivals", pool=world.h100, now=now)
+    row = outcome.model
+    assert row is not None and row.pool == world.h100 and row.scope == f"pool:{world.h100.pk}"
+    scores = row.metrics["models"]
+    assert set(scores) == {"xgboost", "persistence", "last_hour_mean", "same_slot_yesterday", "training_rate"}
+    baselines = {k: v for k, v in scores.items() if k != "xgboost"}
+    expected = should_promote(scores["xgboost"], None, baselines, metric="poisson_deviance")
+    assert (outcome.promoted, row.state == "active") == (expected.promote, expected.promote)
+    assert row.decision_reason.startswith(expected.reason.split(" (")[0])
