@@ -18,6 +18,10 @@ class Cluster(TimestampedModel):
 
     name = models.SlugField(max_length=64, unique=True)
     region = models.CharField(max_length=64, blank=True)
+    # Cordoned as a whole: its nodes keep what they run but the scheduler places nothing new there.
+    # A flag on the cluster, not a state copied onto each node, so a node that returns or joins later
+    # does not slip out of the cordon.
+    cordoned = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]

@@ -20,6 +20,7 @@ class Cycle(models.Model):
     tasks_preempted = models.PositiveIntegerField(default=0)
     # Decisions that lost a compare-and-set race at commit and were skipped (never double-booked).
     conflicts = models.PositiveIntegerField(default=0)
+    snapshot_ms = models.FloatField(null=True, blank=True)
     solve_ms = models.FloatField(null=True, blank=True)
     commit_ms = models.FloatField(null=True, blank=True)
     # Free-form figures from the solver (fragmentation before/after, reasons by count …).
@@ -45,6 +46,8 @@ class Assignment(models.Model):
     # Set when the task stops holding the units (finished, preempted, lost). One live row per task.
     released_at = models.DateTimeField(null=True, blank=True)
     release_reason = models.CharField(max_length=200, blank=True)
+    # Admitted above the tenant's guarantee: the first capacity an owner reclaims.
+    borrowed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

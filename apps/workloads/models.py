@@ -121,6 +121,8 @@ class Task(TimestampedModel):
     # Life.
     attempts = models.PositiveIntegerField(default=0)
     why_pending = models.CharField(max_length=500, blank=True)
+    # The solver's machine code for why_pending (whalegen.placement.types.Outcome values).
+    why_pending_code = models.CharField(max_length=32, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -170,6 +170,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.forecasting.tasks.profiles_refresh",
         "schedule": float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
     },
+    # One scheduling cycle per pool every interval; a cycle that finds its pool busy just leaves.
+    "schedule-pools": {
+        "task": "apps.scheduling.tasks.cycles_all_pools",
+        "schedule": envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0),
+    },
 }
 
 # WhaleGen's own knobs.
@@ -184,6 +189,9 @@ WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 20_000
 WHALEGEN_FORECAST_MIN_GAIN = envfloat("WHALEGEN_FORECAST_MIN_GAIN", 0.02)
 # Safety margin of right-sizing advice above a profile's observed GPU memory peak (0.15 = 15 %).
 WHALEGEN_RIGHT_SIZE_MARGIN = envfloat("WHALEGEN_RIGHT_SIZE_MARGIN", 0.15)
+# Placement policy of production cycles: whalegen, fgd, bestfit or k8s-default (whalegen.placement.registry).
+WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen"
+WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {

@@ -58,7 +58,8 @@ class TaskOutputSerializer(serializers.ModelSerializer):
             "gpu_count", "gpu_milli", "gpu_mem_mib", "cpu_milli", "host_mem_mib", "allowed_gpu_models",
             "isolation", "kind", "sla_class", "priority", "preemptible", "gang_id", "gang_size",
             "command", "env", "max_runtime_s", "profile_key", "idempotency_key",
-            "attempts", "why_pending", "exit_code", "created_at", "updated_at", "started_at", "finished_at",
+            "attempts", "why_pending", "why_pending_code", "exit_code",
+            "created_at", "updated_at", "started_at", "finished_at",
             "predicted_duration_p50_s", "predicted_duration_p90_s", "predicted_gpu_mem_peak_mib",
             "predicted_start_at", "forecast",
         ]  # fmt: skip

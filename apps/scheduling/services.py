@@ -1,0 +1,727 @@
+"""The scheduling cycle: snapshot → decide → commit, one pool at a time.
+
+`cycle_run` is the only writer of placements. It runs in one transaction that holds a per-pool advisory
+lock (`pg_try_advisory_xact_lock`): a second worker finds the pool busy and leaves. The lock is an
+optimisation, not the guarantee: the commit compares-and-sets every row it writes (task state+version,
+node version, unit holder+version, tenant usage under the quota row lock), so even two cycles that both
+run on one pool never double-book; the loser skips what it lost (`Cycle.conflicts`) and the next cycle
+retries it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.common.errors import Conflict
+from apps.inventory.models import ComputeUnit, Node
+from apps.scheduling.models import Assignment, Cycle
+from apps.scheduling.selectors import FreeUnit, PoolSnapshot, live_usage_milli, snapshot_for_pool
+from apps.workloads.models import Quota, Task
+from apps.workloads.services import task_transition, tasks_transition_bulk
+from whalegen.placement.engine import Engine, EngineConfig
+from whalegen.placement.fragmentation import (
+    ClusterFragmentation,
+    cluster_fragmentation,
+    shape_mix_from_tasks,
+)
+from whalegen.placement.types import (
+    WHOLE_GPU_MILLI,
+    CycleResult,
+    NodeState,
+    Outcome,
+    Placement,
+    Preemption,
+    TaskRequest,
+    UnitKind,
+)
+
+ACTOR = "scheduler"
+# First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
+LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
+# Codes of our own, next to the engine's Outcome values, for tasks the commit had to hold back.
+LOST_RACE = "lost_race"
+NEEDS_LAYOUT = "needs_layout_change"
+VICTIM_CLAIMED = "victim_claimed"
+
+# SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
+# memory keeps its cycles apart. Its single-writer database does the rest.
+_local_locks: dict[int, threading.Lock] = {}
+_local_locks_guard = threading.Lock()
+
+
+def _local_lock(pool_id: int) -> threading.Lock:
+    with _local_locks_guard:  # two threads asking at once for a new pool get the same lock
+        return _local_locks.setdefault(pool_id, threading.Lock())
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    status: str  # "done", or "busy" when another worker holds the pool's lock
+    pool_id: int
+    cycle_id: int | None = None
+    placed: int = 0
+    preempted: int = 0
+    unplaced: int = 0
+    conflicts: int = 0
+
+
+@dataclass
+class _Decisions:
+    """What the engine decided over the ordered units of one cycle."""
+
+    placements: list[Placement] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    unplaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
+
+
+# -- ordering ---------------------------------------------------------------------------------------
+
+
+def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
+    """Single tasks, and gangs as one unit (all members decided together)."""
+    gangs: dict[str, list[TaskRequest]] = defaultdict(list)
+    units: list[list[TaskRequest]] = []
+    for task in pending:
+        if task.gang_id is None:
+            units.append([task])
+        else:
+            if task.gang_id not in gangs:
+                units.append(gangs[task.gang_id])
+            gangs[task.gang_id].append(task)
+    return units
+
+
+def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
+    """The order the cycle offers work to the engine.
+
+    1. Guaranteed first: per tenant, oldest-highest first, units that fit in what is left of its
+       guarantee (after what it runs) form the first pass; the rest borrow, in a second pass, up to the
+       limit and only where capacity is idle once every guarantee had its turn.
+    2. Within a pass: effective priority (overrides included), highest first.
+    3. Within a priority: dominant-resource fair share (GPU, CPU, host memory of the pool), the tenant
+       with the smallest share goes next, recomputed as each unit is offered; ties by age.
+    """
+    cluster = snapshot.cluster
+    guaranteed = {q.tenant: q.guaranteed_milli for q in cluster.quotas}
+    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for task in cluster.running:
+        use = held[task.tenant]
+        use[0] += task.gpu_milli * len(task.gpu_indexes)
+        use[1] += task.cpu_milli
+        use[2] += task.mem_mib
+    totals = (
+        max(sum(WHOLE_GPU_MILLI * len(n.gpus) for n in cluster.nodes), 1),
+        max(sum(n.cpu_total_milli for n in cluster.nodes), 1),
+        max(sum(n.mem_total_mib for n in cluster.nodes), 1),
+    )
+    units = _units(cluster.pending)
+
+    def age(unit: list[TaskRequest]) -> tuple[float, str]:
+        return min(t.submitted_at_s for t in unit), unit[0].task_id
+
+    def priority(unit: list[TaskRequest]) -> int:
+        return max(t.priority for t in unit)
+
+    # 1. Split each tenant's units into within-guarantee and borrowing.
+    room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
+    passes: list[list[list[TaskRequest]]] = [[], []]
+    for unit in sorted(units, key=lambda u: (-priority(u), age(u))):
+        tenant = unit[0].tenant
+        milli = sum(t.gpu_request_milli for t in unit)
+        if tenant not in room:
+            passes[0].append(unit)
+        elif milli <= room[tenant]:
+            room[tenant] -= milli
+            passes[0].append(unit)
+        else:
+            passes[1].append(unit)
+
+    def share(tenant: str) -> float:
+        use = held[tenant]
+        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
+
+    ordered: list[list[TaskRequest]] = []
+    for units_in_pass in passes:
+        # 2. Priority buckets, highest first.
+        buckets: dict[int, dict[str, list[list[TaskRequest]]]] = defaultdict(lambda: defaultdict(list))
+        for unit in units_in_pass:
+            buckets[priority(unit)][unit[0].tenant].append(unit)
+        for level in sorted(buckets, reverse=True):
+            # 3. Fair share inside the bucket: a heap of tenants keyed by share, then their oldest unit.
+            queues = {tenant: sorted(us, key=age, reverse=True) for tenant, us in buckets[level].items()}
+            heap = [(share(t), age(q[-1]), t) for t, q in queues.items()]
+            heapq.heapify(heap)
+            while heap:
+                _, _, tenant = heapq.heappop(heap)
+                unit = queues[tenant].pop()
+                ordered.append(unit)
+                # Offered counts as held for fairness: the engine places most of what it is offered.
+                use = held[tenant]
+                use[0] += sum(t.gpu_request_milli for t in unit)
+                use[1] += sum(t.cpu_milli for t in unit)
+                use[2] += sum(t.mem_mib for t in unit)
+                if queues[tenant]:
+                    heapq.heappush(heap, (share(tenant), age(queues[tenant][-1]), tenant))
+    return ordered
+
+
+# -- deciding ---------------------------------------------------------------------------------------
+
+
+def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
+    """Offer each unit to the engine in our order (the engine keeps its working copy between calls)."""
+    decisions = _Decisions()
+    claimed: set[str] = set()
+    for unit in order_units(snapshot):
+        result: CycleResult = engine.solve(tuple(unit), now_s)
+        decisions.placements += result.placements
+        for item in result.unplaced:
+            decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
+        victims = [p.victim_task_id for p in result.preemptions]
+        # A victim must be a task that runs now, and not already promised to an earlier task.
+        if victims and all(v in snapshot.running and v not in claimed for v in victims):
+            claimed.update(victims)
+            decisions.preemptions += result.preemptions
+        elif victims:
+            for preemption in result.preemptions:
+                _, message = decisions.unplaced[preemption.for_task_id]
+                decisions.unplaced[preemption.for_task_id] = (
+                    VICTIM_CLAIMED,
+                    message.split("; waiting for")[0]
+                    + "; the tasks it could displace are already being preempted for others this cycle",
+                )
+    return decisions
+
+
+def _pick_units(
+    free: Sequence[FreeUnit], placement: Placement, gpu_mem_mib: int, taken: set[int]
+) -> list[FreeUnit] | None:
+    """The database units that carry one GPU of a placement, or None when no free unit matches it."""
+    available = [u for u in free if u.unit_id not in taken]
+    unit = placement.unit
+    if unit.kind is UnitKind.MIG:
+        exact = [
+            u for u in available if u.mig_profile == unit.mig_profile and u.mig_start == unit.mig_start_slice
+        ]
+        if exact:
+            return exact[:1]
+        # The engine chose an instance in free slices; any free instance at least that big serves it.
+        big_enough = [u for u in available if u.gpu_milli >= unit.gpu_milli and u.mem_mib >= gpu_mem_mib]
+        return [min(big_enough, key=lambda u: (u.gpu_milli, u.mem_mib))] if big_enough else None
+    need_milli = unit.gpu_milli if unit.kind is not UnitKind.NONE else 0
+    chosen: list[FreeUnit] = []
+    milli = mem = 0
+    for candidate in available:
+        if milli >= need_milli and mem >= gpu_mem_mib:
+            break
+        chosen.append(candidate)
+        milli += candidate.gpu_milli
+        mem += candidate.mem_mib
+    return chosen if milli >= need_milli and mem >= gpu_mem_mib else None
+
+
+def estimate_starts(
+    snapshot: PoolSnapshot,
+    unplaced: dict[str, tuple[str, str]],
+    now_s: float,
+    *,
+    nodes_after: Sequence[NodeState],
+    placements: Sequence[Placement],
+) -> dict[str, float | None]:
+    """When each unplaced task could start, from when running tasks are expected to finish.
+
+    Capacity view, not a replay: the first time at which the idle milli-GPU of the models a task may use,
+    plus what running tasks on those models free by then, covers what it asks for (a quota-bound task
+    waits for its own tenant's tasks instead). Running tasks without a P50 prediction or a max runtime
+    never count as freeing anything, so the estimate is None when they are needed.
+    """
+    cluster = snapshot.cluster
+    requests = {t.task_id: t for t in cluster.pending}
+    node_model = snapshot.node_models
+    idle_by_model: dict[str | None, int] = defaultdict(int)
+    # Idle after this cycle's placements; those placements finish like running tasks do.
+    for node in nodes_after:
+        if node.schedulable:
+            idle_by_model[node.model] += sum(g.free_milli for g in node.gpus)
+    ends_by_model: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
+    ends_by_tenant: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for task in cluster.running:
+        info = snapshot.running[task.task_id]
+        if info.expected_end_s is None:
+            continue
+        milli = task.gpu_milli * len(task.gpu_indexes)
+        ends_by_model[node_model.get(task.node)].append((info.expected_end_s, milli))
+        ends_by_tenant[task.tenant].append((info.expected_end_s, milli))
+    for placement in placements:
+        request = requests[placement.task_id]
+        p50 = request.prediction.runtime_p50_s if request.prediction else None
+        if p50 is not None:
+            milli = placement.unit.gpu_milli * len(placement.gpu_indexes)
+            ends_by_model[node_model.get(placement.node)].append((now_s + p50, milli))
+            ends_by_tenant[request.tenant].append((now_s + p50, milli))
+    models = [m for m in idle_by_model.keys() | ends_by_model.keys()]
+    curves: dict[frozenset[str], tuple[int, np.ndarray, np.ndarray]] = {}
+
+    def curve(ends: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
+        ends = sorted(ends)
+        return np.array([e for e, _ in ends], float), np.cumsum([m for _, m in ends])
+
+    def first_time(times: np.ndarray, freed: np.ndarray, short: int) -> float | None:
+        if short <= 0:
+            return now_s
+        k = int(np.searchsorted(freed, short, side="left"))
+        return max(float(times[k]), now_s) if k < len(times) else None
+
+    quota_of = {q.tenant: q for q in cluster.quotas}
+    usage: dict[str, int] = defaultdict(int)
+    for task in cluster.running:
+        usage[task.tenant] += task.gpu_milli * len(task.gpu_indexes)
+    tenant_curves = {tenant: curve(ends) for tenant, ends in ends_by_tenant.items()}
+    estimates: dict[str, float | None] = {}
+    for task_id, (code, _) in unplaced.items():
+        request = requests[task_id]
+        need = request.gpu_request_milli
+        if code in (Outcome.GANG_INCOMPLETE.value, Outcome.NO_ALLOWED_MODEL.value, NEEDS_LAYOUT):
+            estimates[task_id] = None
+        elif code == Outcome.WAITING_FOR_PREEMPTION.value:
+            estimates[task_id] = now_s
+        elif code == Outcome.QUOTA_EXCEEDED.value:
+            quota = quota_of[request.tenant]
+            short = usage[request.tenant] + need - quota.guaranteed_milli - quota.borrow_limit_milli
+            times, freed = tenant_curves.get(request.tenant, (np.array([]), np.array([])))
+            estimates[task_id] = first_time(times, freed, short)
+        else:
+            key = request.allowed_models
+            if key not in curves:
+                chosen = [m for m in models if not key or m in key]
+                idle = sum(idle_by_model[m] for m in chosen)
+                times, freed = curve([e for m in chosen for e in ends_by_model[m]])
+                curves[key] = (idle, times, freed)
+            idle, times, freed = curves[key]
+            estimates[task_id] = first_time(times, freed, need - idle)
+    return estimates
+
+
+# -- committing -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Commit:
+    placed: int = 0
+    preempted: int = 0
+    conflicts: int = 0
+    held_back: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
+    phases_ms: dict[str, float] = field(default_factory=dict)  # where the commit's time went
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases_ms[phase] = round((now - since) * 1000, 1)
+        return now
+
+
+def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[int, dict[str, object]]:
+    """Lock rows in id order (every cycle locks in the same order, so two cycles cannot deadlock)."""
+    ids = sorted(set(pks))
+    if not ids:
+        return {}
+    if connection.vendor != "postgresql":
+        rows = model.objects.select_for_update().filter(pk__in=ids).order_by("pk").values("pk", *fields)
+        return {row["pk"]: row for row in rows}
+    columns = [model._meta.get_field(name).column for name in fields]
+    with connection.cursor() as cursor:
+        # One array parameter instead of thousands of IN placeholders.
+        cursor.execute(
+            f"SELECT id, {', '.join(columns)} FROM {model._meta.db_table} "
+            "WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE",
+            [ids],
+        )
+        return {row[0]: dict(zip(fields, row[1:], strict=True)) for row in cursor.fetchall()}
+
+
+def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: datetime) -> _Commit:
+    """Write placements, then preemptions; what lost a race stays pending with a reason.
+
+    Steps: 1. map each placement to free units; 2. lock quotas, nodes and tasks (in that order, ids
+    ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep tenants
+    within their limit; 5. write tasks, units, nodes and assignments; 6. preempt.
+    """
+    out = _Commit()
+    clock = time.perf_counter()
+    request_of = {t.task_id: t for t in snapshot.cluster.pending}
+    lost: dict[str, tuple[str, str]] = {}
+
+    # 1. Units for each placement.
+    taken: set[int] = set()
+    units_for: dict[str, list[FreeUnit]] = {}
+    for placement in decisions.placements:
+        node_id = snapshot.node_ids[placement.node]
+        request = request_of[placement.task_id]
+        chosen: list[FreeUnit] = []
+        for index in placement.gpu_indexes:
+            picked = _pick_units(
+                snapshot.free_units.get((node_id, index), ()), placement, request.gpu_mem_mib, taken
+            )
+            if picked is None:
+                lost[placement.task_id] = (
+                    NEEDS_LAYOUT,
+                    f"its best place is {placement.node} GPU {index}, but no free compute unit there "
+                    f"matches ({placement.unit.mig_profile or placement.unit.kind}); the GPU needs a new "
+                    "partition layout",
+                )
+                break
+            chosen += picked
+            taken.update(u.unit_id for u in picked)
+        else:
+            units_for[placement.task_id] = chosen
+
+    clock = out.lap("map_units", clock)
+    # 2. Lock and compare.
+    tenants = {snapshot.pending[t].tenant_id for t in units_for}
+    quota_rows = _lock_rows(
+        Quota,
+        Quota.objects.filter(pool_id=snapshot.pool_id, tenant_id__in=tenants).values_list("pk", flat=True),
+        ["tenant_id", "guaranteed_milli", "borrow_limit_milli"],
+    )
+    nodes = {snapshot.node_ids[p.node] for p in decisions.placements if p.task_id in units_for}
+    node_rows = _lock_rows(Node, nodes, ["version"])
+    task_rows = _lock_rows(Task, (snapshot.pending[t].pk for t in units_for), ["state", "version"])
+    # Units are not locked here: every cycle that binds a unit raises its node's version under the node
+    # lock above, so a unit taken since the snapshot shows as a moved node. `_bind_units` still
+    # compares-and-sets each unit; a miss there means something changed units without raising the node's
+    # version, and the whole cycle rolls back rather than double-book.
+    placement_of = {p.task_id: p for p in decisions.placements}
+    for task_id in units_for:
+        info = snapshot.pending[task_id]
+        node_id = snapshot.node_ids[placement_of[task_id].node]
+        row = task_rows.get(info.pk)
+        if row is None or row["state"] != Task.State.PENDING or row["version"] != info.version:
+            lost[task_id] = (LOST_RACE, "the task changed while the cycle decided; it is retried next cycle")
+        elif node_rows[node_id]["version"] != snapshot.node_versions[node_id]:
+            lost[task_id] = (
+                LOST_RACE,
+                f"{placement_of[task_id].node} changed while the cycle decided; retried next cycle",
+            )
+
+    clock = out.lap("lock_and_compare", clock)
+    # 3. A gang goes whole or not at all: one member lost holds back every member.
+    gang_of = {t: request_of[t].gang_id for t in units_for}
+    broken = {gang_of[t] for t in lost if t in gang_of and gang_of[t] is not None}
+    for task_id, gang in gang_of.items():
+        if gang is not None and gang in broken and task_id not in lost:
+            lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")
+
+    # 4. Quota limits against what tenants hold now (not what the snapshot saw), under the quota row lock.
+    usage = live_usage_milli(pool_id=snapshot.pool_id, tenant_ids=list(tenants))
+    limits = {row["tenant_id"]: row for row in quota_rows.values()}
+    for placement in decisions.placements:
+        task_id = placement.task_id
+        if task_id not in units_for or task_id in lost:
+            continue
+        info = snapshot.pending[task_id]
+        quota = limits.get(info.tenant_id)
+        if quota is None:
+            continue
+        limit = quota["guaranteed_milli"] + quota["borrow_limit_milli"]
+        if usage[info.tenant_id] + info.charge_milli > limit:
+            lost[task_id] = (LOST_RACE, "its tenant reached its quota limit meanwhile; retried next cycle")
+            continue
+        usage[info.tenant_id] += info.charge_milli
+    for task_id, gang in gang_of.items():
+        if gang is not None and task_id not in lost and any(gang_of.get(t) == gang for t in lost):
+            lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")
+
+    # 5. Write.
+    winners = [p for p in decisions.placements if p.task_id in units_for and p.task_id not in lost]
+    reasons: dict[int, list[str]] = {}
+    for placement in winners:
+        info = snapshot.pending[placement.task_id]
+        admitted = (
+            f"admitted borrowing above the guarantee of tenant {request_of[placement.task_id].tenant}"
+            if placement.borrowed
+            else f"admitted within the guarantee of tenant {request_of[placement.task_id].tenant}"
+        )
+        if info.priority_source:
+            admitted += f" at priority {request_of[placement.task_id].priority} ({info.priority_source})"
+        where = ",".join(str(i) for i in placement.gpu_indexes)
+        unit = placement.unit.mig_profile or placement.unit.kind.value
+        placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
+        reasons[info.pk] = [admitted, placed]
+    clock = out.lap("gangs_and_quota", clock)
+    tasks_transition_bulk(
+        tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in winners],
+        from_state=Task.State.PENDING,
+        path=[Task.State.ADMITTED, Task.State.ASSIGNED],
+        actor=ACTOR,
+        reasons=reasons,
+        now=now,
+    )
+    clock = out.lap("write_tasks_and_events", clock)
+    _bind_units(
+        [
+            (unit.unit_id, snapshot.pending[placement.task_id].pk, unit.version)
+            for placement in winners
+            for unit in units_for[placement.task_id]
+        ]
+    )
+    clock = out.lap("bind_units", clock)
+    Node.objects.filter(pk__in={snapshot.node_ids[p.node] for p in winners}).update(version=F("version") + 1)
+    _insert_assignments(
+        [
+            (
+                snapshot.pending[p.task_id].pk,
+                snapshot.node_ids[p.node],
+                p.borrowed,
+                [u.unit_id for u in units_for[p.task_id]],
+            )
+            for p in winners
+        ],
+        cycle=cycle,
+    )
+    clock = out.lap("write_nodes_and_assignments", clock)
+    out.placed = len(winners)
+    out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
+
+    # 6. Preempt: the victim returns to pending with its attempt counted; the agent stops it when its
+    # node's desired state no longer lists it.
+    for preemption in decisions.preemptions:
+        info = snapshot.running[preemption.victim_task_id]
+        victim = Task(pk=info.pk, state=info.state, version=info.version, tenant_id=info.tenant_id)
+        reason = f"preempted for task {preemption.for_task_id}: {preemption.reason}"
+        try:
+            with transaction.atomic():
+                moved = task_transition(
+                    task=victim, to_state=Task.State.PREEMPTED, actor=ACTOR, reason=reason, now=now
+                )
+                task_transition(
+                    task=moved,
+                    to_state=Task.State.PENDING,
+                    actor=ACTOR,
+                    reason="requeued after preemption",
+                    now=now,
+                    why_pending=reason[:500],
+                )
+        except Conflict:
+            out.conflicts += 1
+            continue
+        Node.objects.filter(pk=info.node_id).update(version=F("version") + 1)
+        out.preempted += 1
+    out.lap("preempt", clock)
+    out.held_back = lost
+    return out
+
+
+def _bind_units(rows: Sequence[tuple[int, int, int]]) -> None:
+    """Give each (unit, task, version seen) its holder: compare-and-set, every row must be touched.
+
+    The rows are locked and checked already; the condition stays so that a unit taken by any path that
+    skipped the lock still makes the cycle roll back instead of double-booking.
+    """
+    if not rows:
+        return
+    if connection.vendor == "postgresql":
+        table = ComputeUnit._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} AS u SET task_id = v.task, version = u.version + 1 "
+                "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, task, seen) "
+                "WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen",
+                [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+            )
+            bound = cursor.rowcount
+    else:
+        bound = 0
+        for unit_id, task_id, seen in rows:
+            bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen).update(
+                task_id=task_id, version=F("version") + 1
+            )
+    if bound != len(rows):
+        raise Conflict(f"{len(rows) - bound} of {len(rows)} compute units were taken during the commit")
+
+
+def _insert_assignments(rows: Sequence[tuple[int, int, bool, list[int]]], *, cycle: Cycle) -> None:
+    """One live assignment per (task, node, borrowed, unit ids), with its unit links.
+
+    On PostgreSQL two INSERT … SELECT FROM unnest statements: a cycle binds thousands of tasks, and
+    building that many model instances costs more than the database work.
+    """
+    if not rows:
+        return
+    if connection.vendor != "postgresql":
+        made = Assignment.objects.bulk_create(
+            [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b, _ in rows]
+        )
+        Assignment.units.through.objects.bulk_create(
+            [
+                Assignment.units.through(assignment_id=a.pk, computeunit_id=unit_id)
+                for a, (_, _, _, units) in zip(made, rows, strict=True)
+                for unit_id in units
+            ]
+        )
+        return
+    table = Assignment._meta.db_table
+    links = Assignment.units.through._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (task_id, node_id, cycle_id, borrowed, created_at, release_reason) "
+            "SELECT t, n, %s, b, %s, '' FROM unnest(%s::bigint[], %s::bigint[], %s::boolean[]) AS v(t, n, b) "
+            "RETURNING id, task_id",
+            # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be simulated).
+            [cycle.pk, timezone.now(), [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+        )
+        # Matched by task, not by position: INSERT … RETURNING promises no order.
+        assignment_of = {task_id: pk for pk, task_id in cursor.fetchall()}
+        pairs = [(assignment_of[task_id], unit_id) for task_id, _, _, units in rows for unit_id in units]
+        cursor.execute(
+            f"INSERT INTO {links} (assignment_id, computeunit_id) "
+            "SELECT * FROM unnest(%s::bigint[], %s::bigint[])",
+            [[a for a, _ in pairs], [u for _, u in pairs]],
+        )
+
+
+def _write_why_pending(
+    snapshot: PoolSnapshot, reasons: dict[str, tuple[str, str]], estimates: dict[str, float | None]
+) -> None:
+    """Latest reason and estimated start on every task still pending (never on one that moved on)."""
+    if not reasons:
+        return
+    ids = [snapshot.pending[t].pk for t in reasons]
+    codes = [code for code, _ in reasons.values()]
+    sentences = [message[:500] for _, message in reasons.values()]
+    etas = [
+        datetime.fromtimestamp(estimates[t], UTC) if estimates.get(t) is not None else None for t in reasons
+    ]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE workloads_task AS t SET why_pending = v.why, why_pending_code = v.code, "
+                "predicted_start_at = v.eta "
+                "FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::timestamptz[]) "
+                "AS v(id, why, code, eta) "
+                "WHERE t.id = v.id AND t.state = %s",
+                [ids, sentences, codes, etas, Task.State.PENDING],
+            )
+        return
+    still = set(Task.objects.filter(pk__in=ids, state=Task.State.PENDING).values_list("pk", flat=True))
+    rows = [
+        Task(pk=pk, why_pending=why, why_pending_code=code, predicted_start_at=eta)
+        for pk, why, code, eta in zip(ids, sentences, codes, etas, strict=True)
+        if pk in still
+    ]
+    Task.objects.bulk_update(rows, ["why_pending", "why_pending_code", "predicted_start_at"], batch_size=500)
+
+
+def _try_lock(pool_id: int) -> bool:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [LOCK_CLASS, pool_id])
+            return bool(cursor.fetchone()[0])
+    return True
+
+
+def cycle_run(
+    *, pool_id: int, policy: str | None = None, now: datetime | None = None, lock: bool = True
+) -> CycleReport:
+    """One cycle over one pool. `lock=False` skips the advisory lock (tests prove the CAS alone holds).
+
+    Steps: 1. lock the pool or leave ("busy"); 2. snapshot; 3. decide; 4. commit; 5. why-pending and
+    estimated starts; 6. the cycle record.
+    """
+    policy = policy or settings.WHALEGEN_CYCLE_POLICY
+    now = now or timezone.now()
+    local = _local_lock(pool_id) if connection.vendor != "postgresql" and lock else None
+    if local is not None and not local.acquire(blocking=False):
+        return CycleReport(status="busy", pool_id=pool_id)
+    try:
+        with transaction.atomic():
+            # 1. One cycle per pool at a time; the lock goes with the transaction.
+            if lock and not _try_lock(pool_id):
+                return CycleReport(status="busy", pool_id=pool_id)
+            started = time.perf_counter()
+            # 2. Snapshot.
+            snapshot = snapshot_for_pool(pool_id, now)
+            snapshot_ms = (time.perf_counter() - started) * 1000
+            # 3. Decide.
+            started = time.perf_counter()
+            now_s = now.timestamp()
+            engine = Engine(snapshot.cluster, EngineConfig(policy=policy))
+            mix = shape_mix_from_tasks(
+                list(snapshot.cluster.pending)
+                + [
+                    TaskRequest(t.task_id, t.cpu_milli, t.mem_mib, len(t.gpu_indexes), t.gpu_milli)
+                    for t in snapshot.cluster.running
+                ]
+            )
+            before = cluster_fragmentation(snapshot.cluster.nodes, mix)
+            decisions = _decide(engine, snapshot, now_s)
+            after = cluster_fragmentation(engine.state.nodes(), mix)
+            solve_ms = (time.perf_counter() - started) * 1000
+            # 4. Commit.
+            started = time.perf_counter()
+            cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
+            commit = _commit(snapshot, decisions, cycle, now)
+            # 5. Why pending, for everything the engine or the commit left behind.
+            clock = time.perf_counter()
+            reasons = dict(decisions.unplaced)
+            reasons.update(commit.held_back)
+            estimates = estimate_starts(
+                snapshot, reasons, now_s, nodes_after=engine.state.nodes(), placements=decisions.placements
+            )
+            _write_why_pending(snapshot, reasons, estimates)
+            commit.lap("why_pending", clock)
+            commit_ms = (time.perf_counter() - started) * 1000
+            # 6. Record.
+            by_code: dict[str, int] = defaultdict(int)
+            for code, _ in reasons.values():
+                by_code[code] += 1
+            Cycle.objects.filter(pk=cycle.pk).update(
+                finished_at=timezone.now(),
+                tasks_considered=len(snapshot.cluster.pending),
+                tasks_placed=commit.placed,
+                tasks_preempted=commit.preempted,
+                conflicts=commit.conflicts,
+                snapshot_ms=snapshot_ms,
+                solve_ms=solve_ms,
+                commit_ms=commit_ms,
+                stats={
+                    "nodes": len(snapshot.cluster.nodes),
+                    "nodes_excluded": dict(snapshot.excluded_nodes),
+                    "running": len(snapshot.cluster.running),
+                    "unplaced_by_reason": dict(by_code),
+                    "fragmentation_before": _frag(before),
+                    "fragmentation_after": _frag(after),
+                    "commit_phases_ms": commit.phases_ms,
+                },
+            )
+            return CycleReport(
+                status="done",
+                pool_id=pool_id,
+                cycle_id=cycle.pk,
+                placed=commit.placed,
+                preempted=commit.preempted,
+                unplaced=len(reasons),
+                conflicts=commit.conflicts,
+            )
+    finally:
+        if local is not None:
+            local.release()
+
+
+def _frag(value: ClusterFragmentation) -> dict[str, float]:
+    return {
+        "frag_milli": round(value.frag_milli, 1),
+        "idle_milli": value.idle_milli,
+        "amount_pct": round(value.amount_pct, 3),
+    }

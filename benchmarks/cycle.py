@@ -1,0 +1,295 @@
+"""One production scheduling cycle at scale: 10,000 pending tasks on the 1,213-node openb pool in PostgreSQL.
+
+    DATABASE_URL=postgres://… SECRET_KEY=x python benchmarks/cycle.py --pending 10000 --nodes 1213 --json
+
+It builds a scratch pool in the configured database (nodes and GPU models from the openb node list, split
+over two clusters; every GPU shared through MPS units of 1000/--shares milli; task shapes drawn with a
+fixed seed from the openb pod list, shares rounded up to whole units, CPU-only rows left out because a
+WhaleGen task always asks for a GPU), runs `cycle_run` once and removes the pool again (--keep keeps it).
+
+Figures: snapshot, solve and commit milliseconds (from the Cycle record), the whole cycle, and admitted
+tasks per second. Baselines measured in the same run: the engine alone (`solve_cycle` on the same
+snapshot, its own order, no database), and the per-task commit path (`task_transition` twice per task,
+on a sample, rolled back) extrapolated to the cycle's placements. Goal from issue 5: ≤ 10 s per cycle
+(reported, not asserted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL_S = 10.0
+SAMPLE_FOR_PER_TASK_COMMIT = 200
+
+
+def _progress(message: str) -> None:
+    print(f"… {message}", file=sys.stderr, flush=True)
+
+
+def _setup_django() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
+    import django
+
+    django.setup()
+
+
+def _build(args: argparse.Namespace, tag: str) -> dict[str, Any]:
+    """Bulk-insert the scratch pool: the rows a real fleet would have, without the per-row services."""
+    from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
+    from apps.tenants.models import Tenant
+    from apps.workloads.models import Queue, Quota, Task
+    from whalegen.commands.replay import default_traces
+    from whalegen.gpus import UnknownGpuModel, get_model
+    from whalegen.sim.trace import NODE_FILE, load_nodes, load_tasks, pod_file
+
+    traces = Path(args.traces) / "openb" if args.traces else default_traces()
+    trace_nodes = load_nodes(traces / NODE_FILE)
+    trace_tasks = [t for t in load_tasks(traces / pod_file("default")) if t.num_gpu]
+    rng = random.Random(args.seed)
+    node_specs = [trace_nodes[i % len(trace_nodes)] for i in range(args.nodes)]
+    unit_milli = 1000 // args.shares
+
+    pool = Pool.objects.create(name=f"bench-{tag}")
+    clusters = [Cluster.objects.create(name=f"bench-{tag}-{side}") for side in ("east", "west")]
+    nodes = Node.objects.bulk_create(
+        [
+            Node(
+                cluster=clusters[i % 2],
+                pool=pool,
+                name=f"{spec.name}-{i}",
+                cpu_milli=spec.cpu_total_milli,
+                mem_mib=spec.mem_total_mib,
+            )
+            for i, spec in enumerate(node_specs)
+        ],
+        batch_size=2000,
+    )
+    gpus: list[Gpu] = []
+    for node, spec in zip(nodes, node_specs, strict=True):
+        for gpu in spec.gpus:
+            try:
+                mem = get_model(gpu.model).mem_mib or 16_384
+            except UnknownGpuModel:
+                mem = 16_384  # trace-only models (G2, G3) carry no memory figure
+            gpus.append(
+                Gpu(
+                    node=node,
+                    index=gpu.index,
+                    uuid=f"GPU-bench-{tag}-{node.pk}-{gpu.index}",
+                    model=gpu.model,
+                    mem_mib=mem,
+                    partition_mode=Gpu.PartitionMode.MPS,
+                )
+            )
+    gpus = Gpu.objects.bulk_create(gpus, batch_size=5000)
+    ComputeUnit.objects.bulk_create(
+        [
+            ComputeUnit(
+                gpu=gpu,
+                kind=ComputeUnit.Kind.MPS,
+                gpu_milli=unit_milli,
+                mem_mib=gpu.mem_mib // args.shares,
+                mps_thread_pct=max(1, 100 // args.shares),
+            )
+            for gpu in gpus
+            for _ in range(args.shares)
+        ],
+        batch_size=10_000,
+    )
+    capacity = 1000 * len(gpus)
+    tenants = [
+        Tenant.objects.create(slug=f"bench-{tag}-t{i}", name=f"bench {i}") for i in range(args.tenants)
+    ]
+    queues = []
+    for tenant in tenants:
+        # Guarantees split the pool evenly; each may borrow up to all of it.
+        Quota.objects.create(
+            tenant=tenant,
+            pool=pool,
+            guaranteed_milli=capacity // len(tenants),
+            borrow_limit_milli=capacity,
+        )
+        queues.append(Queue.objects.create(tenant=tenant, pool=pool, name="bench"))
+    tasks = []
+    for n in range(args.pending):
+        shape = rng.choice(trace_tasks)
+        milli = shape.gpu_milli if shape.num_gpu == 1 else 1000
+        milli = min(1000, -(-milli // unit_milli) * unit_milli)  # rounded up to whole MPS units
+        k = n % len(tenants)
+        tasks.append(
+            Task(
+                tenant=tenants[k],
+                queue=queues[k],
+                pool=pool,
+                name=f"bench-{n}",
+                gpu_count=shape.num_gpu,
+                gpu_milli=milli,
+                cpu_milli=shape.cpu_milli,
+                host_mem_mib=shape.mem_mib,
+                allowed_gpu_models=sorted(shape.allowed_models),
+                priority=rng.choice((0, 0, 0, 5)),
+                preemptible=False,
+            )
+        )
+    Task.objects.bulk_create(tasks, batch_size=5000)
+    return {
+        "pool": pool,
+        "clusters": clusters,
+        "tenants": tenants,
+        "gpus": len(gpus),
+        "units": len(gpus) * args.shares,
+    }
+
+
+def _cleanup(built: dict[str, Any]) -> None:
+    from apps.inventory.models import Node
+    from apps.scheduling.models import Assignment
+    from apps.workloads.models import Queue, Quota, Task
+
+    pool = built["pool"]
+    Assignment.objects.filter(node__pool=pool).delete()
+    Task.objects.filter(pool=pool).delete()
+    Node.objects.filter(pool=pool).delete()
+    Quota.objects.filter(pool=pool).delete()
+    Queue.objects.filter(pool=pool).delete()
+    for tenant in built["tenants"]:
+        tenant.delete()
+    for cluster in built["clusters"]:
+        cluster.delete()
+    pool.delete()
+
+
+def _per_task_commit_s(pool_id: int, placed: int) -> float | None:
+    """Seconds per task of the one-at-a-time path (two `task_transition` calls), on a rolled-back sample."""
+    from django.db import transaction
+
+    from apps.workloads.models import Task
+    from apps.workloads.services import task_transition
+
+    sample = list(Task.objects.filter(pool_id=pool_id, state=Task.State.PENDING)[:SAMPLE_FOR_PER_TASK_COMMIT])
+    if not sample or not placed:
+        return None
+
+    class Rollback(Exception):
+        pass
+
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            for task in sample:
+                moved = task_transition(
+                    task=task, to_state=Task.State.ADMITTED, actor="bench", reason="bench"
+                )
+                task_transition(task=moved, to_state=Task.State.ASSIGNED, actor="bench", reason="bench")
+            raise Rollback
+    except Rollback:
+        pass
+    return (time.perf_counter() - started) / len(sample)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--nodes", type=int, default=1213)
+    parser.add_argument(
+        "--shares", type=int, default=10, help="MPS units per GPU (default 10: 100 milli each)"
+    )
+    parser.add_argument("--tenants", type=int, default=4)
+    parser.add_argument("--policy", default="whalegen")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--traces",
+        default=None,
+        help="folder holding openb/ (default $WHALEGEN_TRACES_DIR or /work/shared/traces)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch pool in the database")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    _setup_django()
+    from django.db import connection
+    from django.utils import timezone
+
+    from apps.scheduling.models import Cycle
+    from apps.scheduling.selectors import snapshot_for_pool
+    from apps.scheduling.services import cycle_run
+    from whalegen.placement.engine import EngineConfig, solve_cycle
+
+    if connection.vendor != "postgresql":
+        print("benchmarks/cycle.py needs PostgreSQL: set DATABASE_URL", file=sys.stderr)
+        return 2
+    tag = f"{int(time.time())}-{os.getpid()}"
+    _progress(f"building {args.nodes} nodes and {args.pending} pending tasks in PostgreSQL")
+    started = time.perf_counter()
+    built = _build(args, tag)
+    build_s = time.perf_counter() - started
+    pool_id = built["pool"].pk
+    try:
+        now = timezone.now()
+        _progress("baseline: the engine alone on the same snapshot")
+        snapshot = snapshot_for_pool(pool_id, now)
+        started = time.perf_counter()
+        alone = solve_cycle(snapshot.cluster, EngineConfig(policy=args.policy), now.timestamp())
+        engine_alone_s = time.perf_counter() - started
+        _progress("baseline: per-task commit on a rolled-back sample")
+        per_task_s = _per_task_commit_s(pool_id, len(alone.placements))
+        _progress("one production cycle")
+        started = time.perf_counter()
+        report = cycle_run(pool_id=pool_id, policy=args.policy, now=now)
+        cycle_s = time.perf_counter() - started
+        cycle = Cycle.objects.get(pk=report.cycle_id)
+    finally:
+        if not args.keep:
+            _progress("removing the scratch pool")
+            _cleanup(built)
+    figures = {
+        "nodes": args.nodes,
+        "gpus": built["gpus"],
+        "compute_units": built["units"],
+        "pending": args.pending,
+        "policy": args.policy,
+        "build_s": round(build_s, 2),
+        "snapshot_ms": round(cycle.snapshot_ms or 0, 1),
+        "solve_ms": round(cycle.solve_ms or 0, 1),
+        "commit_ms": round(cycle.commit_ms or 0, 1),
+        "cycle_s": round(cycle_s, 3),
+        "placed": report.placed,
+        "unplaced": report.unplaced,
+        "conflicts": report.conflicts,
+        "admitted_per_s": round(report.placed / cycle_s, 1) if cycle_s else None,
+        "goal_s": GOAL_S,
+        "within_goal": cycle_s <= GOAL_S,
+        "commit_phases_ms": cycle.stats.get("commit_phases_ms"),
+        "fragmentation_before": cycle.stats.get("fragmentation_before"),
+        "fragmentation_after": cycle.stats.get("fragmentation_after"),
+        "baseline_engine_alone_s": round(engine_alone_s, 3),
+        "baseline_engine_alone_placed": len(alone.placements),
+        "cycle_over_engine_alone": round(cycle_s / engine_alone_s, 2) if engine_alone_s else None,
+        "baseline_per_task_commit_ms": round(per_task_s * 1000, 2) if per_task_s else None,
+        "per_task_commit_extrapolated_s": round(per_task_s * report.placed, 2) if per_task_s else None,
+        "bulk_commit_speedup": round(per_task_s * report.placed / ((cycle.commit_ms or 1) / 1000), 1)
+        if per_task_s
+        else None,
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        for key, value in figures.items():
+            print(f"{key:<34} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Cycles racing on one pool over real PostgreSQL connections, and the snapshot's pinned query count."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from apps.scheduling import services
+from apps.scheduling.models import Assignment, Cycle
+from apps.scheduling.selectors import snapshot_for_pool
+from apps.workloads.models import Task
+from tests.apps.scheduling.conftest import NOW, Fleet
+from tests.apps.scheduling.invariants import violations
+
+SNAPSHOT_QUERIES = 7
+
+
+def _busy_pool(fleet: Fleet) -> list[Task]:
+    """Twelve GPUs (whole and MPS-shared) on six nodes, two tenants, forty tasks of mixed shapes."""
+    for _ in range(4):
+        fleet.node(gpus=2, cpu_milli=16_000)
+    fleet.node(gpus=2, mode="mps", mps_shares=4, cpu_milli=16_000)
+    fleet.node(model="L4", gpus=2, cpu_milli=16_000)
+    fleet.tenant("a", guaranteed=8000, borrow=12000)
+    fleet.tenant("b", guaranteed=8000, borrow=12000)
+    tasks = []
+    for n in range(20):
+        tasks.append(fleet.submit("a", gpu_milli=250 if n % 3 == 0 else 1000, cpu_milli=2000))
+        tasks.append(fleet.submit("b", gpu_milli=500 if n % 4 == 0 else 1000, cpu_milli=3000))
+    return tasks
+
+
+def _race(pool_id: int, *, lock: bool, meet_after_snapshot: bool, monkeypatch: Any) -> list[Any]:
+    """Two threads, each on its own connection, run `cycle_run` on one pool at the same moment."""
+    if connection.vendor != "postgresql":
+        pytest.fail("the cycle race must run on PostgreSQL (set DATABASE_URL)")
+    start = threading.Barrier(2)
+    results: list[Any] = []
+    guard = threading.Lock()
+    if meet_after_snapshot:
+        # Both cycles read the pool before either commits: the same free units look free to both, so
+        # only the compare-and-set stands between them and a double booking.
+        seen = threading.Barrier(2, timeout=30)
+        real = services.snapshot_for_pool
+
+        def snapshot_then_wait(pool_id: int, now: Any) -> Any:
+            snapshot = real(pool_id, now)
+            seen.wait()
+            return snapshot
+
+        monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_wait)
+
+    def worker() -> None:
+        try:
+            start.wait()
+            outcome: Any = services.cycle_run(pool_id=pool_id, now=NOW, lock=lock)
+        except Exception as exc:  # a failure must show in the assertion, not vanish with the thread
+            outcome = exc
+        finally:
+            connections.close_all()
+        with guard:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_cycles_on_one_pool_never_double_book(fleet: Fleet, monkeypatch: Any) -> None:
+    _busy_pool(fleet)
+    results = _race(fleet.pool.pk, lock=True, meet_after_snapshot=False, monkeypatch=monkeypatch)
+    assert all(isinstance(r, services.CycleReport) for r in results), results
+    statuses = sorted(r.status for r in results)
+    # Either the second found the pool locked, or it ran after the first committed and found less room.
+    assert statuses in (["busy", "done"], ["done", "done"])
+    assert violations(fleet.pool.pk) == []
+    placed = sum(r.placed for r in results)
+    assert placed == Assignment.objects.filter(released_at__isnull=True).count() > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_the_advisory_lock_compare_and_set_alone_prevents_double_booking(
+    fleet: Fleet, monkeypatch: Any
+) -> None:
+    _busy_pool(fleet)
+    results = _race(fleet.pool.pk, lock=False, meet_after_snapshot=True, monkeypatch=monkeypatch)
+    assert all(isinstance(r, services.CycleReport) for r in results), results
+    assert [r.status for r in results] == ["done", "done"]
+    winner, loser = sorted(results, key=lambda r: -r.placed)
+    # Both decided on the same snapshot; the second to commit found its rows taken and skipped them.
+    assert winner.placed > 0 and loser.conflicts > 0
+    assert violations(fleet.pool.pk) == []
+    assert winner.placed + loser.placed == Assignment.objects.filter(released_at__isnull=True).count()
+    assert Cycle.objects.get(pk=loser.cycle_id).conflicts == loser.conflicts
+    # The loser's skipped rows were the winner's; the next cycle, alone, finds nothing left to fight over.
+    monkeypatch.undo()
+    after = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    assert after.status == "done" and after.conflicts == 0
+    assert violations(fleet.pool.pk) == []
+
+
+@pytest.mark.parametrize("nodes, tasks", [(2, 4), (12, 60)], ids=["a small pool", "a pool six times larger"])
+def test_the_snapshot_reads_a_pool_in_a_fixed_number_of_queries(
+    fleet: Fleet, nodes: int, tasks: int, django_assert_num_queries: Any
+) -> None:
+    from apps.approvals.services import override_approve, override_request
+
+    for n in range(nodes):
+        fleet.node(
+            gpus=2, cluster="eu-1" if n % 2 else "us-1", mode="mps" if n % 3 == 0 else "whole", mps_shares=2
+        )
+    fleet.tenant("a", guaranteed=1000 * 3 * nodes)
+    submitted = [fleet.submit("a", gpu_milli=500) for _ in range(tasks)]
+    services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    override = override_request(
+        tenant=fleet.tenants["a"],
+        task=submitted[-1],
+        wanted_priority=9,
+        reason="r",
+        requested_by=fleet.user,
+        now=NOW,
+    )
+    override_approve(override=override, by=fleet.user, now=NOW)
+    with django_assert_num_queries(SNAPSHOT_QUERIES):
+        snapshot = snapshot_for_pool(fleet.pool.pk, NOW)
+    assert len(snapshot.cluster.nodes) == nodes
+    assert (
+        len(snapshot.cluster.running) > 0
+        and len(snapshot.cluster.running) + len(snapshot.cluster.pending) == tasks
+    )
