@@ -56,10 +56,12 @@ def _row_values(queryset: QuerySet[Task]) -> list[dict[str, object]]:
             "gpu_mem_mib": r["gpu_mem_mib"],
             "cpu_milli": r["cpu_milli"],
             "host_mem_mib": r["host_mem_mib"],
+            "id": r["id"],
             "start": r["started_at"],
             "end": r["finished_at"],
         }
         for r in queryset.values(
+            "id",
             "tenant_id",
             "profile_key",
             "pool__name",
@@ -113,9 +115,10 @@ def training_rows_duration(
     return duration_frame(_row_values(queryset))
 
 
-def task_duration_row(*, task: Task) -> pd.DataFrame:
-    """The one row of a task being submitted (no end yet)."""
-    return duration_frame(_row_values(Task.objects.filter(pk=task.pk)))
+def tasks_duration_rows(*, tasks: list[Task]) -> pd.DataFrame:
+    """Rows of tasks being submitted (no start or end yet), in the order given."""
+    rows = {r["id"]: r for r in _row_values(Task.objects.filter(pk__in=[t.pk for t in tasks]))}
+    return duration_frame([rows[t.pk] for t in tasks])
 
 
 def training_rows_arrivals(*, pool: Pool, until: datetime, since: datetime) -> tuple[np.ndarray, list[str]]:

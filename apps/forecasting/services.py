@@ -300,11 +300,26 @@ def forecast_model_train(
 # ------------------------------------------------------------------------------------ task forecasts
 
 
-def _duration_prediction(task: Task, now: datetime) -> dict[str, object]:
-    """P50/P90 from the active duration model if there is one, else from history; never invented."""
-    row = selectors.forecast_model_active(kind=ForecastModel.Kind.DURATION, pool=task.pool)
-    row = row or selectors.forecast_model_active(kind=ForecastModel.Kind.DURATION)
-    if row is not None:
+def _model_predictions(tasks: list[Task], now: datetime) -> dict[int, dict[str, object]]:
+    """P50/P90 of every task that an active duration model serves (pool-scoped first, then
+    plane-wide). One history read and one `predict_durations` call per model, whatever the batch size:
+    the key-history pass costs ~0.14 ms per history row on the shared host (2.7 s for 20 000 rows)."""
+    by_model: dict[int, tuple[ForecastModel, list[Task]]] = {}
+    plane_wide = selectors.forecast_model_active(kind=ForecastModel.Kind.DURATION)
+    for pool_id in sorted({t.pool_id for t in tasks}):
+        row = (
+            ForecastModel.objects.filter(
+                kind=ForecastModel.Kind.DURATION,
+                pool_id=pool_id,
+                tenant=None,
+                state=ForecastModel.State.ACTIVE,
+            ).first()
+            or plane_wide
+        )
+        if row is not None:
+            by_model.setdefault(row.pk, (row, []))[1].extend(t for t in tasks if t.pool_id == pool_id)
+    out: dict[int, dict[str, object]] = {}
+    for row, served in by_model.values():
         model = _load(row)
         assert isinstance(model, pure_durations.DurationModel)
         history = selectors.training_rows_duration(
@@ -314,16 +329,23 @@ def _duration_prediction(task: Task, now: datetime) -> dict[str, object]:
             tenant=row.tenant,
             limit=settings.WHALEGEN_FORECAST_HISTORY_ROWS,
         )
-        new = selectors.task_duration_row(task=task)
+        new = selectors.tasks_duration_rows(tasks=served)
+        # Every task of the batch is "submitted now": a burst of identical tasks is a known feature.
         p = pure_durations.predict_durations(
-            model, new, np.array([now.timestamp()]), history, history["start_s"].to_numpy(),
+            model, new, np.full(len(served), now.timestamp()), history, history["start_s"].to_numpy(),
             history["end_s"].to_numpy(),
         )  # fmt: skip
-        return {
-            "duration_p50_s": float(p[0, 0]), "duration_p90_s": float(p[0, 1]),
-            "source": TaskForecast.Source.MODEL, "model": row, "model_version": row.version,
-        }  # fmt: skip
-    # No active model: the key's own history (same tenant and profile key), else the plane's median.
+        for i, task in enumerate(served):
+            out[task.pk] = {
+                "duration_p50_s": float(p[i, 0]), "duration_p90_s": float(p[i, 1]),
+                "source": TaskForecast.Source.MODEL, "model": row, "model_version": row.version,
+            }  # fmt: skip
+    return out
+
+
+def _baseline_prediction(task: Task, now: datetime) -> dict[str, object]:
+    """No active model: the key's own history (same tenant and profile key), else the plane's median,
+    else nothing; never an invented default."""
     runs = selectors.finished_runs(until=now, since=now - _lookback())
     key_runs = None
     if task.profile_key:
@@ -331,11 +353,9 @@ def _duration_prediction(task: Task, now: datetime) -> dict[str, object]:
     for baseline, queryset in (("key_history", key_runs), ("global_median", runs)):
         if queryset is None:
             continue
+        latest = queryset.order_by("-finished_at")[: settings.WHALEGEN_FORECAST_HISTORY_ROWS]
         spans = [
-            (end - start).total_seconds()
-            for start, end in queryset.values_list("started_at", "finished_at")[
-                : settings.WHALEGEN_FORECAST_HISTORY_ROWS
-            ]
+            (end - start).total_seconds() for start, end in latest.values_list("started_at", "finished_at")
         ]
         if len(spans) >= (MIN_KEY_HISTORY if baseline == "key_history" else 1):
             d = np.maximum(np.asarray(spans, dtype=np.float64), 1.0)
@@ -346,51 +366,69 @@ def _duration_prediction(task: Task, now: datetime) -> dict[str, object]:
     return {"source": TaskForecast.Source.NONE}
 
 
-def task_forecast_attach(*, task_id: int, now: datetime | None = None) -> TaskForecast | None:
-    """Attach P50/P90 duration and a memory peak to a newly submitted task, once (idempotent: a task
-    that already has its forecast keeps it). Also copies them onto the task's `predicted_*` fields,
-    which the scheduler reads. Returns None for an unknown task."""
+def tasks_forecast_attach(*, task_ids: list[int], now: datetime | None = None) -> list[TaskForecast]:
+    """Attach P50/P90 duration and a memory peak to newly submitted tasks, once each (idempotent: a
+    task that already has a forecast keeps it; unknown ids are skipped). The numbers are also copied
+    onto the task's `predicted_*` fields, which the scheduling snapshot reads."""
     now = now or timezone.now()
-    task = Task.objects.select_related("pool").filter(pk=task_id).first()
-    if task is None:
-        return None
-    existing = TaskForecast.objects.filter(task=task).first()
-    if existing is not None:
-        return existing
-    values = _duration_prediction(task, now)
-    # Memory: the profile's observed peak (from telemetry) is what history says; no model serves a
-    # task that has not run yet (the memory model bounds a *running* task's next hour).
-    peak = (
-        TaskProfile.objects.filter(tenant_id=task.tenant_id, profile_key=task.profile_key)
-        .values_list("gpu_mem_peak_mib", flat=True)
-        .first()
-        if task.profile_key
-        else None
-    )
-    if peak is not None:
-        values.update(gpu_mem_peak_mib=peak, mem_source="profile_peak")
-    with transaction.atomic():
-        forecast, created = TaskForecast.objects.get_or_create(task=task, defaults=values)
-        if created:
-            Task.objects.filter(pk=task.pk).update(
-                predicted_duration_p50_s=forecast.duration_p50_s,
-                predicted_duration_p90_s=forecast.duration_p90_s,
-                predicted_gpu_mem_peak_mib=forecast.gpu_mem_peak_mib,
-            )
-    return forecast
+    # 1. The tasks still without a forecast.
+    done = {f.task_id: f for f in TaskForecast.objects.filter(task_id__in=task_ids)}
+    tasks = list(Task.objects.select_related("pool").filter(pk__in=task_ids).exclude(pk__in=list(done)))
+    # 2. Durations: the active model where there is one, the baselines for the rest.
+    predicted = _model_predictions(tasks, now)
+    # 3. Memory: the profile's observed peak (from telemetry) is what history says; no model serves a
+    #    task that has not run yet (the memory model bounds a *running* task's next hour).
+    peaks = {
+        (tenant_id, key): peak
+        for tenant_id, key, peak in TaskProfile.objects.filter(
+            tenant_id__in={t.tenant_id for t in tasks},
+            profile_key__in={t.profile_key for t in tasks if t.profile_key},
+            gpu_mem_peak_mib__isnull=False,
+        ).values_list("tenant_id", "profile_key", "gpu_mem_peak_mib")
+    }
+    # 4. Store each forecast and its copy on the task.
+    for task in tasks:
+        values = predicted.get(task.pk) or _baseline_prediction(task, now)
+        peak = peaks.get((task.tenant_id, task.profile_key))
+        if peak is not None:
+            values.update(gpu_mem_peak_mib=peak, mem_source="profile_peak")
+        with transaction.atomic():
+            forecast, created = TaskForecast.objects.get_or_create(task=task, defaults=values)
+            if created:
+                Task.objects.filter(pk=task.pk).update(
+                    predicted_duration_p50_s=forecast.duration_p50_s,
+                    predicted_duration_p90_s=forecast.duration_p90_s,
+                    predicted_gpu_mem_peak_mib=forecast.gpu_mem_peak_mib,
+                )
+        done[task.pk] = forecast
+    return [done[i] for i in task_ids if i in done]
 
 
-def task_forecast_attach_on_commit(*, task_id: int) -> None:
-    """Called by submission: forecast once the task is committed. A failing forecast never fails or
-    undoes a submission; it is logged and the task simply has no forecast."""
+def task_forecast_attach(*, task_id: int, now: datetime | None = None) -> TaskForecast | None:
+    attached = tasks_forecast_attach(task_ids=[task_id], now=now)
+    return attached[0] if attached else None
+
+
+def tasks_forecast_attach_on_commit(*, task_ids: list[int]) -> None:
+    """Called by submission, once per submitted batch: forecast the tasks after they are committed (a
+    rolled-back batch gets nothing). With a broker the work goes to a worker, so a submission never
+    waits for it; without one (embedded default), or with WHALEGEN_FORECAST_INLINE, it runs here. A
+    failing forecast never fails or undoes a submission: it is logged and the tasks have none."""
+    ids = list(task_ids)
 
     def attach() -> None:
         try:
-            task_forecast_attach(task_id=task_id)
-        except Exception:
-            logger.exception("forecasting: could not attach a forecast to task %s", task_id)
+            if settings.WHALEGEN_FORECAST_INLINE:
+                tasks_forecast_attach(task_ids=ids)
+            else:
+                from apps.forecasting.tasks import tasks_forecast  # the tasks module imports this one
 
-    transaction.on_commit(attach)
+                tasks_forecast.delay(ids)
+        except Exception:
+            logger.exception("forecasting: could not attach forecasts to tasks %s", ids)
+
+    if ids:
+        transaction.on_commit(attach)
 
 
 # ----------------------------------------------------------------------------------------- profiles

@@ -43,6 +43,12 @@ def task_forecast(task_id: int) -> int | None:
     return forecast.pk if forecast else None
 
 
+@shared_task(name="apps.forecasting.tasks.tasks_forecast")
+def tasks_forecast(task_ids: list[int]) -> list[int]:
+    """Attach forecasts to a submitted batch (one history read for all); returns the forecast ids."""
+    return [f.pk for f in services.tasks_forecast_attach(task_ids=task_ids)]
+
+
 @shared_task(name="apps.forecasting.tasks.profiles_refresh")
 def profiles_refresh() -> int:
     """Beat entry "forecasting-profiles": refold every profile with recent finished runs."""

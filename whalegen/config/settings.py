@@ -183,7 +183,9 @@ WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
 # Forecasting: how far back finished runs and submissions feed training, baselines and profiles, and
 # how many recent runs a prediction at submission reads for its key history.
 WHALEGEN_FORECAST_LOOKBACK_DAYS = envint("WHALEGEN_FORECAST_LOOKBACK_DAYS", 30)
-WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 20_000)
+WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 5_000)
+# Attach forecasts in the submitting process instead of on a worker: the default without a broker.
+WHALEGEN_FORECAST_INLINE = envbool("WHALEGEN_FORECAST_INLINE", CELERY_TASK_ALWAYS_EAGER)
 # A candidate replaces the active model only when it is this much better (0.02 = 2 %) on the same
 # validation runs: two models of equal skill must not swap on noise.
 WHALEGEN_FORECAST_MIN_GAIN = envfloat("WHALEGEN_FORECAST_MIN_GAIN", 0.02)

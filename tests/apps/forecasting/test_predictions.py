@@ -14,6 +14,13 @@ from apps.workloads.models import Task
 from tests.apps.forecasting.runs import make_runs, true_duration_s
 
 
+@pytest.fixture(autouse=True)
+def _inline(settings) -> None:
+    # Forecast in the submitting process: these tests look at what is attached, not at the broker
+    # (test_celery covers the worker path through Redis).
+    settings.WHALEGEN_FORECAST_INLINE = True
+
+
 def _submit(api, user, captured, **body):
     with captured(execute=True):
         response = api(user).post(
@@ -94,7 +101,25 @@ def test_attaching_twice_keeps_the_first_forecast(world) -> None:
     assert task_forecast_attach(task_id=10**9) is None
 
 
-def test_a_refused_bulk_submission_leaves_no_forecast(world, api, django_capture_on_commit_callbacks) -> None:
+def test_a_bulk_submission_is_forecast_in_one_batch_and_a_refused_one_not_at_all(
+    world, api, django_capture_on_commit_callbacks
+) -> None:
+    make_runs(world.queue_a, 300, now=timezone.now())
+    assert forecast_model_train(kind="duration").promoted
+    items = [
+        {"queue": "train", "profile_key": "tiny"},
+        {"queue": "train", "profile_key": "llama", "gpu_count": 2},
+    ]
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = api(world.alice).post(
+            "/api/v1/tasks/bulk/", {"tenant": "vision", "tasks": items}, format="json"
+        )
+    assert response.status_code == 201, response.json()
+    assert len(callbacks) == 1
+    p50 = [TaskForecast.objects.get(task_id=t["id"]).duration_p50_s for t in response.json()]
+    assert 60 / 1.5 < p50[0] < 60 * 1.5 and 7_200 / 1.5 < p50[1] < 7_200 * 1.5
+    TaskForecast.objects.all().delete()
+
     body = {"tenant": "vision", "tasks": [{"queue": "train"}, {"queue": "train", "gpu_count": 64}]}
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         response = api(world.alice).post("/api/v1/tasks/bulk/", body, format="json")
