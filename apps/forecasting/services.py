@@ -320,7 +320,13 @@ def _model_predictions(tasks: list[Task], now: datetime) -> dict[int, dict[str, 
             by_model.setdefault(row.pk, (row, []))[1].extend(t for t in tasks if t.pool_id == pool_id)
     out: dict[int, dict[str, object]] = {}
     for row, served in by_model.values():
-        model = _load(row)
+        try:
+            model = _load(row)
+        except (ValueError, KeyError) as exc:
+            # An envelope this code cannot read (a newer format, a damaged row) must not leave tasks
+            # without a forecast: they fall back to the baselines, and the operator is told.
+            logger.error("forecasting: duration v%d cannot be loaded (%s); using baselines", row.version, exc)
+            continue
         assert isinstance(model, pure_durations.DurationModel)
         history = selectors.training_rows_duration(
             until=now,

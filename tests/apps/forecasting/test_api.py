@@ -111,3 +111,16 @@ def test_profiles_fold_finished_runs_of_the_key(world) -> None:
     assert profile.sample_count == 5
     assert profile.duration_p50_s == pytest.approx(180.0)
     assert profile.duration_p90_s == pytest.approx(276.0)
+
+
+def test_the_admin_shows_the_registry_read_only_without_the_bytes(world, client) -> None:
+    model = _model()
+    task_forecast_attach(task_id=world.task_a.pk)
+    client.force_login(world.root)
+    listing = client.get("/admin/forecasting/forecastmodel/")
+    assert listing.status_code == 200 and b"duration" in listing.content
+    page = client.get(f"/admin/forecasting/forecastmodel/{model.pk}/change/")
+    assert page.status_code == 200
+    assert b"beats every baseline" in page.content and b"blob" not in page.content.lower()
+    assert client.get("/admin/forecasting/forecastmodel/add/").status_code == 403
+    assert client.get("/admin/forecasting/taskforecast/").status_code == 200

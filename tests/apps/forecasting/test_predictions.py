@@ -125,3 +125,19 @@ def test_a_bulk_submission_is_forecast_in_one_batch_and_a_refused_one_not_at_all
         response = api(world.alice).post("/api/v1/tasks/bulk/", body, format="json")
     assert response.status_code == 400 and callbacks == []
     assert not TaskForecast.objects.exists()
+
+
+def test_an_unreadable_active_model_falls_back_to_the_baseline(world, caplog) -> None:
+    from apps.forecasting.models import ForecastModel
+
+    _finished(world.queue_a, [100, 200, 300], key="bert")
+    now = timezone.now()
+    ForecastModel.objects.create(
+        kind="duration", version=1, state="active", blob=b'{"envelope_version": 99}', metrics={},
+        train_start=now, train_end=now, validation_start=now, validation_end=now, trained_at=now,
+        decision_reason="test",
+    )  # fmt: skip
+    Task.objects.filter(pk=world.task_a.pk).update(profile_key="bert")
+    forecast = task_forecast_attach(task_id=world.task_a.pk)
+    assert (forecast.source, forecast.baseline, forecast.duration_p50_s) == ("baseline", "key_history", 200.0)
+    assert "cannot be loaded" in caplog.text
