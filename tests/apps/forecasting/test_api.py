@@ -124,3 +124,23 @@ def test_the_admin_shows_the_registry_read_only_without_the_bytes(world, client)
     assert b"beats every baseline" in page.content and b"blob" not in page.content.lower()
     assert client.get("/admin/forecasting/forecastmodel/add/").status_code == 403
     assert client.get("/admin/forecasting/taskforecast/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "queries"),
+    [("/api/v1/forecast-models/", 4), ("/api/v1/profiles/", 5)],  # profiles: + the tenants' GPU models
+    ids=["registry", "profiles"],
+)
+def test_forecasting_lists_cost_a_fixed_number_of_queries(
+    world, api, django_assert_num_queries, path, queries
+) -> None:
+    client = api(world.alice)
+    _model(version=1)
+    TaskProfile.objects.create(tenant=world.tenant_a, profile_key="k0", gpu_mem_peak_mib=1_000)
+    with django_assert_num_queries(queries):
+        assert client.get(path).status_code == 200
+    for i in range(2, 12):
+        _model(version=i, state="retired")
+        TaskProfile.objects.create(tenant=world.tenant_a, profile_key=f"k{i}", gpu_mem_peak_mib=1_000 * i)
+    with django_assert_num_queries(queries):
+        assert len(client.get(path).json()["results"]) >= 10
