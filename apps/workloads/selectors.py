@@ -21,7 +21,8 @@ def _visible(queryset: QuerySet, access: Access, tenant_field: str = "tenant_id"
 
 
 def task_list(*, access: Access) -> QuerySet[Task]:
-    return _visible(Task.objects.select_related("tenant", "queue", "pool", "submitted_by"), access)
+    related = ("tenant", "queue", "pool", "submitted_by", "forecast")
+    return _visible(Task.objects.select_related(*related), access)
 
 
 def task_get(*, access: Access, task_id: int) -> Task:

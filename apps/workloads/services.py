@@ -15,6 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
+from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
@@ -281,9 +282,13 @@ def task_submit(
     """
     try:
         with transaction.atomic():
-            return _submit_one(
+            task, created = _submit_one(
                 tenant=tenant, request=request, submitted_by=submitted_by, idempotency_key=idempotency_key
             )
+            if created:
+                # Predictions are attached once the task is committed.
+                tasks_forecast_attach_on_commit(task_ids=[task.pk])
+            return task, created
     except IntegrityError:
         # Two retries with one key raced past step 1 (on different quota rows, so not serialised by the
         # lock): the unique constraint kept one; hand that one back.
@@ -312,16 +317,20 @@ def tasks_submit_bulk(
     submitted_by: AbstractBaseUser | None,
 ) -> list[Task]:
     """Submit several tasks (e.g. a gang) in one transaction: all are stored or none is."""
-    tasks = []
+    tasks, created_ids = [], []
     for index, (request, key) in enumerate(items):
         try:
             with transaction.atomic():
-                task, _ = _submit_one(
+                task, created = _submit_one(
                     tenant=tenant, request=request, submitted_by=submitted_by, idempotency_key=key
                 )
         except ValidationError as exc:
             raise BulkItemError(index=index, count=len(items), error=exc) from exc
         tasks.append(task)
+        if created:
+            created_ids.append(task.pk)
+    # One forecast job for the whole batch, after it is committed (a refused batch gets none).
+    tasks_forecast_attach_on_commit(task_ids=created_ids)
     return tasks
 
 

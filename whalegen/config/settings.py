@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "apps.workloads",
     "apps.approvals",
     "apps.scheduling",
+    "apps.forecasting",
 ]
 
 MIDDLEWARE = [
@@ -159,6 +160,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.approvals.tasks.overrides_expire",
         "schedule": float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60)),
     },
+    # Retrain the forecasters (a candidate is promoted only when it beats the baselines and the active
+    # model) and refresh the task profiles from finished runs.
+    "forecasting-train": {
+        "task": "apps.forecasting.tasks.forecasting_train_all",
+        "schedule": float(envint("WHALEGEN_FORECAST_TRAIN_INTERVAL_S", 86_400)),
+    },
+    "forecasting-profiles": {
+        "task": "apps.forecasting.tasks.profiles_refresh",
+        "schedule": float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
+    },
     # One scheduling cycle per pool every interval; a cycle that finds its pool busy just leaves.
     "schedule-pools": {
         "task": "apps.scheduling.tasks.cycles_all_pools",
@@ -169,6 +180,17 @@ CELERY_BEAT_SCHEDULE = {
 # WhaleGen's own knobs.
 WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
 WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
+# Forecasting: how far back finished runs and submissions feed training, baselines and profiles, and
+# how many recent runs a prediction at submission reads for its key history.
+WHALEGEN_FORECAST_LOOKBACK_DAYS = envint("WHALEGEN_FORECAST_LOOKBACK_DAYS", 30)
+WHALEGEN_FORECAST_HISTORY_ROWS = envint("WHALEGEN_FORECAST_HISTORY_ROWS", 5_000)
+# Attach forecasts in the submitting process instead of on a worker: the default without a broker.
+WHALEGEN_FORECAST_INLINE = envbool("WHALEGEN_FORECAST_INLINE", CELERY_TASK_ALWAYS_EAGER)
+# A candidate replaces the active model only when it is this much better (0.02 = 2 %) on the same
+# validation runs: two models of equal skill must not swap on noise.
+WHALEGEN_FORECAST_MIN_GAIN = envfloat("WHALEGEN_FORECAST_MIN_GAIN", 0.02)
+# Safety margin of right-sizing advice above a profile's observed GPU memory peak (0.15 = 15 %).
+WHALEGEN_RIGHT_SIZE_MARGIN = envfloat("WHALEGEN_RIGHT_SIZE_MARGIN", 0.15)
 # Placement policy of production cycles: whalegen, fgd, bestfit or k8s-default (whalegen.placement.registry).
 WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen"
 WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from apps.forecasting.api.serializers import TaskForecastOutputSerializer
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
 
 
@@ -46,6 +47,9 @@ class TaskOutputSerializer(serializers.ModelSerializer):
     queue = serializers.SlugRelatedField(slug_field="name", read_only=True)
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    forecast = TaskForecastOutputSerializer(
+        read_only=True, allow_null=True, help_text="Predictions made at submission; null until made."
+    )
 
     class Meta:
         model = Task
@@ -57,7 +61,7 @@ class TaskOutputSerializer(serializers.ModelSerializer):
             "attempts", "why_pending", "why_pending_code", "exit_code",
             "created_at", "updated_at", "started_at", "finished_at",
             "predicted_duration_p50_s", "predicted_duration_p90_s", "predicted_gpu_mem_peak_mib",
-            "predicted_start_at",
+            "predicted_start_at", "forecast",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -1,0 +1,166 @@
+"""Reads for the forecasting plane: training rows from finished tasks, the registry, profiles."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+from django.db.models import QuerySet
+
+from apps.forecasting.models import ForecastModel
+from apps.inventory.models import Gpu, Pool
+from apps.tenants.models import Tenant
+from apps.tenants.selectors import Access
+from apps.workloads.models import Task, TaskProfile
+
+# Columns of a duration row. `tenant` and `profile_key` form the history key (what "the same kind of
+# task" means on this plane); the request columns are the features the pure model learns from.
+DURATION_KEY_COLS = ("tenant", "profile_key")
+DURATION_FEATURE_COLS = (
+    "pool", "kind", "sla_class", "gpu_count", "gpu_milli", "gpu_mem_mib", "cpu_milli", "host_mem_mib",
+)  # fmt: skip
+_TEXT_COLS = ("tenant", "profile_key", "pool", "kind", "sla_class")
+
+
+def _epoch_s(values: pd.Series) -> np.ndarray:
+    # Through `timestamp()`: pandas' integer view of a datetime column is in its own unit (µs or ns
+    # depending on how the column was built), which would silently rescale every duration.
+    return np.asarray([np.nan if v is None or pd.isna(v) else v.timestamp() for v in values], np.float64)
+
+
+def duration_frame(rows: list[dict[str, object]]) -> pd.DataFrame:
+    """Rows (dicts with the columns above, `start` and optionally `end` datetimes) as the pure API's
+    frame: text columns as str, numbers as float (a missing memory request is NaN, not a category),
+    and `start_s` / `end_s` in epoch seconds."""
+    frame = pd.DataFrame(rows, columns=[*_TEXT_COLS, *DURATION_FEATURE_COLS[3:], "start", "end"])
+    for col in _TEXT_COLS:
+        frame[col] = frame[col].astype(str)
+    for col in DURATION_FEATURE_COLS[3:]:
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype(np.float64)
+    frame["start_s"] = _epoch_s(frame["start"])
+    frame["end_s"] = _epoch_s(frame["end"])
+    return frame
+
+
+def _row_values(queryset: QuerySet[Task]) -> list[dict[str, object]]:
+    return [
+        {
+            "tenant": r["tenant_id"],
+            "profile_key": r["profile_key"],
+            "pool": r["pool__name"],
+            "kind": r["kind"],
+            "sla_class": r["sla_class"],
+            "gpu_count": r["gpu_count"],
+            "gpu_milli": r["gpu_milli"],
+            "gpu_mem_mib": r["gpu_mem_mib"],
+            "cpu_milli": r["cpu_milli"],
+            "host_mem_mib": r["host_mem_mib"],
+            "id": r["id"],
+            "start": r["started_at"],
+            "end": r["finished_at"],
+        }
+        for r in queryset.values(
+            "id",
+            "tenant_id",
+            "profile_key",
+            "pool__name",
+            "kind",
+            "sla_class",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_mem_mib",
+            "cpu_milli",
+            "host_mem_mib",
+            "started_at",
+            "finished_at",
+        )
+    ]
+
+
+def finished_runs(
+    *, until: datetime, since: datetime | None = None, pool: Pool | None = None, tenant: Tenant | None = None
+) -> QuerySet[Task]:
+    """Tasks that ran to success and finished by `until`: their run time (started → finished, both set
+    by the state machine) is a duration the plane knows. Failed and cancelled runs are left out: their
+    time says when they stopped, not how long the work takes."""
+    queryset = Task.objects.filter(
+        state=Task.State.SUCCEEDED,
+        started_at__isnull=False,
+        finished_at__isnull=False,
+        finished_at__lte=until,
+    )
+    if since is not None:
+        queryset = queryset.filter(started_at__gte=since)
+    if pool is not None:
+        queryset = queryset.filter(pool=pool)
+    if tenant is not None:
+        queryset = queryset.filter(tenant=tenant)
+    return queryset.order_by("started_at", "id")
+
+
+def training_rows_duration(
+    *,
+    until: datetime,
+    since: datetime | None = None,
+    pool: Pool | None = None,
+    tenant: Tenant | None = None,
+    limit: int | None = None,
+) -> pd.DataFrame:
+    """Finished runs as duration rows, time-ordered; `limit` keeps the latest ones."""
+    queryset = finished_runs(until=until, since=since, pool=pool, tenant=tenant)
+    if limit is not None:
+        ids = list(queryset.order_by("-started_at", "-id").values_list("id", flat=True)[:limit])
+        queryset = queryset.filter(id__in=ids)
+    return duration_frame(_row_values(queryset))
+
+
+def tasks_duration_rows(*, tasks: list[Task]) -> pd.DataFrame:
+    """Rows of tasks being submitted (no start or end yet), in the order given."""
+    rows = {r["id"]: r for r in _row_values(Task.objects.filter(pk__in=[t.pk for t in tasks]))}
+    return duration_frame([rows[t.pk] for t in tasks])
+
+
+def training_rows_arrivals(*, pool: Pool, until: datetime, since: datetime) -> tuple[np.ndarray, list[str]]:
+    """Submission times (epoch s) and shape labels (`gpu_count=…|gpu_milli=…`) of a pool's tasks."""
+    rows = list(
+        Task.objects.filter(pool=pool, created_at__gte=since, created_at__lt=until)
+        .order_by("created_at", "id")
+        .values_list("created_at", "gpu_count", "gpu_milli")
+    )
+    times = np.asarray([r[0].timestamp() for r in rows], dtype=np.float64)
+    return times, [f"gpu_count={r[1]}|gpu_milli={r[2]}" for r in rows]
+
+
+def forecast_model_active(
+    *, kind: str, pool: Pool | None = None, tenant: Tenant | None = None
+) -> ForecastModel | None:
+    return ForecastModel.objects.filter(
+        kind=kind, pool=pool, tenant=tenant, state=ForecastModel.State.ACTIVE
+    ).first()
+
+
+def forecast_model_list() -> QuerySet[ForecastModel]:
+    """The registry. Every signed-in caller may read it (kinds, versions, metrics); the envelope bytes
+    are deferred here and only the admin serializer ever shows their size."""
+    return ForecastModel.objects.select_related("pool", "tenant").defer("blob")
+
+
+def profile_list(*, access: Access) -> QuerySet[TaskProfile]:
+    queryset = TaskProfile.objects.select_related("tenant")
+    if access.platform_admin:
+        return queryset.all()
+    return queryset.filter(tenant_id__in=access.tenant_ids)
+
+
+def gpu_models_by_tenant(*, tenant_ids: list[int]) -> dict[int, list[str]]:
+    """The GPU models of the pools each tenant holds a quota in (one query): what right-sizing advice
+    is given for."""
+    out: dict[int, set[str]] = {}
+    for tenant_id, model in (
+        Gpu.objects.filter(node__pool__quotas__tenant_id__in=tenant_ids)
+        .values_list("node__pool__quotas__tenant_id", "model")
+        .distinct()
+    ):
+        out.setdefault(tenant_id, set()).add(model)
+    return {tenant_id: sorted(models) for tenant_id, models in out.items()}
