@@ -7,4 +7,5 @@ urlpatterns = [
     path("", include("apps.inventory.api.urls")),
     path("", include("apps.workloads.api.urls")),
     path("", include("apps.approvals.api.urls")),
+    path("", include("apps.fleet.api.urls")),
 ]

@@ -12,6 +12,7 @@ from whalegen.config.env import (
     ConfigError,
     database_from_url,
     envbool,
+    envfloat,
     envint,
     envlist,
     envstr,
@@ -59,6 +60,7 @@ INSTALLED_APPS = [
     "apps.workloads",
     "apps.approvals",
     "apps.scheduling",
+    "apps.fleet",
 ]
 
 MIDDLEWARE = [
@@ -158,11 +160,22 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.approvals.tasks.overrides_expire",
         "schedule": float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60)),
     },
+    "fleet-node-health": {
+        "task": "apps.fleet.tasks.nodes_check_health",
+        "schedule": envfloat("WHALEGEN_NODE_HEALTH_INTERVAL_S", 5.0),
+    },
 }
 
 # WhaleGen's own knobs.
 WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
 WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
+# Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.
+WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
+WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)
+WHALEGEN_NODE_LOST_HEARTBEATS = envint("WHALEGEN_NODE_LOST_HEARTBEATS", 3)
+WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
+# How long a released task the agent still runs is listed as `stop` (afterwards omission stops it).
+WHALEGEN_AGENT_STOP_LIST_S = envfloat("WHALEGEN_AGENT_STOP_LIST_S", 600.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {
