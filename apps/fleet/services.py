@@ -151,41 +151,47 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
                 _gpu_unhealthy(gpu=gpu, kind=event.kind, xid=event.xid, now=at)
             else:
                 GpuEvent.objects.create(gpu=gpu, kind=event.kind, xid=event.xid, fatal=False, at=at)
-        # 2. Telemetry for profiles: one row per GPU sample, one per task process sample.
-        GpuSample.objects.bulk_create(
-            GpuSample(
-                gpu=gpus[s.gpu_uuid],
-                at=_when(s.at_s, now),
-                mem_used_mib=s.mem_used_mib,
-                mem_total_mib=s.mem_total_mib,
-                util_gpu_pct=s.util_gpu_pct,
-                util_mem_pct=s.util_mem_pct,
-                power_w=s.power_w,
-                temperature_c=s.temperature_c,
-                sm_clock_mhz=s.sm_clock_mhz,
-                ecc_uncorrected_aggregate=s.ecc_uncorrected_aggregate,
-            )
-            for s in message.telemetry
-            if s.gpu_uuid in gpus
-        )
-        task_ids = {int(s.task_id) for s in message.processes if s.task_id and s.task_id.isdigit()}
-        # Only tasks this node was given: a process claiming another node's task is not recorded.
-        mine = set(
-            Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True)
-        )
-        TaskSample.objects.bulk_create(
-            TaskSample(
-                task_id=int(s.task_id),
-                gpu=gpus[s.gpu_uuid],
-                at=_when(message.sent_at_s, now),
-                pid=s.pid,
-                used_mib=s.used_mib,
-            )
-            for s in message.processes
-            if s.task_id and s.task_id.isdigit() and int(s.task_id) in mine and s.gpu_uuid in gpus
-        )
+        # 2. Telemetry for profiles: one row per GPU sample, one per task process sample, at most once
+        # per WHALEGEN_TELEMETRY_SAMPLE_S per node.
+        last = GpuSample.objects.filter(gpu__node=node).aggregate(at=Max("at"))["at"]
+        if last is None or now - last >= timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
+            _store_telemetry(node=node, message=message, gpus=gpus, now=now)
         _seen(node=node, now=now, agent_version=message.agent_version)
     return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+
+
+def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], now: datetime) -> None:
+    """Stamped with the plane's clock (agents' clocks may drift); within a heartbeat of the truth."""
+    GpuSample.objects.bulk_create(
+        GpuSample(
+            gpu=gpus[s.gpu_uuid],
+            at=now,
+            mem_used_mib=s.mem_used_mib,
+            mem_total_mib=s.mem_total_mib,
+            util_gpu_pct=s.util_gpu_pct,
+            util_mem_pct=s.util_mem_pct,
+            power_w=s.power_w,
+            temperature_c=s.temperature_c,
+            sm_clock_mhz=s.sm_clock_mhz,
+            ecc_uncorrected_aggregate=s.ecc_uncorrected_aggregate,
+        )
+        for s in message.telemetry
+        if s.gpu_uuid in gpus
+    )
+    task_ids = {int(s.task_id) for s in message.processes if s.task_id and s.task_id.isdigit()}
+    # Only tasks this node was given: a process claiming another node's task is not recorded.
+    mine = set(Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True))
+    TaskSample.objects.bulk_create(
+        TaskSample(
+            task_id=int(s.task_id),
+            gpu=gpus[s.gpu_uuid],
+            at=now,
+            pid=s.pid,
+            used_mib=s.used_mib,
+        )
+        for s in message.processes
+        if s.task_id and s.task_id.isdigit() and int(s.task_id) in mine and s.gpu_uuid in gpus
+    )
 
 
 # ------------------------------------------------------------------------------------- desired state

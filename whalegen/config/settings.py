@@ -96,6 +96,9 @@ assert _database_url is not None
 DATABASES = {"default": database_from_url(_database_url)}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(str(DATABASES["default"]["NAME"])).parent.mkdir(parents=True, exist_ok=True)
+    # The embedded default serves agents, cycles and the API at once: a transaction takes the write lock
+    # when it begins and waits for it (up to 20 s) instead of failing "database is locked" mid-way.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -176,6 +179,8 @@ WHALEGEN_NODE_LOST_HEARTBEATS = envint("WHALEGEN_NODE_LOST_HEARTBEATS", 3)
 WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
 # How long a released task the agent still runs is listed as `stop` (afterwards omission stops it).
 WHALEGEN_AGENT_STOP_LIST_S = envfloat("WHALEGEN_AGENT_STOP_LIST_S", 600.0)
+# Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
+WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {
