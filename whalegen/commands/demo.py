@@ -212,6 +212,9 @@ def _beat_thread(stop: threading.Event) -> threading.Thread:
 
     from whalegen.config.celery import app
 
+    # Import every app's tasks.py now: autodiscovery is lazy, and an entry whose task module nobody
+    # imported yet would be skipped for good (the scheduling cycle among them).
+    app.loader.import_default_modules()
     entries = [(entry["task"], float(entry["schedule"])) for entry in settings.CELERY_BEAT_SCHEDULE.values()]
     due = {name: time.monotonic() + interval for name, interval in entries}
 
