@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
+import ctypes.util
 import json
 import logging
 import math
@@ -35,6 +37,8 @@ from apps.workloads.models import Queue, Task
 from apps.workloads.services import TaskRequest, task_submit
 
 log = logging.getLogger("whalegen.demo")
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 # Catalogue model → simulator SKU (agents/sim fixtures). The simulator has no L4: the nearest SKU it has,
 # an L40S, stands in (whole GPUs and MPS only, like an L4); the plane keeps its own model name.
@@ -73,6 +77,13 @@ def sim_spec(nodes: list[Node]) -> dict[str, object]:
         ]
         spec_nodes.append({"name": node.name, "gpus": gpus})
     return {"driver_version": "570.124.06", "nodes": spec_nodes}
+
+
+def _die_with_parent() -> None:
+    """In the agent's child process: SIGTERM it when the demo dies, even by SIGKILL (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -126,6 +137,7 @@ class SimulatedAgents:
                         "--heartbeat-s", "5", "--poll-wait-s", "10", "--reconcile-s", "15",
                     ],
                     cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
                 )  # fmt: skip
             self.agents.append(_Agent(node.name, state_dir, proc))
         return len(self.agents)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -259,6 +260,8 @@ def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> 
     _status_thread(stop)
     if serve_seconds is not None:
         threading.Timer(serve_seconds, httpd.shutdown).start()
+    # SIGTERM (a service manager, a test) ends the demo like Ctrl-C, so the agents are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
