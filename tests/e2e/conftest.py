@@ -82,6 +82,14 @@ class AgentProcess:
         self.proc.kill()
         self.proc.wait(timeout=15)
 
+    def sim_command(self, **command: Any) -> None:
+        """Drop a command into the simulator's control inbox (e.g. op="inject_xid", gpu=0, xid=79)."""
+        inbox = self.state_dir / "sim" / "control"
+        inbox.mkdir(parents=True, exist_ok=True)
+        path = inbox / f"{time.monotonic_ns()}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(command))
+        path.with_suffix(".tmp").replace(path)
+
     def task_pid(self, task_id: int) -> int | None:
         path = self.state_dir / "agent-state.json"
         if not path.exists():

@@ -135,3 +135,28 @@ def test_a_restarted_agent_re_adopts_its_running_task(node_a: Any) -> None:
     assert (task.state, task.exit_code, task.attempts) == ("succeeded", 0, 0)
     said = [t for r in AgentReport.objects.filter(node=node_a.node) for t in r.payload["tasks"]]
     assert any(t["state"] == "running" and "re-adopted" in t["reason"] for t in said)
+
+
+def test_a_preempted_task_is_stopped_on_the_agent_and_waits_in_pending(node_a: Any) -> None:
+    from apps.fleet.models import TaskRun
+    from apps.workloads.services import task_transition
+
+    task = _task(node_a.task_a, ["sleep", "60"])
+    assign(task, node_a.node, [node_a.whole_unit])
+    wait_for(lambda: _state(task, "running"), what="the task to run")
+    pid = wait_for(lambda: node_a.agent.task_pid(task.pk), what="its pid")
+    # What a cycle's priority preemption commits: running → preempted → pending, units released.
+    task = task_transition(task=task, to_state="preempted", actor="scheduler", reason="priority preemption")
+    task_transition(task=task, to_state="pending", actor="scheduler", reason="requeued after preemption")
+    wait_for(lambda: TaskRun.objects.filter(task=task, state="stopped").exists(), what="the stop report")
+    assert not alive(pid)
+    task.refresh_from_db()
+    assert (task.state, task.attempts) == ("pending", 1)
+
+
+def test_xid_79_on_a_live_node_marks_its_gpu_unhealthy(node_a: Any) -> None:
+    gpu = node_a.node.gpus.get(index=1)
+    node_a.agent.sim_command(op="inject_xid", gpu=1, xid=79)
+    wait_for(lambda: node_a.node.gpus.get(index=1).health == "unhealthy", what="the GPU marked unhealthy")
+    assert gpu.events.filter(fatal=True).exists()
+    assert node_a.node.gpus.get(index=0).health == "healthy"
