@@ -319,3 +319,19 @@ def test_a_lost_gpu_partition_report_marks_the_gpu_unhealthy(fleet: Any, agent_c
     gpu.refresh_from_db()
     assert gpu.health == "unhealthy"
     assert gpu.partition.state == "gpu_lost"
+
+
+def test_one_check_of_the_long_poll_costs_a_fixed_number_of_queries(
+    fleet: Any, django_assert_num_queries: Any
+) -> None:
+    """Pinned: the poll re-checks every 0.25 s per waiting node, so its cost must not grow with tasks."""
+    from apps.fleet.services import desired_state_current
+    from apps.workloads.services import TaskRequest, task_submit
+
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    more, _ = task_submit(tenant=fleet.tenant_a, request=TaskRequest(queue="train"), submitted_by=fleet.alice)
+    assign(more, fleet.node, [fleet.mig_unit])
+    desired_state_current(node=fleet.node)
+    with django_assert_num_queries(6):
+        state = desired_state_current(node=fleet.node)
+    assert len(state.tasks) == 2
