@@ -44,11 +44,15 @@ class AgentReport(models.Model):
 
 
 class TaskRun(models.Model):
-    """What a node's agent last said about one task it was given (agent states, `whalegen.protocol`).
+    """What a node's agent last said about one attempt of a task it was given (agent states).
 
-    The plane's own task state lives on `Task`; this row is how the desired state knows a task whose
-    assignment was released (cancelled, preempted, requeued after loss) may still have a process on the
-    node, so it lists it as `stop` until the agent reports it ended.
+    The agent knows a run by its run id (`selectors.run_id`: the task id, plus `.N` from the second attempt
+    on), so a requeued task handed to the same node again is a new run there, never confused with the
+    old process it may still be stopping.
+
+        The plane's own task state lives on `Task`; this row is how the desired state knows a task whose
+        assignment was released (cancelled, preempted, requeued after loss) may still have a process on the
+        node, so it lists it as `stop` until the agent reports it ended.
     """
 
     class State(models.TextChoices):
@@ -64,6 +68,7 @@ class TaskRun(models.Model):
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="task_runs")
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="runs")
+    attempt = models.PositiveIntegerField(default=0)  # Task.attempts when this run was handed out
     state = models.CharField(max_length=10, choices=State.choices)
     pid = models.IntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -73,10 +78,14 @@ class TaskRun(models.Model):
 
     class Meta:
         ordering = ["node_id", "task_id"]
-        constraints = [models.UniqueConstraint(fields=["node", "task"], name="task_run_node_task_unique")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "task", "attempt"], name="task_run_node_task_attempt_unique"
+            )
+        ]
 
     def __str__(self) -> str:
-        return f"task {self.task_id} on node {self.node_id}: {self.state}"
+        return f"task {self.task_id} attempt {self.attempt} on node {self.node_id}: {self.state}"
 
 
 class GpuPartition(models.Model):

@@ -37,6 +37,22 @@ def node_for_token(*, raw: str) -> Node | None:
     return Node.objects.select_related("cluster").filter(agent_credential_hash=credential_hash(raw)).first()
 
 
+def run_id(task_id: int, attempt: int) -> str:
+    """The task id the agent sees: `42` for a first attempt, `42.1`, `42.2` … after requeues.
+
+    The agent never restarts a task id it has seen end while the plane still lists it, so each attempt
+    must be a new id to the agent."""
+    return str(task_id) if attempt == 0 else f"{task_id}.{attempt}"
+
+
+def parse_run_id(value: str) -> tuple[int, int] | None:
+    """(task id, attempt) from a run id; None when it is not one."""
+    head, dot, tail = value.partition(".")
+    if not head.isdigit() or (dot and not tail.isdigit()):
+        return None
+    return int(head), int(tail or 0)
+
+
 def _layout(gpu: Gpu) -> p.GpuLayout:
     mode = _MODES[Gpu.PartitionMode(gpu.partition_mode)]
     if mode is p.PartitionMode.MIG:
@@ -62,14 +78,15 @@ def _unit(unit: ComputeUnit) -> p.ComputeUnit:
     return p.ComputeUnit(kind=p.UnitKind.WHOLE)
 
 
-def _spec(task: Task, units: list[ComputeUnit], desired: p.DesiredTaskState) -> p.TaskSpec:
+def _spec(task: Task, attempt: int, units: list[ComputeUnit], desired: p.DesiredTaskState) -> p.TaskSpec:
     units = sorted(units, key=lambda u: (u.gpu.index, u.pk))
     env = {str(k): str(v) for k, v in (task.env or {}).items()}
     # The protocol names one GPU per task; a multi-GPU task is told all of them in its environment.
     env["WHALEGEN_TASK_ID"] = str(task.pk)
+    env["WHALEGEN_ATTEMPT"] = str(attempt)
     env["WHALEGEN_GPU_UUIDS"] = ",".join(u.gpu.uuid for u in units)
     return p.TaskSpec(
-        task_id=str(task.pk),
+        task_id=run_id(task.pk, attempt),
         command=tuple(str(a) for a in task.command),
         gpu_uuid=units[0].gpu.uuid,
         unit=_unit(units[0]),
@@ -99,30 +116,44 @@ def desired_state_build(*, node: Node, now: datetime) -> p.DesiredState:
         .select_related("task")
         .prefetch_related(Prefetch("units", queryset=unit_query))
     )
-    # 3. Released assignments of tasks still alive on the agent (two queries).
-    alive = TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE).values("task_id")
+    # 3. Runs the agent last said are alive that are not the live attempt here: cancelled, preempted,
+    # requeued (perhaps handed back to this very node as a new attempt). Their units come from the
+    # task's latest released assignment here (two or three queries).
+    live_runs = {(a.task_id, a.task.attempts) for a in live}
+    alive = [
+        (task_id, attempt)
+        for task_id, attempt in TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE)
+        .values_list("task_id", "attempt")
+        .order_by("task_id", "attempt")
+        if (task_id, attempt) not in live_runs
+    ]
     horizon = now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
-    stopping = list(
-        Assignment.objects.filter(node=node, released_at__gte=horizon, task_id__in=alive)
-        .exclude(task_id__in=[a.task_id for a in live])
+    released: dict[int, Assignment] = {}
+    for assignment in (
+        Assignment.objects.filter(
+            node=node, released_at__gte=horizon, task_id__in={task_id for task_id, _ in alive}
+        )
         .select_related("task")
         .prefetch_related(Prefetch("units", queryset=unit_query))
         .order_by("task_id", "-released_at")
-    )
-    specs: dict[int, p.TaskSpec] = {}
+    ):
+        released.setdefault(assignment.task_id, assignment)
+    specs: dict[tuple[int, int], p.TaskSpec] = {}
     busy_unit_ids: set[int] = set()
-    for assignment in stopping:
-        units = list(assignment.units.all())
-        if assignment.task_id in specs or not units:
+    for task_id, attempt in alive:
+        stopping = released.get(task_id)
+        units = list(stopping.units.all()) if stopping is not None else []
+        if stopping is None or not units:
             continue
-        specs[assignment.task_id] = _spec(assignment.task, units, p.DesiredTaskState.STOP)
+        specs[(task_id, attempt)] = _spec(stopping.task, attempt, units, p.DesiredTaskState.STOP)
         busy_unit_ids |= {u.pk for u in units}
     for assignment in live:
         units = list(assignment.units.all())
         if not units or busy_unit_ids & {u.pk for u in units}:
             continue
-        specs[assignment.task_id] = _spec(assignment.task, units, p.DesiredTaskState.RUN)
-    tasks = tuple(specs[task_id] for task_id in sorted(specs))
+        key = (assignment.task_id, assignment.task.attempts)
+        specs[key] = _spec(assignment.task, assignment.task.attempts, units, p.DesiredTaskState.RUN)
+    tasks = tuple(specs[key] for key in sorted(specs))
     return p.DesiredState(generation=0, gpus=layouts, tasks=tasks)
 
 

@@ -27,7 +27,7 @@ from apps.fleet.models import (
     TaskRun,
     TaskSample,
 )
-from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build
+from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run_id
 from apps.inventory.models import Gpu, Node
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Task
@@ -178,19 +178,14 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
         for s in message.telemetry
         if s.gpu_uuid in gpus
     )
-    task_ids = {int(s.task_id) for s in message.processes if s.task_id and s.task_id.isdigit()}
+    runs = {s.pid: parse_run_id(s.task_id) for s in message.processes if s.task_id}
+    task_ids = {run[0] for run in runs.values() if run is not None}
     # Only tasks this node was given: a process claiming another node's task is not recorded.
     mine = set(Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True))
     TaskSample.objects.bulk_create(
-        TaskSample(
-            task_id=int(s.task_id),
-            gpu=gpus[s.gpu_uuid],
-            at=now,
-            pid=s.pid,
-            used_mib=s.used_mib,
-        )
+        TaskSample(task_id=run[0], gpu=gpus[s.gpu_uuid], at=now, pid=s.pid, used_mib=s.used_mib)
         for s in message.processes
-        if s.task_id and s.task_id.isdigit() and int(s.task_id) in mine and s.gpu_uuid in gpus
+        if (run := runs.get(s.pid)) is not None and run[0] in mine and s.gpu_uuid in gpus
     )
 
 
@@ -313,9 +308,10 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
     # 1. Ownership: all or nothing, before anything is written.
     named: set[int] = set()
     for item in message.tasks:
-        if not item.task_id.isdigit():
+        run = parse_run_id(item.task_id)
+        if run is None:
             raise NotAllowed(f"task {item.task_id!r} was never assigned to node {node.pk}")
-        named.add(int(item.task_id))
+        named.add(run[0])
     existing = set(Task.objects.filter(pk__in=named).values_list("pk", flat=True))
     mine = set(Assignment.objects.filter(node=node, task_id__in=named).values_list("task_id", flat=True))
     if existing - mine:
@@ -332,12 +328,13 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                 raise _Repeat
             AgentReport.objects.create(node=node, seq=message.seq, payload=message.to_dict())
             for item in message.tasks:
-                task_id = int(item.task_id)
+                task_id, attempt = parse_run_id(item.task_id) or (0, 0)
                 if task_id not in existing:
                     continue  # deleted since: nothing to move
                 TaskRun.objects.update_or_create(
                     node=node,
                     task_id=task_id,
+                    attempt=attempt,
                     defaults={
                         "state": item.state.value,
                         "pid": item.pid,
@@ -347,7 +344,12 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                     },
                 )
                 task = Task.objects.get(pk=task_id)
-                live = Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
+                # Only the current attempt's live assignment here is moved by what the agent says;
+                # a report about an older attempt (an orphan being stopped) only updates its TaskRun.
+                live = (
+                    attempt == task.attempts
+                    and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
+                )
                 _apply_task_report(node=node, task=task, report=item, live=live)
             for part in message.partitions:
                 gpu = gpus.get(part.gpu_uuid)

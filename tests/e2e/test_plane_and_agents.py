@@ -119,6 +119,11 @@ def test_a_node_killed_mid_run_is_lost_its_task_requeued_and_its_orphan_stopped_
     assert node_a.node.state == "ready"
     task.refresh_from_db()
     assert task.state == "pending"
+    # Handed back to the same node, the task is a new run there (id `<task>.1`) and finishes.
+    task = _task(task, ["sh", "-c", "exit 0"])
+    assign(task, node_a.node, [node_a.whole_unit])
+    wait_for(lambda: _state(task, "succeeded", "failed"), what="the second attempt to end")
+    assert (task.state, task.attempts) == ("succeeded", 1)
 
 
 def test_a_restarted_agent_re_adopts_its_running_task(node_a: Any) -> None:

@@ -109,3 +109,41 @@ def test_drain_requeues_preemptible_tasks_and_waits_for_the_others(
     assert drains_complete() == [fleet.node.pk]
     fleet.node.refresh_from_db()
     assert fleet.node.state == "cordoned"
+
+
+def test_a_requeued_task_handed_back_to_the_same_node_is_a_new_run_after_the_old_one_stops(
+    fleet: Any, agent_client: Any
+) -> None:
+    from apps.fleet.services import nodes_mark_lost
+
+    client = agent_client(fleet.token_a)
+    beat(client, fleet.node)
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    running = p.TaskReport(task_id=str(fleet.task_a.pk), state=p.TaskState.RUNNING, at_s=time.time(), pid=3)
+    client.post(
+        p.REPORT_PATH, p.Report(str(fleet.node.pk), 1, time.time(), (running,)).to_dict(), format="json"
+    )
+    nodes_mark_lost(now=timezone.now() + timedelta(seconds=60))
+    beat(client, fleet.node)
+    fleet.task_a.refresh_from_db()
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])  # the cycle picks the same node and unit
+
+    def listed() -> list[tuple[str, str]]:
+        state = p.DesiredState.from_dict(client.get(p.DESIRED_STATE_PATH).json())
+        return [(t.task_id, t.desired.value) for t in state.tasks]
+
+    first = str(fleet.task_a.pk)
+    assert listed() == [(first, "stop")]  # the old process holds the unit: the new run waits
+    stopped = p.TaskReport(task_id=first, state=p.TaskState.STOPPED, at_s=time.time(), signal=15)
+    client.post(
+        p.REPORT_PATH, p.Report(str(fleet.node.pk), 2, time.time(), (stopped,)).to_dict(), format="json"
+    )
+    fleet.task_a.refresh_from_db()
+    assert fleet.task_a.state == "assigned"  # the old run's end does not touch the new attempt
+    assert listed() == [(f"{first}.1", "run")]
+    started = p.TaskReport(task_id=f"{first}.1", state=p.TaskState.RUNNING, at_s=time.time(), pid=4)
+    client.post(
+        p.REPORT_PATH, p.Report(str(fleet.node.pk), 3, time.time(), (started,)).to_dict(), format="json"
+    )
+    fleet.task_a.refresh_from_db()
+    assert (fleet.task_a.state, fleet.task_a.attempts) == ("running", 1)
