@@ -22,11 +22,12 @@ import numpy.typing as npt
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
 from whalegen.placement.registry import make_policy
-from whalegen.placement.state import Binding, ClusterState, Request
+from whalegen.placement.state import ISOLATION_MODES, MODE_CODES, Binding, ClusterState, Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
     CycleResult,
+    Isolation,
     Outcome,
     Placement,
     Preemption,
@@ -43,6 +44,9 @@ class EngineConfig:
     policy: str = "whalegen"
     seed: int = 0  # drives the policies that draw at random (`random`); the rest are deterministic
     preemption: bool = True  # propose victims for tasks that cannot place
+    # Idle GPU milli the pool keeps for online-SLA tasks (`TaskRequest.sla_online`): a batch task is not
+    # placed if afterwards less than this would be idle on schedulable nodes. 0 = no reserve.
+    online_reserve_milli: int = 0
 
 
 @dataclass
@@ -167,17 +171,28 @@ class Engine:
     def solve(self, pending: tuple[TaskRequest, ...], now: float) -> CycleResult:
         """Place what fits, in priority order, and commit it to the working copy.
 
-        Steps: 1. order tasks by priority, then submission time; gangs go as one unit at the position
-        of their first member. 2. For each unit: gang completeness, then quota (guarantee, then borrow
-        limit). 3. Place members one by one; a gang that cannot place every member is undone.
-        4. For each task left over, an explanation and, where allowed, a preemption proposal.
+        Steps: 1. order tasks: the caller's `order_key` first where given (lowest first), then priority,
+        then submission time; gangs go as one unit at the position of their first member. 2. For each
+        unit: gang completeness, quota (guarantee, then borrow limit), then the online reserve for batch
+        work. 3. Place members one by one; a gang that cannot place every member, or a batch unit that
+        would end below the online reserve, is undone. 4. For each task left over, an explanation and,
+        where allowed, a preemption proposal.
         """
         placements: list[Placement] = []
         unplaced: list[Unplaced] = []
         preemptions: list[Preemption] = []
         claimed: set[str] = set()
         # 1. Order.
-        ordered = sorted(pending, key=lambda t: (-t.priority, t.submitted_at_s, t.task_id))
+        ordered = sorted(
+            pending,
+            key=lambda t: (
+                t.order_key is None,
+                t.order_key or 0,
+                -t.priority,
+                t.submitted_at_s,
+                t.task_id,
+            ),
+        )
         gangs: dict[str, list[TaskRequest]] = defaultdict(list)
         for task in ordered:
             if task.gang_id is not None:
@@ -202,6 +217,11 @@ class Engine:
             if quota_problem is not None:
                 unplaced += [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit]
                 continue
+            batch = not all(t.sla_online for t in unit)
+            reserve_problem = self._reserve_check(unit, need_milli) if batch else None
+            if reserve_problem is not None:
+                unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, reserve_problem) for t in unit]
+                continue
             # 3. Place every member or none.
             bound: list[tuple[TaskRequest, Binding]] = []
             failed: TaskRequest | None = None
@@ -212,6 +232,13 @@ class Engine:
                     failed = task
                     break
                 bound.append((task, self.state.bind(task.task_id, pick[0], pick[1], req)))
+            if failed is None and batch and self.state.free_milli_total < self.config.online_reserve_milli:
+                # Whole-mode GPUs and MIG profiles can hold more than was asked: check what was taken.
+                for _, binding in reversed(bound):
+                    self.state.release(binding.task_id)
+                problem = self._reserve_message(unit, need_milli)
+                unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, problem) for t in unit]
+                continue
             if failed is None:
                 for task, binding in bound:
                     placements.append(self._commit(task, binding, borrowed, now))
@@ -271,6 +298,19 @@ class Engine:
             )
         return None, used + need_milli > quota.guaranteed_milli
 
+    def _reserve_check(self, unit: list[TaskRequest], need_milli: int) -> str | None:
+        reserve = self.config.online_reserve_milli
+        if reserve and self.state.free_milli_total - need_milli < reserve:
+            return self._reserve_message(unit, need_milli)
+        return None
+
+    def _reserve_message(self, unit: list[TaskRequest], need_milli: int) -> str:
+        what = "batch task" if len(unit) == 1 else f"batch gang {unit[0].gang_id}"
+        return (
+            f"{what} asks {need_milli} milli-GPU; {self.state.free_milli_total} milli-GPU is free and the "
+            f"pool keeps {self.config.online_reserve_milli} for online tasks"
+        )
+
     # -- explanations ------------------------------------------------------------------------------
 
     def explain(self, req: Request) -> tuple[Outcome, str]:
@@ -281,16 +321,28 @@ class Engine:
         if not allowed.any():
             what = f"{models} GPU" if models else "schedulable node"
             return Outcome.NO_ALLOWED_MODEL, f"no schedulable node has a {what}"
+        # Devices whose partition mode the task's isolation accepts.
+        codes = [MODE_CODES[m] for m in ISOLATION_MODES[req.isolation]]
+        mode_ok = np.isin(s.np_mode, codes)
+        isolated = req.num_gpu > 0 and req.isolation is not Isolation.ANY
+        if isolated:
+            allowed = allowed & mode_ok.any(axis=1)
+            if not allowed.any():
+                what = ISOLATION_WORDS[req.isolation]
+                return Outcome.NO_ISOLATION, f"no schedulable node has {what} (isolation {req.isolation})"
         total = int(allowed.sum())
         lack_cpu = int((allowed & (s.np_cpu_free < req.cpu_milli)).sum())
         lack_mem = int((allowed & (s.np_mem_free < req.mem_mib)).sum())
         parts: list[str] = []
         if req.num_gpu:
             threshold = WHOLE_GPU_MILLI if self.policy.whole_gpus_only else req.gpu_milli
-            has_gpu: npt.NDArray[np.bool_] = (s.np_gpu_free >= threshold).sum(axis=1) >= req.num_gpu
+            fits = (s.np_gpu_free >= threshold) & mode_ok
+            has_gpu: npt.NDArray[np.bool_] = fits.sum(axis=1) >= req.num_gpu
             with_gpu = int((allowed & has_gpu).sum())
             where = models or "GPU"
             amount = f"{req.gpu_milli} milli" if req.num_gpu == 1 else f"{req.num_gpu}×{req.gpu_milli} milli"
+            if isolated:
+                amount += f" ({req.isolation} isolation)"
             if with_gpu == 0:
                 parts.append(f"no {where} node with {amount} free")
             else:
@@ -358,6 +410,13 @@ class Engine:
                 why = f"borrowed capacity reclaimed for tenant {task.tenant}, which is within its guarantee"
             proposals.append(Preemption(record.task_id, node, task.task_id, why))
         return proposals
+
+
+ISOLATION_WORDS = {
+    Isolation.MIG: "a GPU in MIG mode",
+    Isolation.MPS: "a GPU in shared (MPS or time-slice) mode",
+    Isolation.EXCLUSIVE: "a GPU outside MIG mode",
+}
 
 
 def _nodes(count: int) -> str:

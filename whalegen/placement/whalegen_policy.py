@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd_score
 from whalegen.placement.state import ClusterState, Request
-from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix
+from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, PartitionMode, ShapeMix
 
 # (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
 Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
@@ -189,18 +189,28 @@ class WhalegenPolicy(Policy):
             choice = (self._value(self.frag(model, cpu_after, mem_after, gpus) - before, req, model), ())
         else:
             if not req.is_share:
-                candidates = [self.first_devices(req, devices)]
+                candidates: list[tuple[int, ...]] = [self.first_devices(req, devices)]
             elif self.sumsq:
-                # Partly used GPUs are offered through the gap index; per node only a fresh GPU is scored.
+                # Partly used shared GPUs are offered through the gap index; per node a fresh GPU is
+                # scored, and so is every MIG GPU with room (MIG slices are not in the gap index), the
+                # fullest first so that equal scores fill a partly used MIG GPU and keep fresh ones whole.
                 fresh = [d for d in devices if gpus[d] == WHOLE_GPU_MILLI]
-                candidates = [(fresh[0],)] if fresh else []
+                if s.plain[n]:
+                    candidates = [(fresh[0],)] if fresh else []
+                else:
+                    modes = s.modes[n]
+                    mig = sorted((d for d in devices if modes[d] is PartitionMode.MIG), key=lambda d: gpus[d])
+                    other = [d for d in fresh if modes[d] is not PartitionMode.MIG]
+                    candidates = [(d,) for d in mig]
+                    candidates += [(other[0],)] if other else []
             else:
                 candidates = [(d,) for d in devices]
+            plain = s.plain[n]
             choice = (NEG_INF, ())
             for chosen in candidates:
                 after = list(gpus)
                 for d in chosen:
-                    after[d] -= req.gpu_milli
+                    after[d] -= req.gpu_milli if plain else s.held_milli(n, d, req)
                 value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
                 if value > choice[0]:
                     choice = (value, chosen)
@@ -209,7 +219,8 @@ class WhalegenPolicy(Policy):
     # -- selection ---------------------------------------------------------------------------------
 
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
-        if not (req.is_share and self.sumsq):
+        if not (req.is_share and self.sumsq) or req.isolation is Isolation.MIG:
+            # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
             return super().select(req, scores)
         size = req.gpu_milli
         floor = self.min_share
