@@ -22,7 +22,7 @@ import numpy.typing as npt
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
 from whalegen.placement.registry import make_policy
-from whalegen.placement.state import ISOLATION_MODES, MODE_CODES, Binding, ClusterState, Request
+from whalegen.placement.state import Binding, ClusterState, Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
@@ -81,8 +81,9 @@ class Engine:
         self.request_ids: dict[Request, int] = {}
         self.allowed: dict[Request, npt.NDArray[np.bool_]] = {}
         # Nodes in the same state score a request the same way (for policies whose score reads only the
-        # node): (node state, request id) -> (score, devices). Identical nodes are common in real fleets.
-        self.memo: dict[tuple[object, int], tuple[float, tuple[int, ...]]] = {}
+        # node): (node state class, request id) -> (score, devices). Identical nodes are common in real
+        # fleets, and a filling cluster keeps revisiting the same states.
+        self.memo: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
         self.quotas: dict[str, Quota] = {q.tenant: q for q in snapshot.quotas}
         self.usage_milli: dict[str, int] = defaultdict(int)
         self.records: dict[str, _Record] = {}
@@ -126,34 +127,41 @@ class Engine:
             & (state.np_mem_free[stale] >= req.mem_mib)
         )
         if req.num_gpu:
-            devices_ok = (state.np_gpu_free[stale] >= req.gpu_milli).sum(axis=1) >= req.num_gpu
+            threshold = self.policy.device_threshold(req)
+            devices_ok = (state.np_gpu_free[stale] >= threshold).sum(axis=1) >= req.num_gpu
             possible &= devices_ok | ~state.np_plain[stale]
         cache.scores[stale[~possible]] = NEG_INF
         stale = stale[possible]
-        # 3. Score the rest, through the node-state memo where the policy allows it.
-        memo = self.memo if self.policy.node_pure else None
-        if memo is not None and len(memo) > MEMO_LIMIT:
-            memo.clear()
-        rid = self.request_ids[req]
-        keys = state.node_key
-        values: list[float] = []
-        devices_of = cache.devices
+        # 3. Score the rest. A node-pure policy scores each distinct node state once (one node stands
+        #    for its class, through a memo kept across requests and cycles) and numpy spreads the score.
         score_node = self._score_node
-        if memo is None:
+        if not self.policy.node_pure:
+            values: list[float] = []
+            devices_of = cache.devices
             for n in stale.tolist():
                 value, devices_of[n] = score_node(n, req)
                 values.append(value)
-        else:
-            lookup = memo.get
-            for n in stale.tolist():
-                key = (keys[n], rid)
-                hit = lookup(key)
-                if hit is None:
-                    hit = score_node(n, req)
-                    memo[key] = hit
-                values.append(hit[0])
-                devices_of[n] = hit[1]
-        cache.scores[stale] = values
+            cache.scores[stale] = values
+            return cache
+        memo = self.memo
+        if len(memo) > MEMO_LIMIT:
+            memo.clear()
+        rid = self.request_ids[req]
+        classes = state.class_id[stale]
+        unique, first, inverse = np.unique(classes, return_index=True, return_inverse=True)
+        class_values = np.empty(len(unique))
+        class_devices = cache.class_devices
+        lookup = memo.get
+        for j, (cls, n) in enumerate(zip(unique.tolist(), stale[first].tolist(), strict=True)):
+            key = (cls, rid)
+            hit = lookup(key)
+            if hit is None:
+                hit = score_node(n, req)
+                memo[key] = hit
+            class_values[j] = hit[0]
+            class_devices[cls] = hit[1]
+        cache.scores[stale] = class_values[inverse]
+        cache.classes[stale] = classes
         return cache
 
     def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
@@ -322,8 +330,7 @@ class Engine:
             what = f"{models} GPU" if models else "schedulable node"
             return Outcome.NO_ALLOWED_MODEL, f"no schedulable node has a {what}"
         # Devices whose partition mode the task's isolation accepts.
-        codes = [MODE_CODES[m] for m in ISOLATION_MODES[req.isolation]]
-        mode_ok = np.isin(s.np_mode, codes)
+        mode_ok = s.np_mode_ok[req.isolation]
         isolated = req.num_gpu > 0 and req.isolation is not Isolation.ANY
         if isolated:
             allowed = allowed & mode_ok.any(axis=1)

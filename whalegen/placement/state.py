@@ -152,6 +152,10 @@ class ClusterState:
         self.plain = [all(mode is PartitionMode.SHARED for mode in modes) for modes in self.modes]
         # Everything feasibility and node-local scores read, as one hashable value per node.
         self.node_key: list[tuple[object, ...]] = [self._key(n) for n in range(len(nodes))]
+        # Each distinct node key gets a small integer (its state class), so that nodes in the same state
+        # can be grouped with numpy and scored once.
+        self.key_ids: dict[tuple[object, ...], int] = {}
+        self.class_id = np.array([self._class_of(key) for key in self.node_key], np.int64)
         # Which task classes each node hosts (count per class): the clustering policy reads it.
         self.classes: list[dict[int, int]] = [{} for _ in nodes]
         self.bindings: dict[str, Binding] = {}
@@ -171,6 +175,11 @@ class ClusterState:
         self.np_mode = np.full((count, max(width, 1)), -1, np.int8)
         for n, modes in enumerate(self.modes):
             self.np_mode[n, : len(modes)] = [MODE_CODES[m] for m in modes]
+        # Per isolation, which device columns have a partition mode it accepts (modes never change).
+        self.np_mode_ok = {
+            isolation: np.isin(self.np_mode, [MODE_CODES[m] for m in modes])
+            for isolation, modes in ISOLATION_MODES.items()
+        }
         # Idle GPU milli on schedulable nodes: what the online-SLA reserve is measured against.
         self.free_milli_total = sum(sum(self.gpu_free[n]) for n in range(count) if self.schedulable[n])
 
@@ -198,6 +207,13 @@ class ClusterState:
             tuple(self.mig_used[n]),
         )
         return (*base, *extra)
+
+    def _class_of(self, key: tuple[object, ...]) -> int:
+        cls = self.key_ids.get(key)
+        if cls is None:
+            cls = len(self.key_ids)
+            self.key_ids[key] = cls
+        return cls
 
     def __len__(self) -> int:
         return len(self.names)
@@ -361,7 +377,9 @@ class ClusterState:
         else:
             del self.bindings[binding.task_id]
         self.version[n] += 1
-        self.node_key[n] = self._key(n)
+        key = self._key(n)
+        self.node_key[n] = key
+        self.class_id[n] = self._class_of(key)
         for listener in self.listeners:
             listener(n)
 
