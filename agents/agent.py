@@ -30,7 +30,7 @@ from agents.client import Backoff, PlaneClient, PlaneRejected, PlaneUnavailable
 from agents.enforce.mig import reconcile_mig
 from agents.enforce.mps import MpsError, MpsManager
 from agents.enforce.timeslice import find_overruns
-from agents.runner import Finished, Runner
+from agents.runner import Finished, Runner, visible_devices
 from agents.state import Outbox, StateFile
 from whalegen import __version__
 from whalegen.protocol import (
@@ -49,11 +49,13 @@ from whalegen.protocol import (
     ProtocolError,
     Register,
     Report,
+    RunningTask,
     TaskReport,
     TaskSpec,
     TaskState,
     TelemetrySample,
     UnitKind,
+    run_key,
 )
 
 log = logging.getLogger("whalegen.agent")
@@ -106,8 +108,10 @@ class Agent:
         self.node_id: str | None = None
         self.desired: DesiredState | None = None
         self.generation_applied = 0
-        self.specs: dict[str, TaskSpec] = {}  # tasks started and not yet reported finished
-        self.finished: set[str] = set()  # task IDs that ended here: never started again
+        # Keyed by run key (`protocol.run_key`: task id and attempt), so a requeued task handed back to
+        # this node is a new run here, never confused with its earlier attempt.
+        self.specs: dict[str, TaskSpec] = {}  # runs started and not yet reported finished
+        self.finished: set[str] = set()  # runs that ended here: never started again
         self.stop_reasons: dict[str, tuple[TaskState, str]] = {}
         self.partitions: dict[str, PartitionReport] = {}  # last report per GPU
         self.inventory: list[GpuInventory] = []
@@ -146,6 +150,7 @@ class Agent:
             if ended is None:
                 self._task_report(
                     record["task_id"],
+                    int(record.get("attempt", 0)),
                     TaskState.RUNNING,
                     now,
                     pid=record["pid"],
@@ -350,20 +355,18 @@ class Agent:
         return _with(report, actions=tuple(actions))
 
     def _tasks_on(self, gpu_uuid: str) -> list[str]:
-        return [
-            tid for tid in self.runner.tasks if tid in self.specs and self.specs[tid].gpu_uuid == gpu_uuid
-        ]
+        return [key for key in self.runner.tasks if key in self.specs and gpu_uuid in self.specs[key].devices]
 
     def _apply_tasks(self, desired: DesiredState, now: float) -> None:
-        wanted = {task.task_id: task for task in desired.tasks}
-        for task_id in list(self.runner.tasks):
-            spec = wanted.get(task_id)
+        wanted = {run_key(task.task_id, task.attempt): task for task in desired.tasks}
+        for key in list(self.runner.tasks):
+            spec = wanted.get(key)
             if spec is None or spec.desired is DesiredTaskState.STOP:
                 why = "stopped by the plane" if spec is not None else "no longer in the desired state"
-                self.stop_reasons.setdefault(task_id, (TaskState.STOPPED, why))
-                self.runner.stop(task_id, why, now)
-        for task in desired.tasks:
-            running_or_done = task.task_id in self.runner.tasks or task.task_id in self.finished
+                self.stop_reasons.setdefault(key, (TaskState.STOPPED, why))
+                self.runner.stop(key, why, now)
+        for key, task in wanted.items():
+            running_or_done = key in self.runner.tasks or key in self.finished
             if task.desired is DesiredTaskState.RUN and not running_or_done:
                 self._start_task(task, now)
         # Remember ended tasks only while the plane still lists them (so they are never rerun).
@@ -374,8 +377,9 @@ class Agent:
         env.update(self.backend.task_env())
         env.update(task.env)
         device_uuid: str | None = task.gpu_uuid
-        if task.gpu_uuid in self.lost:
-            self._reject(task, now, "GPU is lost")
+        lost = [uuid for uuid in task.devices if uuid in self.lost]
+        if lost:
+            self._reject(task, now, f"GPU {', '.join(lost)} is lost")
             return
         if task.unit.kind is UnitKind.MIG:
             instance = self._mig_instance_for(task)
@@ -398,7 +402,8 @@ class Agent:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # the MPS server remaps devices (reference §6.1)
             env.update(self.mps.client_env(task.gpu_uuid, task.unit.thread_pct, task.unit.pinned_mem_mib))
         else:
-            env["CUDA_VISIBLE_DEVICES"] = task.gpu_uuid
+            # Whole GPUs and time slices: every GPU of the task, in order (a multi-GPU task sees them all).
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(task.devices)
         try:
             proc = self.runner.start(
                 task.task_id,
@@ -408,13 +413,20 @@ class Agent:
                 now_s=now,
                 max_runtime_s=task.max_runtime_s,
                 stop_grace_s=task.stop_grace_s,
+                attempt=task.attempt,
             )
         except OSError as error:
             self._reject(task, now, f"cannot start: {error}")
             return
-        self.specs[task.task_id] = task
+        self.specs[proc.key] = task
         self._task_report(
-            task.task_id, TaskState.RUNNING, now, pid=proc.pid, device_uuid=device_uuid, started_at_s=now
+            task.task_id,
+            task.attempt,
+            TaskState.RUNNING,
+            now,
+            pid=proc.pid,
+            device_uuid=device_uuid,
+            started_at_s=now,
         )
 
     def _mig_instance_for(self, task: TaskSpec) -> MigInstance | None:
@@ -422,9 +434,9 @@ class Agent:
         if report is None:
             return None
         taken = {
-            self.runner.tasks[tid].device_uuid
-            for tid in self.runner.tasks
-            if tid in self.specs and self.specs[tid].unit.kind is UnitKind.MIG
+            self.runner.tasks[key].device_uuid
+            for key in self.runner.tasks
+            if key in self.specs and self.specs[key].unit.kind is UnitKind.MIG
         }
         for inst in report.instances:
             if inst.profile != task.unit.mig_profile:
@@ -437,8 +449,8 @@ class Agent:
         return None
 
     def _reject(self, task: TaskSpec, now: float, reason: str) -> None:
-        self.finished.add(task.task_id)
-        self._task_report(task.task_id, TaskState.REJECTED, now, reason=reason)
+        self.finished.add(run_key(task.task_id, task.attempt))
+        self._task_report(task.task_id, task.attempt, TaskState.REJECTED, now, reason=reason)
 
     # ---- supervision ----------------------------------------------------------------------------------
     def _supervise(self, now: float) -> None:
@@ -450,7 +462,7 @@ class Agent:
             and self.specs[tid].unit.mem_limit_mib is not None
         }
         if limits:
-            gpus = {self.specs[tid].gpu_uuid for tid in limits}
+            gpus = {uuid for key in limits for uuid in self.specs[key].devices}
             processes: list[ProcessSample] = []
             for gpu_uuid in gpus - self.lost:
                 index = self._gpu_index(gpu_uuid)
@@ -470,7 +482,7 @@ class Agent:
             self._on_finished(ended, now)
 
     def _on_finished(self, ended: Finished, now: float) -> None:
-        state, reason = self.stop_reasons.pop(ended.task_id, (None, ended.reason))
+        state, reason = self.stop_reasons.pop(ended.key, (None, ended.reason))
         if state is None:
             if ended.lost:
                 state = TaskState.LOST
@@ -480,10 +492,11 @@ class Agent:
                 state = TaskState.SUCCEEDED
             else:
                 state = TaskState.FAILED
-        spec = self.specs.pop(ended.task_id, None)
-        self.finished.add(ended.task_id)
+        spec = self.specs.pop(ended.key, None)
+        self.finished.add(ended.key)
         self._task_report(
             ended.task_id,
+            ended.attempt,
             state,
             now,
             reason=reason,
@@ -510,9 +523,7 @@ class Agent:
                 continue
             try:
                 telemetry.append(self.backend.telemetry(gpu.index))
-                processes += [
-                    _with_task(p, self.runner.pgid_of(p.pid)) for p in self.backend.processes(gpu.index)
-                ]
+                processes += [self._with_task(p) for p in self.backend.processes(gpu.index)]
             except BackendError as error:
                 log.warning("telemetry on %s failed: %s", gpu.uuid, error)
         assert self.node_id is not None
@@ -526,6 +537,9 @@ class Agent:
             events=tuple(self.events),
             lost_gpus=tuple(sorted(self.lost)),
             generation_applied=self.generation_applied,
+            running=tuple(
+                RunningTask(proc.task_id, proc.attempt, proc.pid) for proc in self.runner.tasks.values()
+            ),
         )
         try:
             self.client.heartbeat(message)
@@ -536,8 +550,18 @@ class Agent:
         self._backoff["heartbeat"].succeeded()
         self.events = []
 
-    def _task_report(self, task_id: str, state: TaskState, now: float, **fields: Any) -> None:
-        self.pending_tasks.append(TaskReport(task_id=task_id, state=state, at_s=now, **fields))
+    def _with_task(self, sample: ProcessSample) -> ProcessSample:
+        """A GPU process sample named by the run whose process group holds it (None: not ours)."""
+        key = self.runner.pgid_of(sample.pid)
+        proc = self.runner.tasks.get(key) if key is not None else None
+        if proc is None:
+            return sample
+        return dataclasses.replace(sample, task_id=proc.task_id, attempt=proc.attempt)
+
+    def _task_report(self, task_id: str, attempt: int, state: TaskState, now: float, **fields: Any) -> None:
+        self.pending_tasks.append(
+            TaskReport(task_id=task_id, state=state, at_s=now, attempt=attempt, **fields)
+        )
 
     def _partition_report(self, report: PartitionReport) -> None:
         """Queue a partition report when something about it changed (not on every periodic pass)."""
@@ -573,11 +597,13 @@ class Agent:
             try:
                 self.client.report(Report.from_dict(data))
             except PlaneRejected as error:
-                if error.status == 400:  # the plane cannot read it and never will: do not wedge the queue
-                    log.error("report %d rejected for good: %s", seq, error)
+                if refused_for_good(error.status):
+                    # Sending it again gets the same answer: drop it so the reports after it get through.
+                    log.error("report %d refused for good, dropped: %s", seq, error)
                     self.outbox.done(seq)
                     continue
-                self._backoff["report"].failed(now)
+                delay = self._backoff["report"].failed(now)
+                log.warning("report %d refused (%s); retrying in %.1f s", seq, error, delay)
                 return
             except (PlaneUnavailable, ProtocolError) as error:
                 delay = self._backoff["report"].failed(now)
@@ -600,12 +626,15 @@ class Agent:
         )
 
 
+def refused_for_good(status: int) -> bool:
+    """A 4xx answer to a report that resending cannot change. Not 408/429 (the plane asks to come back
+    later) and not 401: a bad or rotated credential refuses every request, not this report, and the
+    reports are wanted once the node has a good token again."""
+    return 400 <= status < 500 and status not in (401, 408, 429)
+
+
 def _with(report: PartitionReport, **changes: Any) -> PartitionReport:
     return dataclasses.replace(report, **changes)
-
-
-def _with_task(sample: ProcessSample, task_id: str | None) -> ProcessSample:
-    return dataclasses.replace(sample, task_id=task_id)
 
 
 def _lost(gpu: GpuInventory) -> GpuInventory:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from whalegen.protocol import run_key
+
 LAUNCHER = Path(__file__).with_name("launch.py")
 
 
@@ -39,7 +41,12 @@ class TaskProcess:
     stop_requested_at_s: float | None = None
     stop_reason: str = ""
     killed: bool = False
+    attempt: int = 0  # which run of the task; records of agents before protocol 1.1 lack it (0)
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return run_key(self.task_id, self.attempt)
 
     def record(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
@@ -53,6 +60,11 @@ class Finished:
     signal: int | None
     reason: str  # "" for a natural end, else why the agent stopped it or lost track of it
     lost: bool = False  # the exit status could not be learned
+    attempt: int = 0
+
+    @property
+    def key(self) -> str:
+        return run_key(self.task_id, self.attempt)
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -75,7 +87,7 @@ class Runner:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         self.log_max_bytes = log_max_bytes
         self.log_keep = log_keep
-        self.tasks: dict[str, TaskProcess] = {}
+        self.tasks: dict[str, TaskProcess] = {}  # by run key (`protocol.run_key`)
 
     # ---- start and adopt ---------------------------------------------------------------------------
     def start(
@@ -88,8 +100,11 @@ class Runner:
         now_s: float,
         max_runtime_s: float | None = None,
         stop_grace_s: float = 10.0,
+        attempt: int = 0,
     ) -> TaskProcess:
-        task_dir = self.tasks_dir / _safe_name(task_id)
+        """Start one run; `env` is the task's whole environment (CUDA_VISIBLE_DEVICES included, see
+        `visible_devices`)."""
+        task_dir = self.tasks_dir / _safe_name(run_key(task_id, attempt))
         task_dir.mkdir(parents=True, exist_ok=True)
         (task_dir / "exit.json").unlink(missing_ok=True)
         with (task_dir / "stdout.log").open("ab") as out, (task_dir / "stderr.log").open("ab") as err:
@@ -111,22 +126,23 @@ class Runner:
             max_runtime_s=max_runtime_s,
             stop_grace_s=stop_grace_s,
             proc_start_ticks=proc_start_ticks(popen.pid) or 0,
+            attempt=attempt,
             popen=popen,
         )
-        self.tasks[task_id] = proc
+        self.tasks[proc.key] = proc
         return proc
 
     def adopt(self, record: dict[str, Any]) -> Finished | None:
         """Take back a task recorded by an earlier agent; returns how it ended if it already has."""
         proc = TaskProcess(**{k: v for k, v in record.items() if k != "popen"})
         if proc_start_ticks(proc.pid) == proc.proc_start_ticks:
-            self.tasks[proc.task_id] = proc
+            self.tasks[proc.key] = proc
             return None
         return self._finished(proc)
 
     # ---- stop and watch ------------------------------------------------------------------------------
-    def stop(self, task_id: str, reason: str, now_s: float) -> None:
-        proc = self.tasks.get(task_id)
+    def stop(self, key: str, reason: str, now_s: float) -> None:
+        proc = self.tasks.get(key)
         if proc is None or proc.stop_requested_at_s is not None:
             return
         proc.stop_requested_at_s = now_s
@@ -155,25 +171,42 @@ class Runner:
         reason = proc.stop_reason
         try:
             data = json.loads(exit_file.read_text())
-            return Finished(proc.task_id, proc.pid, data.get("exit_code"), data.get("signal"), reason)
+            return Finished(
+                proc.task_id,
+                proc.pid,
+                data.get("exit_code"),
+                data.get("signal"),
+                reason,
+                attempt=proc.attempt,
+            )
         except (OSError, ValueError):
             pass
         if proc.killed:
-            return Finished(proc.task_id, proc.pid, None, int(signal.SIGKILL), reason)
+            return Finished(proc.task_id, proc.pid, None, int(signal.SIGKILL), reason, attempt=proc.attempt)
         if proc.popen is not None and proc.popen.returncode is not None and proc.popen.returncode < 0:
-            return Finished(proc.task_id, proc.pid, None, -proc.popen.returncode, reason)
-        return Finished(proc.task_id, proc.pid, None, None, reason or "exit status unknown", lost=True)
+            return Finished(
+                proc.task_id, proc.pid, None, -proc.popen.returncode, reason, attempt=proc.attempt
+            )
+        return Finished(
+            proc.task_id,
+            proc.pid,
+            None,
+            None,
+            reason or "exit status unknown",
+            lost=True,
+            attempt=proc.attempt,
+        )
 
     def poll(self, now_s: float) -> list[Finished]:
         """Reap ended tasks, enforce max runtime and stop escalation, rotate logs."""
         done = []
-        for task_id, proc in list(self.tasks.items()):
+        for key, proc in list(self.tasks.items()):
             if not self._alive(proc):
                 done.append(self._finished(proc))
-                del self.tasks[task_id]
+                del self.tasks[key]
                 continue
             if proc.max_runtime_s is not None and now_s - proc.started_at_s > proc.max_runtime_s:
-                self.stop(task_id, f"max_runtime_exceeded: ran {now_s - proc.started_at_s:.0f} s", now_s)
+                self.stop(key, f"max_runtime_exceeded: ran {now_s - proc.started_at_s:.0f} s", now_s)
             if (
                 proc.stop_requested_at_s is not None
                 and not proc.killed
@@ -203,12 +236,18 @@ class Runner:
         return [proc.record() for proc in self.tasks.values()]
 
     def pgid_of(self, pid: int) -> str | None:
-        """The task whose process group holds `pid` (task processes never leave their session)."""
+        """The run key of the task whose process group holds `pid` (tasks never leave their session)."""
         try:
             pgid = os.getpgid(pid)
         except (ProcessLookupError, PermissionError):
             return None
         for proc in self.tasks.values():
             if proc.pid == pgid:
-                return proc.task_id
+                return proc.key
         return None
+
+
+def visible_devices(devices: tuple[str, ...]) -> str:
+    """CUDA_VISIBLE_DEVICES for a task given its GPU (or MIG) UUIDs: all of them, in the plane's order,
+    so a multi-GPU task sees every GPU it was given and its device 0 is the first."""
+    return ",".join(devices)

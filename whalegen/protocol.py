@@ -14,6 +14,12 @@ Conversation (all JSON over HTTP, `Authorization: Bearer <node token>`):
 
 A node sees and changes only its own state: every path acts on the node the token belongs to.
 Messages ignore unknown fields so either side can add optional ones within a major version.
+
+Versions: 1.0 first release. 1.1 adds `TaskSpec.attempt` and `TaskReport.attempt` (the run of a task:
+0 first, n after the n-th requeue), `TaskSpec.gpu_uuids` (every GPU of a multi-GPU task, in order),
+`Heartbeat.running` (the runs the agent supervises) and `ProcessSample.attempt`. A 1.1 plane talking to
+a 1.0 agent (which ignores `attempt`) folds the attempt into the task id instead (`<task>.<n>`, see
+`legacy_run_id`), which is what 1.0 did.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, TypeVar, Union, get_args, get_origin
 
-PROTOCOL_VERSION = "1.0"  # major.minor: the major must match, minors only add optional fields
+PROTOCOL_VERSION = "1.1"  # major.minor: the major must match, minors only add optional fields
 
 API_PREFIX = "/api/v1/agent"
 REGISTER_PATH = f"{API_PREFIX}/register/"
@@ -41,6 +47,34 @@ def protocol_major(version: str) -> int:
 
 def compatible(version: str) -> bool:
     return protocol_major(version) == protocol_major(PROTOCOL_VERSION)
+
+
+def protocol_minor(version: str) -> int:
+    _, _, minor = version.partition(".")
+    return int(minor) if minor.isdigit() else 0
+
+
+def speaks_attempts(version: str) -> bool:
+    """True when a peer of `version` carries the attempt in its own field (1.1 on)."""
+    return compatible(version) and protocol_minor(version) >= 1
+
+
+def legacy_run_id(task_id: str, attempt: int) -> str:
+    """How protocol 1.0 named a run: the task id for attempt 0, `<task>.<n>` for attempt n."""
+    return task_id if attempt == 0 else f"{task_id}.{attempt}"
+
+
+def run_of(task_id: str, attempt: int) -> tuple[str, int]:
+    """(task id, attempt) of a run named either way: a 1.0 `<task>.<n>` id wins over `attempt`."""
+    head, dot, tail = task_id.rpartition(".")
+    if dot and head and tail.isdigit():
+        return head, int(tail)
+    return task_id, attempt
+
+
+def run_key(task_id: str, attempt: int) -> str:
+    """The agent's local name of one run (state file, task directory): unique per (task, attempt)."""
+    return task_id if attempt == 0 else f"{task_id}#{attempt}"
 
 
 class ProtocolError(ValueError):
@@ -190,6 +224,7 @@ class ProcessSample(Message):
     used_mib: int | None
     mps: bool = False
     task_id: str | None = None
+    attempt: int = 0  # 1.1
 
 
 @dataclass(frozen=True)
@@ -222,6 +257,15 @@ class Registered(Message):
 
 
 @dataclass(frozen=True)
+class RunningTask(Message):
+    """One run the agent is supervising (started or re-adopted, not yet ended)."""
+
+    task_id: str
+    attempt: int = 0
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
 class Heartbeat(Message):
     node_id: str
     agent_version: str
@@ -233,6 +277,9 @@ class Heartbeat(Message):
     events: tuple[GpuEvent, ...] = ()
     lost_gpus: tuple[str, ...] = ()
     generation_applied: int = 0
+    # 1.1: every run the agent supervises. None (a 1.0 agent) means "not told", not "none running":
+    # the plane only concludes a run was dropped from a list that was sent.
+    running: tuple[RunningTask, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -300,6 +347,13 @@ class TaskSpec(Message):
     max_runtime_s: float | None = None
     desired: DesiredTaskState = DesiredTaskState.RUN
     stop_grace_s: float = 10.0
+    attempt: int = 0  # 1.1: which run of the task this is; a new attempt is a new run to the agent
+    gpu_uuids: tuple[str, ...] = ()  # 1.1: all the task's GPUs in order (gpu_uuid is the first)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The task's GPUs in order; a 1.0 plane names only `gpu_uuid`."""
+        return self.gpu_uuids or (self.gpu_uuid,)
 
 
 @dataclass(frozen=True)
@@ -345,6 +399,7 @@ class TaskReport(Message):
     device_uuid: str | None = None
     started_at_s: float | None = None
     finished_at_s: float | None = None
+    attempt: int = 0  # 1.1: the run reported on (TaskSpec.attempt)
 
 
 @dataclass(frozen=True)

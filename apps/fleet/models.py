@@ -46,9 +46,9 @@ class AgentReport(models.Model):
 class TaskRun(models.Model):
     """What a node's agent last said about one attempt of a task it was given (agent states).
 
-    The agent knows a run by its run id (`selectors.run_id`: the task id, plus `.N` from the second attempt
-    on), so a requeued task handed to the same node again is a new run there, never confused with the
-    old process it may still be stopping.
+    The agent knows a run by (task id, attempt) — protocol 1.1's `attempt` field, or a 1.0 agent's
+    `<task>.<n>` id — so a requeued task handed to the same node again is a new run there, never
+    confused with the old process it may still be stopping.
 
         The plane's own task state lives on `Task`; this row is how the desired state knows a task whose
         assignment was released (cancelled, preempted, requeued after loss) may still have a process on the
@@ -74,6 +74,8 @@ class TaskRun(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     device_uuid = models.CharField(max_length=80, blank=True)
     reason = models.CharField(max_length=500, blank=True)
+    # When a heartbeat (protocol 1.1) first failed to list this alive run; cleared when listed again.
+    missing_since = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

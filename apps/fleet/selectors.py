@@ -37,20 +37,13 @@ def node_for_token(*, raw: str) -> Node | None:
     return Node.objects.select_related("cluster").filter(agent_credential_hash=credential_hash(raw)).first()
 
 
-def run_id(task_id: int, attempt: int) -> str:
-    """The task id the agent sees: `42` for a first attempt, `42.1`, `42.2` … after requeues.
-
-    The agent never restarts a task id it has seen end while the plane still lists it, so each attempt
-    must be a new id to the agent."""
-    return str(task_id) if attempt == 0 else f"{task_id}.{attempt}"
-
-
-def parse_run_id(value: str) -> tuple[int, int] | None:
-    """(task id, attempt) from a run id; None when it is not one."""
-    head, dot, tail = value.partition(".")
-    if not head.isdigit() or (dot and not tail.isdigit()):
+def parse_run(task_id: str | None, attempt: int = 0) -> tuple[int, int] | None:
+    """(task id, attempt) of a run an agent names: the task id and its `attempt` field (protocol 1.1),
+    or a 1.0 agent's `<task>.<n>` id. None when it names no task of ours."""
+    if not task_id:
         return None
-    return int(head), int(tail or 0)
+    head, attempt = p.run_of(task_id, attempt)
+    return (int(head), attempt) if head.isdigit() else None
 
 
 def _layout(gpu: Gpu) -> p.GpuLayout:
@@ -78,34 +71,45 @@ def _unit(unit: ComputeUnit) -> p.ComputeUnit:
     return p.ComputeUnit(kind=p.UnitKind.WHOLE)
 
 
-def _spec(task: Task, attempt: int, units: list[ComputeUnit], desired: p.DesiredTaskState) -> p.TaskSpec:
+def _spec(
+    task: Task, attempt: int, units: list[ComputeUnit], desired: p.DesiredTaskState, *, legacy: bool
+) -> p.TaskSpec:
+    """One run of `task` on its units. `legacy`: the agent speaks protocol 1.0, which has no `attempt`
+    field and learns the attempt from the task id (`<task>.<n>`); it also sees only the first GPU."""
     units = sorted(units, key=lambda u: (u.gpu.index, u.pk))
+    # Distinct GPUs in unit order: CUDA_VISIBLE_DEVICES on the agent, device 0 = the first unit's GPU.
+    gpu_uuids = tuple(dict.fromkeys(u.gpu.uuid for u in units))
     env = {str(k): str(v) for k, v in (task.env or {}).items()}
-    # The protocol names one GPU per task; a multi-GPU task is told all of them in its environment.
     env["WHALEGEN_TASK_ID"] = str(task.pk)
     env["WHALEGEN_ATTEMPT"] = str(attempt)
-    env["WHALEGEN_GPU_UUIDS"] = ",".join(u.gpu.uuid for u in units)
+    env["WHALEGEN_GPU_UUIDS"] = ",".join(gpu_uuids)
     return p.TaskSpec(
-        task_id=run_id(task.pk, attempt),
+        task_id=p.legacy_run_id(str(task.pk), attempt) if legacy else str(task.pk),
         command=tuple(str(a) for a in task.command),
-        gpu_uuid=units[0].gpu.uuid,
+        gpu_uuid=gpu_uuids[0],
         unit=_unit(units[0]),
         env=env,
         max_runtime_s=float(task.max_runtime_s) if task.max_runtime_s else None,
         desired=desired,
         stop_grace_s=float(settings.WHALEGEN_AGENT_STOP_GRACE_S),
+        attempt=0 if legacy else attempt,
+        gpu_uuids=gpu_uuids,
     )
 
 
-def desired_state_build(*, node: Node, now: datetime) -> p.DesiredState:
+def desired_state_build(
+    *, node: Node, now: datetime, agent_protocol: str = p.PROTOCOL_VERSION
+) -> p.DesiredState:
     """The node's desired state without its generation (0): GPU layouts, then tasks in id order.
 
     Tasks: every live assignment of a runnable task is `run`; a task whose assignment here was released
     (cancelled, preempted, requeued) while the agent last said it was alive is `stop`. A `run` whose
     units a still-stopping task holds is held back until that task has ended, so two processes never
     share a unit. Stops are listed for a bounded time; after it the agent still stops the process,
-    because a task the desired state no longer lists is stopped.
+    because a task the desired state no longer lists is stopped. Runs are named for the agent's
+    protocol (`agent_protocol`): a 1.0 agent gets the attempt folded into the task id.
     """
+    legacy = not p.speaks_attempts(agent_protocol)
     # 1. Layouts from the GPUs and their units (two queries).
     gpus = list(Gpu.objects.filter(node=node).prefetch_related("units").order_by("index"))
     layouts = tuple(_layout(gpu) for gpu in gpus)
@@ -145,14 +149,18 @@ def desired_state_build(*, node: Node, now: datetime) -> p.DesiredState:
         units = list(stopping.units.all()) if stopping is not None else []
         if stopping is None or not units:
             continue
-        specs[(task_id, attempt)] = _spec(stopping.task, attempt, units, p.DesiredTaskState.STOP)
+        specs[(task_id, attempt)] = _spec(
+            stopping.task, attempt, units, p.DesiredTaskState.STOP, legacy=legacy
+        )
         busy_unit_ids |= {u.pk for u in units}
     for assignment in live:
         units = list(assignment.units.all())
         if not units or busy_unit_ids & {u.pk for u in units}:
             continue
         key = (assignment.task_id, assignment.task.attempts)
-        specs[key] = _spec(assignment.task, assignment.task.attempts, units, p.DesiredTaskState.RUN)
+        specs[key] = _spec(
+            assignment.task, assignment.task.attempts, units, p.DesiredTaskState.RUN, legacy=legacy
+        )
     tasks = tuple(specs[key] for key in sorted(specs))
     return p.DesiredState(generation=0, gpus=layouts, tasks=tasks)
 

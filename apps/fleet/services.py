@@ -27,7 +27,7 @@ from apps.fleet.models import (
     TaskRun,
     TaskSample,
 )
-from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run_id
+from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run
 from apps.inventory.models import Gpu, Node
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Task
@@ -138,7 +138,9 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
     _check_version(message.protocol_version)
     with transaction.atomic():
         agent, _ = NodeAgent.objects.get_or_create(node=node)
-        NodeAgent.objects.filter(pk=agent.pk).update(generation_applied=message.generation_applied)
+        NodeAgent.objects.filter(pk=agent.pk).update(
+            generation_applied=message.generation_applied, protocol_version=message.protocol_version[:16]
+        )
         _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
         gpus = {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
         # 1. Events: Xid 79 (fatal) or a double-bit ECC error takes the GPU out of placement.
@@ -157,6 +159,9 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
         if last is None or now - last >= timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
             _store_telemetry(node=node, message=message, gpus=gpus, now=now)
         _seen(node=node, now=now, agent_version=message.agent_version)
+        # 3. Runs the agent no longer supervises but never reported ended (1.1 agents list them).
+        if message.running is not None:
+            _runs_missing(node=node, running=message.running, now=now)
     return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
 
 
@@ -178,7 +183,7 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
         for s in message.telemetry
         if s.gpu_uuid in gpus
     )
-    runs = {s.pid: parse_run_id(s.task_id) for s in message.processes if s.task_id}
+    runs = {s.pid: parse_run(s.task_id, s.attempt) for s in message.processes if s.task_id}
     task_ids = {run[0] for run in runs.values() if run is not None}
     # Only tasks this node was given: a process claiming another node's task is not recorded.
     mine = set(Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True))
@@ -187,6 +192,50 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
         for s in message.processes
         if (run := runs.get(s.pid)) is not None and run[0] in mine and s.gpu_uuid in gpus
     )
+
+
+def _runs_missing(*, node: Node, running: tuple[p.RunningTask, ...], now: datetime) -> list[tuple[int, int]]:
+    """Runs the plane believes alive here (`TaskRun` starting/running) that the heartbeat does not list.
+
+    A run first missing is stamped `missing_since`; listed again, the stamp clears. Missing for the grace
+    period (as long as a node must be silent to be lost: `WHALEGEN_NODE_LOST_HEARTBEATS` ×
+    `WHALEGEN_AGENT_HEARTBEAT_S`) it is `lost`: the agent dropped it without a report (a report still on
+    its way would have landed within the grace). The task, if this run is its live attempt here, goes
+    `lost → pending` with the reason. Returns the (task, attempt) pairs declared lost.
+    """
+    listed = {run for item in running if (run := parse_run(item.task_id, item.attempt)) is not None}
+    grace = timedelta(seconds=settings.WHALEGEN_NODE_LOST_HEARTBEATS * settings.WHALEGEN_AGENT_HEARTBEAT_S)
+    declared: list[tuple[int, int]] = []
+    for run in TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE).select_related("task"):
+        if (run.task_id, run.attempt) in listed:
+            if run.missing_since is not None:
+                TaskRun.objects.filter(pk=run.pk).update(missing_since=None)
+            continue
+        if run.missing_since is None:
+            TaskRun.objects.filter(pk=run.pk, missing_since__isnull=True).update(missing_since=now)
+            continue
+        if now - run.missing_since < grace:
+            continue
+        reason = (
+            f"task {run.task_id} attempt {run.attempt} lost on {node.name}: the agent stopped listing it "
+            f"{(now - run.missing_since).total_seconds():.0f} s ago and never reported how it ended"
+        )
+        # Compare-and-set on the state: a report of its end landing meanwhile wins.
+        if not TaskRun.objects.filter(pk=run.pk, state=run.state).update(
+            state=TaskRun.State.LOST, reason=reason[:500]
+        ):
+            continue
+        declared.append((run.task_id, run.attempt))
+        log.warning(reason)
+        task = run.task
+        live = (
+            run.attempt == task.attempts
+            and task.state in LIVE_TASK_STATES
+            and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
+        )
+        if live:
+            _requeue(task, via=Task.State.LOST, actor=f"agent:{node.name}", reason=reason)
+    return declared
 
 
 # ------------------------------------------------------------------------------------- desired state
@@ -201,7 +250,9 @@ def desired_state_current(*, node: Node, now: datetime | None = None) -> p.Desir
     """
     now = now or timezone.now()
     agent, _ = NodeAgent.objects.get_or_create(node=node)
-    desired = desired_state_build(node=node, now=now)
+    desired = desired_state_build(
+        node=node, now=now, agent_protocol=agent.protocol_version or p.PROTOCOL_VERSION
+    )
     digest = desired_digest(desired)
     while agent.desired_digest != digest:
         bumped = NodeAgent.objects.filter(
@@ -228,9 +279,10 @@ def desired_state_wait(
         desired = desired_state_current(node=node)
         if desired.generation != known_generation:
             return desired
-        if time.monotonic() + step_s > deadline:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
             return None
-        time.sleep(step_s)
+        time.sleep(min(step_s, remaining_s))  # the last check lands on the deadline, never short of it
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -308,7 +360,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
     # 1. Ownership: all or nothing, before anything is written.
     named: set[int] = set()
     for item in message.tasks:
-        run = parse_run_id(item.task_id)
+        run = parse_run(item.task_id, item.attempt)
         if run is None:
             raise NotAllowed(f"task {item.task_id!r} was never assigned to node {node.pk}")
         named.add(run[0])
@@ -328,7 +380,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                 raise _Repeat
             AgentReport.objects.create(node=node, seq=message.seq, payload=message.to_dict())
             for item in message.tasks:
-                task_id, attempt = parse_run_id(item.task_id) or (0, 0)
+                task_id, attempt = parse_run(item.task_id, item.attempt) or (0, 0)
                 if task_id not in existing:
                     continue  # deleted since: nothing to move
                 TaskRun.objects.update_or_create(
@@ -341,6 +393,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                         "exit_code": item.exit_code,
                         "device_uuid": item.device_uuid or "",
                         "reason": item.reason[:500],
+                        "missing_since": None,  # the agent still knows this run
                     },
                 )
                 task = Task.objects.get(pk=task_id)

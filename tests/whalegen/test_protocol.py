@@ -24,6 +24,7 @@ from whalegen.protocol import (
     PartitionState,
     ProtocolError,
     Report,
+    RunningTask,
     TaskReport,
     TaskSpec,
     TaskState,
@@ -150,3 +151,30 @@ def test_messages_are_frozen() -> None:
     message = sample_messages()[1]
     with pytest.raises(AttributeError):
         message.generation = 8  # type: ignore[misc]
+
+
+def test_1_1_fields_round_trip_and_1_0_messages_read_with_their_defaults() -> None:
+    spec = TaskSpec(
+        "42", ("x",), "GPU-1", ComputeUnit(UnitKind.WHOLE), attempt=2, gpu_uuids=("GPU-1", "GPU-3")
+    )
+    beat = Heartbeat("n", "0.1", 1.0, running=(RunningTask("42", 2, 99),))
+    for message in (spec, beat, TaskReport("42", TaskState.RUNNING, 1.0, attempt=2)):
+        assert type(message).from_dict(json.loads(json.dumps(message.to_dict()))) == message
+    assert spec.devices == ("GPU-1", "GPU-3")
+    # What a 1.0 peer sends: no attempt, no GPU list, no running list ("not told", not "none").
+    old_spec = TaskSpec.from_dict(
+        {"task_id": "42.2", "command": ["x"], "gpu_uuid": "G", "unit": {"kind": "whole"}}
+    )
+    assert (old_spec.attempt, old_spec.devices) == (0, ("G",))
+    assert Heartbeat.from_dict({"node_id": "n", "agent_version": "0", "sent_at_s": 1.0}).running is None
+    assert Heartbeat("n", "0", 1.0, running=()).running == ()
+
+
+def test_runs_are_named_the_same_whichever_protocol_named_them() -> None:
+    assert protocol.run_of("42", 3) == ("42", 3)
+    assert protocol.run_of("42.3", 0) == ("42", 3)  # a 1.0 run id
+    assert protocol.run_of("job.v2", 1) == ("job.v2", 1)  # a dot without a number is part of the id
+    assert protocol.legacy_run_id("42", 0) == "42" and protocol.legacy_run_id("42", 3) == "42.3"
+    assert protocol.run_key("42", 0) == "42" and protocol.run_key("42", 3) != protocol.run_key("42", 0)
+    assert protocol.speaks_attempts("1.1") and protocol.speaks_attempts("1.12")
+    assert not protocol.speaks_attempts("1.0") and not protocol.speaks_attempts("2.1")

@@ -128,20 +128,20 @@ def test_a_requeued_task_handed_back_to_the_same_node_is_a_new_run_after_the_old
     fleet.task_a.refresh_from_db()
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])  # the cycle picks the same node and unit
 
-    def listed() -> list[tuple[str, str]]:
+    def listed() -> list[tuple[str, int, str]]:
         state = p.DesiredState.from_dict(client.get(p.DESIRED_STATE_PATH).json())
-        return [(t.task_id, t.desired.value) for t in state.tasks]
+        return [(t.task_id, t.attempt, t.desired.value) for t in state.tasks]
 
     first = str(fleet.task_a.pk)
-    assert listed() == [(first, "stop")]  # the old process holds the unit: the new run waits
+    assert listed() == [(first, 0, "stop")]  # the old process holds the unit: the new run waits
     stopped = p.TaskReport(task_id=first, state=p.TaskState.STOPPED, at_s=time.time(), signal=15)
     client.post(
         p.REPORT_PATH, p.Report(str(fleet.node.pk), 2, time.time(), (stopped,)).to_dict(), format="json"
     )
     fleet.task_a.refresh_from_db()
     assert fleet.task_a.state == "assigned"  # the old run's end does not touch the new attempt
-    assert listed() == [(f"{first}.1", "run")]
-    started = p.TaskReport(task_id=f"{first}.1", state=p.TaskState.RUNNING, at_s=time.time(), pid=4)
+    assert listed() == [(first, 1, "run")]  # same task id, the attempt in its own field
+    started = p.TaskReport(task_id=first, state=p.TaskState.RUNNING, at_s=time.time(), pid=4, attempt=1)
     client.post(
         p.REPORT_PATH, p.Report(str(fleet.node.pk), 3, time.time(), (started,)).to_dict(), format="json"
     )
