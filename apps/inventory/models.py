@@ -59,7 +59,8 @@ class Node(TimestampedModel):
     state = models.CharField(max_length=10, choices=State.choices, default=State.READY, db_index=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # SHA-256 of the agent's credential, like API tokens: the agent holds the secret, we hold the hash.
-    agent_credential_hash = models.CharField(max_length=64, blank=True)
+    # Indexed: every agent request authenticates by looking this hash up.
+    agent_credential_hash = models.CharField(max_length=64, blank=True, db_index=True)
     agent_version = models.CharField(max_length=32, blank=True)
     # Raised on every write that changes what can be placed here; cycles compare-and-set on it.
     version = models.PositiveBigIntegerField(default=0)
