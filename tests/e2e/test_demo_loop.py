@@ -4,7 +4,6 @@ tasks reach the agents and finish within a minute."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,9 +16,6 @@ import requests
 from tests.e2e.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-
-HAS_CYCLE = importlib.util.find_spec("apps.scheduling.tasks") is not None
-
 
 def _poll(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
@@ -86,9 +82,6 @@ def test_generated_tasks_arrive(demo) -> None:  # type: ignore[no-untyped-def]
     assert _poll(lambda: count() >= 3, 30, "generated tasks")
 
 
-@pytest.mark.skipif(
-    not HAS_CYCLE, reason="the scheduling cycle (apps.scheduling.tasks, loop branch) is not here"
-)
 def test_generated_tasks_run_on_the_agents_and_finish_within_a_minute(demo) -> None:  # type: ignore[no-untyped-def]
     url, tokens, _, _ = demo
 
