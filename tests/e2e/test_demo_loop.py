@@ -17,6 +17,7 @@ from tests.e2e.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
+
 def _poll(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
