@@ -10,7 +10,9 @@ of tests/apps/scheduling reads the database: no unit held twice, no GPU, node or
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 import requests
 
 from tests.apps.scheduling.invariants import violations
-from tests.e2e.conftest import AgentProcess, CyclePump, alive, wait_for
+from tests.e2e.conftest import AgentProcess, CeleryWorker, CyclePump, alive, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -90,8 +92,20 @@ def wait_tasks(ids: list[int], wanted: set[str], timeout_s: float, what: str) ->
         raise AssertionError(f"{exc}\n{explain(ids)}") from None
 
 
+def consistent_violations(pool_id: int) -> list[str]:
+    """The invariant checker over one REPEATABLE READ snapshot. Its queries must see one moment: read
+    one by one while workers and agents commit, a unit bound after the assignments were read looks held
+    without an assignment."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return violations(pool_id)
+
+
 def no_violations(plane: Plane) -> None:
-    found = [v for pool in plane.pools.values() for v in violations(pool.pk)]
+    found = [v for pool in plane.pools.values() for v in consistent_violations(pool.pk)]
     assert not found, found
 
 
@@ -315,8 +329,9 @@ def preempted_for(task_id: int) -> dict[int, str]:
 def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_work(plane: Plane) -> None:
     from apps.approvals.models import PriorityOverride
     from apps.approvals.services import override_approve
+    from apps.workloads.models import Task
 
-    # Vision fills its own guarantee and speech fills its own: the pool is full, nothing is borrowed.
+    # Vision fills its guarantee and borrows one GPU, speech fills its guarantee: the pool is full.
     low = _fill_train(plane, "vision", 2) + _fill_train(plane, "speech", 1)
     wait_tasks(low, {"running"}, timeout_s=40, what="the fill to run")
     urgent = plane.submit(
@@ -339,14 +354,20 @@ def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_wo
     victims = preempted_for(urgent["id"])
     assert len(victims) == 1 and set(victims) <= set(low), (victims, explain(low))
     assert "priority 5 below 50" in next(iter(victims.values())), victims
-    from apps.workloads.models import Task
-
     victim = Task.objects.get(pk=next(iter(victims)))
     assert victim.attempts == 1 and victim.state != "failed", explain(low)  # requeued, not failed
     no_violations(plane)
 
 
-def test_two_workers_racing_cycles_on_one_pool_never_double_book(plane: Plane) -> None:
+def _cycle_outcomes(workers: list[CeleryWorker]) -> list[Counter[str]]:
+    """Per worker, how many `cycle_pool` runs ended with each status (the worker log prints the result)."""
+    pattern = re.compile(r"apps\.scheduling\.tasks\.cycle_pool\[[^\]]+\] succeeded in [\d.]+s: '(\w+)'")
+    return [Counter(pattern.findall(w.log())) for w in workers]
+
+
+def test_two_workers_racing_cycles_on_one_pool_never_double_book(
+    plane: Plane, celery_workers: list[CeleryWorker]
+) -> None:
     from apps.scheduling.models import Cycle
     from apps.scheduling.tasks import cycle_pool
 
@@ -357,6 +378,7 @@ def test_two_workers_racing_cycles_on_one_pool_never_double_book(plane: Plane) -
         for n in range(12)
     ]  # fmt: skip
     before = Cycle.objects.filter(pool=pool).count()
+    outcomes_before = _cycle_outcomes(celery_workers)
     # Bursts of copies of one pool's cycle: each worker takes copies off the queue at once, so cycles of
     # the same pool run side by side on two processes.
     checks = 0
@@ -365,10 +387,15 @@ def test_two_workers_racing_cycles_on_one_pool_never_double_book(plane: Plane) -
         for _ in range(6):
             cycle_pool.delay(pool.pk)
         time.sleep(0.3)
-        found = violations(pool.pk)
+        found = consistent_violations(pool.pk)
         assert not found, found
         checks += 1
     wait_tasks(ids, FINAL, timeout_s=5, what="the raced tasks to finish")
     assert set(states(ids).values()) == {"succeeded"}, explain(ids)
     assert Cycle.objects.filter(pool=pool).count() > before
     assert checks > 0
+    # Both workers ran cycles, and at least once one found the pool's cycle already running on the other.
+    now = _cycle_outcomes(celery_workers)
+    ran = [after - earlier for after, earlier in zip(now, outcomes_before, strict=True)]
+    assert all(sum(c.values()) > 0 for c in ran), ran
+    assert sum(c["busy"] for c in ran) > 0, ran
