@@ -149,3 +149,126 @@ def agents(live_server: Any, transactional_db: None, tmp_path: Path) -> Iterator
         agent.cleanup()
     if made:
         time.sleep(1.5)  # let the server finish the long polls in flight (wait_s 1) before the flush
+
+
+class CeleryWorker:
+    """`celery -A whalegen.config worker --pool solo` as a subprocess, on the real Redis broker and the
+    same (test) PostgreSQL database as the live server."""
+
+    def __init__(self, work: Path, *, name: str, database_url: str) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.log_path = work / f"{name}.log"
+        self.env = dict(os.environ, DATABASE_URL=database_url, PYTHONPATH=str(ROOT))
+        self.env.pop("DJANGO_SETTINGS_MODULE", None)
+        # Silent agents are lost after 3 missed heartbeats of 2 s (the e2e agents beat every 0.5 s; on a
+        # loaded 2-core machine 1 s let a live agent be marked lost now and then).
+        self.env.update(WHALEGEN_AGENT_HEARTBEAT_S="2", WHALEGEN_NODE_LOST_HEARTBEATS="3")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable, "-m", "celery", "-A", "whalegen.config", "worker",
+                    "--pool", "solo", "--concurrency", "1", "-n", f"{self.name}@%h", "--loglevel", "INFO",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat",
+                ],
+                cwd=ROOT, env=self.env, stdout=log, stderr=log,
+            )  # fmt: skip
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"celery worker {self.name} exited:\n{self.log()[-3000:]}")
+        return " ready." in self.log()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def celery_workers(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[CeleryWorker]]:
+    """Two real Celery workers for the module, consuming from Redis (REDIS_URL) and writing to the test
+    database the live server uses. Fails (never skips) without a Redis broker or PostgreSQL."""
+    from django.conf import settings
+    from django.db import connection
+
+    from whalegen.config.celery import app
+
+    assert settings.CELERY_BROKER_URL.startswith("redis://"), "set REDIS_URL: the e2e loop needs Redis"
+    assert connection.vendor == "postgresql", "set DATABASE_URL: the e2e loop needs PostgreSQL"
+    db = connection.settings_dict
+    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    if db.get("PASSWORD"):
+        database_url = database_url.replace(f"{db['USER']}@", f"{db['USER']}:{db['PASSWORD']}@")
+    app.control.purge()  # messages left by an earlier run would act on rows that no longer exist
+    work = tmp_path_factory.mktemp("celery")
+    workers = [CeleryWorker(work, name=f"e2e-{n}", database_url=database_url) for n in (1, 2)]
+    for worker in workers:
+        worker.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not all(w.ready() for w in workers):
+            if time.monotonic() > deadline:
+                raise AssertionError("celery workers not ready after 90 s:\n" + workers[0].log()[-3000:])
+            time.sleep(0.3)
+        yield workers
+    finally:
+        app.control.purge()
+        for worker in workers:
+            worker.stop()
+
+
+class CyclePump:
+    """What beat does in production, faster: every `interval_s` send `cycles_all_pools` (one `cycle_pool`
+    per pool) and `nodes_check_health` through the broker. Only sends; the workers do the work."""
+
+    def __init__(self, interval_s: float) -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cycle-pump", daemon=True)
+
+    def _run(self) -> None:
+        from apps.fleet.tasks import nodes_check_health
+        from apps.scheduling.tasks import cycles_all_pools
+
+        while not self._stop.is_set():
+            cycles_all_pools.delay()
+            nodes_check_health.delay()
+            self.sent += 1
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def cycle_pump(celery_workers: list[CeleryWorker], transactional_db: None) -> Iterator[CyclePump]:
+    """Beat's fan-out every second for one test; stopped and the queue purged before the tables are
+    flushed, so no cycle runs against a half-emptied database."""
+    from whalegen.config.celery import app
+
+    pump = CyclePump(interval_s=1.0)
+    yield pump
+    pump.stop()
+    app.control.purge()
+    time.sleep(1.0)  # a cycle already running on a worker finishes (or finds nothing) before the flush
