@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.apps.scheduling.invariants import violations
+from tests.apps.scheduling.invariants import consistent_violations
 from tests.e2e.conftest import AgentProcess, CeleryWorker, CyclePump, alive, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -90,18 +90,6 @@ def wait_tasks(ids: list[int], wanted: set[str], timeout_s: float, what: str) ->
                         timeout_s=timeout_s, what=what)  # fmt: skip
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{explain(ids)}") from None
-
-
-def consistent_violations(pool_id: int) -> list[str]:
-    """The invariant checker over one REPEATABLE READ snapshot. Its queries must see one moment: read
-    one by one while workers and agents commit, a unit bound after the assignments were read looks held
-    without an assignment."""
-    from django.db import connection, transaction
-
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        return violations(pool_id)
 
 
 def no_violations(plane: Plane) -> None:

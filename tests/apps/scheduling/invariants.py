@@ -68,3 +68,14 @@ def violations(pool_id: int) -> list[str]:
                 f"tenant {quota.tenant_id} runs {usage[quota.tenant_id]} > limit {quota.limit_milli}"
             )
     return found
+
+
+def consistent_violations(pool_id: int) -> list[str]:
+    """`violations` over one REPEATABLE READ snapshot, for checks while workers and agents still commit:
+    read query by query, a unit bound after the assignments were read would look held without one."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return violations(pool_id)
