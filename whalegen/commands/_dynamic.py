@@ -130,7 +130,10 @@ def run(args: argparse.Namespace, traces: Path) -> int:
             "cluster_frac": args.cluster_frac,
             "split_s": split_s,
             "tasks": len(window),
-            "runs": [{k: v for k, v in asdict(r).items() if not k.startswith("series")} for r in results],
+            "runs": [
+                {k: v for k, v in asdict(r).items() if not k.startswith("series") and k != "start_s"}
+                for r in results
+            ],
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -144,18 +147,37 @@ def run(args: argparse.Namespace, traces: Path) -> int:
     )
     head = (
         "| policy | forecast | alloc % | offered % | mean wait h | P95 wait h | not started by end "
-        "| never started | makespan d | CPU s/run |"
+        "| not started GPU-h | never started | makespan d | CPU s/run |"
     )
     print(head)
-    print("|" + "---|" * 10)
+    print("|" + "---|" * 11)
     for policy, forecast in groups:
         rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
+        cells = [
+            f"{_mean([r.alloc_pct for r in rs]):.2f}",
+            f"{_mean([r.offered_pct for r in rs]):.2f}",
+            f"{_mean([r.mean_delay_s for r in rs]) / 3600:.2f}",
+            f"{_mean([r.p95_delay_s for r in rs]) / 3600:.2f}",
+            f"{_mean([r.not_started for r in rs]):.1f}",
+            f"{_mean([r.not_started_gpu_h for r in rs]):.0f}",
+            f"{_mean([r.never_started for r in rs]):.1f}",
+            f"{_mean([r.makespan_s for r in rs]) / 86400:.2f}",
+            f"{_mean([r.cpu_seconds for r in rs]):.1f}",
+        ]
+        print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
+    # 4. Paired by seed against the first row: the seeds' clusters differ far more than the policies do.
+    base = [r for r in results if (r.policy, r.forecast) == groups[0]]
+    for policy, forecast in groups[1:]:
+        rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
+        pairs = list(zip(base, rs, strict=True))
+        more = sum(r.alloc_pct > b.alloc_pct + 1e-9 for b, r in pairs)
+        less = sum(r.alloc_pct < b.alloc_pct - 1e-9 for b, r in pairs)
+        shorter = sum(r.mean_delay_s < b.mean_delay_s - 1e-9 for b, r in pairs)
+        longer = sum(r.mean_delay_s > b.mean_delay_s + 1e-9 for b, r in pairs)
         print(
-            f"| {policy} | {forecast} | {_mean([r.alloc_pct for r in rs]):.2f} | "
-            f"{_mean([r.offered_pct for r in rs]):.2f} | {_mean([r.mean_delay_s for r in rs]) / 3600:.2f} | "
-            f"{_mean([r.p95_delay_s for r in rs]) / 3600:.2f} | {_mean([r.not_started for r in rs]):.1f} | "
-            f"{_mean([r.never_started for r in rs]):.1f} | {_mean([r.makespan_s for r in rs]) / 86400:.2f} | "
-            f"{_mean([r.cpu_seconds for r in rs]):.1f} |"
+            f"{policy} ({forecast}) vs {groups[0][0]} ({groups[0][1]}), {len(pairs)} seeds: "
+            f"allocation higher on {more}, lower on {less}; "
+            f"mean wait shorter on {shorter}, longer on {longer}"
         )
     return 0
 

@@ -70,10 +70,12 @@ class DynamicResult:
     p95_delay_s: float
     not_started: int  # tasks not started by the end of the horizon
     never_started: int  # tasks that never started, even after the queue drained (fit on no node)
+    not_started_gpu_h: float  # GPU-hours the tasks not started by the end asked for (request × lifetime)
     makespan_s: float  # first arrival → last departure, queue drained
     cpu_seconds: float
     series_t_s: tuple[float, ...]  # bin starts, seconds since the first arrival
     series_alloc_pct: tuple[float, ...]  # time-averaged allocation in each bin
+    start_s: Mapping[str, float]  # task id → start time (tasks that started), for per-task analysis
 
 
 class ForecastAligned(Policy):
@@ -327,6 +329,7 @@ def run_dynamic(
         for t in ordered
         if start_of.get(t.request.task_id, math.inf) <= horizon_end_s
     ]
+    late = [t for t in ordered if start_of.get(t.request.task_id, math.inf) > horizon_end_s]
     offered = sum(
         t.request.gpu_request_milli * (min(t.creation_s + t.lifetime_s, horizon_end_s) - t.creation_s)
         for t in ordered
@@ -345,10 +348,14 @@ def run_dynamic(
         p95_delay_s=_percentile(in_horizon, 95),
         not_started=len(ordered) - len(in_horizon),
         never_started=len(ordered) - len(delays),
+        not_started_gpu_h=sum(t.request.gpu_request_milli * t.lifetime_s for t in late)
+        / WHOLE_GPU_MILLI
+        / 3600,
         makespan_s=last_departure_s - first_s,
         cpu_seconds=time.process_time() - started_cpu,
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
         series_alloc_pct=tuple(100 * v / (capacity * bin_width) if capacity else 0.0 for v in bins),
+        start_s=start_of,
     )
 
 
