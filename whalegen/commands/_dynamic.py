@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="replay the tasks after this share of submissions (the duration model trains before it)",
     )
     group.add_argument("--queue-window", type=int, default=32, help="queued tasks retried per event")
+    group.add_argument(
+        "--align-slack",
+        type=float,
+        default=0.0,
+        help="POLICY+forecast: score points below the best still aligned on (0: exact ties)",
+    )
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace, traces: Path) -> int:
                     predicted_s=predictions[forecast],
                     forecast=forecast,
                     queue_window=args.queue_window,
+                    align_slack=args.align_slack,
                     on_progress=progress,
                 )
             )

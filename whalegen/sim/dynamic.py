@@ -5,7 +5,8 @@ The static replay (`replay.py`) follows the FGD paper: nothing departs. Here tim
 
 * A task arrives at `creation_s`; its run time is `lifetime_s` (openb: deletion − creation, which also
   holds the time the task spent pending in the real cluster). It departs `lifetime_s` after it *starts*.
-* A task that fits nowhere waits in a FIFO queue. After every departure, and on every arrival, the first
+* A task that fits nowhere waits in a FIFO queue (one that would not fit even the empty cluster is
+  rejected on arrival and counted as never started). After every departure, and on every arrival, the first
   `queue_window` queued tasks are tried in order (a later one may start before an earlier one that still
   does not fit: backfill inside the window, no reservations). The window bounds the work per event.
 * Every try goes through the production `Engine` (`choose` to test, `solve` to commit; one code path).
@@ -85,8 +86,11 @@ class ForecastAligned(Policy):
     about to be placed (`expect`) and every start and departure (`started`, `departed`).
     """
 
-    def __init__(self, inner: Policy) -> None:
+    def __init__(self, inner: Policy, slack: float = 0.0) -> None:
         self.inner = inner
+        # Score points below the best that still count as "equally good" (0: exact ties only). The
+        # engine's scores are integers 0…100 (FGD's sigmoid), so 1 admits the next score down.
+        self.slack = slack
         self.name = f"{inner.name}{FORECAST_SUFFIX}"
         self.whole_gpus_only = inner.whole_gpus_only
         self.node_pure = inner.node_pure
@@ -166,13 +170,13 @@ class ForecastAligned(Policy):
                     continue
                 best = min(best, (self._cost(self.gpu_ends.get((r, c))), r, c))
             return best[1], (best[2],)
-        # 3. Otherwise every node with the same (highest) score is equally good; ties go by alignment,
-        #    then node order.
+        # 3. Otherwise every node within `slack` of the pick's score is equally good; ties go by
+        #    alignment, then node order.
         cache = scores()
         top = cache.scores[n]
         if top == NEG_INF:
             return pick
-        ties = np.flatnonzero(cache.scores == top)
+        ties = np.flatnonzero(cache.scores >= top - self.slack)
         if len(ties) == 1:
             return pick
         cost, chosen = min((self._cost(self.node_ends.get(t)), t) for t in ties.tolist())
@@ -204,6 +208,7 @@ def run_dynamic(
     predicted_s: Mapping[str, float] | None = None,
     forecast: str = "none",
     queue_window: int = 32,
+    align_slack: float = 0.0,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> DynamicResult:
     """Replay `tasks` over time on `nodes` (in the order given: it breaks ties).
@@ -223,9 +228,13 @@ def run_dynamic(
     )
     wrapper: ForecastAligned | None = None
     if aligned:
-        wrapper = ForecastAligned(engine.policy)
+        wrapper = ForecastAligned(engine.policy, align_slack)
         wrapper.adopt(engine)
     predictions = predicted_s or {}
+    # A task that fits no node even of the empty cluster is rejected on arrival (counted as never
+    # started) instead of queueing forever: with a narrow window it would block the queue for good.
+    empty = Engine(ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy="bestfit"))
+    fits_empty: dict[Request, bool] = {}
     capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in nodes)
     ordered = sorted(tasks, key=lambda t: (t.creation_s, t.request.task_id))
     first_s = ordered[0].creation_s if ordered else 0.0
@@ -311,12 +320,13 @@ def run_dynamic(
     for i, task in enumerate(ordered):
         depart_until(task.creation_s)
         advance(task.creation_s)
-        queue.append(task)
-        if len(queue) <= queue_window:
-            # Only the new task can have changed since the last pass over the window.
-            queue.pop()
-            if not try_start(task, task.creation_s):
-                queue.append(task)
+        req = Request.of(task.request)
+        if req not in fits_empty:
+            fits_empty[req] = empty.choose(req) is not None
+        if fits_empty[req] and (len(queue) >= queue_window or not try_start(task, task.creation_s)):
+            # Inside the window only the new task can have changed since the last pass, so only it is
+            # tried; behind a full window it waits its turn.
+            queue.append(task)
         if on_progress is not None and (i % 500 == 0 or i == len(ordered) - 1):
             on_progress(i + 1, len(ordered))
     # 4. Drain: run departures until nothing is left that could start.

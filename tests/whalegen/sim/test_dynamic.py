@@ -82,12 +82,15 @@ def test_time_averaged_allocation_matches_the_hand_computation() -> None:
     assert result.series_alloc_pct[-1] == pytest.approx(75.0)
 
 
-def test_a_task_that_fits_no_node_is_counted_as_never_started_and_does_not_block_the_rest() -> None:
+@pytest.mark.parametrize("window", [1, 32], ids=["strict fifo", "window of 32"])
+def test_a_task_that_fits_no_node_is_counted_as_never_started_and_does_not_block_the_rest(
+    window: int,
+) -> None:
     tasks = [timed("big", 0, 100, num_gpu=2), timed("small", 5, 10)]
-    result = run_dynamic([node("n0", 1)], tasks, "fgd", 1, mix=MIX)
+    result = run_dynamic([node("n0", 1)], tasks, "fgd", 1, mix=MIX, queue_window=window)
     assert result.never_started == 1
     assert result.not_started == 1
-    assert result.mean_delay_s == 0.0  # "small" starts on arrival: the window lets it past "big"
+    assert result.mean_delay_s == 0.0  # "small" starts on arrival: "big" was rejected, not queued
 
 
 def test_a_task_started_after_the_trace_ends_counts_as_not_started_by_the_end() -> None:
