@@ -8,4 +8,5 @@ urlpatterns = [
     path("", include("apps.workloads.api.urls")),
     path("", include("apps.approvals.api.urls")),
     path("", include("apps.forecasting.api.urls")),
+    path("", include("apps.fleet.api.urls")),
 ]

@@ -25,6 +25,7 @@ from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
     GpuState,
+    Isolation,
     NodeState,
     PartitionMode,
     RunningTask,
@@ -182,9 +183,13 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         )
     )
     held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
+    # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
+    held_mig: dict[int, tuple[str, int]] = {}
     for unit in unit_rows:
         if unit["task_id"] is not None:
             held[unit["task_id"]][gpu_of_unit[unit["id"]]["index"]] += unit["gpu_milli"]
+            if unit["kind"] == ComputeUnit.Kind.MIG and unit["mig_start"] is not None:
+                held_mig[unit["task_id"]] = (unit["mig_profile"], unit["mig_start"])
 
     # 4. Overrides: an approved queue override in force lifts its queue's tasks; an approved task override
     # whose term has ended counts as lapsed even before the expiry job has written it back.
@@ -242,6 +247,8 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
                 preemptible=row["task__preemptible"],
                 started_at_s=started.timestamp(),
                 borrowed=row["borrowed"],
+                mig_profile=held_mig.get(row["task_id"], (None, None))[0],
+                mig_start_slice=held_mig.get(row["task_id"], (None, None))[1],
             )
         )
         running_info[key] = RunningInfo(
@@ -342,6 +349,8 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         "gang_size",
         "priority",
         "preemptible",
+        "isolation",
+        "sla_class",
         "created_at",
         "predicted_duration_p50_s",
         "predicted_duration_p90_s",
@@ -370,6 +379,8 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
                 priority=priority,
                 tenant=slug,
                 preemptible=row["preemptible"],
+                isolation=Isolation(row["isolation"]),
+                sla_online=row["sla_class"] == Task.SlaClass.ONLINE,
                 submitted_at_s=row["created_at"].timestamp(),
                 prediction=TaskPrediction(
                     row["predicted_duration_p50_s"],

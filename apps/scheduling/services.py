@@ -294,7 +294,13 @@ def estimate_starts(
     for task_id, (code, _) in unplaced.items():
         request = requests[task_id]
         need = request.gpu_request_milli
-        if code in (Outcome.GANG_INCOMPLETE.value, Outcome.NO_ALLOWED_MODEL.value, NEEDS_LAYOUT):
+        # No running task's end makes these placeable: only a new member, model, GPU mode or layout does.
+        if code in (
+            Outcome.GANG_INCOMPLETE.value,
+            Outcome.NO_ALLOWED_MODEL.value,
+            Outcome.NO_ISOLATION.value,
+            NEEDS_LAYOUT,
+        ):
             estimates[task_id] = None
         elif code == Outcome.WAITING_FOR_PREEMPTION.value:
             estimates[task_id] = now_s
@@ -656,7 +662,10 @@ def cycle_run(
             # 3. Decide.
             started = time.perf_counter()
             now_s = now.timestamp()
-            engine = Engine(snapshot.cluster, EngineConfig(policy=policy))
+            engine = Engine(
+                snapshot.cluster,
+                EngineConfig(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI),
+            )
             mix = shape_mix_from_tasks(
                 list(snapshot.cluster.pending)
                 + [

@@ -3,7 +3,12 @@
 Migrates the database (an SQLite file under WHALEGEN_DATA_DIR unless DATABASE_URL is set), seeds a
 believable fleet once (two clusters; pools of H100 and H200 with MIG, A100 and L4; three tenants with
 quotas, queues and a few tasks), prints fresh tokens and an admin login, and serves the API and the
-admin. Celery runs in-process: beat entries fire from a thread, tasks run eagerly.
+admin. Celery runs in-process: beat entries fire from a thread, tasks run eagerly — among them the
+scheduling cycle per pool and the node-health check.
+
+Then it runs the loop: one simulated agent per seeded node (the real `whalegen agent` on the simulated
+NVML, each with a node credential issued at start) and a workload generator drawing task shapes from
+the openb trace ($WHALEGEN_TRACES_DIR, built-in shapes if absent), with a status line every 10 s.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -28,6 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--serve-seconds", type=float, default=None, help="stop serving after this many seconds (for tests)"
     )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=None,
+        help="simulated agents to start, one per node (default: every node)",
+    )
+    parser.add_argument(
+        "--workload-interval-s", type=float, default=2.0, help="seconds between generated tasks; 0 = none (2)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="random seed of the workload generator")
 
 
 def _progress(message: str) -> None:
@@ -197,6 +213,9 @@ def _beat_thread(stop: threading.Event) -> threading.Thread:
 
     from whalegen.config.celery import app
 
+    # Import every app's tasks.py now: autodiscovery is lazy, and an entry whose task module nobody
+    # imported yet would be skipped for good (the scheduling cycle among them).
+    app.loader.import_default_modules()
     entries = [(entry["task"], float(entry["schedule"])) for entry in settings.CELERY_BEAT_SCHEDULE.values()]
     due = {name: time.monotonic() + interval for name, interval in entries}
 
@@ -213,6 +232,21 @@ def _beat_thread(stop: threading.Event) -> threading.Thread:
     return thread
 
 
+def _status_thread(stop: threading.Event, interval_s: float = 10.0) -> threading.Thread:
+    from django.db import close_old_connections
+
+    from apps.fleet.demo import status_line
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            _progress(status_line())
+            close_old_connections()
+
+    thread = threading.Thread(target=loop, name="whalegen-status", daemon=True)
+    thread.start()
+    return thread
+
+
 def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> None:
     from django.contrib.staticfiles.handlers import StaticFilesHandler
     from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
@@ -220,18 +254,58 @@ def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> 
 
     httpd = ThreadedWSGIServer((host, port), WSGIRequestHandler, ipv6=":" in host)
     httpd.set_app(StaticFilesHandler(get_wsgi_application()))
-    on_ready(httpd.server_address[1])
     stop = threading.Event()
+    on_done = on_ready(httpd.server_address[1])
     _beat_thread(stop)
+    _status_thread(stop)
     if serve_seconds is not None:
         threading.Timer(serve_seconds, httpd.shutdown).start()
+    # SIGTERM (a service manager, a test) ends the demo like Ctrl-C, so the agents are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
+        on_done()
         httpd.server_close()
+
+
+def _sqlite_wal() -> None:
+    """Let the agents' reads go on while a cycle writes: SQLite's write-ahead log (kept in the file)."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode=WAL")
+
+
+def _start_loop(args: argparse.Namespace, url: str) -> Any:
+    """Start the simulated agents and the workload generator; return what stops them."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from apps.fleet.demo import SimulatedAgents, WorkloadGenerator
+
+    agents = SimulatedAgents(Path(settings.DATA_DIR) / "agents", url, limit=args.agents)
+    started = agents.start() if args.agents != 0 else 0
+    _progress(f"started {started} simulated agents (logs under {agents.work_dir})")
+    generator = None
+    if args.workload_interval_s > 0:
+        generator = WorkloadGenerator(
+            Path(settings.WHALEGEN_TRACES_DIR), interval_s=args.workload_interval_s, seed=args.seed
+        )
+        generator.start()
+        _progress(f"workload generator: a task every {args.workload_interval_s:g} s from {generator.source}")
+
+    def stop() -> None:
+        if generator is not None:
+            generator.stop()
+        agents.stop()
+
+    return stop
 
 
 def run(args: argparse.Namespace) -> int:
@@ -249,12 +323,13 @@ def run(args: argparse.Namespace) -> int:
     _progress(f"database: {database['ENGINE'].rsplit('.', 1)[-1]} {database['NAME']}")
     _progress("migrating")
     call_command("migrate", interactive=False, verbosity=0)
+    _sqlite_wal()
     _progress(
         "seeding the fleet, tenants, quotas and queues" if seed() else "already seeded; keeping the data"
     )
     password, tokens = logins()
 
-    def announce(port: int) -> None:
+    def announce(port: int) -> Any:
         shown_host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{shown_host}:{port}"
         lines = [
@@ -270,9 +345,11 @@ def run(args: argparse.Namespace) -> int:
             f"    WHALEGEN_URL={url} WHALEGEN_TOKEN={tokens[0][2]} whalegen tasks ls",
         ]
         print("\n".join(lines), flush=True)
+        return _start_loop(args, url)
 
     if args.no_serve:
-        announce(args.port)
+        args.agents, args.workload_interval_s = 0, 0.0
+        announce(args.port)()
         return 0
     _serve(args.host, args.port, args.serve_seconds, announce)
     return 0

@@ -1,8 +1,10 @@
 """`whalegen submit FILE.yaml [--wait]`: submit one task (or several, under `tasks:`) through the API.
 
 The YAML holds the request fields of the API (`queue`, `gpu_count`, `gpu_milli`, `command`, …).
-With `--wait` it polls until the task reaches a final state and prints every state change; it exits
-0 when the task succeeded, 1 when it failed or was cancelled, 124 when `--timeout` ran out first.
+With `--wait` it polls until the task reaches a final state and prints every state change (and every
+new why-pending reason); it exits with the task's own exit code: 0 when it succeeded, the command's
+exit code when it failed with one (1 when it failed without one, or was cancelled), 124 when
+`--timeout` ran out first. With several tasks: the first non-zero of those, in submission order.
 """
 
 from __future__ import annotations
@@ -43,21 +45,34 @@ def _load(path: Path) -> dict[str, Any]:
     return document
 
 
+def _exit_status(task: dict[str, Any]) -> int:
+    if task["state"] == "succeeded":
+        return 0
+    code = task.get("exit_code")
+    # Exit statuses are 0–255 to a shell; a code outside (e.g. -9 for a signal) reads as 1.
+    return code if task["state"] == "failed" and isinstance(code, int) and 0 < code < 256 else 1
+
+
 def wait_for(client: Client, task_ids: list[int], *, timeout_s: float, interval_s: float) -> int:
-    """Poll tasks until all are final; print each state change. Returns the exit status."""
+    """Poll tasks until all are final; print each state change and each new why-pending reason.
+    Returns the exit status (see the module's docstring)."""
     deadline = time.monotonic() + timeout_s
-    seen: dict[int, str] = {}
+    seen: dict[int, tuple[str, str]] = {}
+    last: dict[int, dict[str, Any]] = {}
     while True:
         for task_id in task_ids:
             task = client.call("GET", f"/tasks/{task_id}/")
-            if seen.get(task_id) != task["state"]:
-                seen[task_id] = task["state"]
-                why = f" ({task['why_pending']})" if task.get("why_pending") else ""
-                print(f"task {task_id}: {task['state']}{why}", flush=True)
-        if all(state in FINAL for state in seen.values()):
-            return 0 if all(state == "succeeded" for state in seen.values()) else 1
+            last[task_id] = task
+            now = (task["state"], task.get("why_pending") or "")
+            if seen.get(task_id) != now:
+                seen[task_id] = now
+                why = f" ({now[1]})" if now[1] else ""
+                extra = f" exit code {task['exit_code']}" if task.get("exit_code") is not None else ""
+                print(f"task {task_id}: {now[0]}{why}{extra}", flush=True)
+        if all(state in FINAL for state, _ in seen.values()):
+            return next((code for tid in task_ids if (code := _exit_status(last[tid])) != 0), 0)
         if time.monotonic() >= deadline:
-            waiting = ", ".join(f"{tid} {state}" for tid, state in seen.items() if state not in FINAL)
+            waiting = ", ".join(f"{tid} {state}" for tid, (state, _) in seen.items() if state not in FINAL)
             print(f"whalegen: gave up after {timeout_s:g} s; still not finished: {waiting}", file=sys.stderr)
             return EXIT_TIMEOUT
         time.sleep(interval_s)

@@ -61,10 +61,13 @@ INSTALLED_APPS = [
     "apps.approvals",
     "apps.scheduling",
     "apps.forecasting",
+    "apps.fleet",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # gunicorn serves no static files; WhiteNoise serves the admin's and the API docs' from STATIC_ROOT.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -96,6 +99,9 @@ assert _database_url is not None
 DATABASES = {"default": database_from_url(_database_url)}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(str(DATABASES["default"]["NAME"])).parent.mkdir(parents=True, exist_ok=True)
+    # The embedded default serves agents, cycles and the API at once: a transaction takes the write lock
+    # when it begins and waits for it (up to 20 s) instead of failing "database is locked" mid-way.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -175,6 +181,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.scheduling.tasks.cycles_all_pools",
         "schedule": envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0),
     },
+    # Nodes whose agent missed WHALEGEN_NODE_LOST_HEARTBEATS heartbeats are marked lost, tasks requeued.
+    "fleet-node-health": {
+        "task": "apps.fleet.tasks.nodes_check_health",
+        "schedule": envfloat("WHALEGEN_NODE_HEALTH_INTERVAL_S", 5.0),
+    },
 }
 
 # WhaleGen's own knobs.
@@ -194,6 +205,17 @@ WHALEGEN_RIGHT_SIZE_MARGIN = envfloat("WHALEGEN_RIGHT_SIZE_MARGIN", 0.15)
 # Placement policy of production cycles: whalegen, fgd, bestfit or k8s-default (whalegen.placement.registry).
 WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen"
 WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
+# Milli-GPUs of every pool kept idle for online-SLA tasks: a batch task may not take the last of them.
+WHALEGEN_ONLINE_RESERVE_MILLI = envint("WHALEGEN_ONLINE_RESERVE_MILLI", 0)
+# Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.
+WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
+WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)
+WHALEGEN_NODE_LOST_HEARTBEATS = envint("WHALEGEN_NODE_LOST_HEARTBEATS", 3)
+WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
+# How long a released task the agent still runs is listed as `stop` (afterwards omission stops it).
+WHALEGEN_AGENT_STOP_LIST_S = envfloat("WHALEGEN_AGENT_STOP_LIST_S", 600.0)
+# Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
+WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {

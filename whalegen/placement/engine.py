@@ -27,6 +27,7 @@ from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
     CycleResult,
+    Isolation,
     Outcome,
     Placement,
     Preemption,
@@ -43,6 +44,9 @@ class EngineConfig:
     policy: str = "whalegen"
     seed: int = 0  # drives the policies that draw at random (`random`); the rest are deterministic
     preemption: bool = True  # propose victims for tasks that cannot place
+    # Idle GPU milli the pool keeps for online-SLA tasks (`TaskRequest.sla_online`): a batch task is not
+    # placed if afterwards less than this would be idle on schedulable nodes. 0 = no reserve.
+    online_reserve_milli: int = 0
 
 
 @dataclass
@@ -77,8 +81,9 @@ class Engine:
         self.request_ids: dict[Request, int] = {}
         self.allowed: dict[Request, npt.NDArray[np.bool_]] = {}
         # Nodes in the same state score a request the same way (for policies whose score reads only the
-        # node): (node state, request id) -> (score, devices). Identical nodes are common in real fleets.
-        self.memo: dict[tuple[object, int], tuple[float, tuple[int, ...]]] = {}
+        # node): (node state class, request id) -> (score, devices). Identical nodes are common in real
+        # fleets, and a filling cluster keeps revisiting the same states.
+        self.memo: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
         self.quotas: dict[str, Quota] = {q.tenant: q for q in snapshot.quotas}
         self.usage_milli: dict[str, int] = defaultdict(int)
         self.records: dict[str, _Record] = {}
@@ -122,34 +127,41 @@ class Engine:
             & (state.np_mem_free[stale] >= req.mem_mib)
         )
         if req.num_gpu:
-            devices_ok = (state.np_gpu_free[stale] >= req.gpu_milli).sum(axis=1) >= req.num_gpu
+            threshold = self.policy.device_threshold(req)
+            devices_ok = (state.np_gpu_free[stale] >= threshold).sum(axis=1) >= req.num_gpu
             possible &= devices_ok | ~state.np_plain[stale]
         cache.scores[stale[~possible]] = NEG_INF
         stale = stale[possible]
-        # 3. Score the rest, through the node-state memo where the policy allows it.
-        memo = self.memo if self.policy.node_pure else None
-        if memo is not None and len(memo) > MEMO_LIMIT:
-            memo.clear()
-        rid = self.request_ids[req]
-        keys = state.node_key
-        values: list[float] = []
-        devices_of = cache.devices
+        # 3. Score the rest. A node-pure policy scores each distinct node state once (one node stands
+        #    for its class, through a memo kept across requests and cycles) and numpy spreads the score.
         score_node = self._score_node
-        if memo is None:
+        if not self.policy.node_pure:
+            values: list[float] = []
+            devices_of = cache.devices
             for n in stale.tolist():
                 value, devices_of[n] = score_node(n, req)
                 values.append(value)
-        else:
-            lookup = memo.get
-            for n in stale.tolist():
-                key = (keys[n], rid)
-                hit = lookup(key)
-                if hit is None:
-                    hit = score_node(n, req)
-                    memo[key] = hit
-                values.append(hit[0])
-                devices_of[n] = hit[1]
-        cache.scores[stale] = values
+            cache.scores[stale] = values
+            return cache
+        memo = self.memo
+        if len(memo) > MEMO_LIMIT:
+            memo.clear()
+        rid = self.request_ids[req]
+        classes = state.class_id[stale]
+        unique, first, inverse = np.unique(classes, return_index=True, return_inverse=True)
+        class_values = np.empty(len(unique))
+        class_devices = cache.class_devices
+        lookup = memo.get
+        for j, (cls, n) in enumerate(zip(unique.tolist(), stale[first].tolist(), strict=True)):
+            key = (cls, rid)
+            hit = lookup(key)
+            if hit is None:
+                hit = score_node(n, req)
+                memo[key] = hit
+            class_values[j] = hit[0]
+            class_devices[cls] = hit[1]
+        cache.scores[stale] = class_values[inverse]
+        cache.classes[stale] = classes
         return cache
 
     def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
@@ -167,17 +179,28 @@ class Engine:
     def solve(self, pending: tuple[TaskRequest, ...], now: float) -> CycleResult:
         """Place what fits, in priority order, and commit it to the working copy.
 
-        Steps: 1. order tasks by priority, then submission time; gangs go as one unit at the position
-        of their first member. 2. For each unit: gang completeness, then quota (guarantee, then borrow
-        limit). 3. Place members one by one; a gang that cannot place every member is undone.
-        4. For each task left over, an explanation and, where allowed, a preemption proposal.
+        Steps: 1. order tasks: the caller's `order_key` first where given (lowest first), then priority,
+        then submission time; gangs go as one unit at the position of their first member. 2. For each
+        unit: gang completeness, quota (guarantee, then borrow limit), then the online reserve for batch
+        work. 3. Place members one by one; a gang that cannot place every member, or a batch unit that
+        would end below the online reserve, is undone. 4. For each task left over, an explanation and,
+        where allowed, a preemption proposal.
         """
         placements: list[Placement] = []
         unplaced: list[Unplaced] = []
         preemptions: list[Preemption] = []
         claimed: set[str] = set()
         # 1. Order.
-        ordered = sorted(pending, key=lambda t: (-t.priority, t.submitted_at_s, t.task_id))
+        ordered = sorted(
+            pending,
+            key=lambda t: (
+                t.order_key is None,
+                t.order_key or 0,
+                -t.priority,
+                t.submitted_at_s,
+                t.task_id,
+            ),
+        )
         gangs: dict[str, list[TaskRequest]] = defaultdict(list)
         for task in ordered:
             if task.gang_id is not None:
@@ -202,6 +225,11 @@ class Engine:
             if quota_problem is not None:
                 unplaced += [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit]
                 continue
+            batch = not all(t.sla_online for t in unit)
+            reserve_problem = self._reserve_check(unit, need_milli) if batch else None
+            if reserve_problem is not None:
+                unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, reserve_problem) for t in unit]
+                continue
             # 3. Place every member or none.
             bound: list[tuple[TaskRequest, Binding]] = []
             failed: TaskRequest | None = None
@@ -212,6 +240,13 @@ class Engine:
                     failed = task
                     break
                 bound.append((task, self.state.bind(task.task_id, pick[0], pick[1], req)))
+            if failed is None and batch and self.state.free_milli_total < self.config.online_reserve_milli:
+                # Whole-mode GPUs and MIG profiles can hold more than was asked: check what was taken.
+                for _, binding in reversed(bound):
+                    self.state.release(binding.task_id)
+                problem = self._reserve_message(unit, need_milli)
+                unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, problem) for t in unit]
+                continue
             if failed is None:
                 for task, binding in bound:
                     placements.append(self._commit(task, binding, borrowed, now))
@@ -271,6 +306,19 @@ class Engine:
             )
         return None, used + need_milli > quota.guaranteed_milli
 
+    def _reserve_check(self, unit: list[TaskRequest], need_milli: int) -> str | None:
+        reserve = self.config.online_reserve_milli
+        if reserve and self.state.free_milli_total - need_milli < reserve:
+            return self._reserve_message(unit, need_milli)
+        return None
+
+    def _reserve_message(self, unit: list[TaskRequest], need_milli: int) -> str:
+        what = "batch task" if len(unit) == 1 else f"batch gang {unit[0].gang_id}"
+        return (
+            f"{what} asks {need_milli} milli-GPU; {self.state.free_milli_total} milli-GPU is free and the "
+            f"pool keeps {self.config.online_reserve_milli} for online tasks"
+        )
+
     # -- explanations ------------------------------------------------------------------------------
 
     def explain(self, req: Request) -> tuple[Outcome, str]:
@@ -281,16 +329,27 @@ class Engine:
         if not allowed.any():
             what = f"{models} GPU" if models else "schedulable node"
             return Outcome.NO_ALLOWED_MODEL, f"no schedulable node has a {what}"
+        # Devices whose partition mode the task's isolation accepts.
+        mode_ok = s.np_mode_ok[req.isolation]
+        isolated = req.num_gpu > 0 and req.isolation is not Isolation.ANY
+        if isolated:
+            allowed = allowed & mode_ok.any(axis=1)
+            if not allowed.any():
+                what = ISOLATION_WORDS[req.isolation]
+                return Outcome.NO_ISOLATION, f"no schedulable node has {what} (isolation {req.isolation})"
         total = int(allowed.sum())
         lack_cpu = int((allowed & (s.np_cpu_free < req.cpu_milli)).sum())
         lack_mem = int((allowed & (s.np_mem_free < req.mem_mib)).sum())
         parts: list[str] = []
         if req.num_gpu:
             threshold = WHOLE_GPU_MILLI if self.policy.whole_gpus_only else req.gpu_milli
-            has_gpu: npt.NDArray[np.bool_] = (s.np_gpu_free >= threshold).sum(axis=1) >= req.num_gpu
+            fits = (s.np_gpu_free >= threshold) & mode_ok
+            has_gpu: npt.NDArray[np.bool_] = fits.sum(axis=1) >= req.num_gpu
             with_gpu = int((allowed & has_gpu).sum())
             where = models or "GPU"
             amount = f"{req.gpu_milli} milli" if req.num_gpu == 1 else f"{req.num_gpu}×{req.gpu_milli} milli"
+            if isolated:
+                amount += f" ({req.isolation} isolation)"
             if with_gpu == 0:
                 parts.append(f"no {where} node with {amount} free")
             else:
@@ -358,6 +417,13 @@ class Engine:
                 why = f"borrowed capacity reclaimed for tenant {task.tenant}, which is within its guarantee"
             proposals.append(Preemption(record.task_id, node, task.task_id, why))
         return proposals
+
+
+ISOLATION_WORDS = {
+    Isolation.MIG: "a GPU in MIG mode",
+    Isolation.MPS: "a GPU in shared (MPS or time-slice) mode",
+    Isolation.EXCLUSIVE: "a GPU outside MIG mode",
+}
 
 
 def _nodes(count: int) -> str:

@@ -30,14 +30,25 @@ NEG_INF = float("-inf")  # the score of a node that cannot host the request
 
 
 class ScoreCache:
-    """Per-request scores and device choices for every node, valid while the node's version holds."""
+    """Per-request scores and device choices for every node, valid while the node's version holds.
 
-    __slots__ = ("devices", "scores", "versions")
+    Node-pure policies score one node per distinct node state (state class): a node's device choice is
+    then its class's (`classes[n]` is the class it had when scored, which its unchanged version keeps
+    current); other policies keep one choice per node.
+    """
+
+    __slots__ = ("class_devices", "classes", "devices", "scores", "versions")
 
     def __init__(self, size: int) -> None:
         self.scores = np.full(size, NEG_INF)
         self.versions = np.full(size, -1, np.int64)
         self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
+        self.classes = np.full(size, -1, np.int64)
+        self.class_devices: dict[int, tuple[int, ...]] = {}
+
+    def devices_of(self, n: int) -> tuple[int, ...]:
+        cls = int(self.classes[n])
+        return self.class_devices[cls] if cls >= 0 else self.devices[n]
 
 
 class Policy:
@@ -55,6 +66,11 @@ class Policy:
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         raise NotImplementedError
 
+    def device_threshold(self, req: Request) -> int:
+        """Free milli a device of a shared-mode node needs before `score` can give the node a finite
+        score (the engine's numpy pre-filter drops the other nodes without scoring them)."""
+        return req.gpu_milli
+
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
         """The highest score wins; `argmax` returns the first maximum, i.e. the first node in order.
 
@@ -64,7 +80,7 @@ class Policy:
         n = int(np.argmax(cache.scores))
         if cache.scores[n] == NEG_INF:
             return None
-        return n, cache.devices[n]
+        return n, cache.devices_of(n)
 
     # Shared device choices ---------------------------------------------------------------------
 
@@ -90,7 +106,7 @@ class RandomPolicy(Policy):
         if len(feasible) == 0:
             return None
         n = int(feasible[self.rng.randrange(len(feasible))])
-        return n, cache.devices[n]
+        return n, cache.devices_of(n)
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         if req.is_share:

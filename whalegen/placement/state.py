@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from whalegen.gpus.mig import MEMORY_SLICES, MigProfile, mig_profiles
+from whalegen.gpus.mig import MEMORY_SLICES, MigProfile, mig_profiles, profile_by_name
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
     ComputeUnit,
     GpuState,
+    Isolation,
     NodeState,
     PartitionMode,
     RunningTask,
@@ -27,6 +28,15 @@ from whalegen.placement.types import (
 )
 
 ALL_SLICES = (1 << MEMORY_SLICES) - 1
+# Partition modes as small integers for the numpy device mirror (-1 = no device in that column).
+MODE_CODES = {PartitionMode.SHARED: 0, PartitionMode.WHOLE: 1, PartitionMode.MIG: 2}
+# Which partition modes each isolation accepts.
+ISOLATION_MODES: dict[Isolation, frozenset[PartitionMode]] = {
+    Isolation.ANY: frozenset(PartitionMode),
+    Isolation.MIG: frozenset({PartitionMode.MIG}),
+    Isolation.MPS: frozenset({PartitionMode.SHARED}),
+    Isolation.EXCLUSIVE: frozenset({PartitionMode.SHARED, PartitionMode.WHOLE}),
+}
 
 
 @dataclass(frozen=True)
@@ -39,16 +49,23 @@ class Request:
     gpu_milli: int
     gpu_mem_mib: int
     allowed_models: frozenset[str]
+    isolation: Isolation = Isolation.ANY
 
     @staticmethod
     def of(task: TaskRequest) -> Request:
+        milli = task.gpu_milli if task.num_gpu else 0
+        isolation = task.isolation if task.num_gpu else Isolation.ANY
+        if isolation is Isolation.EXCLUSIVE:
+            # Nobody else may use the card, so the task holds all of it whatever share it asked for.
+            milli = WHOLE_GPU_MILLI
         return Request(
             task.cpu_milli,
             task.mem_mib,
             task.num_gpu,
-            task.gpu_milli if task.num_gpu else 0,
+            milli,
             task.gpu_mem_mib if task.num_gpu else 0,
             task.allowed_models,
+            isolation,
         )
 
     @property
@@ -135,6 +152,10 @@ class ClusterState:
         self.plain = [all(mode is PartitionMode.SHARED for mode in modes) for modes in self.modes]
         # Everything feasibility and node-local scores read, as one hashable value per node.
         self.node_key: list[tuple[object, ...]] = [self._key(n) for n in range(len(nodes))]
+        # Each distinct node key gets a small integer (its state class), so that nodes in the same state
+        # can be grouped with numpy and scored once.
+        self.key_ids: dict[tuple[object, ...], int] = {}
+        self.class_id = np.array([self._class_of(key) for key in self.node_key], np.int64)
         # Which task classes each node hosts (count per class): the clustering policy reads it.
         self.classes: list[dict[int, int]] = [{} for _ in nodes]
         self.bindings: dict[str, Binding] = {}
@@ -151,6 +172,16 @@ class ClusterState:
             self.np_gpu_free[n, : len(frees)] = frees
         self.np_schedulable = np.array(self.schedulable, bool)
         self.np_plain = np.array(self.plain, bool)
+        self.np_mode = np.full((count, max(width, 1)), -1, np.int8)
+        for n, modes in enumerate(self.modes):
+            self.np_mode[n, : len(modes)] = [MODE_CODES[m] for m in modes]
+        # Per isolation, which device columns have a partition mode it accepts (modes never change).
+        self.np_mode_ok = {
+            isolation: np.isin(self.np_mode, [MODE_CODES[m] for m in modes])
+            for isolation, modes in ISOLATION_MODES.items()
+        }
+        # Idle GPU milli on schedulable nodes: what the online-SLA reserve is measured against.
+        self.free_milli_total = sum(sum(self.gpu_free[n]) for n in range(count) if self.schedulable[n])
 
     @staticmethod
     def from_snapshot(snapshot: ClusterSnapshot, *, whole_gpus_only: bool = False) -> ClusterState:
@@ -177,6 +208,13 @@ class ClusterState:
         )
         return (*base, *extra)
 
+    def _class_of(self, key: tuple[object, ...]) -> int:
+        cls = self.key_ids.get(key)
+        if cls is None:
+            cls = len(self.key_ids)
+            self.key_ids[key] = cls
+        return cls
+
     def __len__(self) -> int:
         return len(self.names)
 
@@ -191,6 +229,8 @@ class ClusterState:
     def device_fits(self, n: int, d: int, req: Request) -> bool:
         free = self.gpu_free[n][d]
         mode = self.modes[n][d]
+        if mode not in ISOLATION_MODES[req.isolation]:
+            return False
         if mode is PartitionMode.SHARED:
             return free >= req.gpu_milli and self.gpu_mem_free[n][d] >= req.gpu_mem_mib
         if mode is PartitionMode.WHOLE:
@@ -210,8 +250,11 @@ class ClusterState:
             return None
         if req.num_gpu == 0:
             return []
+        if self.plain[n] and req.isolation is Isolation.MIG:
+            return None  # only shared-mode GPUs here
         if self.plain[n] and not req.gpu_mem_mib:
-            # Shared GPUs and no GPU-memory bound: free milli is the only test.
+            # Shared GPUs and no GPU-memory bound: free milli is the only test (an exclusive request
+            # asks 1000 milli, so only a card nobody uses passes).
             milli = req.gpu_milli
             devices = [d for d, free in enumerate(self.gpu_free[n]) if free >= milli]
         else:
@@ -220,9 +263,22 @@ class ClusterState:
 
     # -- changes -----------------------------------------------------------------------------------
 
+    def held_milli(self, n: int, d: int, req: Request) -> int:
+        """The GPU milli binding one GPU of `req` to device d takes away (what a score should simulate)."""
+        mode = self.modes[n][d]
+        if mode is PartitionMode.SHARED:
+            return req.gpu_milli
+        if mode is PartitionMode.WHOLE:
+            return WHOLE_GPU_MILLI
+        model = self.models[n]
+        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib) if model else None
+        return min(profile.gpu_milli, self.gpu_free[n][d]) if profile else req.gpu_milli
+
     def _unit_on(self, n: int, d: int, req: Request) -> tuple[int, int, int, ComputeUnit]:
         """What binding one GPU of `req` to device d takes: (milli, GPU memory, MIG slices, unit)."""
         mode = self.modes[n][d]
+        if req.isolation is Isolation.EXCLUSIVE:
+            return WHOLE_GPU_MILLI, self.gpu_mem_free[n][d], 0, ComputeUnit(UnitKind.WHOLE, WHOLE_GPU_MILLI)
         if mode is PartitionMode.SHARED:
             kind = UnitKind.SHARE if req.gpu_milli < WHOLE_GPU_MILLI else UnitKind.WHOLE
             return req.gpu_milli, req.gpu_mem_mib, 0, ComputeUnit(kind, req.gpu_milli)
@@ -248,6 +304,8 @@ class ClusterState:
             self.gpu_mem_free[n][d] -= mem
             self.mig_used[n][d] |= slices
             self.np_gpu_free[n, d] = self.gpu_free[n][d]
+            if self.schedulable[n]:
+                self.free_milli_total -= milli
             held_milli.append(milli)
             held_mem.append(mem)
             held_slices.append(slices)
@@ -281,6 +339,8 @@ class ClusterState:
             self.gpu_mem_free[n][d] += mem
             self.mig_used[n][d] &= ~slices
             self.np_gpu_free[n, d] = self.gpu_free[n][d]
+            if self.schedulable[n]:
+                self.free_milli_total += milli
         self._account(binding, -1)
         return binding
 
@@ -298,6 +358,8 @@ class ClusterState:
             self.gpu_mem_free[n][d] -= mem
             self.mig_used[n][d] |= slices
             self.np_gpu_free[n, d] = self.gpu_free[n][d]
+            if self.schedulable[n]:
+                self.free_milli_total -= milli
         self._account(binding, +1)
 
     def _account(self, binding: Binding, sign: int) -> None:
@@ -315,7 +377,9 @@ class ClusterState:
         else:
             del self.bindings[binding.task_id]
         self.version[n] += 1
-        self.node_key[n] = self._key(n)
+        key = self._key(n)
+        self.node_key[n] = key
+        self.class_id[n] = self._class_of(key)
         for listener in self.listeners:
             listener(n)
 
@@ -333,18 +397,27 @@ class ClusterState:
         req = Request(
             task.cpu_milli, task.mem_mib, len(devices), task.gpu_milli, task.gpu_mem_mib, frozenset()
         )
+        # A MIG instance holds memory slices as well as milli: record them so that a (trial) release
+        # frees the slices too, not only the compute share.
+        slices = 0
+        unit = ComputeUnit(UnitKind.SHARE if req.is_share else UnitKind.WHOLE, task.gpu_milli)
+        model = self.models[n]
+        if task.mig_profile is not None and task.mig_start_slice is not None and model is not None:
+            profile = profile_by_name(model, task.mig_profile)
+            slices = profile.slice_mask(task.mig_start_slice)
+            unit = ComputeUnit(UnitKind.MIG, profile.gpu_milli, profile.name, task.mig_start_slice)
         binding = Binding(
             task.task_id,
             n,
             devices,
             tuple(task.gpu_milli for _ in devices),
             tuple(task.gpu_mem_mib for _ in devices),
-            tuple(0 for _ in devices),
+            tuple(slices if self.modes[n][d] is PartitionMode.MIG else 0 for d in devices),
             task.cpu_milli,
             task.mem_mib,
             task.gpu_milli * len(devices),
             task_class(req),
-            ComputeUnit(UnitKind.SHARE if req.is_share else UnitKind.WHOLE, task.gpu_milli),
+            unit,
         )
         counts = self.classes[n]
         counts[binding.task_class] = counts.get(binding.task_class, 0) + 1

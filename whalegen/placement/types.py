@@ -21,6 +21,15 @@ class PartitionMode(StrEnum):
     MIG = "mig"  # MIG instances: a request is rounded up to the smallest profile that fits
 
 
+class Isolation(StrEnum):
+    """What a task accepts to share its GPU with."""
+
+    ANY = "any"  # whatever the GPU offers: a share, a MIG instance or a whole card
+    MIG = "mig"  # only a MIG instance (hardware-isolated memory and compute)
+    MPS = "mps"  # only an MPS share or time slice of a shared-mode GPU
+    EXCLUSIVE = "exclusive"  # a whole non-MIG GPU nobody else uses; a fractional request holds the card
+
+
 class UnitKind(StrEnum):
     WHOLE = "whole"
     SHARE = "share"
@@ -37,6 +46,8 @@ class Outcome(StrEnum):
     NO_CAPACITY = "no_capacity"  # allowed nodes exist but none has the GPU, CPU and memory at once
     GANG_UNPLACEABLE = "gang_unplaceable"  # the member fits alone but the whole gang does not
     WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # victims proposed; it places once they leave
+    NO_ISOLATION = "no_isolation"  # no schedulable node has a GPU offering the isolation asked for
+    ONLINE_RESERVE = "online_reserve"  # a batch task would eat into the pool's online-SLA reserve
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,11 @@ class TaskRequest:
     preemptible: bool = False
     submitted_at_s: float = 0.0
     prediction: TaskPrediction | None = None
+    isolation: Isolation = Isolation.ANY
+    sla_online: bool = False  # may use the pool's online reserve (EngineConfig.online_reserve_milli)
+    # When set, the cycle's own order (e.g. fair share): tasks with a key go first, lowest key first, and
+    # the engine's priority/age order applies only among tasks without one.
+    order_key: int | None = None
 
     @property
     def gpu_request_milli(self) -> int:
@@ -113,6 +129,9 @@ class RunningTask:
     preemptible: bool = False
     started_at_s: float = 0.0
     borrowed: bool = False  # admitted above the tenant's guarantee
+    # MIG instance held (same on every listed GPU), so that releasing the task frees its memory slices.
+    mig_profile: str | None = None
+    mig_start_slice: int | None = None
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,12 @@ import random
 from bisect import bisect_right
 from collections.abc import Callable
 
+import numpy as np
+import numpy.typing as npt
+
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache, fgd_score
 from whalegen.placement.state import ClusterState, Request
-from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix
+from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, PartitionMode, ShapeMix
 
 # (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
 Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
@@ -94,7 +97,11 @@ class WhalegenPolicy(Policy):
         # 4. Sum-of-squares bookkeeping: partly used shared GPUs by gap; gaps below every share are closed.
         shares = [sh.gpu_milli for sh in mix.shapes if sh.num_gpu == 1 and sh.gpu_milli < WHOLE_GPU_MILLI]
         self.min_share = min(shares) if shares else WHOLE_GPU_MILLI
-        self.gaps: dict[int, set[tuple[int, int]]] = {}
+        # Members are coded `n * width + d`, so that the smallest code is the first (node, device) in
+        # node order; finding the first member whose node has the CPU and memory is one numpy sweep.
+        self.width = max(state.gpu_count, default=0) or 1
+        self.gaps: dict[int, set[int]] = {}
+        self.allowed_masks: dict[Request, npt.NDArray[np.bool_]] = {}
         self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
         for n in range(len(state)):
             self._reindex(n)
@@ -113,11 +120,11 @@ class WhalegenPolicy(Policy):
                 continue
             if old:
                 members = self.gaps[old]
-                members.discard((n, d))
+                members.discard(n * self.width + d)
                 if not members:
                     del self.gaps[old]
             if gap:
-                self.gaps.setdefault(gap, set()).add((n, d))
+                self.gaps.setdefault(gap, set()).add(n * self.width + d)
             registered[d] = gap
 
     # -- node measure ------------------------------------------------------------------------------
@@ -189,27 +196,44 @@ class WhalegenPolicy(Policy):
             choice = (self._value(self.frag(model, cpu_after, mem_after, gpus) - before, req, model), ())
         else:
             if not req.is_share:
-                candidates = [self.first_devices(req, devices)]
+                candidates: list[tuple[int, ...]] = [self.first_devices(req, devices)]
             elif self.sumsq:
-                # Partly used GPUs are offered through the gap index; per node only a fresh GPU is scored.
+                # Partly used shared GPUs are offered through the gap index; per node a fresh GPU is
+                # scored, and so is every MIG GPU with room (MIG slices are not in the gap index), the
+                # fullest first so that equal scores fill a partly used MIG GPU and keep fresh ones whole.
                 fresh = [d for d in devices if gpus[d] == WHOLE_GPU_MILLI]
-                candidates = [(fresh[0],)] if fresh else []
+                if s.plain[n]:
+                    candidates = [(fresh[0],)] if fresh else []
+                else:
+                    modes = s.modes[n]
+                    mig = sorted((d for d in devices if modes[d] is PartitionMode.MIG), key=lambda d: gpus[d])
+                    other = [d for d in fresh if modes[d] is not PartitionMode.MIG]
+                    candidates = [(d,) for d in mig]
+                    candidates += [(other[0],)] if other else []
             else:
                 candidates = [(d,) for d in devices]
+            plain = s.plain[n]
             choice = (NEG_INF, ())
             for chosen in candidates:
                 after = list(gpus)
                 for d in chosen:
-                    after[d] -= req.gpu_milli
+                    after[d] -= req.gpu_milli if plain else s.held_milli(n, d, req)
                 value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
                 if value > choice[0]:
                     choice = (value, chosen)
         return choice
 
+    def device_threshold(self, req: Request) -> int:
+        if req.is_share and self.sumsq and req.isolation is not Isolation.MIG:
+            # Gaps are offered by `select`; per node only a fresh GPU is scored (see `score`).
+            return WHOLE_GPU_MILLI
+        return req.gpu_milli
+
     # -- selection ---------------------------------------------------------------------------------
 
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
-        if not (req.is_share and self.sumsq):
+        if not (req.is_share and self.sumsq) or req.isolation is Isolation.MIG:
+            # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
             return super().select(req, scores)
         size = req.gpu_milli
         floor = self.min_share
@@ -233,21 +257,28 @@ class WhalegenPolicy(Policy):
                 if pick is not None:
                     return pick
                 continue
-            members = self.gaps[gap]
-            # The first member in node order usually fits; sort the whole set only when it does not.
-            first = min(members)
-            for n, d in [first] if self._fits(first, req) else sorted(members):
-                if self._fits((n, d), req):
-                    return n, (d,)
+            pick = self._first_fitting(gap, req)
+            if pick is not None:
+                return pick
         return None
 
-    def _fits(self, member: tuple[int, int], req: Request) -> bool:
+    def _first_fitting(self, gap: int, req: Request) -> tuple[int, tuple[int, ...]] | None:
+        """The first member of a gap size, in node order, whose node has the CPU, memory and model."""
         s = self.state
-        n, d = member
-        return (
-            s.cpu_free[n] >= req.cpu_milli
-            and s.mem_free[n] >= req.mem_mib
-            and s.schedulable[n]
-            and s.model_allowed(n, req)
-            and s.gpu_mem_free[n][d] >= req.gpu_mem_mib
-        )
+        members = self.gaps[gap]
+        codes = np.fromiter(members, np.int64, len(members))
+        nodes = codes // self.width
+        allowed = self.allowed_masks.get(req)
+        if allowed is None:
+            allowed = s.allowed_mask(req)
+            self.allowed_masks[req] = allowed
+        ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
+        fitting = codes[ok]
+        if len(fitting) and not req.gpu_mem_mib:
+            n, d = divmod(int(fitting.min()), self.width)
+            return n, (d,)
+        for code in np.sort(fitting).tolist():
+            n, d = divmod(code, self.width)
+            if s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
+                return n, (d,)
+        return None

@@ -216,15 +216,14 @@ def test_why_pending_carries_an_estimated_start_from_running_runtimes(fleet, api
     assert body["predicted_start_at"].startswith("2026-11-29T13:00:00")
 
 
-def test_fractional_tasks_get_mig_instances_and_mps_shares(fleet) -> None:
-    # fgd, not whalegen: the whalegen policy offers shares only to fresh GPUs or to shared-mode gaps, so
-    # it never picks the second instance of a partly used MIG GPU (an engine issue, in the report).
+@pytest.mark.parametrize("policy", ["fgd", "whalegen"])
+def test_fractional_tasks_get_mig_instances_and_mps_shares(fleet, policy: str) -> None:
     fleet.node(model="H100-80GB", mode="mig", mig_layout=[("3g.40gb", 0), ("3g.40gb", 4)])
     fleet.node(model="A100-80GB", mode="mps", mps_shares=4)
     fleet.tenant("a", guaranteed=8000)
     mig = [fleet.submit("a", gpu_milli=400, allowed_gpu_models=["H100-80GB"]) for _ in range(3)]
     mps = [fleet.submit("a", gpu_milli=500, allowed_gpu_models=["A100-80GB"]) for _ in range(3)]
-    run(fleet, policy="fgd")
+    run(fleet, policy=policy)
     assert states(*mig) == ["assigned", "assigned", "pending"]
     assert states(*mps) == ["assigned", "assigned", "pending"]
     for task in mig[:2]:
@@ -302,3 +301,39 @@ def test_a_lapsed_queue_override_no_longer_counts(fleet) -> None:
     override_approve(override=override, by=fleet.user, now=NOW)
     run(fleet, minutes=60 * 48)  # past the 24-hour term; the expiry job has not run yet
     assert states(a_task, b_task) == ["pending", "assigned"]
+
+
+def test_isolation_chooses_the_kind_of_gpu(fleet) -> None:
+    fleet.node(model="H100-80GB", mode="mig", mig_layout=[("3g.40gb", 0), ("3g.40gb", 4)])
+    fleet.node(model="A100-80GB", mode="mps", mps_shares=4)
+    fleet.tenant("a", guaranteed=8000)
+    on_mig = fleet.submit("a", gpu_milli=400, isolation="mig")
+    on_mps = fleet.submit("a", gpu_milli=400, isolation="mps")
+    run(fleet)
+    assert states(on_mig, on_mps) == ["assigned", "assigned"]
+    assert {u.kind for u in ComputeUnit.objects.filter(task=on_mig)} == {"mig"}
+    assert {u.kind for u in ComputeUnit.objects.filter(task=on_mps)} == {"mps"}
+    assert violations(fleet.pool.pk) == []
+
+
+def test_an_isolation_no_gpu_offers_waits_with_that_reason_and_no_estimate(fleet) -> None:
+    fleet.node(model="H100-80GB", mode="mig", mig_layout=[("3g.40gb", 0), ("3g.40gb", 4)])
+    fleet.tenant("a", guaranteed=8000)
+    exclusive = fleet.submit("a", isolation="exclusive")
+    run(fleet)
+    assert states(exclusive) == ["pending"]
+    assert exclusive.why_pending_code == "no_isolation"
+    assert "exclusive" in exclusive.why_pending and exclusive.predicted_start_at is None
+
+
+def test_batch_tasks_leave_the_online_reserve_to_online_tasks(fleet, settings) -> None:
+    settings.WHALEGEN_ONLINE_RESERVE_MILLI = 1000
+    fleet.node(gpus=2)
+    fleet.tenant("a", guaranteed=3000)
+    batch = [fleet.submit("a", sla_class="batch") for _ in range(2)]
+    online = fleet.submit("a", sla_class="online", kind="inference")
+    run(fleet)
+    assert states(*batch, online) == ["assigned", "pending", "assigned"]
+    assert batch[1].why_pending_code == "online_reserve"
+    assert "online" in batch[1].why_pending
+    assert violations(fleet.pool.pk) == []

@@ -13,6 +13,7 @@ from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
     GpuState,
+    Isolation,
     NodeState,
     PartitionMode,
     TaskRequest,
@@ -66,6 +67,7 @@ def tasks(draw: st.DrawFn) -> tuple[TaskRequest, ...]:
                 gang_id=gang,
                 gang_size=2 if gang else 1,
                 priority=draw(st.integers(0, 3)),
+                isolation=draw(st.sampled_from([Isolation.ANY, Isolation.ANY, *Isolation])),
             )
         )
     return tuple(out)
@@ -101,6 +103,14 @@ def test_placements_never_overcommit_and_respect_models_and_gangs(
             gpu_mem[(p.node, index)] += t.gpu_mem_mib
             if gpu.mode is PartitionMode.WHOLE:
                 assert gpu.free_milli == WHOLE_GPU_MILLI and p.unit.kind is UnitKind.WHOLE
+            if t.isolation is Isolation.MIG:
+                assert gpu.mode is PartitionMode.MIG
+            elif t.isolation is Isolation.MPS:
+                assert gpu.mode is PartitionMode.SHARED
+            elif t.isolation is Isolation.EXCLUSIVE:
+                # A card nobody used, held whole (so the over-commit check below leaves room for no one).
+                assert gpu.mode is not PartitionMode.MIG and gpu.free_milli == WHOLE_GPU_MILLI
+                assert p.unit.kind is UnitKind.WHOLE
     for name, used in cpu.items():
         assert used <= by_node[name].cpu_free_milli
     for name, used in mem.items():

@@ -1,0 +1,160 @@
+"""What the plane keeps about each node's agent: its session, desired-state generation, the reports it
+sent (for idempotency), what it says about each task it was given, GPU events and telemetry samples."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.inventory.models import Gpu, Node
+from apps.workloads.models import Task
+
+
+class NodeAgent(models.Model):
+    """One row per node whose agent has registered at least once."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True, related_name="agent")
+    hostname = models.CharField(max_length=255, blank=True)
+    protocol_version = models.CharField(max_length=16, blank=True)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    # The desired-state generation: raised (compare-and-set) whenever the content of the node's desired
+    # state changes, whoever changed the rows behind it (a cycle, a cancel, node loss, a drain).
+    generation = models.PositiveBigIntegerField(default=0)
+    desired_digest = models.CharField(max_length=64, blank=True)  # SHA-256 of the content last served
+    generation_applied = models.PositiveBigIntegerField(default=0)  # what the agent last said it applied
+    stored_seq = models.PositiveBigIntegerField(default=0)  # highest report seq stored
+
+    def __str__(self) -> str:
+        return f"agent of node {self.node_id}"
+
+
+class AgentReport(models.Model):
+    """A report as received; (node, seq) is unique, which is what makes a resent report a no-op."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="agent_reports")
+    seq = models.PositiveBigIntegerField()
+    received_at = models.DateTimeField(auto_now_add=True)
+    payload = models.JSONField()
+
+    class Meta:
+        ordering = ["node_id", "seq"]
+        constraints = [models.UniqueConstraint(fields=["node", "seq"], name="agent_report_node_seq_unique")]
+
+    def __str__(self) -> str:
+        return f"report {self.seq} of node {self.node_id}"
+
+
+class TaskRun(models.Model):
+    """What a node's agent last said about one attempt of a task it was given (agent states).
+
+    The agent knows a run by its run id (`selectors.run_id`: the task id, plus `.N` from the second attempt
+    on), so a requeued task handed to the same node again is a new run there, never confused with the
+    old process it may still be stopping.
+
+        The plane's own task state lives on `Task`; this row is how the desired state knows a task whose
+        assignment was released (cancelled, preempted, requeued after loss) may still have a process on the
+        node, so it lists it as `stop` until the agent reports it ended.
+    """
+
+    class State(models.TextChoices):
+        STARTING = "starting", "starting"
+        RUNNING = "running", "running"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        STOPPED = "stopped", "stopped"
+        LOST = "lost", "lost"
+        REJECTED = "rejected", "rejected"
+
+    ALIVE = frozenset({State.STARTING, State.RUNNING})
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="task_runs")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="runs")
+    attempt = models.PositiveIntegerField(default=0)  # Task.attempts when this run was handed out
+    state = models.CharField(max_length=10, choices=State.choices)
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    device_uuid = models.CharField(max_length=80, blank=True)
+    reason = models.CharField(max_length=500, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node_id", "task_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "task", "attempt"], name="task_run_node_task_attempt_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} attempt {self.attempt} on node {self.node_id}: {self.state}"
+
+
+class GpuPartition(models.Model):
+    """The last partition report for a GPU: what the agent found and did for a desired generation.
+
+    ComputeUnits stay the plane's plan; this is the node's answer to it, which a cycle reads before
+    binding a task to a freshly planned MIG instance (`gpu_partition_applied`).
+    """
+
+    gpu = models.OneToOneField(Gpu, on_delete=models.CASCADE, primary_key=True, related_name="partition")
+    state = models.CharField(max_length=24)  # whalegen.protocol.PartitionState
+    generation = models.PositiveBigIntegerField()
+    instances = models.JSONField(default=list, blank=True)
+    errors = models.JSONField(default=list, blank=True)
+    reason = models.CharField(max_length=500, blank=True)
+    reported_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id}: {self.state} @ {self.generation}"
+
+
+class GpuEvent(models.Model):
+    """An NVML event from a heartbeat (Xid, ECC, MIG change) or a GPU the agent says is lost."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=24)
+    xid = models.IntegerField(null=True, blank=True)
+    fatal = models.BooleanField(default=False)
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on GPU {self.gpu_id} at {self.at}"
+
+
+class GpuSample(models.Model):
+    """One telemetry sample of a GPU, as the agent measured it (None where NVML does not offer it)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField(db_index=True)
+    mem_used_mib = models.IntegerField(null=True, blank=True)
+    mem_total_mib = models.IntegerField(null=True, blank=True)
+    util_gpu_pct = models.SmallIntegerField(null=True, blank=True)
+    util_mem_pct = models.SmallIntegerField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    temperature_c = models.SmallIntegerField(null=True, blank=True)
+    sm_clock_mhz = models.IntegerField(null=True, blank=True)
+    ecc_uncorrected_aggregate = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} at {self.at}"
+
+
+class TaskSample(models.Model):
+    """GPU memory a task's process used at one instant: the raw material of its profile."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="samples")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="task_samples")
+    at = models.DateTimeField(db_index=True)
+    pid = models.IntegerField()
+    used_mib = models.IntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} at {self.at}: {self.used_mib} MiB"

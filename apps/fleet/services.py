@@ -1,0 +1,458 @@
+"""Writes for the agent side of the plane: node credentials, registration, heartbeats, the desired-state
+generation, reports that drive the task state machine, node loss, cordon and drain.
+
+Every function acts on one node, the one the caller authenticated as (agents) or named (operators).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max, Q
+from django.utils import timezone
+
+from apps.common.errors import Conflict, NotAllowed
+from apps.fleet.models import (
+    AgentReport,
+    GpuEvent,
+    GpuPartition,
+    GpuSample,
+    NodeAgent,
+    TaskRun,
+    TaskSample,
+)
+from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run_id
+from apps.inventory.models import Gpu, Node
+from apps.scheduling.models import Assignment
+from apps.workloads.models import Task
+from apps.workloads.services import task_transition
+from whalegen import protocol as p
+
+log = logging.getLogger("whalegen.fleet")
+
+LIVE_TASK_STATES = frozenset({Task.State.ASSIGNED, Task.State.RUNNING})
+
+
+class ProtocolMismatch(Conflict):
+    """The agent speaks another major protocol version (409)."""
+
+
+def _when(at_s: float | None, default: datetime) -> datetime:
+    return datetime.fromtimestamp(at_s, tz=UTC) if at_s else default
+
+
+# ---------------------------------------------------------------------------------------- credentials
+
+
+def node_token_issue(*, node: Node) -> str:
+    """A new agent credential for `node`; the old one stops working. Plaintext returned once."""
+    raw = "wgn_" + secrets.token_urlsafe(32)
+    Node.objects.filter(pk=node.pk).update(agent_credential_hash=credential_hash(raw))
+    node.agent_credential_hash = credential_hash(raw)
+    return raw
+
+
+# ----------------------------------------------------------------------------------- register / beat
+
+
+def _check_version(version: str) -> None:
+    if not p.compatible(version):
+        raise ProtocolMismatch(
+            f"agent protocol {version} is not compatible with the plane's {p.PROTOCOL_VERSION} "
+            "(major versions must match)"
+        )
+
+
+def _sync_inventory(
+    *, node: Node, inventory: tuple[p.GpuInventory, ...], lost: set[str], now: datetime
+) -> None:
+    """Match reported GPUs to ours by NVML index; the agent's UUID is the truth (ours may be seeded)."""
+    gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
+    for item in inventory:
+        gpu = gpus.get(item.index)
+        if gpu is None:
+            log.warning("node %s reports unknown GPU %d (%s)", node.name, item.index, item.uuid)
+            continue
+        if gpu.uuid != item.uuid:
+            if Gpu.objects.filter(uuid=item.uuid).exclude(pk=gpu.pk).exists():
+                log.error("node %s: GPU UUID %s is another GPU's; kept %s", node.name, item.uuid, gpu.uuid)
+            else:
+                Gpu.objects.filter(pk=gpu.pk).update(uuid=item.uuid, updated_at=now)
+                gpu.uuid = item.uuid
+        if item.lost or item.uuid in lost:
+            _gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
+
+
+def _gpu_unhealthy(*, gpu: Gpu, kind: str, xid: int | None, now: datetime) -> None:
+    """Take a GPU out of placement (health sticks: a lost GPU needs a reset and an operator)."""
+    if (
+        Gpu.objects.filter(pk=gpu.pk)
+        .exclude(health=Gpu.Health.UNHEALTHY)
+        .update(health=Gpu.Health.UNHEALTHY, updated_at=now)
+    ):
+        GpuEvent.objects.create(gpu=gpu, kind=kind, xid=xid, fatal=True, at=now)
+        Node.objects.filter(pk=gpu.node_id).update(version=F("version") + 1)
+
+
+def _seen(*, node: Node, now: datetime, agent_version: str) -> None:
+    """A sign of life: record it, and bring a lost node back (its orphans are stopped via desired state)."""
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, agent_version=agent_version[:32])
+    if Node.objects.filter(pk=node.pk, state=Node.State.LOST).update(
+        state=Node.State.READY, version=F("version") + 1
+    ):
+        log.info("node %s is back after being lost", node.name)
+    node.refresh_from_db()
+
+
+@transaction.atomic
+def agent_register(*, node: Node, message: p.Register, now: datetime | None = None) -> p.Registered:
+    now = now or timezone.now()
+    _check_version(message.protocol_version)
+    agent, _ = NodeAgent.objects.get_or_create(node=node)
+    NodeAgent.objects.filter(pk=agent.pk).update(
+        hostname=message.hostname[:255], protocol_version=message.protocol_version[:16], registered_at=now
+    )
+    _sync_inventory(node=node, inventory=message.inventory, lost=set(), now=now)
+    _seen(node=node, now=now, agent_version=message.agent_version)
+    return p.Registered(
+        node_id=str(node.pk),
+        heartbeat_interval_s=float(settings.WHALEGEN_AGENT_HEARTBEAT_S),
+        poll_wait_s=float(settings.WHALEGEN_AGENT_POLL_WAIT_S),
+    )
+
+
+def _check_node(node: Node, node_id: str) -> None:
+    if node_id != str(node.pk):
+        raise NotAllowed(f"this credential belongs to node {node.pk}; it cannot act for node {node_id!r}")
+
+
+def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = None) -> p.HeartbeatAck:
+    now = now or timezone.now()
+    _check_node(node, message.node_id)
+    _check_version(message.protocol_version)
+    with transaction.atomic():
+        agent, _ = NodeAgent.objects.get_or_create(node=node)
+        NodeAgent.objects.filter(pk=agent.pk).update(generation_applied=message.generation_applied)
+        _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
+        gpus = {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
+        # 1. Events: Xid 79 (fatal) or a double-bit ECC error takes the GPU out of placement.
+        for event in message.events:
+            gpu = gpus.get(event.gpu_uuid)
+            if gpu is None:
+                continue
+            at = _when(event.at_s, now)
+            if event.fatal or event.xid == 79 or event.kind == "ecc_double":
+                _gpu_unhealthy(gpu=gpu, kind=event.kind, xid=event.xid, now=at)
+            else:
+                GpuEvent.objects.create(gpu=gpu, kind=event.kind, xid=event.xid, fatal=False, at=at)
+        # 2. Telemetry for profiles: one row per GPU sample, one per task process sample, at most once
+        # per WHALEGEN_TELEMETRY_SAMPLE_S per node.
+        last = GpuSample.objects.filter(gpu__node=node).aggregate(at=Max("at"))["at"]
+        if last is None or now - last >= timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
+            _store_telemetry(node=node, message=message, gpus=gpus, now=now)
+        _seen(node=node, now=now, agent_version=message.agent_version)
+    return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+
+
+def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], now: datetime) -> None:
+    """Stamped with the plane's clock (agents' clocks may drift); within a heartbeat of the truth."""
+    GpuSample.objects.bulk_create(
+        GpuSample(
+            gpu=gpus[s.gpu_uuid],
+            at=now,
+            mem_used_mib=s.mem_used_mib,
+            mem_total_mib=s.mem_total_mib,
+            util_gpu_pct=s.util_gpu_pct,
+            util_mem_pct=s.util_mem_pct,
+            power_w=s.power_w,
+            temperature_c=s.temperature_c,
+            sm_clock_mhz=s.sm_clock_mhz,
+            ecc_uncorrected_aggregate=s.ecc_uncorrected_aggregate,
+        )
+        for s in message.telemetry
+        if s.gpu_uuid in gpus
+    )
+    runs = {s.pid: parse_run_id(s.task_id) for s in message.processes if s.task_id}
+    task_ids = {run[0] for run in runs.values() if run is not None}
+    # Only tasks this node was given: a process claiming another node's task is not recorded.
+    mine = set(Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True))
+    TaskSample.objects.bulk_create(
+        TaskSample(task_id=run[0], gpu=gpus[s.gpu_uuid], at=now, pid=s.pid, used_mib=s.used_mib)
+        for s in message.processes
+        if (run := runs.get(s.pid)) is not None and run[0] in mine and s.gpu_uuid in gpus
+    )
+
+
+# ------------------------------------------------------------------------------------- desired state
+
+
+def desired_state_current(*, node: Node, now: datetime | None = None) -> p.DesiredState:
+    """The node's desired state with its generation, raised when the content changed since last served.
+
+    The generation is a counter on NodeAgent, bumped by compare-and-set on (generation, digest): the
+    plane's writers (cycles, cancels, drains) need not know about agents, and two polls racing on one
+    change bump it once.
+    """
+    now = now or timezone.now()
+    agent, _ = NodeAgent.objects.get_or_create(node=node)
+    desired = desired_state_build(node=node, now=now)
+    digest = desired_digest(desired)
+    while agent.desired_digest != digest:
+        bumped = NodeAgent.objects.filter(
+            pk=agent.pk, generation=agent.generation, desired_digest=agent.desired_digest
+        ).update(generation=agent.generation + 1, desired_digest=digest)
+        agent.refresh_from_db()
+        if bumped:
+            break
+    return p.DesiredState(
+        generation=agent.generation,
+        gpus=desired.gpus,
+        tasks=desired.tasks,
+        allow_mig_mode_change=desired.allow_mig_mode_change,
+    )
+
+
+def desired_state_wait(
+    *, node: Node, known_generation: int, wait_s: float, step_s: float = 0.25
+) -> p.DesiredState | None:
+    """Long poll: the desired state as soon as its generation differs from the agent's, else None after
+    `wait_s` (capped at 30 s). Re-checks every `step_s`; each check is a handful of indexed queries."""
+    deadline = time.monotonic() + max(0.0, min(wait_s, 30.0))
+    while True:
+        desired = desired_state_current(node=node)
+        if desired.generation != known_generation:
+            return desired
+        if time.monotonic() + step_s > deadline:
+            return None
+        time.sleep(step_s)
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+
+def _move(task: Task, to_state: str, *, actor: str, reason: str, **fields: Any) -> bool:
+    """One state change; False when another writer moved the task first (their move stands)."""
+    try:
+        task_transition(task=task, to_state=to_state, actor=actor, reason=reason[:500], **fields)
+    except Conflict as error:
+        log.info("task %s: %s not applied: %s", task.pk, to_state, error)
+        task.refresh_from_db()
+        return False
+    return True
+
+
+def _requeue(task: Task, *, via: str, actor: str, reason: str) -> None:
+    """assigned/running → lost|preempted → pending: the attempt is counted, the assignment released."""
+    if task.state in LIVE_TASK_STATES and not _move(task, via, actor=actor, reason=reason):
+        return
+    if task.state in (Task.State.LOST, Task.State.PREEMPTED):
+        _move(task, Task.State.PENDING, actor=actor, reason=reason, why_pending=f"requeued: {reason}"[:500])
+
+
+def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bool) -> None:
+    actor = f"agent:{node.name}"
+    what = report.reason or report.state.value
+    if report.state in (p.TaskState.STARTING, p.TaskState.RUNNING):
+        if live and task.state == Task.State.ASSIGNED:
+            where = f" on {report.device_uuid}" if report.device_uuid else ""
+            _move(task, Task.State.RUNNING, actor=actor, reason=f"{what} (pid {report.pid}{where})")
+        return
+    if report.state in (p.TaskState.SUCCEEDED, p.TaskState.FAILED):
+        if not live or task.state not in LIVE_TASK_STATES:
+            return
+        # It ran and ended between two reports: record the start the plane never saw.
+        if (
+            task.state == Task.State.ASSIGNED
+            and report.state is p.TaskState.SUCCEEDED
+            and not _move(task, Task.State.RUNNING, actor=actor, reason="started (seen at its end)")
+        ):
+            return
+        to_state = Task.State.SUCCEEDED if report.state is p.TaskState.SUCCEEDED else Task.State.FAILED
+        reason = f"exit code {report.exit_code}" if report.exit_code is not None else what
+        if report.signal is not None:
+            reason += f", signal {report.signal}"
+        if report.reason and report.reason not in reason:
+            reason += f": {report.reason}"
+        _move(task, to_state, actor=actor, reason=reason, exit_code=report.exit_code)
+        return
+    # stopped / lost / rejected.
+    if task.state == Task.State.PREEMPTED:
+        _move(
+            task,
+            Task.State.PENDING,
+            actor=actor,
+            reason=f"stopped on {node.name} after preemption",
+            why_pending="preempted; waiting for the next cycle",
+        )
+    elif live and task.state in LIVE_TASK_STATES:
+        # The node gave up on a task the plane still wanted: not the task's fault, so it runs again.
+        reason = f"{report.state.value} on {node.name}: {what}"
+        _requeue(task, via=Task.State.LOST, actor=actor, reason=reason)
+
+
+def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) -> p.ReportAck:
+    """Store a report once per (node, seq) and apply it; a repeat is acknowledged and ignored.
+
+    Every task and GPU named must be this node's (a task it was ever assigned, a GPU it holds),
+    otherwise nothing is applied (403).
+    """
+    now = now or timezone.now()
+    _check_node(node, message.node_id)
+    _check_version(message.protocol_version)
+    # 1. Ownership: all or nothing, before anything is written.
+    named: set[int] = set()
+    for item in message.tasks:
+        run = parse_run_id(item.task_id)
+        if run is None:
+            raise NotAllowed(f"task {item.task_id!r} was never assigned to node {node.pk}")
+        named.add(run[0])
+    existing = set(Task.objects.filter(pk__in=named).values_list("pk", flat=True))
+    mine = set(Assignment.objects.filter(node=node, task_id__in=named).values_list("task_id", flat=True))
+    if existing - mine:
+        raise NotAllowed(f"tasks {sorted(existing - mine)} were never assigned to node {node.pk}")
+    gpus = {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
+    foreign = {item.gpu_uuid for item in message.partitions} - set(gpus)
+    if foreign & set(Gpu.objects.filter(uuid__in=foreign).values_list("uuid", flat=True)):
+        raise NotAllowed(f"GPUs {sorted(foreign)} are not on node {node.pk}")
+    agent, _ = NodeAgent.objects.get_or_create(node=node)
+    # 2. Store and apply in one transaction; the unique (node, seq) makes a concurrent repeat fail here.
+    try:
+        with transaction.atomic():
+            if AgentReport.objects.filter(node=node, seq=message.seq).exists():
+                raise _Repeat
+            AgentReport.objects.create(node=node, seq=message.seq, payload=message.to_dict())
+            for item in message.tasks:
+                task_id, attempt = parse_run_id(item.task_id) or (0, 0)
+                if task_id not in existing:
+                    continue  # deleted since: nothing to move
+                TaskRun.objects.update_or_create(
+                    node=node,
+                    task_id=task_id,
+                    attempt=attempt,
+                    defaults={
+                        "state": item.state.value,
+                        "pid": item.pid,
+                        "exit_code": item.exit_code,
+                        "device_uuid": item.device_uuid or "",
+                        "reason": item.reason[:500],
+                    },
+                )
+                task = Task.objects.get(pk=task_id)
+                # Only the current attempt's live assignment here is moved by what the agent says;
+                # a report about an older attempt (an orphan being stopped) only updates its TaskRun.
+                live = (
+                    attempt == task.attempts
+                    and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
+                )
+                _apply_task_report(node=node, task=task, report=item, live=live)
+            for part in message.partitions:
+                gpu = gpus.get(part.gpu_uuid)
+                if gpu is None:
+                    continue
+                GpuPartition.objects.update_or_create(
+                    gpu=gpu,
+                    defaults={
+                        "state": part.state.value,
+                        "generation": part.generation,
+                        "instances": [i.to_dict() for i in part.instances],
+                        "errors": [e.to_dict() for e in part.errors],
+                        "reason": part.reason[:500],
+                        "reported_at": _when(part.at_s, now),
+                    },
+                )
+                if part.state is p.PartitionState.GPU_LOST:
+                    _gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
+    except (_Repeat, IntegrityError):
+        pass
+    stored = AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0
+    NodeAgent.objects.filter(pk=agent.pk).update(stored_seq=stored)
+    return p.ReportAck(stored_seq=stored)
+
+
+class _Repeat(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------- node health
+
+
+def _live_tasks(node: Node) -> list[Task]:
+    task_ids = Assignment.objects.filter(node=node, released_at__isnull=True).values("task_id")
+    return list(Task.objects.filter(pk__in=task_ids).order_by("pk"))
+
+
+def nodes_mark_lost(*, now: datetime | None = None) -> list[int]:
+    """Mark lost every node silent for `WHALEGEN_NODE_LOST_HEARTBEATS` heartbeat intervals and requeue its
+    tasks. A node that never heartbeated counts from when it was created. Returns the node ids."""
+    now = now or timezone.now()
+    silence = timedelta(seconds=settings.WHALEGEN_NODE_LOST_HEARTBEATS * settings.WHALEGEN_AGENT_HEARTBEAT_S)
+    deadline = now - silence
+    candidates = Node.objects.exclude(state=Node.State.LOST).filter(
+        Q(last_heartbeat_at__lt=deadline) | Q(last_heartbeat_at__isnull=True, created_at__lt=deadline)
+    )
+    lost: list[int] = []
+    for node in candidates:
+        # Compare-and-set: a heartbeat that lands meanwhile keeps the node.
+        unchanged = Node.objects.filter(
+            pk=node.pk, state=node.state, last_heartbeat_at=node.last_heartbeat_at
+        )
+        if not unchanged.update(state=Node.State.LOST, version=F("version") + 1):
+            continue
+        lost.append(node.pk)
+        seen = node.last_heartbeat_at.isoformat(timespec="seconds") if node.last_heartbeat_at else "never"
+        reason = f"node {node.name} lost: no heartbeat for {silence.total_seconds():.0f} s (last {seen})"
+        log.warning(reason)
+        for task in _live_tasks(node):
+            _requeue(task, via=Task.State.LOST, actor="system:node-health", reason=reason)
+    return lost
+
+
+def node_cordon(*, node: Node, actor: str) -> Node:
+    """Take nothing new; what runs keeps running."""
+    if node.state == Node.State.LOST:
+        raise Conflict(f"node {node.name} is lost; it becomes ready again when its agent heartbeats")
+    Node.objects.filter(pk=node.pk).update(state=Node.State.CORDONED, version=F("version") + 1)
+    log.info("%s cordoned node %s", actor, node.name)
+    node.refresh_from_db()
+    return node
+
+
+def node_uncordon(*, node: Node, actor: str) -> Node:
+    if node.state == Node.State.LOST:
+        raise Conflict(f"node {node.name} is lost; it becomes ready again when its agent heartbeats")
+    Node.objects.filter(pk=node.pk).update(state=Node.State.READY, version=F("version") + 1)
+    log.info("%s uncordoned node %s", actor, node.name)
+    node.refresh_from_db()
+    return node
+
+
+def node_drain(*, node: Node, actor: str) -> Node:
+    """Cordon, preempt the preemptible tasks (back to pending, attempt counted, stopped on the agent),
+    let the others finish. The node stays `draining` until it holds no task, then becomes `cordoned`."""
+    if node.state == Node.State.LOST:
+        raise Conflict(f"node {node.name} is lost; there is nothing on it to drain")
+    Node.objects.filter(pk=node.pk).update(state=Node.State.DRAINING, version=F("version") + 1)
+    reason = f"node {node.name} drained by {actor}"
+    for task in _live_tasks(node):
+        if task.preemptible and task.state in LIVE_TASK_STATES:
+            _requeue(task, via=Task.State.PREEMPTED, actor=actor, reason=reason)
+    drains_complete()
+    node.refresh_from_db()
+    return node
+
+
+def drains_complete() -> list[int]:
+    """Draining nodes that hold no live task become cordoned (the drain is done)."""
+    busy = Assignment.objects.filter(released_at__isnull=True).values("node_id")
+    idle = Node.objects.filter(state=Node.State.DRAINING).exclude(pk__in=busy)
+    done = list(idle.values_list("pk", flat=True))
+    Node.objects.filter(pk__in=done, state=Node.State.DRAINING).update(
+        state=Node.State.CORDONED, version=F("version") + 1
+    )
+    return done

@@ -1,0 +1,149 @@
+"""Node health: silent nodes are lost and their tasks requeued; a returning agent is told to stop its
+orphans; operators cordon, uncordon and drain."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from tests.apps.fleet.conftest import assign
+from whalegen import protocol as p
+
+pytestmark = pytest.mark.django_db
+
+
+def beat(client: Any, node: Any) -> Any:
+    body = p.Heartbeat(node_id=str(node.pk), agent_version="0.1", sent_at_s=time.time())
+    return client.post(p.HEARTBEAT_PATH, body.to_dict(), format="json")
+
+
+def test_a_node_silent_for_three_heartbeats_is_lost_and_its_task_requeued(
+    fleet: Any, agent_client: Any
+) -> None:
+    from apps.fleet.services import nodes_mark_lost
+    from apps.scheduling.models import Assignment
+
+    client = agent_client(fleet.token_a)
+    assert beat(client, fleet.node).status_code == 200
+    beat(agent_client(fleet.token_b), fleet.node_b)
+    assignment = assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    now = timezone.now()
+    assert nodes_mark_lost(now=now + timedelta(seconds=29)) == []  # 3 × 10 s not yet over
+    assert nodes_mark_lost(now=now + timedelta(seconds=31)) == sorted([fleet.node.pk, fleet.node_b.pk])
+    fleet.node.refresh_from_db()
+    fleet.task_a.refresh_from_db()
+    assignment.refresh_from_db()
+    assert fleet.node.state == "lost"
+    assert (fleet.task_a.state, fleet.task_a.attempts) == ("pending", 1)
+    assert "no heartbeat" in assignment.release_reason
+    assert not Assignment.objects.filter(task=fleet.task_a, released_at__isnull=True).exists()
+
+
+def test_a_returning_agent_is_ready_again_and_told_to_stop_its_orphan(fleet: Any, agent_client: Any) -> None:
+    from apps.fleet.services import nodes_mark_lost
+
+    client = agent_client(fleet.token_a)
+    beat(client, fleet.node)
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    running = p.TaskReport(task_id=str(fleet.task_a.pk), state=p.TaskState.RUNNING, at_s=time.time(), pid=3)
+    body = p.Report(node_id=str(fleet.node.pk), seq=1, sent_at_s=time.time(), tasks=(running,))
+    client.post(p.REPORT_PATH, body.to_dict(), format="json")
+    nodes_mark_lost(now=timezone.now() + timedelta(seconds=60))
+    assert beat(client, fleet.node).status_code == 200
+    fleet.node.refresh_from_db()
+    assert fleet.node.state == "ready"
+    state = p.DesiredState.from_dict(client.get(p.DESIRED_STATE_PATH).json())
+    assert [(t.task_id, t.desired) for t in state.tasks] == [(str(fleet.task_a.pk), p.DesiredTaskState.STOP)]
+
+
+def test_the_beat_task_checks_node_health(fleet: Any) -> None:
+    from apps.fleet.tasks import nodes_check_health
+    from apps.inventory.models import Node
+
+    Node.objects.filter(pk=fleet.node.pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    Node.objects.filter(pk=fleet.node_b.pk).update(last_heartbeat_at=timezone.now())
+    assert nodes_check_health.apply().get() == {"lost": [fleet.node.pk], "drained": []}
+
+
+@pytest.mark.parametrize("action", ["cordon", "uncordon", "drain"])
+def test_only_platform_admins_act_on_nodes(fleet: Any, api: Any, action: str) -> None:
+    url = f"/api/v1/nodes/{fleet.node.pk}/{action}/"
+    assert api(fleet.ada).post(url).status_code == 403
+    assert api(fleet.alice).post(url).status_code == 403
+    assert api().post(url).status_code in (401, 403)
+    assert api(fleet.root).post(url).status_code == 200
+
+
+def test_cordon_and_uncordon(fleet: Any, api: Any) -> None:
+    root = api(fleet.root)
+    assert root.post(f"/api/v1/nodes/{fleet.node.pk}/cordon/").json()["state"] == "cordoned"
+    assert root.post(f"/api/v1/nodes/{fleet.node.pk}/uncordon/").json()["state"] == "ready"
+
+
+def test_drain_requeues_preemptible_tasks_and_waits_for_the_others(
+    fleet: Any, api: Any, agent_client: Any
+) -> None:
+    from apps.workloads.models import Task
+
+    Task.objects.filter(pk=fleet.task_b.pk).update(preemptible=False)
+    fleet.task_b.refresh_from_db()
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    assign(fleet.task_b, fleet.node, [fleet.mig_unit])
+    answer = api(fleet.root).post(f"/api/v1/nodes/{fleet.node.pk}/drain/")
+    assert answer.json()["state"] == "draining"
+    fleet.task_a.refresh_from_db()
+    fleet.task_b.refresh_from_db()
+    assert (fleet.task_a.state, fleet.task_a.attempts) == ("pending", 1)
+    assert fleet.task_b.state == "assigned"
+    done = p.TaskReport(
+        task_id=str(fleet.task_b.pk), state=p.TaskState.SUCCEEDED, at_s=time.time(), exit_code=0
+    )
+    body = p.Report(node_id=str(fleet.node.pk), seq=1, sent_at_s=time.time(), tasks=(done,))
+    agent_client(fleet.token_a).post(p.REPORT_PATH, body.to_dict(), format="json")
+    from apps.fleet.services import drains_complete
+
+    assert drains_complete() == [fleet.node.pk]
+    fleet.node.refresh_from_db()
+    assert fleet.node.state == "cordoned"
+
+
+def test_a_requeued_task_handed_back_to_the_same_node_is_a_new_run_after_the_old_one_stops(
+    fleet: Any, agent_client: Any
+) -> None:
+    from apps.fleet.services import nodes_mark_lost
+
+    client = agent_client(fleet.token_a)
+    beat(client, fleet.node)
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    running = p.TaskReport(task_id=str(fleet.task_a.pk), state=p.TaskState.RUNNING, at_s=time.time(), pid=3)
+    client.post(
+        p.REPORT_PATH, p.Report(str(fleet.node.pk), 1, time.time(), (running,)).to_dict(), format="json"
+    )
+    nodes_mark_lost(now=timezone.now() + timedelta(seconds=60))
+    beat(client, fleet.node)
+    fleet.task_a.refresh_from_db()
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])  # the cycle picks the same node and unit
+
+    def listed() -> list[tuple[str, str]]:
+        state = p.DesiredState.from_dict(client.get(p.DESIRED_STATE_PATH).json())
+        return [(t.task_id, t.desired.value) for t in state.tasks]
+
+    first = str(fleet.task_a.pk)
+    assert listed() == [(first, "stop")]  # the old process holds the unit: the new run waits
+    stopped = p.TaskReport(task_id=first, state=p.TaskState.STOPPED, at_s=time.time(), signal=15)
+    client.post(
+        p.REPORT_PATH, p.Report(str(fleet.node.pk), 2, time.time(), (stopped,)).to_dict(), format="json"
+    )
+    fleet.task_a.refresh_from_db()
+    assert fleet.task_a.state == "assigned"  # the old run's end does not touch the new attempt
+    assert listed() == [(f"{first}.1", "run")]
+    started = p.TaskReport(task_id=f"{first}.1", state=p.TaskState.RUNNING, at_s=time.time(), pid=4)
+    client.post(
+        p.REPORT_PATH, p.Report(str(fleet.node.pk), 3, time.time(), (started,)).to_dict(), format="json"
+    )
+    fleet.task_a.refresh_from_db()
+    assert (fleet.task_a.state, fleet.task_a.attempts) == ("running", 1)
