@@ -126,7 +126,12 @@ def test_the_queue_window_bounds_which_waiting_tasks_are_tried() -> None:
 def _two_gaps(policy: str) -> tuple[Engine, ForecastAligned]:
     """Two identical one-GPU nodes, each with a 500-milli share running: two equally good gaps."""
     running = tuple(RunningTask(f"r{i}", f"n{i}", (0,), 500, 1000, 1024) for i in range(2))
-    snapshot = ClusterSnapshot((node("n0", 1), node("n1", 1)), running=running, shape_mix=MIX)
+    # A snapshot's free figures already exclude its running tasks.
+    nodes = tuple(
+        NodeState(f"n{i}", 64_000, 63_000, 256_000, 256_000 - 1024, (GpuState(0, "T4", 500, 0, 0),))
+        for i in range(2)
+    )
+    snapshot = ClusterSnapshot(nodes, running=running, shape_mix=MIX)
     engine = Engine(snapshot, EngineConfig(policy=policy))
     wrapper = ForecastAligned(engine.policy)
     wrapper.adopt(engine)
@@ -152,10 +157,12 @@ def test_the_forecast_wrapper_puts_a_share_next_to_tasks_ending_at_the_same_time
 
 def test_a_departed_task_no_longer_steers_the_wrapper() -> None:
     engine, wrapper = _two_gaps("whalegen")
-    wrapper.departed("r1")
+    request = Request.of(TaskRequest("new", 1000, 1024, 1, 500))
     wrapper.expect(90.0, now_s=0.0)
-    # n1's task is forgotten: only n0 has a predicted end, so it is the better-known place.
-    assert engine.choose(Request.of(TaskRequest("new", 1000, 1024, 1, 500))) == (0, (0,))
+    assert engine.choose(request) == (1, (0,))  # n1's task ends at 100, near this one's 90
+    wrapper.departed("r1")
+    # n1's prediction is forgotten: only n0 has a predicted end, so it is the better-known place.
+    assert engine.choose(request) == (0, (0,))
 
 
 def _synthetic(seed: int, count: int = 300) -> list[TimedTask]:
