@@ -135,6 +135,9 @@ class ForecastAligned(Policy):
     def score(self, n: int, req: Request, devices: list[int]) -> tuple[float, tuple[int, ...]]:
         return self.inner.score(n, req, devices)
 
+    def device_threshold(self, req: Request) -> int:
+        return self.inner.device_threshold(req)
+
     def _cost(self, ends: Mapping[str, float] | None) -> float:
         """|log(remaining of the place / remaining of the task)|; an idle place (nothing predicted) last."""
         if not ends or self.end_s is None:
@@ -182,7 +185,7 @@ class ForecastAligned(Policy):
         cost, chosen = min((self._cost(self.node_ends.get(t)), t) for t in ties.tolist())
         if cost == math.inf:
             return pick
-        return chosen, cache.devices[chosen]
+        return chosen, cache.devices_of(chosen)
 
 
 def sample_cluster(nodes: Sequence[NodeState], frac: float, seed: int) -> tuple[NodeState, ...]:
@@ -280,8 +283,11 @@ def run_dynamic(
         if not result.placements:
             return False
         placement = result.placements[0]
+        binding = engine.state.bindings[req.task_id]
+        if len(binding.gpu_indexes) != req.num_gpu:
+            # Allocation is counted from the request, so a binding short of devices would inflate it.
+            raise RuntimeError(f"{req.task_id} bound to {len(binding.gpu_indexes)} of {req.num_gpu} GPUs")
         if wrapper is not None:
-            binding = engine.state.bindings[req.task_id]
             wrapper.started(req.task_id, binding.node, binding.gpu_indexes, end_s)
         allocated += req.gpu_request_milli
         start_of[req.task_id] = now_s

@@ -153,6 +153,21 @@ def test_the_forecast_wrapper_puts_a_share_next_to_tasks_ending_at_the_same_time
     wrapper.expect(end_s, now_s=0.0)
     result = engine.solve((TaskRequest("new", 1000, 1024, 1, 500),), 0.0)
     assert result.placements[0].node == want_node
+    assert result.placements[0].gpu_indexes == (0,)
+
+
+def test_a_whole_gpu_task_aligned_among_tied_nodes_still_gets_its_gpus() -> None:
+    nodes = tuple(node(f"n{i}", 2) for i in range(3))
+    engine = Engine(ClusterSnapshot(nodes, shape_mix=MIX), EngineConfig(policy="whalegen"))
+    wrapper = ForecastAligned(engine.policy, slack=100)
+    wrapper.adopt(engine)
+    wrapper.expect(500.0, now_s=0.0)
+    first = engine.solve((TaskRequest("a", 1000, 1024, 2, 1000),), 0.0).placements[0]
+    wrapper.started("a", engine.state.index[first.node], (0, 1), 500.0)
+    wrapper.expect(400.0, now_s=0.0)
+    second = engine.solve((TaskRequest("b", 1000, 1024, 1, 1000),), 0.0).placements[0]
+    assert len(first.gpu_indexes) == 2
+    assert len(second.gpu_indexes) == 1
 
 
 def test_a_departed_task_no_longer_steers_the_wrapper() -> None:
