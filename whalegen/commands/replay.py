@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from multiprocessing import Pool
 from pathlib import Path
 
+from whalegen.commands import _dynamic
 from whalegen.placement.registry import make_policy
 from whalegen.placement.types import NodeState, TaskRequest
 from whalegen.sim.replay import MAX_PCT, RunResult, run_replay
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--curves", type=Path, help="write every run's curves (arrived 0…130 %%) to CSV")
     parser.add_argument("--plot", type=Path, help="draw unallocated GPU %% against arrived %% to a PNG")
+    _dynamic.add_arguments(parser)
 
 
 _NODES: tuple[NodeState, ...] = ()
@@ -101,6 +103,8 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     traces: Path = args.traces or default_traces()
+    if args.dynamic:
+        return _dynamic.run(args, traces)
     node_path = traces / NODE_FILE
     pod_path = traces / pod_file(args.workload)
     for path in (node_path, pod_path):

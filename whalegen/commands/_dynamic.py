@@ -1,0 +1,217 @@
+"""`whalegen replay --dynamic`: arrivals and departures over trace time (whalegen/sim/dynamic.py).
+
+    whalegen replay --dynamic --policy fgd,whalegen,whalegen+forecast --forecast oracle,model \\
+        --cluster-frac 0.008 --seeds 42 --plot dynamic.png
+
+Kept apart from `replay.py` so the static protocol's module stays as it is; `replay.py` hands over here
+when `--dynamic` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from whalegen.placement.fragmentation import shape_mix_from_tasks
+from whalegen.placement.registry import make_policy
+from whalegen.sim.dynamic import (
+    FORECAST_SUFFIX,
+    DynamicResult,
+    load_timed_tasks,
+    model_predictions,
+    oracle_predictions,
+    run_dynamic,
+    sample_cluster,
+    split_time,
+    trace_window,
+)
+from whalegen.sim.trace import NODE_FILE, load_nodes, pod_file
+
+FORECASTS = ("none", "oracle", "model")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("dynamic replay (--dynamic)")
+    group.add_argument("--dynamic", action="store_true", help="replay arrivals and departures over time")
+    group.add_argument(
+        "--forecast",
+        default="oracle,model",
+        help="for POLICY+forecast: none, oracle (true run time), model (P50 of the duration model); "
+        "comma-separated, one run each",
+    )
+    group.add_argument("--cluster-frac", type=float, default=1.0, help="share of nodes drawn per seed")
+    group.add_argument(
+        "--split-frac",
+        type=float,
+        default=0.7,
+        help="replay the tasks after this share of submissions (the duration model trains before it)",
+    )
+    group.add_argument("--queue-window", type=int, default=32, help="queued tasks retried per event")
+    group.add_argument(
+        "--align-slack",
+        type=float,
+        default=0.0,
+        help="POLICY+forecast: score points below the best still aligned on (0: exact ties)",
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def run(args: argparse.Namespace, traces: Path) -> int:
+    node_path = traces / NODE_FILE
+    pod_path = traces / pod_file(args.workload)
+    for path in (node_path, pod_path):
+        if not path.is_file():
+            print(f"whalegen replay: {path} not found", file=sys.stderr)
+            return 2
+    forecasts = [f.strip() for f in args.forecast.split(",") if f.strip()]
+    unknown = [f for f in forecasts if f not in FORECASTS]
+    if unknown or not forecasts:
+        print(f"whalegen replay: --forecast takes {', '.join(FORECASTS)}", file=sys.stderr)
+        return 2
+    runs: list[tuple[str, str]] = []
+    for policy in (p.strip() for p in args.policy.split(",") if p.strip()):
+        try:
+            make_policy(policy.removesuffix(FORECAST_SUFFIX))
+        except ValueError as error:
+            print(f"whalegen replay: {error}", file=sys.stderr)
+            return 2
+        if policy.endswith(FORECAST_SUFFIX):
+            runs += [(policy, f) for f in forecasts]
+        else:
+            runs.append((policy, "none"))
+    # 1. Trace, window, the static mix from the part before the window, forecasts.
+    nodes = load_nodes(node_path)
+    tasks = load_timed_tasks(pod_path)
+    split_s = split_time(tasks, args.split_frac)
+    window = trace_window(tasks, split_s)
+    history = [t.request for t in tasks if t.creation_s < split_s] or [t.request for t in window]
+    predictions: dict[str, dict[str, float]] = {"none": {}}
+    if "oracle" in forecasts:
+        predictions["oracle"] = oracle_predictions(window)
+    if "model" in forecasts and any(f == "model" for _, f in runs):
+        print("training the duration model on the tasks before the window …", file=sys.stderr, flush=True)
+        predictions["model"] = model_predictions(pod_path, split_s, window)
+    # 2. One run per (policy, forecast, seed), sequentially (the runs are cheap on a sampled cluster).
+    results: list[DynamicResult] = []
+    started = time.perf_counter()
+    total = len(runs) * len(args.seeds)
+    for seed in args.seeds:
+        cluster = sample_cluster(nodes, args.cluster_frac, seed)
+        for policy, forecast in runs:
+            label = f"[{len(results) + 1}/{total}] {policy} ({forecast}) seed {seed}"
+
+            def progress(i: int, n: int, label: str = label) -> None:
+                elapsed = time.perf_counter() - started
+                print(f"{label}: {i}/{n} arrivals, {elapsed:.0f} s", file=sys.stderr, flush=True)
+
+            mix = shape_mix_from_tasks(history, with_memory=policy.startswith("whalegen"))
+            results.append(
+                run_dynamic(
+                    cluster,
+                    window,
+                    policy,
+                    seed,
+                    mix=mix,
+                    predicted_s=predictions[forecast],
+                    forecast=forecast,
+                    queue_window=args.queue_window,
+                    align_slack=args.align_slack,
+                    on_progress=progress,
+                )
+            )
+    # 3. Report.
+    if args.plot:
+        plot(args.plot, args.workload, results)
+    groups = list(dict.fromkeys((r.policy, r.forecast) for r in results))
+    if args.json:
+        out = {
+            "workload": args.workload,
+            "cluster_frac": args.cluster_frac,
+            "split_s": split_s,
+            "tasks": len(window),
+            "runs": [
+                {k: v for k, v in asdict(r).items() if not k.startswith("series") and k != "start_s"}
+                for r in results
+            ],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    first = results[0]
+    print(
+        f"dynamic replay, workload {args.workload}: {len(window)} tasks from t={split_s:.0f} s "
+        f"(split {args.split_frac}), horizon {first.horizon_s / 86400:.2f} days; "
+        f"cluster {args.cluster_frac:g} of the nodes "
+        f"({first.nodes} nodes, {first.gpus} GPUs for seed {first.seed}); "
+        f"queue window {args.queue_window}; mean over seeds {', '.join(map(str, args.seeds))}"
+    )
+    head = (
+        "| policy | forecast | alloc % | offered % | mean wait h | P95 wait h | not started by end "
+        "| not started GPU-h | never started | makespan d | CPU s/run |"
+    )
+    print(head)
+    print("|" + "---|" * 11)
+    for policy, forecast in groups:
+        rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
+        cells = [
+            f"{_mean([r.alloc_pct for r in rs]):.2f}",
+            f"{_mean([r.offered_pct for r in rs]):.2f}",
+            f"{_mean([r.mean_delay_s for r in rs]) / 3600:.2f}",
+            f"{_mean([r.p95_delay_s for r in rs]) / 3600:.2f}",
+            f"{_mean([r.not_started for r in rs]):.1f}",
+            f"{_mean([r.not_started_gpu_h for r in rs]):.0f}",
+            f"{_mean([r.never_started for r in rs]):.1f}",
+            f"{_mean([r.makespan_s for r in rs]) / 86400:.2f}",
+            f"{_mean([r.cpu_seconds for r in rs]):.1f}",
+        ]
+        print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
+    # 4. Paired by seed against the first row: the seeds' clusters differ far more than the policies do.
+    base = [r for r in results if (r.policy, r.forecast) == groups[0]]
+    for policy, forecast in groups[1:]:
+        rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
+        pairs = list(zip(base, rs, strict=True))
+        more = sum(r.alloc_pct > b.alloc_pct + 1e-9 for b, r in pairs)
+        less = sum(r.alloc_pct < b.alloc_pct - 1e-9 for b, r in pairs)
+        shorter = sum(r.mean_delay_s < b.mean_delay_s - 1e-9 for b, r in pairs)
+        longer = sum(r.mean_delay_s > b.mean_delay_s + 1e-9 for b, r in pairs)
+        print(
+            f"{policy} ({forecast}) vs {groups[0][0]} ({groups[0][1]}), {len(pairs)} seeds: "
+            f"allocation higher on {more}, lower on {less}; "
+            f"mean wait shorter on {shorter}, longer on {longer}"
+        )
+    return 0
+
+
+def plot(path: Path, workload: str, results: Sequence[DynamicResult]) -> None:
+    """Allocated GPU % over time, one line per (policy, forecast), first seed only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seed = results[0].seed
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for r in results:
+        if r.seed != seed:
+            continue
+        days = [t / 86400 for t in r.series_t_s]
+        ax.plot(
+            days, r.series_alloc_pct, linewidth=1.0, label=f"{r.policy} ({r.forecast}): {r.alloc_pct:.2f} %"
+        )
+    ax.set_xlabel("days since the window's first arrival")
+    ax.set_ylabel("allocated GPU, % of capacity")
+    ax.set_title(
+        f"openb {workload}, dynamic replay: {results[0].nodes} nodes, {results[0].gpus} GPUs, seed {seed}"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,442 @@
+"""Dynamic trace replay: tasks arrive at their creation time, run for their recorded lifetime and leave.
+
+The static replay (`replay.py`) follows the FGD paper: nothing departs. Here time moves
+(docs/dynamic-replay.md):
+
+* A task arrives at `creation_s`; its run time is `lifetime_s` (openb: deletion − creation, which also
+  holds the time the task spent pending in the real cluster). It departs `lifetime_s` after it *starts*.
+* A task that fits nowhere waits in a FIFO queue (one that would not fit even the empty cluster is
+  rejected on arrival and counted as never started). After every departure, and on every arrival, the first
+  `queue_window` queued tasks are tried in order (a later one may start before an earlier one that still
+  does not fit: backfill inside the window, no reservations). The window bounds the work per event.
+* Every try goes through the production `Engine` (`choose` to test, `solve` to commit; one code path).
+* Metrics over the fixed trace horizon (first arrival → last trace deletion, the same for every policy):
+  time-averaged GPU allocation, queueing delay of started tasks, tasks not started by the horizon's end;
+  the simulation then drains the queue to report the makespan.
+
+`whalegen+forecast` (`ForecastAligned`) keeps the wrapped policy's scores and changes only *which* of the
+equally good places a task takes: the one whose other tasks are predicted to end nearest this task's
+predicted end, so nodes and GPUs free up together. With no prediction it decides exactly as the wrapped
+policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from whalegen.placement.engine import Engine, EngineConfig
+from whalegen.placement.fragmentation import shape_mix_from_tasks
+from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
+from whalegen.placement.state import Request
+from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState, ShapeMix, TaskRequest
+from whalegen.sim.replay import shuffled_nodes
+from whalegen.sim.trace import load_tasks
+
+FORECAST_SUFFIX = "+forecast"
+REMAINING_FLOOR_S = 60.0  # remaining times are compared as ratios; a floor keeps "ends now" finite
+SERIES_BINS = 400  # points of the allocation-over-time curve kept per run
+
+
+@dataclass(frozen=True)
+class TimedTask:
+    """A trace task with its times (seconds since trace start)."""
+
+    request: TaskRequest
+    creation_s: float
+    lifetime_s: float  # run time once started; openb: deletion − creation
+
+
+@dataclass(frozen=True)
+class DynamicResult:
+    policy: str
+    forecast: str  # none | oracle | model
+    seed: int
+    nodes: int
+    gpus: int
+    tasks: int
+    horizon_s: float
+    alloc_pct: float  # time-averaged allocated GPU milli / capacity over the horizon
+    offered_pct: float  # the same for the trace's own run intervals (what an unbounded cluster would hold)
+    mean_delay_s: float  # queueing delay (start − arrival) of the tasks started within the horizon
+    p95_delay_s: float
+    not_started: int  # tasks not started by the end of the horizon
+    never_started: int  # tasks that never started, even after the queue drained (fit on no node)
+    not_started_gpu_h: float  # GPU-hours the tasks not started by the end asked for (request × lifetime)
+    makespan_s: float  # first arrival → last departure, queue drained
+    cpu_seconds: float
+    series_t_s: tuple[float, ...]  # bin starts, seconds since the first arrival
+    series_alloc_pct: tuple[float, ...]  # time-averaged allocation in each bin
+    start_s: Mapping[str, float]  # task id → start time (tasks that started), for per-task analysis
+
+
+class ForecastAligned(Policy):
+    """Wraps a policy; among its best choices, prefers the place whose tasks end nearest this one's end.
+
+    The engine's `Request` carries no task identity or prediction, so the harness announces the task
+    about to be placed (`expect`) and every start and departure (`started`, `departed`).
+    """
+
+    def __init__(self, inner: Policy, slack: float = 0.0) -> None:
+        self.inner = inner
+        # Score points below the best that still count as "equally good" (0: exact ties only). The
+        # engine's scores are integers 0…100 (FGD's sigmoid), so 1 admits the next score down.
+        self.slack = slack
+        self.name = f"{inner.name}{FORECAST_SUFFIX}"
+        self.whole_gpus_only = inner.whole_gpus_only
+        self.node_pure = inner.node_pure
+        self.end_s: float | None = None
+        self.now_s = 0.0
+        self.node_ends: dict[int, dict[str, float]] = {}
+        self.gpu_ends: dict[tuple[int, int], dict[str, float]] = {}
+        self.where: dict[str, tuple[int, tuple[int, ...]]] = {}
+
+    def adopt(self, engine: Engine) -> None:
+        """Take the place of the engine's (already attached) policy."""
+        self.state = self.inner.state
+        self.mix = self.inner.mix
+        self.rng = self.inner.rng
+        engine.policy = self
+
+    # -- what the harness tells it -------------------------------------------------------------------
+
+    def expect(self, end_s: float | None, now_s: float) -> None:
+        self.end_s = end_s
+        self.now_s = now_s
+
+    def started(self, task_id: str, node: int, devices: tuple[int, ...], end_s: float | None) -> None:
+        if end_s is None:
+            return
+        self.where[task_id] = (node, devices)
+        self.node_ends.setdefault(node, {})[task_id] = end_s
+        for d in devices:
+            self.gpu_ends.setdefault((node, d), {})[task_id] = end_s
+
+    def departed(self, task_id: str) -> None:
+        place = self.where.pop(task_id, None)
+        if place is None:
+            return
+        node, devices = place
+        self.node_ends[node].pop(task_id, None)
+        for d in devices:
+            self.gpu_ends[(node, d)].pop(task_id, None)
+
+    # -- policy API ----------------------------------------------------------------------------------
+
+    def score(self, n: int, req: Request, devices: list[int]) -> tuple[float, tuple[int, ...]]:
+        return self.inner.score(n, req, devices)
+
+    def device_threshold(self, req: Request) -> int:
+        return self.inner.device_threshold(req)
+
+    def _cost(self, ends: Mapping[str, float] | None) -> float:
+        """|log(remaining of the place / remaining of the task)|; an idle place (nothing predicted) last."""
+        if not ends or self.end_s is None:
+            return math.inf
+        mine = max(self.end_s - self.now_s, 0.0) + REMAINING_FLOOR_S
+        theirs = max(max(ends.values()) - self.now_s, 0.0) + REMAINING_FLOOR_S
+        return abs(math.log(theirs / mine))
+
+    def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
+        # 1. The wrapped policy decides what "best" is.
+        pick = self.inner.select(req, scores)
+        if pick is None or self.end_s is None:
+            return pick
+        s = self.state
+        n, devices = pick
+        # 2. A share going into a partly used GPU (whalegen's sum-of-squares path): every GPU with the
+        #    same gap is an equally good bin; take the one whose tasks end nearest.
+        if (
+            req.is_share
+            and getattr(self.inner, "sumsq", False)
+            and s.gpu_free[n][devices[0]] < WHOLE_GPU_MILLI
+        ):
+            gap = s.gpu_free[n][devices[0]]
+            rows, cols = np.nonzero(s.np_gpu_free == gap)
+            ok = (
+                s.allowed_mask(req)[rows]
+                & (s.np_cpu_free[rows] >= req.cpu_milli)
+                & (s.np_mem_free[rows] >= req.mem_mib)
+            )
+            best = (self._cost(self.gpu_ends.get((n, devices[0]))), n, devices[0])
+            for r, c in zip(rows[ok].tolist(), cols[ok].tolist(), strict=True):
+                if s.gpu_mem_free[r][c] < req.gpu_mem_mib:
+                    continue
+                best = min(best, (self._cost(self.gpu_ends.get((r, c))), r, c))
+            return best[1], (best[2],)
+        # 3. Otherwise every node within `slack` of the pick's score is equally good; ties go by
+        #    alignment, then node order.
+        cache = scores()
+        top = cache.scores[n]
+        if top == NEG_INF:
+            return pick
+        ties = np.flatnonzero(cache.scores >= top - self.slack)
+        if len(ties) == 1:
+            return pick
+        cost, chosen = min((self._cost(self.node_ends.get(t)), t) for t in ties.tolist())
+        if cost == math.inf:
+            return pick
+        return chosen, cache.devices_of(chosen)
+
+
+def sample_cluster(nodes: Sequence[NodeState], frac: float, seed: int) -> tuple[NodeState, ...]:
+    """`frac` of the nodes drawn without replacement with `seed`, then in the seed's shuffled order."""
+    if not 0 < frac <= 1:
+        raise ValueError(f"cluster fraction must be in (0, 1], got {frac}")
+    count = max(1, round(frac * len(nodes)))
+    picked = random.Random(seed).sample(list(nodes), count) if count < len(nodes) else list(nodes)
+    return shuffled_nodes(picked, seed)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+def run_dynamic(
+    nodes: Sequence[NodeState],
+    tasks: Sequence[TimedTask],
+    policy: str,
+    seed: int,
+    *,
+    mix: ShapeMix | None = None,
+    predicted_s: Mapping[str, float] | None = None,
+    forecast: str = "none",
+    queue_window: int = 32,
+    align_slack: float = 0.0,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> DynamicResult:
+    """Replay `tasks` over time on `nodes` (in the order given: it breaks ties).
+
+    `policy` is an engine policy name, optionally with `+forecast`; `predicted_s` maps task ids to the
+    predicted run time the forecast variant aligns on (missing ids: no prediction).
+    """
+    started_cpu = time.process_time()
+    # 1. The engine, with the wrapper policy in place of the engine's own when asked for.
+    aligned = policy.endswith(FORECAST_SUFFIX)
+    base = policy.removesuffix(FORECAST_SUFFIX)
+    requests = [t.request for t in tasks]
+    if mix is None:
+        mix = shape_mix_from_tasks(requests, with_memory=base.startswith("whalegen"))
+    engine = Engine(
+        ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy=base, seed=seed, preemption=False)
+    )
+    wrapper: ForecastAligned | None = None
+    if aligned:
+        wrapper = ForecastAligned(engine.policy, align_slack)
+        wrapper.adopt(engine)
+    predictions = predicted_s or {}
+    # A task that fits no node even of the empty cluster is rejected on arrival (counted as never
+    # started) instead of queueing forever: with a narrow window it would block the queue for good.
+    empty = Engine(ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy="bestfit"))
+    fits_empty: dict[Request, bool] = {}
+    capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in nodes)
+    ordered = sorted(tasks, key=lambda t: (t.creation_s, t.request.task_id))
+    first_s = ordered[0].creation_s if ordered else 0.0
+    horizon_end_s = max((t.creation_s + t.lifetime_s for t in ordered), default=0.0)
+    horizon_s = max(horizon_end_s - first_s, 1e-9)
+    by_id = {t.request.task_id: t for t in ordered}
+
+    # 2. State of the run: queue, departures heap, the allocation integral.
+    queue: deque[TimedTask] = deque()
+    departures: list[tuple[float, str]] = []
+    start_of: dict[str, float] = {}
+    allocated = 0
+    integral = 0.0  # milli · s, over the horizon only
+    last_s = first_s
+    bin_width = horizon_s / SERIES_BINS
+    bins = [0.0] * SERIES_BINS
+    last_departure_s = first_s
+
+    def advance(to_s: float) -> None:
+        """Add allocated × elapsed to the integral (and the bins), clipped to the horizon."""
+        nonlocal integral, last_s
+        lo, hi = last_s, min(to_s, horizon_end_s)
+        if hi > lo:
+            integral += allocated * (hi - lo)
+            b = int((lo - first_s) / bin_width)
+            while lo < hi and b < SERIES_BINS:
+                edge = min(hi, first_s + (b + 1) * bin_width)
+                bins[b] += allocated * (edge - lo)
+                lo = edge
+                b += 1
+        last_s = max(last_s, to_s)
+
+    def try_start(task: TimedTask, now_s: float) -> bool:
+        nonlocal allocated
+        req = task.request
+        predicted = predictions.get(req.task_id)
+        end_s = now_s + predicted if predicted is not None else None
+        if wrapper is not None:
+            wrapper.expect(end_s, now_s)
+        if engine.choose(Request.of(req)) is None:
+            return False
+        result = engine.solve((req,), now_s)
+        if not result.placements:
+            return False
+        placement = result.placements[0]
+        binding = engine.state.bindings[req.task_id]
+        if len(binding.gpu_indexes) != req.num_gpu:
+            # Allocation is counted from the request, so a binding short of devices would inflate it.
+            raise RuntimeError(f"{req.task_id} bound to {len(binding.gpu_indexes)} of {req.num_gpu} GPUs")
+        if wrapper is not None:
+            wrapper.started(req.task_id, binding.node, binding.gpu_indexes, end_s)
+        allocated += req.gpu_request_milli
+        start_of[req.task_id] = now_s
+        heapq.heappush(departures, (now_s + max(task.lifetime_s, 1.0), placement.task_id))
+        return True
+
+    def retry(now_s: float, window: int) -> None:
+        """Try the first `window` queued tasks in order; a request that failed in this pass is skipped
+        (placements since only took resources away, so it would fail again)."""
+        failed: set[Request] = set()
+        kept: list[TimedTask] = []
+        tried = 0
+        while queue and tried < window:
+            task = queue.popleft()
+            tried += 1
+            req = Request.of(task.request)
+            if req in failed or not try_start(task, now_s):
+                failed.add(req)
+                kept.append(task)
+        queue.extendleft(reversed(kept))
+
+    def depart_until(to_s: float) -> None:
+        nonlocal allocated, last_departure_s
+        while departures and departures[0][0] <= to_s:
+            when, task_id = heapq.heappop(departures)
+            advance(when)
+            engine.release(task_id)
+            if wrapper is not None:
+                wrapper.departed(task_id)
+            allocated -= by_id[task_id].request.gpu_request_milli
+            last_departure_s = when
+            if queue:
+                retry(when, queue_window)
+
+    # 3. Arrivals in time order; departures due before each arrival come first.
+    for i, task in enumerate(ordered):
+        depart_until(task.creation_s)
+        advance(task.creation_s)
+        req = Request.of(task.request)
+        if req not in fits_empty:
+            fits_empty[req] = empty.choose(req) is not None
+        if fits_empty[req] and (len(queue) >= queue_window or not try_start(task, task.creation_s)):
+            # Inside the window only the new task can have changed since the last pass, so only it is
+            # tried; behind a full window it waits its turn.
+            queue.append(task)
+        if on_progress is not None and (i % 500 == 0 or i == len(ordered) - 1):
+            on_progress(i + 1, len(ordered))
+    # 4. Drain: run departures until nothing is left that could start.
+    depart_until(math.inf)
+    advance(horizon_end_s)
+
+    delays = [start_of[t.request.task_id] - t.creation_s for t in ordered if t.request.task_id in start_of]
+    in_horizon = [
+        start_of[t.request.task_id] - t.creation_s
+        for t in ordered
+        if start_of.get(t.request.task_id, math.inf) <= horizon_end_s
+    ]
+    late = [t for t in ordered if start_of.get(t.request.task_id, math.inf) > horizon_end_s]
+    offered = sum(
+        t.request.gpu_request_milli * (min(t.creation_s + t.lifetime_s, horizon_end_s) - t.creation_s)
+        for t in ordered
+    )
+    return DynamicResult(
+        policy=policy,
+        forecast=forecast if aligned else "none",
+        seed=seed,
+        nodes=len(nodes),
+        gpus=capacity // WHOLE_GPU_MILLI,
+        tasks=len(ordered),
+        horizon_s=horizon_s,
+        alloc_pct=100 * integral / (capacity * horizon_s) if capacity else 0.0,
+        offered_pct=100 * offered / (capacity * horizon_s) if capacity else 0.0,
+        mean_delay_s=float(np.mean(in_horizon)) if in_horizon else 0.0,
+        p95_delay_s=_percentile(in_horizon, 95),
+        not_started=len(ordered) - len(in_horizon),
+        never_started=len(ordered) - len(delays),
+        not_started_gpu_h=sum(t.request.gpu_request_milli * t.lifetime_s for t in late)
+        / WHOLE_GPU_MILLI
+        / 3600,
+        makespan_s=last_departure_s - first_s,
+        cpu_seconds=time.process_time() - started_cpu,
+        series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
+        series_alloc_pct=tuple(100 * v / (capacity * bin_width) if capacity else 0.0 for v in bins),
+        start_s=start_of,
+    )
+
+
+# -- trace windows and forecasts ---------------------------------------------------------------------
+
+
+def load_timed_tasks(path: Path) -> tuple[TimedTask, ...]:
+    """An openb pod list with `creation_time` and `deletion_time` (traces/README.md §1.2)."""
+    requests = {t.task_id: t for t in load_tasks(path)}
+    out = []
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if not row.get("creation_time") or not row.get("deletion_time"):
+                raise ValueError(f"{path}: task {row['name']} has no creation/deletion time")
+            created = float(row["creation_time"])
+            out.append(TimedTask(requests[row["name"]], created, float(row["deletion_time"]) - created))
+    return tuple(out)
+
+
+def split_time(tasks: Sequence[TimedTask], split_frac: float) -> float:
+    """The creation time below which `split_frac` of the tasks were submitted (0 → the first arrival)."""
+    created = sorted(t.creation_s for t in tasks)
+    if split_frac <= 0 or not created:
+        return created[0] if created else 0.0
+    return created[min(int(len(created) * split_frac), len(created) - 1)]
+
+
+def trace_window(tasks: Sequence[TimedTask], split_s: float) -> tuple[TimedTask, ...]:
+    """Tasks submitted at or after `split_s`, plus the ones still alive then (they arrive at `split_s`
+    with what is left of their lifetime, so the window does not start on an artificially empty cluster)."""
+    out = []
+    for t in tasks:
+        end_s = t.creation_s + t.lifetime_s
+        if t.creation_s >= split_s:
+            out.append(t)
+        elif end_s > split_s:
+            out.append(TimedTask(t.request, split_s, end_s - split_s))
+    return tuple(out)
+
+
+def oracle_predictions(window: Sequence[TimedTask]) -> dict[str, float]:
+    return {t.request.task_id: t.lifetime_s for t in window}
+
+
+def model_predictions(pod_path: Path, split_s: float, window: Sequence[TimedTask]) -> dict[str, float]:
+    """P50 run time from `whalegen.forecast.durations`, trained on the tasks finished before `split_s`.
+
+    Same key and features as docs/forecasting.md §4.2. A task alive at the split is predicted from its
+    submission; it arrives in the window with the prediction minus the time it had already lived.
+    """
+    import pandas as pd
+
+    from whalegen.forecast.durations import DurationConfig, predict_quantiles_s, train_durations
+
+    frame = pd.read_csv(pod_path)
+    key = ("cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "qos")
+    features = tuple(c for c in (*key, "gpu_spec") if c in frame.columns)
+    cfg = DurationConfig(key_cols=tuple(c for c in key if c in frame.columns), feature_cols=features)
+    start = frame["creation_time"].to_numpy(dtype=float)
+    end = frame["deletion_time"].to_numpy(dtype=float)
+    model, feats = train_durations(frame, start, end, cfg, split_s)
+    p50 = predict_quantiles_s(model, feats.reset_index(drop=True))[:, 0]
+    by_name = dict(zip(frame["name"].tolist(), zip(p50.tolist(), start.tolist(), strict=True), strict=True))
+    out = {}
+    for t in window:
+        predicted, created = by_name[t.request.task_id]
+        out[t.request.task_id] = max(predicted - (t.creation_s - created), 0.0)
+    return out
