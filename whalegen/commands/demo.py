@@ -14,6 +14,7 @@ the openb trace ($WHALEGEN_TRACES_DIR, built-in shapes if absent), with a status
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import signal
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="simulated agents to start, one per node (default: every node)",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="also log every HTTP request and Celery task (noisy)"
     )
     parser.add_argument(
         "--workload-interval-s", type=float, default=2.0, help="seconds between generated tasks; 0 = none (2)"
@@ -318,6 +322,12 @@ def run(args: argparse.Namespace) -> int:
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
+
+    if not args.verbose:
+        # Ten agents poll and report every second: their request lines and each cycle's Celery trace
+        # would bury the status line a newcomer is watching.
+        for name in ("django.server", "celery.app.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
     database = settings.DATABASES["default"]
     _progress(f"database: {database['ENGINE'].rsplit('.', 1)[-1]} {database['NAME']}")

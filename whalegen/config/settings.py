@@ -66,8 +66,6 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    # gunicorn serves no static files; WhiteNoise serves the admin's and the API docs' from STATIC_ROOT.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -113,6 +111,11 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 # The dashboard adds its assets there; until it exists, a missing directory is not an error.
 STATICFILES_DIRS = [d for d in [BASE_DIR / "frontend" / "static"] if d.is_dir()]
+# gunicorn serves no static files: where `collectstatic` has filled STATIC_ROOT (the Docker image),
+# WhiteNoise serves the admin's and the API docs' files from it. The demo and tests collect nothing and
+# serve static files through Django's own handler, so they run without it.
+if STATIC_ROOT.is_dir():
+    MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
 
 LOGIN_URL = "/admin/login/"
 
