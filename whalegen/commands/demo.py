@@ -14,7 +14,6 @@ the openb trace ($WHALEGEN_TRACES_DIR, built-in shapes if absent), with a status
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import secrets
 import signal
@@ -314,6 +313,11 @@ def _start_loop(args: argparse.Namespace, url: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
+    if not args.verbose:
+        # Ten agents poll and report every second: their request lines and each cycle's Celery trace
+        # would bury the status line a newcomer is watching. Through settings, so that every
+        # django.setup() (building the WSGI app runs it again) keeps it.
+        os.environ.setdefault("WHALEGEN_ACCESS_LOG_LEVEL", "WARNING")
     if args.host not in {"127.0.0.1", "localhost", "::1"} and "ALLOWED_HOSTS" not in os.environ:
         # Reached by another name or address than loopback: accept whatever Host the browser sends.
         os.environ["ALLOWED_HOSTS"] = "*"
@@ -322,12 +326,6 @@ def run(args: argparse.Namespace) -> int:
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
-
-    if not args.verbose:
-        # Ten agents poll and report every second: their request lines and each cycle's Celery trace
-        # would bury the status line a newcomer is watching.
-        for name in ("django.server", "celery.app.trace"):
-            logging.getLogger(name).setLevel(logging.WARNING)
 
     database = settings.DATABASES["default"]
     _progress(f"database: {database['ENGINE'].rsplit('.', 1)[-1]} {database['NAME']}")

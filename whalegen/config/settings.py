@@ -227,4 +227,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": envstr("WHALEGEN_LOG_LEVEL", "INFO")},
+    # One line per HTTP request (the development server) and per Celery task run: INFO logs them all;
+    # `whalegen demo` sets WARNING so ten polling agents do not bury its status line.
+    "loggers": {
+        name: {"level": envstr("WHALEGEN_ACCESS_LOG_LEVEL", "INFO")}
+        for name in ("django.server", "celery.app.trace")
+    },
 }
