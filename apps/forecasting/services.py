@@ -194,11 +194,10 @@ def _train_duration(
             decision = PromotionDecision(decision.promote, f"{decision.reason} (v{active_row.version})")
     elif decision.promote:
         decision = PromotionDecision(True, f"{decision.reason} (no model was active)")
-    # 4. A promoted candidate is refitted on every run up to now before it serves.
+    # 4. The model that serves is the one validated above, not a refit on every run: a refit is never
+    #    scored, and comparing it later under history frozen at a split let a retrain on the very same
+    #    runs "beat" it and replace it on noise. The next periodic training folds in the newer runs.
     blob = model.to_bytes()
-    if decision.promote:
-        final, _ = pure_durations.train_durations(frame, start_s, end_s, cfg, start_s.max() + 1.0, params)
-        blob = final.to_bytes()
     metrics = {
         "metric": DURATION_METRIC,
         "models": scores,

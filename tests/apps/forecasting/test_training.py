@@ -10,11 +10,12 @@ from django.utils import timezone
 from apps.forecasting.models import ForecastModel
 from apps.forecasting.services import forecast_model_train
 from tests.apps.forecasting.runs import make_runs
+from tests.apps.scheduling.conftest import NOW
 from whalegen.forecast.durations import DurationParams
 
 
 def test_a_model_trained_on_runs_with_a_signal_beats_the_median_and_is_promoted(world) -> None:
-    now = timezone.now()
+    now = NOW
     make_runs(world.queue_a, 300, now=now)
     outcome = forecast_model_train(kind="duration", now=now)
     assert outcome.promoted, outcome.reason
@@ -31,7 +32,7 @@ def test_a_model_trained_on_runs_with_a_signal_beats_the_median_and_is_promoted(
 
 
 def test_a_candidate_worse_than_the_active_model_is_kept_as_a_candidate_with_its_reason(world) -> None:
-    now = timezone.now()
+    now = NOW
     make_runs(world.queue_a, 300, now=now)
     first = forecast_model_train(kind="duration", now=now)
     # Two rounds at a tiny learning rate: the candidate barely moves from its anchor (the key's recent
@@ -46,7 +47,9 @@ def test_a_candidate_worse_than_the_active_model_is_kept_as_a_candidate_with_its
 
 
 def test_retraining_on_the_same_runs_does_not_replace_the_active_model(world) -> None:
-    now = timezone.now()
+    # A fixed clock: the duration features include the hour and weekday of submission, so with the wall
+    # clock the two fits (and this comparison) changed with the time of day the suite ran.
+    now = NOW
     make_runs(world.queue_a, 300, now=now)
     forecast_model_train(kind="duration", now=now)
     again = forecast_model_train(kind="duration", now=now)
@@ -58,7 +61,7 @@ def test_retraining_on_the_same_runs_does_not_replace_the_active_model(world) ->
 
 
 def test_a_better_candidate_retires_the_active_model(world) -> None:
-    now = timezone.now()
+    now = NOW
     make_runs(world.queue_a, 300, now=now)
     weak = DurationParams(eta=0.3, max_rounds=3, early_stopping_rounds=1, max_depth=1)
     first = forecast_model_train(kind="duration", now=now, params=weak)
@@ -71,7 +74,7 @@ def test_a_better_candidate_retires_the_active_model(world) -> None:
 
 
 def test_too_few_runs_train_nothing_and_say_why(world) -> None:
-    now = timezone.now()
+    now = NOW
     make_runs(world.queue_a, 30, now=now)
     outcome = forecast_model_train(kind="duration", now=now)
     assert outcome.model is None and not outcome.promoted
