@@ -14,7 +14,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet, Sum
 
 from apps.approvals.models import PriorityOverride
 from apps.inventory.models import ComputeUnit, Gpu, Node
@@ -438,4 +438,42 @@ def live_usage_milli(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
     )
     for row in rows:
         usage[row["tenant_id"]] += row["gpu_count"] * row["gpu_milli"]
+    return usage
+
+
+@dataclass(frozen=True)
+class QuotaUsage:
+    """What a tenant's placed tasks hold in a pool: all of it, and the part borrowed above its guarantee."""
+
+    in_use_milli: int = 0
+    borrowed_milli: int = 0
+
+
+def quota_usage(*, tenant_ids: list[int]) -> dict[tuple[int, int], QuotaUsage]:
+    """(tenant id, pool id) → usage. In use: tasks admitted, assigned or running (count × milli);
+    borrowed: those whose live assignment was admitted above the guarantee."""
+    charge = Sum(F("gpu_count") * F("gpu_milli"))
+    in_use = (
+        Task.objects.filter(tenant_id__in=tenant_ids, state__in=LIVE_STATES)
+        .values("tenant_id", "pool_id")
+        .annotate(milli=charge)
+    )
+    borrowed = (
+        Task.objects.filter(
+            tenant_id__in=tenant_ids,
+            state__in=LIVE_STATES,
+            assignments__released_at__isnull=True,
+            assignments__borrowed=True,
+        )
+        .values("tenant_id", "pool_id")
+        .annotate(milli=charge)
+    )
+    usage: dict[tuple[int, int], QuotaUsage] = {}
+    for row in in_use:
+        usage[(row["tenant_id"], row["pool_id"])] = QuotaUsage(in_use_milli=int(row["milli"] or 0))
+    for row in borrowed:
+        key = (row["tenant_id"], row["pool_id"])
+        usage[key] = QuotaUsage(
+            in_use_milli=usage.get(key, QuotaUsage()).in_use_milli, borrowed_milli=int(row["milli"] or 0)
+        )
     return usage

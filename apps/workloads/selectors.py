@@ -6,7 +6,7 @@ so nobody learns that another tenant's task 1234 exists.
 
 from __future__ import annotations
 
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet
 from django.http import Http404
 
 from apps.tenants.selectors import Access
@@ -65,3 +65,18 @@ def quota_get(*, access: Access, quota_id: int) -> Quota:
     if quota is None:
         raise Http404(f"no quota {quota_id}")
     return quota
+
+
+def queue_list_with_counts(*, access: Access) -> QuerySet[Queue]:
+    """Queues with what waits and what runs in each, and when the oldest waiting task was submitted.
+
+    `tasks_placed` counts tasks holding units but not yet started (admitted, assigned): the dashboard
+    shows them apart from running ones so a slow agent start is visible.
+    """
+    placed = [Task.State.ADMITTED, Task.State.ASSIGNED]
+    return queue_list(access=access).annotate(
+        tasks_pending=Count("tasks", filter=Q(tasks__state=Task.State.PENDING)),
+        tasks_placed=Count("tasks", filter=Q(tasks__state__in=placed)),
+        tasks_running=Count("tasks", filter=Q(tasks__state=Task.State.RUNNING)),
+        oldest_pending_at=Min("tasks__created_at", filter=Q(tasks__state=Task.State.PENDING)),
+    )

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.forecasting",
     "apps.fleet",
+    "apps.dashboard",
 ]
 
 MIDDLEWARE = [
@@ -117,7 +118,9 @@ STATICFILES_DIRS = [d for d in [BASE_DIR / "frontend" / "static"] if d.is_dir()]
 if STATIC_ROOT.is_dir():
     MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:overview"
+LOGOUT_REDIRECT_URL = "dashboard:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -1,0 +1,218 @@
+"""Figures the templates draw: quota bars and the GPU heat-map. They take what selectors returned and
+compute sizes and positions, so templates only place them and hold no arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from math import ceil
+
+from apps.inventory.models import ComputeUnit, Gpu
+from apps.scheduling.selectors import QuotaUsage
+from apps.workloads.models import Quota
+from whalegen.gpus.mig import MEMORY_SLICES, mig_profiles
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 2) if whole > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class QuotaBar:
+    """One quota drawn as a bar scaled to its limit (guarantee + borrow limit): the part of the
+    guarantee in use, the borrowed part beyond it, and a tick where the guarantee ends."""
+
+    quota: Quota
+    in_use_milli: int
+    borrowed_milli: int
+
+    @property
+    def scale_milli(self) -> int:
+        # Never below what is in use: a quota lowered under running work still shows all of it.
+        return max(self.quota.limit_milli, self.in_use_milli, self.quota.charged_milli, 1)
+
+    @property
+    def within_pct(self) -> float:
+        return _pct(max(self.in_use_milli - self.borrowed_milli, 0), self.scale_milli)
+
+    @property
+    def borrowed_pct(self) -> float:
+        return _pct(self.borrowed_milli, self.scale_milli)
+
+    @property
+    def guaranteed_pct(self) -> float:
+        return _pct(self.quota.guaranteed_milli, self.scale_milli)
+
+    @property
+    def requested_pct(self) -> float:
+        """Everything charged, pending tasks included: drawn as an outline behind the bar."""
+        return _pct(self.quota.charged_milli, self.scale_milli)
+
+
+def quota_bars(quotas: Iterable[Quota], usage: dict[tuple[int, int], QuotaUsage]) -> list[QuotaBar]:
+    bars = []
+    for quota in quotas:
+        used = usage.get((quota.tenant_id, quota.pool_id), QuotaUsage())
+        bars.append(QuotaBar(quota=quota, in_use_milli=used.in_use_milli, borrowed_milli=used.borrowed_milli))
+    return bars
+
+
+def age_s(since: datetime | None, now: datetime) -> float | None:
+    return None if since is None else max((now - since).total_seconds(), 0.0)
+
+
+# Heat-map geometry, in SVG user units (pixels at 100 % zoom).
+LABEL_W = 170
+HEADER_H = 22
+CELL_W = 84
+CELL_H = 54
+GAP = 6
+STRIP_H = 14  # the partition strip at the bottom of each cell
+PAD = 5
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One compute unit inside a GPU's cell, placed where it sits on the GPU."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+    kind: str
+    label: str
+    held: bool
+    task_id: int | None  # only when the viewer may see the task
+
+    @property
+    def title(self) -> str:
+        holder = f"task {self.task_id}" if self.task_id else ("in use" if self.held else "free")
+        return f"{self.label}: {holder}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    x: float
+    y: float
+    index: int
+    model: str
+    partition_mode: str
+    health: str
+    allocated_milli: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def heat(self) -> int:
+        """0 = idle, 1..4 = up to a quarter, half, three quarters, all of the GPU allocated."""
+        return min(4, ceil(self.allocated_milli / 250))
+
+    @property
+    def title(self) -> str:
+        return (
+            f"GPU {self.index} · {self.model} · {self.partition_mode} · {self.health} · "
+            f"{self.allocated_milli}/1000 milli allocated"
+        )
+
+
+@dataclass(frozen=True)
+class Row:
+    y: float
+    node: str
+    state: str
+    cells: tuple[Cell, ...]
+
+
+@dataclass(frozen=True)
+class HeatMap:
+    rows: tuple[Row, ...]
+    columns: tuple[tuple[int, float], ...]  # (GPU index, x of its column)
+    width: float
+    height: float
+    gpus: int
+    allocated_milli: int
+
+
+def _unit_span(unit: ComputeUnit, model: str, cursor: float) -> tuple[float, float]:
+    """(start, width) of a unit as fractions of the GPU. MIG instances sit on their memory slices;
+    other units are laid side by side in the order they were carved."""
+    if unit.kind == ComputeUnit.Kind.MIG and unit.mig_start is not None:
+        profile = next((p for p in mig_profiles(model) if p.name == unit.mig_profile), None)
+        if profile is not None:
+            return unit.mig_start / MEMORY_SLICES, profile.memory_slices / MEMORY_SLICES
+    return cursor, unit.gpu_milli / 1000
+
+
+def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMap:
+    """Nodes as rows, GPU indices as columns. `visible_tenant_ids` None = every task id may be shown.
+
+    The GPUs must come with their units and the units' tasks loaded (the tenant of a holder decides
+    whether its id is shown: another tenant's work shows as "in use", never by id).
+    """
+    by_node: dict[int, list[Gpu]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node_id, []).append(gpu)
+    indices = sorted({gpu.index for node_gpus in by_node.values() for gpu in node_gpus})
+    column_x = {index: LABEL_W + i * (CELL_W + GAP) for i, index in enumerate(indices)}
+    rows: list[Row] = []
+    total = 0
+    ordered = sorted(by_node.values(), key=lambda g: (g[0].node.cluster.name, g[0].node.name))
+    for r, node_gpus in enumerate(ordered):
+        y = HEADER_H + r * (CELL_H + GAP)
+        cells = []
+        for gpu in sorted(node_gpus, key=lambda g: g.index):
+            x = column_x[gpu.index]
+            strip_w = CELL_W - 2 * PAD
+            segments = []
+            cursor = 0.0
+            allocated = 0
+            for unit in gpu.units.all():
+                start, width = _unit_span(unit, gpu.model, cursor)
+                cursor = start + width
+                held = unit.task_id is not None
+                allocated += unit.gpu_milli if held else 0
+                shown = (
+                    unit.task_id
+                    if held
+                    and unit.task is not None
+                    and (visible_tenant_ids is None or unit.task.tenant_id in visible_tenant_ids)
+                    else None
+                )
+                label = unit.mig_profile or f"{unit.get_kind_display()} {unit.gpu_milli}‰"
+                segments.append(
+                    Segment(
+                        x=x + PAD + start * strip_w,
+                        y=y + CELL_H - PAD - STRIP_H,
+                        width=max(width * strip_w - 1, 1),
+                        height=STRIP_H,
+                        kind=unit.kind,
+                        label=label,
+                        held=held,
+                        task_id=shown,
+                    )
+                )
+            total += allocated
+            cells.append(
+                Cell(
+                    x=x,
+                    y=y,
+                    index=gpu.index,
+                    model=gpu.model,
+                    partition_mode=gpu.partition_mode,
+                    health=gpu.health,
+                    allocated_milli=min(allocated, 1000),
+                    segments=tuple(segments),
+                )
+            )
+        node = node_gpus[0].node
+        rows.append(Row(y=y, node=f"{node.cluster.name}/{node.name}", state=node.state, cells=tuple(cells)))
+    width = LABEL_W + max(len(indices), 1) * (CELL_W + GAP)
+    height = HEADER_H + max(len(rows), 1) * (CELL_H + GAP)
+    return HeatMap(
+        rows=tuple(rows),
+        columns=tuple((index, column_x[index]) for index in indices),
+        width=width,
+        height=height,
+        gpus=sum(len(g) for g in by_node.values()),
+        allocated_milli=total,
+    )

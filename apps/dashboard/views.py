@@ -1,0 +1,288 @@
+"""Dashboard pages. Each view reads through the owning app's selectors and writes through its services;
+what a caller may see is the same `Access` the API uses, so another tenant's object is a 404 here too.
+
+Refusals carry the service's reason and its status (403 not allowed, 409 changed meanwhile), and
+invalid forms come back with their messages and a 400, with what was typed kept in the fields.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from apps.approvals import selectors as approvals
+from apps.approvals import services as approval_services
+from apps.approvals.models import PriorityOverride
+from apps.common.api import require_platform_admin, require_role
+from apps.common.errors import ApplicationError
+from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
+from apps.dashboard.presenters import age_s, heat_map, quota_bars
+from apps.inventory import selectors as inventory
+from apps.scheduling.selectors import cycle_list, quota_usage
+from apps.tenants.models import Membership
+from apps.tenants.selectors import Access, access_for, tenant_list
+from apps.workloads import selectors as workloads
+from apps.workloads import services as workload_services
+from apps.workloads.state_machine import FINAL
+
+TASKS_PER_PAGE = 50
+RECENT_OVERRIDES = 50
+MEMBER = Membership.Role.MEMBER
+
+
+def page_access(request: HttpRequest) -> Access:
+    """What the signed-in user may see and do, computed once per request (two queries)."""
+    cached = getattr(request, "_whalegen_access", None)
+    if cached is None:
+        cached = access_for(user=request.user)
+        request._whalegen_access = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _refused(request: HttpRequest, error: ApplicationError, back: str) -> HttpResponse:
+    return render(
+        request, "dashboard/refused.html", {"message": error.message, "back": back}, status=error.status
+    )
+
+
+def _member_queues(access: Access) -> Any:
+    """Queues the caller may act on (member role or above): the choices of the override form."""
+    queues = workloads.queue_list(access=access)
+    if access.platform_admin:
+        return queues
+    return queues.filter(tenant_id__in=[t for t in access.tenant_ids if access.has(t, MEMBER)])
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    access = page_access(request)
+    tenants = list(tenant_list(access=access))
+    now = timezone.now()
+    usage = quota_usage(tenant_ids=[t.pk for t in tenants])
+    bars = defaultdict(list)
+    for bar in quota_bars(workloads.quota_list(access=access), usage):
+        bars[bar.quota.tenant_id].append(bar)
+    queues = defaultdict(list)
+    for queue in workloads.queue_list_with_counts(access=access):
+        queue.oldest_pending_age_s = age_s(queue.oldest_pending_at, now)
+        queues[queue.tenant_id].append(queue)
+    sections = [
+        {"tenant": t, "role": access.role(t.pk), "bars": bars[t.pk], "queues": queues[t.pk]}
+        for t in tenants
+        # A platform admin sees every tenant; only those with something to show fill the page.
+        if not access.platform_admin or bars[t.pk] or queues[t.pk] or access.role(t.pk)
+    ]
+    return render(request, "dashboard/overview.html", {"sections": sections, "access": access})
+
+
+@login_required
+def task_list(request: HttpRequest) -> HttpResponse:
+    access = page_access(request)
+    queues = workloads.queue_list(access=access)
+    form = TaskFilterForm(request.GET or None, queues=queues)
+    tasks = workloads.task_list(access=access)
+    status = 200
+    if form.is_bound:
+        if form.is_valid():
+            if form.cleaned_data["state"]:
+                tasks = tasks.filter(state=form.cleaned_data["state"])
+            if form.cleaned_data["queue"] is not None:
+                tasks = tasks.filter(queue=form.cleaned_data["queue"])
+        else:
+            tasks = tasks.none()
+            status = 400
+    page = Paginator(tasks, TASKS_PER_PAGE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {"form": form, "page": page, "query": query.urlencode(), "access": access}
+    return render(request, "dashboard/task_list.html", context, status=status)
+
+
+def _task_page(
+    request: HttpRequest,
+    access: Access,
+    task_id: int,
+    cancel_form: CancelForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    task = workloads.task_get(access=access, task_id=task_id)
+    # A task without a forecast raises RelatedObjectDoesNotExist, an AttributeError: getattr's default.
+    forecast = getattr(task, "forecast", None)
+    may_act = access.has(task.tenant_id, MEMBER)
+    context = {
+        "task": task,
+        "events": workloads.task_events(task=task),
+        "forecast": forecast,
+        "overrides": approvals.override_list(access=access).filter(task=task),
+        "can_cancel": may_act and task.state not in FINAL,
+        "can_request": may_act and task.state not in FINAL,
+        "cancel_form": cancel_form or CancelForm(),
+    }
+    return render(request, "dashboard/task_detail.html", context, status=status)
+
+
+@login_required
+def task_detail(request: HttpRequest, task_id: int) -> HttpResponse:
+    return _task_page(request, page_access(request), task_id)
+
+
+@login_required
+@require_POST
+def task_cancel(request: HttpRequest, task_id: int) -> HttpResponse:
+    access = page_access(request)
+    task = workloads.task_get(access=access, task_id=task_id)
+    back = reverse("dashboard:task-detail", args=[task.pk])
+    form = CancelForm(request.POST)
+    if not form.is_valid():
+        return _task_page(request, access, task.pk, cancel_form=form, status=400)
+    try:
+        require_role(access, task.tenant, MEMBER, "cancelling tasks")
+        workload_services.task_cancel(task=task, by=request.user, reason=form.cleaned_data["reason"])
+    except ApplicationError as error:
+        return _refused(request, error, back)
+    messages.success(request, f"Task {task.pk} cancelled.")
+    return redirect(back)
+
+
+def _overrides_page(
+    request: HttpRequest,
+    access: Access,
+    form: OverrideRequestForm | None = None,
+    decision_error: tuple[int, str] | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    queues = _member_queues(access)
+    if form is None:
+        form = OverrideRequestForm(initial={"task": request.GET.get("task")}, queues=queues)
+    overrides = approvals.override_list(access=access).prefetch_related("audit")
+    pending = overrides.filter(state=PriorityOverride.State.PENDING)
+    decided = overrides.exclude(state=PriorityOverride.State.PENDING)[:RECENT_OVERRIDES]
+    context = {
+        "form": form,
+        "can_request": access.platform_admin or any(access.has(t, MEMBER) for t in access.tenant_ids),
+        "pending": pending,
+        "decided": decided,
+        "access": access,
+        "decision_error": decision_error,
+    }
+    return render(request, "dashboard/overrides.html", context, status=status)
+
+
+@login_required
+def overrides(request: HttpRequest) -> HttpResponse:
+    access = page_access(request)
+    if request.method != "POST":
+        return _overrides_page(request, access)
+    form = OverrideRequestForm(request.POST, queues=_member_queues(access))
+    if not form.is_valid():
+        return _overrides_page(request, access, form=form, status=400)
+    values = form.cleaned_data
+    task = queue = None
+    if values["task"] is not None:
+        try:
+            task = workloads.task_get(access=access, task_id=values["task"])
+        except Http404:
+            # Unknown and invisible read the same, as in the API.
+            form.add_error("task", f"unknown task {values['task']}")
+            return _overrides_page(request, access, form=form, status=400)
+    else:
+        queue = values["queue"]
+    tenant = (task or queue).tenant
+    try:
+        require_role(access, tenant, MEMBER, "requesting a priority override")
+        override = approval_services.override_request(
+            tenant=tenant,
+            task=task,
+            queue=queue,
+            wanted_priority=values["wanted_priority"],
+            reason=values["reason"],
+            requested_by=request.user,
+            ttl_hours=values["ttl_hours"],
+        )
+    except ValidationError as error:
+        form.add_service_errors(error)
+        return _overrides_page(request, access, form=form, status=400)
+    except ApplicationError as error:
+        form.add_error(None, error.message)
+        return _overrides_page(request, access, form=form, status=error.status)
+    messages.success(request, f"Override {override.pk} requested; a platform admin decides it.")
+    return redirect("dashboard:overrides")
+
+
+def _decide(request: HttpRequest, override_id: int, approve: bool) -> HttpResponse:
+    access = page_access(request)
+    override = approvals.override_get(access=access, override_id=override_id)
+    back = reverse("dashboard:overrides")
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        return _overrides_page(request, access, decision_error=(override.pk, "comment is too long"), status=400)
+    comment = form.cleaned_data["comment"]
+    try:
+        require_platform_admin(access, "deciding overrides")
+        if approve:
+            approval_services.override_approve(override=override, by=request.user, comment=comment)
+        else:
+            approval_services.override_reject(override=override, by=request.user, comment=comment)
+    except ValidationError as error:
+        message = " ".join(m for msgs in error.message_dict.values() for m in msgs)
+        return _overrides_page(request, access, decision_error=(override.pk, message), status=400)
+    except ApplicationError as error:
+        return _refused(request, error, back)
+    verb = "approved" if approve else "rejected"
+    messages.success(request, f"Override {override.pk} {verb}.")
+    return redirect(back)
+
+
+@login_required
+@require_POST
+def override_approve(request: HttpRequest, override_id: int) -> HttpResponse:
+    return _decide(request, override_id, approve=True)
+
+
+@login_required
+@require_POST
+def override_reject(request: HttpRequest, override_id: int) -> HttpResponse:
+    return _decide(request, override_id, approve=False)
+
+
+@login_required
+def pool_list(request: HttpRequest) -> HttpResponse:
+    access = page_access(request)
+    rows = []
+    for pool in inventory.pool_list(access=access):
+        cycle = cycle_list(pool_id=pool.pk).first()
+        left = sum((cycle.stats.get("unplaced_by_reason") or {}).values()) if cycle is not None else None
+        rows.append({"pool": pool, "cycle": cycle, "left_pending": left})
+    return render(request, "dashboard/pool_list.html", {"rows": rows, "access": access})
+
+
+@login_required
+def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
+    access = page_access(request)
+    pool = inventory.pool_get(access=access, pool_id=pool_id)
+    gpus = inventory.gpu_list(access=access).filter(node__pool=pool).prefetch_related("units__task")
+    visible = None if access.platform_admin else set(access.tenant_ids)
+    cycles = list(cycle_list(pool_id=pool.pk)[:10])
+    latest = cycles[0] if cycles else None
+    stats = latest.stats if latest is not None else {}
+    context = {
+        "pool": pool,
+        "map": heat_map(gpus, visible),
+        "latest": latest,
+        "unplaced_by_reason": sorted((stats.get("unplaced_by_reason") or {}).items(), key=lambda kv: -kv[1]),
+        "frag_before": stats.get("fragmentation_before"),
+        "frag_after": stats.get("fragmentation_after"),
+        "cycles": cycles,
+        "access": access,
+    }
+    return render(request, "dashboard/pool_detail.html", context)
