@@ -225,7 +225,9 @@ def _decide(request: HttpRequest, override_id: int, approve: bool) -> HttpRespon
     back = reverse("dashboard:overrides")
     form = DecisionForm(request.POST)
     if not form.is_valid():
-        return _overrides_page(request, access, decision_error=(override.pk, "comment is too long"), status=400)
+        return _overrides_page(
+            request, access, decision_error=(override.pk, "comment is too long"), status=400
+        )
     comment = form.cleaned_data["comment"]
     try:
         require_platform_admin(access, "deciding overrides")

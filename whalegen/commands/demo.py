@@ -2,9 +2,9 @@
 
 Migrates the database (an SQLite file under WHALEGEN_DATA_DIR unless DATABASE_URL is set), seeds a
 believable fleet once (two clusters; pools of H100 and H200 with MIG, A100 and L4; three tenants with
-quotas, queues and a few tasks), prints fresh tokens and an admin login, and serves the API and the
-admin. Celery runs in-process: beat entries fire from a thread, tasks run eagerly — among them the
-scheduling cycle per pool and the node-health check.
+quotas, queues and a few tasks), prints fresh tokens, an admin login and a team members' login, and
+serves the dashboard, the API and the admin. Celery runs in-process: beat entries fire from a thread,
+tasks run eagerly — among them the scheduling cycle per pool and the node-health check.
 
 Then it runs the loop: one simulated agent per seeded node (the real `whalegen agent` on the simulated
 NVML, each with a node credential issued at start) and a workload generator drawing task shapes from
@@ -185,9 +185,9 @@ def seed() -> bool:
     return True
 
 
-def logins() -> tuple[str, list[tuple[str, str, str]]]:
-    """A fresh admin password and one fresh token per team member (tokens are shown once, so each start
-    makes new ones)."""
+def logins() -> tuple[str, str, list[tuple[str, str, str]]]:
+    """A fresh admin password, a fresh password shared by the team members (for the dashboard; the demo
+    only) and one fresh token per team member (tokens are shown once, so each start makes new ones)."""
     from django.contrib.auth import get_user_model
 
     from apps.tenants.models import Tenant
@@ -201,12 +201,15 @@ def logins() -> tuple[str, list[tuple[str, str, str]]]:
     admin.is_staff = admin.is_superuser = True
     admin.set_password(password)
     admin.save()
+    member_password = secrets.token_urlsafe(9)
     tokens = []
     for slug, member in TEAMS:
         user = user_model.objects.get(username=member)
+        user.set_password(member_password)
+        user.save(update_fields=["password"])
         _, raw = token_create(user=user, tenant=Tenant.objects.get(slug=slug), name="demo")
         tokens.append((slug, member, raw))
-    return password, tokens
+    return password, member_password, tokens
 
 
 def _beat_thread(stop: threading.Event) -> threading.Thread:
@@ -335,13 +338,15 @@ def run(args: argparse.Namespace) -> int:
     _progress(
         "seeding the fleet, tenants, quotas and queues" if seed() else "already seeded; keeping the data"
     )
-    password, tokens = logins()
+    password, member_password, tokens = logins()
 
     def announce(port: int) -> Any:
         shown_host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{shown_host}:{port}"
         lines = [
             f"WhaleGen demo serving at {url}",
+            f"  dashboard: {url}/   login: {ADMIN_USERNAME} / {password} (platform admin), or a team member "
+            f"({', '.join(member for _, member in TEAMS)}) / {member_password}",
             f"  API:     {url}/api/v1/   (Swagger UI: {url}/api/docs/)",
             f"  admin:   {url}/admin/    login: {ADMIN_USERNAME} / {password}",
             "  tokens (shown once; each scoped to one tenant):",

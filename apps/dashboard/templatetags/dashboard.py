@@ -20,7 +20,7 @@ def duration(seconds: float | None) -> str:
     """Seconds as the two largest units: "45 s", "12 min 5 s", "3 h 12 min", "2 d 4 h"."""
     if seconds is None:
         return "–"
-    total = int(round(seconds))
+    total = round(seconds)
     parts = []
     for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60), ("s", 1)):
         if total >= size or (unit == "s" and not parts):

@@ -32,7 +32,9 @@ def scene(world: Any) -> Scene:
     for task in (world.task_a, world.task_b, waiting):
         task.refresh_from_db()
     world.quota_a.refresh_from_db()
-    return Scene(world=world, placed=world.task_a, waiting=waiting, cycle=Cycle.objects.get(pk=report.cycle_id))
+    return Scene(
+        world=world, placed=world.task_a, waiting=waiting, cycle=Cycle.objects.get(pk=report.cycle_id)
+    )
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def test_member_sees_own_quotas_and_queues_only(scene: Any, page: Any) -> None:
     assert 'data-pool="h100-train"' in body and 'data-pool="l4-infer"' in body
     assert 'aria-label="1 of 4 guaranteed GPUs in use, 0 borrowed"' in body
     # The queue row: one pending (the two-GPU task), one placed.
-    assert '/tasks/?queue=%d&amp;state=pending">1</a>' % w.queue_a.pk in body
+    assert f'/tasks/?queue={w.queue_a.pk}&amp;state=pending">1</a>' in body
 
     body_b = text(page(w.bob).get("/"))
     assert "Speech" in body_b and "Vision" not in body_b
@@ -219,7 +219,9 @@ def test_member_requests_an_override(scene: Any, page: Any) -> None:
     form = text(client.get("/overrides/", {"task": scene.waiting.pk}))
     assert f'value="{scene.waiting.pk}"' in form  # prefilled from the task page's link
     response = client.post(
-        "/overrides/", {"task": scene.waiting.pk, "wanted_priority": 50, "reason": "demo at noon"}, follow=True
+        "/overrides/",
+        {"task": scene.waiting.pk, "wanted_priority": 50, "reason": "demo at noon"},
+        follow=True,
     )
     assert response.status_code == 200
     override = PriorityOverride.objects.get()
@@ -380,7 +382,7 @@ def test_pool_heat_map_and_latest_cycle(scene: Any, page: Any) -> None:
     # The cycle's own figures: one placed, two left pending for capacity, fragmentation before/after.
     stats = scene.cycle.stats
     assert f'<dd id="cycle-placed">{scene.cycle.tasks_placed}</dd>' in body
-    assert "<td>no_capacity</td><td class=\"num\">2</td>" in body
+    assert '<td>no_capacity</td><td class="num">2</td>' in body
     assert str(stats["fragmentation_before"]["frag_milli"]) in body
     assert str(stats["fragmentation_after"]["frag_milli"]) in body
 

@@ -1,0 +1,101 @@
+"""The dashboard in a real browser: Debian's chromium driven by Selenium against pytest-django's live
+server. `scripts/test` installs chromium and chromedriver first (scripts/browser); without them these
+tests fail with that hint rather than skip."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.approvals.models import PriorityOverride
+from apps.approvals.services import override_request
+from apps.workloads.models import Task
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+WAIT_S = 20  # generous: the machine may be busy; the waits end as soon as the page is there
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    assert not missing, f"{', '.join(missing)} missing: run scripts/browser (apt-get install chromium)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    driver.implicitly_wait(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def log_in(browser: Any, live_server: Any, user: Any, password: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    user.set_password(password)
+    user.save()
+    browser.get(f"{live_server.url}/")  # anonymous: sent to the login page
+    assert "/login/" in browser.current_url
+    browser.find_element(By.ID, "id_username").send_keys(user.get_username())
+    browser.find_element(By.ID, "id_password").send_keys(password)
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    browser.find_element(By.CSS_SELECTOR, "h1")  # waits for the next page
+    assert browser.current_url == f"{live_server.url}/"
+
+
+def test_member_sees_quota_and_why_pending_and_cancels(live_server: Any, scene: Any, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    log_in(browser, live_server, scene.world.alice, "alice-browser-pass")
+    # The H100 quota bar: the placed task fills part of the guarantee, drawn with a real width.
+    bar = browser.find_element(By.CSS_SELECTOR, 'tr.quota[data-pool="h100-train"] .bar .within')
+    assert bar.size["width"] > 0
+    assert browser.find_element(By.CSS_SELECTOR, 'tr.quota[data-pool="h100-train"] .in-use').text == "1"
+
+    browser.find_element(By.LINK_TEXT, "Tasks").click()
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-task="{scene.waiting.pk}"]')
+    assert row.find_element(By.CSS_SELECTOR, ".state").text == "pending"
+    assert row.find_element(By.CSS_SELECTOR, "td.why").text == scene.waiting.why_pending
+
+    row.find_element(By.LINK_TEXT, "big-run").click()
+    browser.find_element(By.ID, "id_reason").send_keys("superseded by a smaller run")
+    browser.find_element(By.ID, "cancel-task").click()
+    message = browser.find_element(By.CSS_SELECTOR, ".messages .msg")
+    assert message.text == f"Task {scene.waiting.pk} cancelled."
+    assert browser.find_element(By.ID, "task-state").text == "cancelled"
+    browser.implicitly_wait(0)  # the page is loaded: look once for the button that must be gone
+    assert not browser.find_elements(By.ID, "cancel-task")
+    scene.waiting.refresh_from_db()
+    assert scene.waiting.state == Task.State.CANCELLED
+
+
+def test_admin_approves_an_override(live_server: Any, scene: Any, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    w = scene.world
+    override = override_request(
+        tenant=w.tenant_a, task=scene.waiting, wanted_priority=40, reason="launch demo", requested_by=w.alice
+    )
+    log_in(browser, live_server, w.root, "root-browser-pass")
+    browser.find_element(By.LINK_TEXT, "Overrides").click()
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-override="{override.pk}"]')
+    assert "launch demo" in row.text
+    row.find_element(By.CSS_SELECTOR, "input[name=comment]").send_keys("go")
+    row.find_element(By.ID, f"approve-{override.pk}").click()
+    assert browser.find_element(By.CSS_SELECTOR, ".messages .msg").text == f"Override {override.pk} approved."
+    decided = browser.find_element(By.CSS_SELECTOR, f'tr[data-override="{override.pk}"] .state')
+    assert decided.text == "approved"
+    override.refresh_from_db()
+    scene.waiting.refresh_from_db()
+    assert (override.state, scene.waiting.priority) == (PriorityOverride.State.APPROVED, 40)
