@@ -20,12 +20,16 @@ def _pct(part: float, whole: float) -> float:
 
 @dataclass(frozen=True)
 class QuotaBar:
-    """One quota drawn as a bar scaled to its limit (guarantee + borrow limit): the part of the
-    guarantee in use, the borrowed part beyond it, and a tick where the guarantee ends."""
+    """One quota drawn as a bar scaled to its limit (guarantee + borrow limit): what is in use inside
+    the guarantee, what is borrowed beyond it, and a tick where the guarantee ends."""
 
     quota: Quota
     in_use_milli: int
-    borrowed_milli: int
+    reclaimable_milli: int  # held by tasks admitted as borrowed (see QuotaUsage)
+
+    @property
+    def borrowed_milli(self) -> int:
+        return max(self.in_use_milli - self.quota.guaranteed_milli, 0)
 
     @property
     def scale_milli(self) -> int:
@@ -34,7 +38,7 @@ class QuotaBar:
 
     @property
     def within_pct(self) -> float:
-        return _pct(max(self.in_use_milli - self.borrowed_milli, 0), self.scale_milli)
+        return _pct(self.in_use_milli - self.borrowed_milli, self.scale_milli)
 
     @property
     def borrowed_pct(self) -> float:
@@ -54,7 +58,9 @@ def quota_bars(quotas: Iterable[Quota], usage: dict[tuple[int, int], QuotaUsage]
     bars = []
     for quota in quotas:
         used = usage.get((quota.tenant_id, quota.pool_id), QuotaUsage())
-        bars.append(QuotaBar(quota=quota, in_use_milli=used.in_use_milli, borrowed_milli=used.borrowed_milli))
+        bars.append(
+            QuotaBar(quota=quota, in_use_milli=used.in_use_milli, reclaimable_milli=used.reclaimable_milli)
+        )
     return bars
 
 
@@ -65,7 +71,7 @@ def age_s(since: datetime | None, now: datetime) -> float | None:
 # Heat-map geometry, in SVG user units (pixels at 100 % zoom).
 LABEL_W = 170
 HEADER_H = 22
-CELL_W = 84
+CELL_W = 104
 CELL_H = 54
 GAP = 6
 STRIP_H = 14  # the partition strip at the bottom of each cell
@@ -108,6 +114,10 @@ class Cell:
         return min(4, ceil(self.allocated_milli / 250))
 
     @property
+    def allocated_pct(self) -> int:
+        return round(self.allocated_milli / 10)
+
+    @property
     def title(self) -> str:
         return (
             f"GPU {self.index} · {self.model} · {self.partition_mode} · {self.health} · "
@@ -131,6 +141,8 @@ class HeatMap:
     height: float
     gpus: int
     allocated_milli: int
+    cell_w: int = CELL_W
+    cell_h: int = CELL_H
 
 
 def _unit_span(unit: ComputeUnit, model: str, cursor: float) -> tuple[float, float]:

@@ -443,22 +443,23 @@ def live_usage_milli(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class QuotaUsage:
-    """What a tenant's placed tasks hold in a pool: all of it, and the part borrowed above its guarantee."""
+    """What a tenant's placed tasks hold in a pool: all of it, and the part held by tasks admitted above
+    the guarantee (flagged `borrowed` at admission: the first capacity an owner reclaims). The flag stays
+    with the task, so that part can exceed what is above the guarantee now, after earlier tasks ended."""
 
     in_use_milli: int = 0
-    borrowed_milli: int = 0
+    reclaimable_milli: int = 0
 
 
 def quota_usage(*, tenant_ids: list[int]) -> dict[tuple[int, int], QuotaUsage]:
-    """(tenant id, pool id) → usage. In use: tasks admitted, assigned or running (count × milli);
-    borrowed: those whose live assignment was admitted above the guarantee."""
+    """(tenant id, pool id) → usage of tasks admitted, assigned or running (count × milli)."""
     charge = Sum(F("gpu_count") * F("gpu_milli"))
     in_use = (
         Task.objects.filter(tenant_id__in=tenant_ids, state__in=LIVE_STATES)
         .values("tenant_id", "pool_id")
         .annotate(milli=charge)
     )
-    borrowed = (
+    reclaimable = (
         Task.objects.filter(
             tenant_id__in=tenant_ids,
             state__in=LIVE_STATES,
@@ -471,9 +472,9 @@ def quota_usage(*, tenant_ids: list[int]) -> dict[tuple[int, int], QuotaUsage]:
     usage: dict[tuple[int, int], QuotaUsage] = {}
     for row in in_use:
         usage[(row["tenant_id"], row["pool_id"])] = QuotaUsage(in_use_milli=int(row["milli"] or 0))
-    for row in borrowed:
+    for row in reclaimable:
         key = (row["tenant_id"], row["pool_id"])
         usage[key] = QuotaUsage(
-            in_use_milli=usage.get(key, QuotaUsage()).in_use_milli, borrowed_milli=int(row["milli"] or 0)
+            in_use_milli=usage.get(key, QuotaUsage()).in_use_milli, reclaimable_milli=int(row["milli"] or 0)
         )
     return usage

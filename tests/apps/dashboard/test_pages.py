@@ -79,10 +79,26 @@ def test_member_sees_own_quotas_and_queues_only(scene: Any, page: Any) -> None:
 
 def test_borrowed_capacity_is_drawn_apart(scene: Any, page: Any) -> None:
     from apps.scheduling.models import Assignment
+    from apps.workloads.models import Quota
+
+    # Above the guarantee: with none guaranteed, the placed whole GPU is all borrowed.
+    Quota.objects.filter(pk=scene.world.quota_a.pk).update(guaranteed_milli=0)
+    Assignment.objects.filter(task=scene.placed, released_at__isnull=True).update(borrowed=True)
+    body = text(page(scene.world.alice).get("/"))
+    row = body[body.index('data-pool="h100-train"') : body.index('data-pool="l4-infer"')]
+    assert 'aria-label="1 of 0 guaranteed GPUs in use, 1 borrowed"' in row
+    assert '<div class="within" style="width: 0.0%"></div><div class="borrowed" style="width: 33.33%">' in row
+
+
+def test_reclaimable_is_what_was_admitted_as_borrowed(scene: Any, page: Any) -> None:
+    from apps.scheduling.models import Assignment
 
     Assignment.objects.filter(task=scene.placed, released_at__isnull=True).update(borrowed=True)
     body = text(page(scene.world.alice).get("/"))
-    assert 'aria-label="1 of 4 guaranteed GPUs in use, 1 borrowed"' in body
+    row = body[body.index('data-pool="h100-train"') : body.index('data-pool="l4-infer"')]
+    # Inside the guarantee now (1 of 4), yet admitted as borrowed: reclaimable, not borrowed.
+    assert 'aria-label="1 of 4 guaranteed GPUs in use, 0 borrowed"' in row
+    assert row.count('<td class="num">1</td>') == 1  # the reclaimable column
 
 
 def test_outsider_sees_an_empty_state(scene: Any, page: Any) -> None:
