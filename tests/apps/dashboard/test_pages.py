@@ -409,3 +409,33 @@ def test_heat_map_hides_other_tenants_task_ids(scene: Any, page: Any) -> None:
     assert 'data-allocated="1000"' in body
     assert f"task {scene.placed.pk}" not in body
     assert "whole GPU 1000‰: in use" in body
+
+
+def test_heat_map_places_mig_instances_on_their_memory_slices(scene: Any) -> None:
+    from apps.dashboard.presenters import CELL_W, PAD, heat_map
+    from apps.inventory.models import Gpu
+
+    gpus = Gpu.objects.filter(node=scene.world.node).prefetch_related("units__task")
+    drawn = heat_map(gpus, visible_tenant_ids=None)
+    (row,) = drawn.rows
+    mig, whole = row.cells
+    (instance,) = mig.segments
+    strip_w = CELL_W - 2 * PAD
+    # 3g.40gb at start 0 holds 4 of the 8 memory slices: the left half of the strip, free.
+    assert (instance.x - mig.x - PAD, instance.width + 1, instance.held) == (0, strip_w / 2, False)
+    assert (whole.allocated_milli, whole.heat, whole.segments[0].task_id) == (1000, 4, scene.placed.pk)
+    assert drawn.allocated_milli == 1000 and drawn.gpus == 2
+
+
+@pytest.mark.parametrize("extra", [0, 30], ids=["a few tasks", "thirty more tasks"])
+def test_page_queries_do_not_grow_with_tasks(
+    scene: Any, page: Any, extra: int, django_assert_max_num_queries: Any
+) -> None:
+    from tests.apps.factories import TaskFactory
+
+    TaskFactory.create_batch(extra, queue=scene.world.queue_a, why_pending="waits")
+    client = page(scene.world.alice)
+    client.get("/")  # the session is read once; count a warm request
+    for path in ["/", "/tasks/", f"/pools/{scene.world.h100.pk}/", "/overrides/"]:
+        with django_assert_max_num_queries(12):
+            assert client.get(path).status_code == 200
