@@ -36,12 +36,17 @@ class OverrideRequestForm(forms.Form):
     queue = forms.ModelChoiceField(
         queryset=Queue.objects.none(),
         required=False,
-        empty_label="— or pick a queue —",
+        label="or a queue",
+        empty_label="—",
         error_messages={"invalid_choice": "unknown queue"},
     )
     wanted_priority = forms.IntegerField(label="wanted priority")
-    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
-    ttl_hours = forms.IntegerField(required=False, label="lifetime (hours)")
+    reason = forms.CharField(max_length=500, label="reason", widget=forms.Textarea(attrs={"rows": 2}))
+    ttl_hours = forms.IntegerField(
+        required=False,
+        label="lifetime (hours)",
+        widget=forms.NumberInput(attrs={"placeholder": "empty: the default"}),
+    )
 
     def __init__(self, *args: Any, queues: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
