@@ -334,8 +334,14 @@ def _run_durations(args: argparse.Namespace) -> int:
         p = evaluation.models["xgboost_p50"]
         print(
             f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5), "
-            f"P90 coverage {p['p90_coverage']:.3f} (ideal 0.9)"
+            f"P90 coverage {p['p90_coverage']:.3f} (ideal 0.9); served: {evaluation.chosen} "
+            "(chosen on the inner time-ordered validation)"
         )
+        if evaluation.oracles:
+            print("\nhindsight references (use the test durations themselves; not forecasts):")
+            print(
+                _table(evaluation.oracles, ["within_10pct", "within_50pct", "within_100pct", "log_mae", "n"])
+            )
     return 0
 
 
