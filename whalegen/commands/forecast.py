@@ -120,6 +120,18 @@ def _add_memory(sub: Any) -> None:
     memory.add_argument("--quantile", type=_fraction, default=0.99, help="quantile the model fits")
     memory.add_argument("--target-under", type=_fraction, default=0.01, help="allowed under-prediction rate")
     memory.add_argument(
+        "--confidence",
+        type=_fraction,
+        default=0.9,
+        help="probability that the realised under-prediction rate stays within --target-under "
+        "(training-conditional conformal margin; default 0.9)",
+    )
+    memory.add_argument(
+        "--expected-rate-only",
+        action="store_true",
+        help="plain split-conformal margin (bounds the expected rate only), ignoring --confidence",
+    )
+    memory.add_argument(
         "--request",
         type=float,
         help="per-task request in the value's unit (default: the largest value seen before the split)",
@@ -349,7 +361,11 @@ def _run_memory(args: argparse.Namespace) -> int:
     frame = _read(args.csv)
     _check_columns(frame, args.csv, [args.time_col, args.value_col, args.key_col])
     cfg = MemoryConfig(
-        window_s=args.window, horizon_s=args.horizon, quantile=args.quantile, target_under=args.target_under
+        window_s=args.window,
+        horizon_s=args.horizon,
+        quantile=args.quantile,
+        target_under=args.target_under,
+        confidence=None if args.expected_rate_only else args.confidence,
     )
     model, evaluation = evaluate_memory(
         frame[args.key_col].astype(str).to_numpy(),
@@ -376,7 +392,10 @@ def _run_memory(args: argparse.Namespace) -> int:
         f"memory peak over the next {args.horizon}s: {evaluation.n_train} training / "
         f"{evaluation.n_test} test "
         f"origins, request {evaluation.request:.6g}, target under-prediction ≤ {args.target_under:.2%}"
-        f"\ncalibrated margins: " + ", ".join(f"{k} ×{v:.3f}" for k, v in evaluation.margins.items())
+        f"\ncalibrated margins: "
+        + ", ".join(f"{k} ×{v:.3f}" for k, v in evaluation.margins.items())
+        + f"; xgboost base quantile P{evaluation.base_quantile * 100:g}, conformal "
+        + ("expected-rate" if cfg.confidence is None else f"confidence {cfg.confidence:g}")
     )
     _emit(args, doc, ["under_rate", "saved_vs_request", "reserved_over_actual", "pinball", "n"], title)
     return 0
