@@ -287,7 +287,12 @@ def _run_series(args: argparse.Namespace) -> int:
         f"{args.target}: {len(series)} series, bin {args.bin}s ({args.agg}), horizon {args.horizon}s, "
         f"test from {split_at}"
         + (f" to {args.test_until}" if args.test_until else "")
-        + f", {evaluation.n_train} train / {evaluation.n_test} test rows"
+        + f", {evaluation.n_train} train / {evaluation.n_test} test rows; the 'xgboost' row is what "
+        + (
+            f"serves: the model ({evaluation.objective})"
+            if evaluation.chosen == "xgboost"
+            else f"serves: {evaluation.chosen} (the model did not beat it on the inner validation)"
+        )
     )
     _emit(args, doc, ["mae", "smape", "r2", "n"], title)
     return 0
