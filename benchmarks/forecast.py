@@ -109,7 +109,13 @@ def main() -> int:
     )
     docs["openb durations"] = ev_d.to_json()
     md = ev_d.models
-    for base in ("global_median", "key_history_mean", "key_last10_geomean"):
+    for base in (
+        "global_median",
+        "key_history_mean",
+        "key_last10_geomean",
+        "key_last10_median",
+        "key_recent_ewm",
+    ):
         lines.append(
             _line(
                 f"openb duration log-MAE vs {base}",

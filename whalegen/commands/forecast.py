@@ -120,6 +120,18 @@ def _add_memory(sub: Any) -> None:
     memory.add_argument("--quantile", type=_fraction, default=0.99, help="quantile the model fits")
     memory.add_argument("--target-under", type=_fraction, default=0.01, help="allowed under-prediction rate")
     memory.add_argument(
+        "--confidence",
+        type=_fraction,
+        default=0.9,
+        help="probability that the realised under-prediction rate stays within --target-under "
+        "(training-conditional conformal margin; default 0.9)",
+    )
+    memory.add_argument(
+        "--expected-rate-only",
+        action="store_true",
+        help="plain split-conformal margin (bounds the expected rate only), ignoring --confidence",
+    )
+    memory.add_argument(
         "--request",
         type=float,
         help="per-task request in the value's unit (default: the largest value seen before the split)",
@@ -275,7 +287,12 @@ def _run_series(args: argparse.Namespace) -> int:
         f"{args.target}: {len(series)} series, bin {args.bin}s ({args.agg}), horizon {args.horizon}s, "
         f"test from {split_at}"
         + (f" to {args.test_until}" if args.test_until else "")
-        + f", {evaluation.n_train} train / {evaluation.n_test} test rows"
+        + f", {evaluation.n_train} train / {evaluation.n_test} test rows; the 'xgboost' row is what "
+        + (
+            f"serves: the model ({evaluation.objective})"
+            if evaluation.chosen == "xgboost"
+            else f"serves: {evaluation.chosen} (the model did not beat it on the inner validation)"
+        )
     )
     _emit(args, doc, ["mae", "smape", "r2", "n"], title)
     return 0
@@ -334,8 +351,14 @@ def _run_durations(args: argparse.Namespace) -> int:
         p = evaluation.models["xgboost_p50"]
         print(
             f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5), "
-            f"P90 coverage {p['p90_coverage']:.3f} (ideal 0.9)"
+            f"P90 coverage {p['p90_coverage']:.3f} (ideal 0.9); served: {evaluation.chosen} "
+            "(chosen on the inner time-ordered validation)"
         )
+        if evaluation.oracles:
+            print("\nhindsight references (use the test durations themselves; not forecasts):")
+            print(
+                _table(evaluation.oracles, ["within_10pct", "within_50pct", "within_100pct", "log_mae", "n"])
+            )
     return 0
 
 
@@ -343,7 +366,11 @@ def _run_memory(args: argparse.Namespace) -> int:
     frame = _read(args.csv)
     _check_columns(frame, args.csv, [args.time_col, args.value_col, args.key_col])
     cfg = MemoryConfig(
-        window_s=args.window, horizon_s=args.horizon, quantile=args.quantile, target_under=args.target_under
+        window_s=args.window,
+        horizon_s=args.horizon,
+        quantile=args.quantile,
+        target_under=args.target_under,
+        confidence=None if args.expected_rate_only else args.confidence,
     )
     model, evaluation = evaluate_memory(
         frame[args.key_col].astype(str).to_numpy(),
@@ -370,7 +397,10 @@ def _run_memory(args: argparse.Namespace) -> int:
         f"memory peak over the next {args.horizon}s: {evaluation.n_train} training / "
         f"{evaluation.n_test} test "
         f"origins, request {evaluation.request:.6g}, target under-prediction ≤ {args.target_under:.2%}"
-        f"\ncalibrated margins: " + ", ".join(f"{k} ×{v:.3f}" for k, v in evaluation.margins.items())
+        f"\ncalibrated margins: "
+        + ", ".join(f"{k} ×{v:.3f}" for k, v in evaluation.margins.items())
+        + f"; xgboost base quantile P{evaluation.base_quantile * 100:g}, conformal "
+        + ("expected-rate" if cfg.confidence is None else f"confidence {cfg.confidence:g}")
     )
     _emit(args, doc, ["under_rate", "saved_vs_request", "reserved_over_actual", "pinball", "n"], title)
     return 0

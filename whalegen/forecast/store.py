@@ -79,7 +79,8 @@ def should_promote(
     All metrics must come from the same time-split validation window (reference/forecasting.md §3.5);
     the caller guarantees that. `min_gain` is a relative margin (0.01 = 1 % better) that keeps two
     models of equal skill from swapping on noise. `limits` are hard ceilings the candidate must meet
-    first (memory: `{"under_rate": 0.01}`). A missing or NaN figure never promotes.
+    first (memory: `{"under_rate": 0.01}`). A baseline that breaks one of those limits is not a
+    rival (it could not be served either) and is skipped. A missing or NaN figure never promotes.
     """
 
     def better(a: float, b: float) -> bool:
@@ -94,7 +95,17 @@ def should_promote(
     value = candidate_metrics.get(metric)
     if value is None or value != value:
         return PromotionDecision(False, f"candidate has no {metric}")
+
+    def admissible(scores: Mapping[str, float]) -> bool:
+        for name, ceiling in (limits or {}).items():
+            got = scores.get(name)
+            if got is not None and got == got and got > ceiling:
+                return False
+        return True
+
     for name, scores in sorted(baseline_metrics.items()):
+        if not admissible(scores):
+            continue
         base = scores.get(metric)
         if base is None or base != base:
             return PromotionDecision(False, f"baseline {name} has no {metric} on the validation window")

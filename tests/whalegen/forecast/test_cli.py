@@ -109,7 +109,15 @@ def test_eval_durations_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             "gpus",
         ],
     )
-    assert set(doc["models"]) == {"xgboost_p50", "global_median", "key_history_mean", "key_last10_geomean"}
+    assert set(doc["models"]) == {
+        "xgboost_p50",
+        "global_median",
+        "key_history_mean",
+        "key_last10_geomean",
+        "key_last10_median",
+        "key_recent_ewm",
+    }
+    assert doc["chosen"] and set(doc["oracles"]) == {"key_test_median", "key_previous_task"}
     want = {"within_10pct", "within_50pct", "within_100pct", "within_1000pct", "log_mae", "spearman"}
     assert all(want <= set(scores) for scores in doc["models"].values())
     assert doc["models"]["xgboost_p50"]["within_100pct"] > doc["models"]["global_median"]["within_100pct"]

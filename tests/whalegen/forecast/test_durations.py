@@ -98,3 +98,73 @@ def test_a_zero_length_task_is_not_in_its_own_history() -> None:
     hist = history_features(start, end, ["a", "a", "a"])
     assert hist["key_count"].tolist() == [0, 0, 2]
     assert hist.loc[2, "key_mean_s"] == pytest.approx((1.0 + 5.0) / 2)  # 0 s is floored at 1 s
+
+
+def test_burst_features_count_same_key_submissions_known_at_submission() -> None:
+    # Key a: a burst of three within a minute, then one after 10 minutes; key b in between.
+    start = np.array([0.0, 5.0, 30.0, 40.0, 630.0])
+    end = np.array([20.0, 500.0, 900.0, 50.0, 700.0])
+    hist = history_features(start, end, ["a", "a", "a", "b", "a"])
+    assert hist["key_submitted_last_10s"].tolist() == [0, 1, 0, 0, 0]
+    assert hist["key_submitted_last_min"].tolist() == [0, 1, 2, 0, 0]
+    assert hist["key_burst_position"].tolist() == [0, 1, 2, 0, 0]
+    assert hist["key_submitted_last_10min"].tolist() == [0, 1, 2, 0, 1]  # 630 − 30 = 600: inside
+    # At 630 task 0 (20 s) and 1 (495 s) finished; task 2 (submitted at 30) still runs.
+    assert hist.loc[4, "key_oldest_running_age_s"] == pytest.approx(600.0)
+    assert hist.loc[4, "key_latest_submitted_log"] == pytest.approx(math.log(495.0))
+    assert hist.loc[4, "since_key_finish_s"] == pytest.approx(130.0)
+    ewm = 0.3 * math.log(495.0) + 0.7 * math.log(20.0)
+    assert hist.loc[4, "key_ewm_log"] == pytest.approx(ewm)
+
+
+def _bursty_tasks(n_bursts: int = 700, seed: int = 9) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Two keys; a task's duration is set by the size of the burst it arrives in (known at submission
+    from the same key's submissions in the last minute), not by the key's finished history."""
+    rng = np.random.default_rng(seed)
+    starts, durs, keys = [], [], []
+    t = 0.0
+    for _ in range(n_bursts):
+        t += rng.uniform(3_600, 7_200)
+        size = int(rng.choice([1, 3, 6]))
+        key = str(rng.choice(["x", "y"]))
+        for j in range(size):
+            starts.append(t + 2.0 * j)
+            durs.append(60.0 * (1 + j) ** 2 * rng.lognormal(0, 0.1))
+            keys.append(key)
+    start = np.asarray(starts)
+    return pd.DataFrame({"key": keys}), start, start + np.asarray(durs)
+
+
+def test_model_earns_its_blend_weight_where_submission_features_carry_the_signal() -> None:
+    frame, start, end = _bursty_tasks()
+    cfg = DurationConfig(key_cols=("key",), feature_cols=("key",))
+    model, evaluation = evaluate_durations(frame, start, end, cfg, 0.7, FAST)
+    xgb_scores = evaluation.models["xgboost_p50"]
+    rules = ("key_last10_geomean", "key_recent_ewm", "key_last10_median", "key_history_mean")
+    assert model.blend_weight >= 0.5
+    for rule in rules:
+        assert xgb_scores["within_50pct"] > evaluation.models[rule]["within_50pct"] + 0.2
+        assert xgb_scores["log_mae"] < evaluation.models[rule]["log_mae"]
+    assert evaluation.to_json()["chosen"] == model.chosen
+
+
+def test_blend_weight_zero_serves_the_rule_and_survives_the_envelope() -> None:
+    frame, start, end = _tasks(500)
+    cfg = DurationConfig(key_cols=("gpus", "queue"), feature_cols=("gpus",))
+    model, _ = evaluate_durations(frame, start, end, cfg, 0.7, FAST)
+    fallback = DurationModel(
+        model.config, model.feature_names, model.categories, model.booster, model.global_median_s,
+        model.n_train, blend_weight=0.0, blend_baseline="key_last10_mean_log",
+    )  # fmt: skip
+    again = DurationModel.from_bytes(fallback.to_bytes())
+    assert (again.blend_weight, again.blend_baseline) == (0.0, "key_last10_mean_log")
+    assert again.chosen == "baseline key_last10_mean_log"
+    args = (frame.iloc[-30:], start[-30:], frame.iloc[:-30], start[:-30], end[:-30])
+    pred = predict_durations(again, *args)
+    hist = history_features(
+        np.concatenate([start[:-30], start[-30:]]),
+        np.concatenate([end[:-30], np.full(30, np.nan)]),
+        [tuple(r) for r in frame[["gpus", "queue"]].astype(str).itertuples(index=False, name=None)],
+    ).iloc[-30:]
+    np.testing.assert_allclose(pred[:, 0], np.exp(hist["key_last10_mean_log"].to_numpy()), rtol=1e-6)
+    assert np.all(pred[:, 0] <= pred[:, 1])

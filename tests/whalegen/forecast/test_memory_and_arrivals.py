@@ -132,3 +132,30 @@ def test_forecast_arrivals_labels_the_next_bins_from_now(now_s: float) -> None:
     edge = (now_s // 600) * 600
     assert list(out.index) == [edge + k * 600 for k in range(6)]
     assert (out.to_numpy() >= 0).all()
+
+
+def test_conformal_bound_covers_exchangeable_rows_at_the_level_and_pac_holds_the_realised_rate() -> None:
+    from whalegen.forecast.memory import conformal_rank
+
+    assert conformal_rank(999, 0.01) == 990  # ⌈1000 · 0.99⌉
+    assert conformal_rank(2_039, 0.01, 0.9) > conformal_rank(2_039, 0.01)
+    assert conformal_rank(50, 0.01, 0.9) == 51  # too few rows for a finite bound at that confidence
+    rng = np.random.default_rng(7)
+    alpha, n_cal, trials = 0.05, 200, 400
+    plain, pac = [], []
+    for _ in range(trials):
+        predicted = rng.uniform(1.0, 3.0, n_cal + 4_000)
+        actual = predicted * rng.lognormal(0.0, 0.4, n_cal + 4_000)  # exchangeable ratios
+        cal, new = slice(0, n_cal), slice(n_cal, None)
+        m_plain = calibrate_margin(actual[cal], predicted[cal], alpha)
+        m_pac = calibrate_margin(actual[cal], predicted[cal], alpha, confidence=0.9)
+        plain.append(np.mean(actual[new] > m_plain * predicted[new]))
+        pac.append(np.mean(actual[new] > m_pac * predicted[new]))
+    # Split conformal: the expected miss rate is 1 − k/(n + 1) ≤ α (tight); the Monte Carlo mean over
+    # 400 draws lands on it within about 3 standard errors (≈ 0.00075 each).
+    expected = 1.0 - conformal_rank(n_cal, alpha) / (n_cal + 1)
+    assert alpha - 0.005 < expected <= alpha
+    assert abs(np.mean(plain) - expected) < 0.0025
+    # PAC: the realised rate is ≤ α in at least ~90 % of calibration draws; plain only in about half.
+    assert np.mean(np.asarray(pac) <= alpha) >= 0.85
+    assert np.mean(np.asarray(plain) <= alpha) < 0.75

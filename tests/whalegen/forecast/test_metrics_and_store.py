@@ -85,3 +85,13 @@ def test_should_promote_refuses_a_memory_model_over_the_under_prediction_limit()
     kwargs = {"metric": "saved_vs_request", "lower_is_better": False, "limits": {"under_rate": 0.01}}
     assert not should_promote(risky, None, baselines, **kwargs).promote  # type: ignore[arg-type]
     assert should_promote(safe, None, baselines, **kwargs).promote  # type: ignore[arg-type]
+
+
+def test_a_baseline_over_the_limit_is_not_a_rival() -> None:
+    kwargs = {"metric": "saved_vs_request", "lower_is_better": False, "limits": {"under_rate": 0.01}}
+    safe = {"saved_vs_request": 0.09, "under_rate": 0.008}
+    unsafe_rule = {"saved_vs_request": 0.14, "under_rate": 0.013}
+    safe_rule = {"saved_vs_request": 0.10, "under_rate": 0.005}
+    assert should_promote(safe, None, {"window_max": unsafe_rule}, **kwargs).promote  # type: ignore[arg-type]
+    both = {"window_max": unsafe_rule, "peak": safe_rule}
+    assert not should_promote(safe, None, both, **kwargs).promote  # type: ignore[arg-type]

@@ -105,6 +105,26 @@ def test_xgboost_beats_persistence_when_the_series_is_predictable() -> None:
     assert models["xgboost"]["mae"] < 0.9 * models["persistence"]["mae"]
     assert evaluation.n_test == models["persistence"]["n"] > 0
     assert set(evaluation.per_series) == {"small", "big"}
+    assert evaluation.chosen == "xgboost"  # the inner validation agreed
+    assert evaluation.inner_mae["persistence"] > min(
+        evaluation.inner_mae["reg:absoluteerror"], evaluation.inner_mae["reg:pseudohubererror"]
+    )
+
+
+def test_an_unpredictable_step_series_is_served_by_persistence() -> None:
+    # Symmetric ±1 steps at random minutes: the last value is the MAE-optimal forecast, so the model
+    # must not beat it on the inner validation and the evaluation serves persistence itself.
+    rng = np.random.default_rng(4)
+    steps = rng.choice([-1.0, 0.0, 1.0], size=4_000, p=[0.03, 0.94, 0.03])
+    series = {"walk": _minutes(list(40.0 + np.cumsum(steps)))}
+    cfg = SeriesConfig(horizon_s=600, bin_s=60)
+    model, evaluation = evaluate_series(series, cfg, series["walk"].index[3_000], params=FAST)
+    assert model.chosen == evaluation.chosen == "persistence"
+    assert evaluation.models["xgboost"]["mae"] == evaluation.models["persistence"]["mae"]
+    again = SeriesModel.from_bytes(model.to_bytes())
+    assert again.chosen == "persistence"
+    history = series["walk"].iloc[:3_500]
+    assert predict_series(again, history, "walk") == history.iloc[-1]
 
 
 @pytest.fixture(scope="module")
