@@ -26,16 +26,25 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.common.errors import Conflict
+from apps.fleet.services import desired_state_current
 from apps.inventory.models import ComputeUnit, Node
-from apps.scheduling.models import Assignment, Cycle
+from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.scheduling.selectors import FreeUnit, PoolSnapshot, live_usage_milli, snapshot_for_pool
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
+from whalegen.gpus.mig import profile_by_name
 from whalegen.placement.engine import Engine, EngineConfig
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
     cluster_fragmentation,
     shape_mix_from_tasks,
+)
+from whalegen.placement.repartition import (
+    ClaimAction,
+    RepartitionPlan,
+    RepartitionRefusal,
+    WantedInstance,
+    plan_repartition,
 )
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
@@ -47,6 +56,7 @@ from whalegen.placement.types import (
     TaskRequest,
     UnitKind,
 )
+from whalegen.placement.types import ComputeUnit as PlacedUnit
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -55,6 +65,7 @@ LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
 LOST_RACE = "lost_race"
 NEEDS_LAYOUT = "needs_layout_change"
 VICTIM_CLAIMED = "victim_claimed"
+WAITING_FOR_LAYOUT = "waiting_for_layout"
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
@@ -184,6 +195,34 @@ def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
 def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
     """Offer each unit to the engine in our order (the engine keeps its working copy between calls)."""
     decisions = _Decisions()
+    # 1. GPUs re-carved by earlier cycles: bind the tasks whose layout is in place, the rest keep waiting.
+    # Their GPUs are full to the engine, so only the quota view needs to learn of these placements.
+    for task_id, claim in snapshot.claims.items():
+        request = snapshot.claimed_requests.get(task_id)
+        if request is None or claim.verdict.action is ClaimAction.ABANDON:
+            continue
+        if claim.verdict.action is ClaimAction.WAIT or claim.slot is None:
+            decisions.unplaced[task_id] = (WAITING_FOR_LAYOUT, claim.verdict.reason)
+            continue
+        node_id = snapshot.node_ids[claim.node]
+        model = snapshot.gpus[(node_id, claim.gpu_index)].view.model
+        profile = profile_by_name(model, claim.slot.mig_profile)
+        need = request.gpu_request_milli
+        problem, borrowed = engine.quota_check(request.tenant, need)
+        if problem is not None:
+            decisions.unplaced[task_id] = (Outcome.QUOTA_EXCEEDED.value, problem)
+            continue
+        engine.usage_milli[request.tenant] += need
+        decisions.placements.append(
+            Placement(
+                task_id,
+                claim.node,
+                (claim.gpu_index,),
+                PlacedUnit(UnitKind.MIG, profile.gpu_milli, profile.name, claim.slot.mig_start),
+                borrowed,
+            )
+        )
+    # 2. Everything else, through the engine.
     claimed: set[str] = set()
     for unit in order_units(snapshot):
         result: CycleResult = engine.solve(tuple(unit), now_s)
@@ -249,7 +288,7 @@ def estimate_starts(
     never count as freeing anything, so the estimate is None when they are needed.
     """
     cluster = snapshot.cluster
-    requests = {t.task_id: t for t in cluster.pending}
+    requests = {t.task_id: t for t in cluster.pending} | dict(snapshot.claimed_requests)
     node_model = snapshot.node_models
     idle_by_model: dict[str | None, int] = defaultdict(int)
     # Idle after this cycle's placements; those placements finish like running tasks do.
@@ -302,7 +341,7 @@ def estimate_starts(
             NEEDS_LAYOUT,
         ):
             estimates[task_id] = None
-        elif code == Outcome.WAITING_FOR_PREEMPTION.value:
+        elif code in (Outcome.WAITING_FOR_PREEMPTION.value, WAITING_FOR_LAYOUT):
             estimates[task_id] = now_s
         elif code == Outcome.QUOTA_EXCEEDED.value:
             quota = quota_of[request.tenant]
@@ -366,12 +405,13 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     """
     out = _Commit()
     clock = time.perf_counter()
-    request_of = {t.task_id: t for t in snapshot.cluster.pending}
+    request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
     lost: dict[str, tuple[str, str]] = {}
 
-    # 1. Units for each placement.
+    # 1. Units for each placement; placements no unit matches are candidates for a new layout.
     taken: set[int] = set()
     units_for: dict[str, list[FreeUnit]] = {}
+    relayout: dict[tuple[int, int], list[Placement]] = defaultdict(list)
     for placement in decisions.placements:
         node_id = snapshot.node_ids[placement.node]
         request = request_of[placement.task_id]
@@ -381,17 +421,27 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                 snapshot.free_units.get((node_id, index), ()), placement, request.gpu_mem_mib, taken
             )
             if picked is None:
-                lost[placement.task_id] = (
-                    NEEDS_LAYOUT,
-                    f"its best place is {placement.node} GPU {index}, but no free compute unit there "
-                    f"matches ({placement.unit.mig_profile or placement.unit.kind}); the GPU needs a new "
-                    "partition layout",
+                single = (
+                    len(placement.gpu_indexes) == 1
+                    and request.gang_id is None
+                    and placement.unit.kind is UnitKind.MIG
+                    and placement.task_id not in snapshot.claims
                 )
+                if single:
+                    relayout[(node_id, index)].append(placement)
+                else:
+                    lost[placement.task_id] = (
+                        NEEDS_LAYOUT,
+                        f"its best place is {placement.node} GPU {index}, but no free compute unit there "
+                        f"matches ({placement.unit.mig_profile or placement.unit.kind}); a GPU is re-carved "
+                        "only for single tasks on one GPU",
+                    )
                 break
             chosen += picked
             taken.update(u.unit_id for u in picked)
         else:
             units_for[placement.task_id] = chosen
+    plans = _plan_layouts(snapshot, relayout, taken, lost)
 
     clock = out.lap("map_units", clock)
     # 2. Lock and compare.
@@ -402,8 +452,12 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         ["tenant_id", "guaranteed_milli", "borrow_limit_milli"],
     )
     nodes = {snapshot.node_ids[p.node] for p in decisions.placements if p.task_id in units_for}
+    nodes |= {key[0] for key, _, _ in plans}
     node_rows = _lock_rows(Node, nodes, ["version"])
-    task_rows = _lock_rows(Task, (snapshot.pending[t].pk for t in units_for), ["state", "version"])
+    planned_tasks = [p.task_id for _, _, placements in plans for p in placements]
+    task_rows = _lock_rows(
+        Task, (snapshot.pending[t].pk for t in [*units_for, *planned_tasks]), ["state", "version"]
+    )
     # Units are not locked here: every cycle that binds a unit raises its node's version under the node
     # lock above, so a unit taken since the snapshot shows as a moved node. `_bind_units` still
     # compares-and-sets each unit; a miss there means something changed units without raising the node's
@@ -420,6 +474,21 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                 LOST_RACE,
                 f"{placement_of[task_id].node} changed while the cycle decided; retried next cycle",
             )
+
+    # A new layout goes ahead only if its GPU's node and every task it is for are as the snapshot saw them.
+    kept_plans: list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]] = []
+    for key, plan, placements in plans:
+        moved = node_rows[key[0]]["version"] != snapshot.node_versions[key[0]] or any(
+            (row := task_rows.get(snapshot.pending[p.task_id].pk)) is None
+            or row["state"] != Task.State.PENDING
+            or row["version"] != snapshot.pending[p.task_id].version
+            for p in placements
+        )
+        if moved:
+            for p in placements:
+                lost[p.task_id] = (LOST_RACE, f"{p.node} or a task of its new layout changed; retried")
+        else:
+            kept_plans.append((key, plan, placements))
 
     clock = out.lap("lock_and_compare", clock)
     # 3. A gang goes whole or not at all: one member lost holds back every member.
@@ -483,7 +552,9 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         ]
     )
     clock = out.lap("bind_units", clock)
-    Node.objects.filter(pk__in={snapshot.node_ids[p.node] for p in winners}).update(version=F("version") + 1)
+    Node.objects.filter(
+        pk__in={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _, _ in kept_plans}
+    ).update(version=F("version") + 1)
     _insert_assignments(
         [
             (
@@ -497,6 +568,9 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         cycle=cycle,
     )
     clock = out.lap("write_nodes_and_assignments", clock)
+    lost.update(_write_layouts(snapshot, kept_plans, cycle, now))
+    _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
+    clock = out.lap("repartitions", clock)
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
 
@@ -527,6 +601,115 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     out.lap("preempt", clock)
     out.held_back = lost
     return out
+
+
+def _plan_layouts(
+    snapshot: PoolSnapshot,
+    relayout: dict[tuple[int, int], list[Placement]],
+    taken: set[int],
+    lost: dict[str, tuple[str, str]],
+) -> list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]]:
+    """A new layout for each GPU whose placements no unit matched, where `plan_repartition` allows one;
+    the others are held back with its reason."""
+    plans: list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]] = []
+    for key, placements in relayout.items():
+        gpu = snapshot.gpus[key]
+        if taken & {u.unit_id for u in snapshot.free_units.get(key, ())}:
+            result: RepartitionPlan | RepartitionRefusal = RepartitionRefusal(
+                f"{gpu.view.name} also takes another task on its present layout this cycle"
+            )
+        else:
+            wanted = [
+                WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
+                for p in placements
+            ]
+            result = plan_repartition(gpu.view, wanted)
+        if isinstance(result, RepartitionPlan):
+            plans.append((key, result, placements))
+            continue
+        for p in placements:
+            lost[p.task_id] = (
+                NEEDS_LAYOUT,
+                f"its best place is {gpu.view.name} as {p.unit.mig_profile}, which no free instance there "
+                f"matches, and the GPU cannot be re-carved: {result.reason}",
+            )
+    return plans
+
+
+def _write_layouts(
+    snapshot: PoolSnapshot,
+    plans: Sequence[tuple[tuple[int, int], RepartitionPlan, list[Placement]]],
+    cycle: Cycle,
+    now: datetime,
+) -> dict[str, tuple[str, str]]:
+    """Re-carve each planned GPU: its units become the new layout (the node's desired state, which the
+    agent enforces), the node's desired-state generation is raised, and a claim per task holds the GPU.
+
+    The GPU was idle at the snapshot and its node is locked and unchanged since, so every unit must
+    still be free; one that is not means a writer changed units without raising the node's version,
+    and the whole cycle rolls back rather than re-carve under a task.
+    """
+    held: dict[str, tuple[str, str]] = {}
+    if not plans:
+        return held
+    node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _, _ in plans})}
+    for key, plan, _ in plans:
+        gpu = snapshot.gpus[key]
+        _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk, task__isnull=True).delete()
+        if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
+            raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
+        made = ComputeUnit.objects.bulk_create(
+            ComputeUnit(
+                gpu_id=gpu.pk,
+                kind=ComputeUnit.Kind.MIG,
+                mig_profile=profile.name,
+                mig_start=slot.mig_start,
+                gpu_milli=profile.gpu_milli,
+                mem_mib=profile.mem_mib,
+            )
+            for slot in plan.layout
+            for profile in [profile_by_name(gpu.view.model, slot.mig_profile)]
+        )
+        unit_at = {(u.mig_profile, u.mig_start): u for u in made}
+        # The new layout is now the desired state: raise the generation the agent will report back.
+        generation = desired_state_current(node=node_of[key[0]], now=now).generation
+        layout = [[slot.mig_profile, slot.mig_start] for slot in plan.layout]
+        Repartition.objects.bulk_create(
+            Repartition(
+                pool_id=snapshot.pool_id,
+                gpu_id=gpu.pk,
+                task_id=snapshot.pending[task_id].pk,
+                unit=unit_at[(slot.mig_profile, slot.mig_start)],
+                cycle=cycle,
+                generation=generation,
+                layout=layout,
+                created_at=now,
+                reason=f"re-carved by cycle {cycle.pk} to {plan.text}",
+            )
+            for task_id, slot in plan.for_tasks
+        )
+        for task_id, slot in plan.for_tasks:
+            held[task_id] = (
+                WAITING_FOR_LAYOUT,
+                f"{gpu.view.name} is being repartitioned to {plan.text} (generation {generation}) for it "
+                f"({slot.mig_profile} at slice {slot.mig_start}); it binds once the agent reports the "
+                "layout applied",
+            )
+    return held
+
+
+def _close_claims(snapshot: PoolSnapshot, *, bound: set[str], now: datetime) -> None:
+    """Claims whose task was bound this cycle are done; claims the snapshot gave up are abandoned."""
+    done = [c.pk for t, c in snapshot.claims.items() if t in bound and c.verdict.action is ClaimAction.BIND]
+    if done:
+        Repartition.objects.filter(pk__in=done, state=Repartition.State.WAITING).update(
+            state=Repartition.State.BOUND, closed_at=now, reason="bound to its new instance"
+        )
+    for claim in snapshot.claims.values():
+        if claim.verdict.action is ClaimAction.ABANDON:
+            Repartition.objects.filter(pk=claim.pk, state=Repartition.State.WAITING).update(
+                state=Repartition.State.ABANDONED, closed_at=now, reason=claim.verdict.reason[:500]
+            )
 
 
 def _bind_units(rows: Sequence[tuple[int, int, int]]) -> None:
@@ -697,7 +880,7 @@ def cycle_run(
                 by_code[code] += 1
             Cycle.objects.filter(pk=cycle.pk).update(
                 finished_at=timezone.now(),
-                tasks_considered=len(snapshot.cluster.pending),
+                tasks_considered=len(snapshot.cluster.pending) + len(snapshot.claimed_requests),
                 tasks_placed=commit.placed,
                 tasks_preempted=commit.preempted,
                 conflicts=commit.conflicts,

@@ -15,7 +15,8 @@ from apps.workloads.models import Task
 from tests.apps.scheduling.conftest import NOW, Fleet
 from tests.apps.scheduling.invariants import violations
 
-SNAPSHOT_QUERIES = 7
+# nodes, GPUs, units, stopping GPUs, repartition claims, assignments, overrides, pending tasks, quotas
+SNAPSHOT_QUERIES = 9
 
 
 def _busy_pool(fleet: Fleet) -> list[Task]:
