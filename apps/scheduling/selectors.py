@@ -139,9 +139,10 @@ class PoolSnapshot:
     # Engine task id → its open repartition claim. Tasks with a claim to bind or wait on are not in
     # `cluster.pending` (the engine does not plan them again) and their GPU is full to the engine.
     claims: MappingProxyType[str, ClaimInfo] = field(default_factory=_empty)
-    claimed_requests: MappingProxyType[str, TaskRequest] = field(
-        default_factory=_empty
-    )  # the tasks held by them
+    # The requests of the tasks those claims hold (bound or kept waiting outside the engine).
+    claimed_requests: MappingProxyType[str, TaskRequest] = field(default_factory=_empty)
+    # Engine task id (pending and running) → (Queue.pk, its weight): fair share within a tenant.
+    queues: MappingProxyType[str, tuple[int, int]] = field(default_factory=_empty)
 
 
 def node_name(cluster: str, node: str) -> str:
@@ -250,6 +251,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             "task__tenant_id",
             "task__tenant__slug",
             "task__queue_id",
+            "task__queue__weight",
             "task__cpu_milli",
             "task__host_mem_mib",
             "task__gpu_mem_mib",
@@ -302,6 +304,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     running: list[RunningTask] = []
     running_info: dict[str, RunningInfo] = {}
     tenant_ids: dict[str, int] = {}
+    queues: dict[str, tuple[int, int]] = {}  # engine task id → (queue id, queue weight)
     for row in assignment_rows:
         cpu_used[row["node_id"]] += row["task__cpu_milli"]
         mem_used[row["node_id"]] += row["task__host_mem_mib"]
@@ -313,6 +316,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         slug = row["task__tenant__slug"]
         tenant_ids[slug] = row["task__tenant_id"]
         key = str(row["task_id"])
+        queues[key] = (row["task__queue_id"], row["task__queue__weight"])
         running.append(
             RunningTask(
                 task_id=key,
@@ -493,6 +497,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         "tenant_id",
         "tenant__slug",
         "queue_id",
+        "queue__weight",
         "cpu_milli",
         "host_mem_mib",
         "gpu_count",
@@ -517,6 +522,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         key = str(row["id"])
         slug = row["tenant__slug"]
         tenant_ids[slug] = row["tenant_id"]
+        queues[key] = (row["queue_id"], row["queue__weight"])
         priority, source = effective(row["id"], row["queue_id"], row["priority"])
         has_prediction = row["predicted_duration_p50_s"] is not None or row["predicted_gpu_mem_peak_mib"]
         claim = claims.get(key)
@@ -582,6 +588,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         gpus=MappingProxyType(gpu_infos),
         claims=MappingProxyType(claims),
         claimed_requests=MappingProxyType({t.task_id: t for t in requests_held}),
+        queues=MappingProxyType(queues),
     )
 
 

@@ -16,7 +16,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -118,27 +118,45 @@ def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
 def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
     """The order the cycle offers work to the engine.
 
-    1. Guaranteed first: per tenant, oldest-highest first, units that fit in what is left of its
-       guarantee (after what it runs) form the first pass; the rest borrow, in a second pass, up to the
-       limit and only where capacity is idle once every guarantee had its turn.
-    2. Within a pass: effective priority (overrides included), highest first.
-    3. Within a priority: dominant-resource fair share (GPU, CPU, host memory of the pool), the tenant
-       with the smallest share goes next, recomputed as each unit is offered; ties by age.
+    1. Within each tenant: effective priority (overrides included), highest first; within a priority,
+       weighted dominant-resource fair share between the tenant's queues (a queue's share divided by its
+       weight, so a queue of weight 2 gets twice the share of a queue of weight 1), recomputed as each
+       unit is offered; ties by age.
+    2. Guaranteed first: walking that order, the units that fit in what is left of the tenant's guarantee
+       (after what it runs) form the first pass; the rest borrow, in a second pass, up to the limit and
+       only where capacity is idle once every guarantee had its turn.
+    3. Within a pass: effective priority, highest first; within a priority, dominant-resource fair share
+       between tenants (GPU, CPU, host memory of the pool): the tenant with the smallest share goes next
+       with its next unit, recomputed as each unit is offered.
     """
     cluster = snapshot.cluster
     guaranteed = {q.tenant: q.guaranteed_milli for q in cluster.quotas}
-    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for task in cluster.running:
-        use = held[task.tenant]
-        use[0] += task.gpu_milli * len(task.gpu_indexes)
-        use[1] += task.cpu_milli
-        use[2] += task.mem_mib
     totals = (
         max(sum(WHOLE_GPU_MILLI * len(n.gpus) for n in cluster.nodes), 1),
         max(sum(n.cpu_total_milli for n in cluster.nodes), 1),
         max(sum(n.mem_total_mib for n in cluster.nodes), 1),
     )
-    units = _units(cluster.pending)
+    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # tenant → GPU, CPU, memory
+    queue_held: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    weight: dict[int, int] = {}
+    for task in cluster.running:
+        use = (task.gpu_milli * len(task.gpu_indexes), task.cpu_milli, task.mem_mib)
+        queue = snapshot.queues.get(task.task_id)
+        for i, amount in enumerate(use):
+            held[task.tenant][i] += amount
+            if queue is not None:
+                queue_held[queue[0]][i] += amount
+        if queue is not None:
+            weight[queue[0]] = max(queue[1], 1)
+
+    def share(use: list[float]) -> float:
+        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
+
+    def add(use: list[float], unit: list[TaskRequest]) -> None:
+        # Offered counts as held for fairness: the engine places most of what it is offered.
+        use[0] += sum(t.gpu_request_milli for t in unit)
+        use[1] += sum(t.cpu_milli for t in unit)
+        use[2] += sum(t.mem_mib for t in unit)
 
     def age(unit: list[TaskRequest]) -> tuple[float, str]:
         return min(t.submitted_at_s for t in unit), unit[0].task_id
@@ -146,46 +164,65 @@ def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
     def priority(unit: list[TaskRequest]) -> int:
         return max(t.priority for t in unit)
 
-    # 1. Split each tenant's units into within-guarantee and borrowing.
+    def queue_of(unit: list[TaskRequest]) -> int:
+        queue = snapshot.queues.get(unit[0].task_id)
+        if queue is None:
+            return 0
+        weight.setdefault(queue[0], max(queue[1], 1))
+        return queue[0]
+
+    # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
+    by_tenant: dict[str, dict[int, dict[int, list[list[TaskRequest]]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for unit in _units(cluster.pending):
+        by_tenant[unit[0].tenant][priority(unit)][queue_of(unit)].append(unit)
+    tenant_order: dict[str, list[list[TaskRequest]]] = {}
+    for tenant, levels in by_tenant.items():
+        mine: list[list[TaskRequest]] = []
+        for level in sorted(levels, reverse=True):
+            lines = {q: sorted(us, key=age, reverse=True) for q, us in levels[level].items()}
+            while lines:
+                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), age(lines[q][-1])))
+                unit = lines[q].pop()
+                mine.append(unit)
+                add(queue_held[q], unit)
+                if not lines[q]:
+                    del lines[q]
+        tenant_order[tenant] = mine
+
+    # 2. Split each tenant's order into within-guarantee and borrowing.
     room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
-    passes: list[list[list[TaskRequest]]] = [[], []]
-    for unit in sorted(units, key=lambda u: (-priority(u), age(u))):
-        tenant = unit[0].tenant
-        milli = sum(t.gpu_request_milli for t in unit)
-        if tenant not in room:
-            passes[0].append(unit)
-        elif milli <= room[tenant]:
-            room[tenant] -= milli
-            passes[0].append(unit)
-        else:
-            passes[1].append(unit)
+    passes: list[dict[int, dict[str, list[list[TaskRequest]]]]] = [
+        defaultdict(lambda: defaultdict(list)),
+        defaultdict(lambda: defaultdict(list)),
+    ]
+    for tenant, units in tenant_order.items():
+        for unit in units:
+            milli = sum(t.gpu_request_milli for t in unit)
+            if tenant not in room:
+                which = 0
+            elif milli <= room[tenant]:
+                room[tenant] -= milli
+                which = 0
+            else:
+                which = 1
+            passes[which][priority(unit)][tenant].append(unit)
 
-    def share(tenant: str) -> float:
-        use = held[tenant]
-        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
-
+    # 3. Across tenants: pass, priority, then fair share (a heap of tenants by share, then oldest unit).
     ordered: list[list[TaskRequest]] = []
-    for units_in_pass in passes:
-        # 2. Priority buckets, highest first.
-        buckets: dict[int, dict[str, list[list[TaskRequest]]]] = defaultdict(lambda: defaultdict(list))
-        for unit in units_in_pass:
-            buckets[priority(unit)][unit[0].tenant].append(unit)
+    for buckets in passes:
         for level in sorted(buckets, reverse=True):
-            # 3. Fair share inside the bucket: a heap of tenants keyed by share, then their oldest unit.
-            queues = {tenant: sorted(us, key=age, reverse=True) for tenant, us in buckets[level].items()}
-            heap = [(share(t), age(q[-1]), t) for t, q in queues.items()]
+            queues = {tenant: list(reversed(us)) for tenant, us in buckets[level].items()}
+            heap = [(share(held[t]), age(q[-1]), t) for t, q in queues.items()]
             heapq.heapify(heap)
             while heap:
                 _, _, tenant = heapq.heappop(heap)
                 unit = queues[tenant].pop()
                 ordered.append(unit)
-                # Offered counts as held for fairness: the engine places most of what it is offered.
-                use = held[tenant]
-                use[0] += sum(t.gpu_request_milli for t in unit)
-                use[1] += sum(t.cpu_milli for t in unit)
-                use[2] += sum(t.mem_mib for t in unit)
+                add(held[tenant], unit)
                 if queues[tenant]:
-                    heapq.heappush(heap, (share(tenant), age(queues[tenant][-1]), tenant))
+                    heapq.heappush(heap, (share(held[tenant]), age(queues[tenant][-1]), tenant))
     return ordered
 
 
@@ -193,7 +230,7 @@ def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
 
 
 def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
-    """Offer each unit to the engine in our order (the engine keeps its working copy between calls)."""
+    """Claims of earlier repartitions first, then one engine call over every pending task in our order."""
     decisions = _Decisions()
     # 1. GPUs re-carved by earlier cycles: bind the tasks whose layout is in place, the rest keep waiting.
     # Their GPUs are full to the engine, so only the quota view needs to learn of these placements.
@@ -222,26 +259,31 @@ def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
                 borrowed,
             )
         )
-    # 2. Everything else, through the engine.
-    claimed: set[str] = set()
-    for unit in order_units(snapshot):
-        result: CycleResult = engine.solve(tuple(unit), now_s)
-        decisions.placements += result.placements
-        for item in result.unplaced:
-            decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
-        victims = [p.victim_task_id for p in result.preemptions]
-        # A victim must be a task that runs now, and not already promised to an earlier task.
-        if victims and all(v in snapshot.running and v not in claimed for v in victims):
-            claimed.update(victims)
-            decisions.preemptions += result.preemptions
-        elif victims:
-            for preemption in result.preemptions:
-                _, message = decisions.unplaced[preemption.for_task_id]
-                decisions.unplaced[preemption.for_task_id] = (
-                    VICTIM_CLAIMED,
-                    message.split("; waiting for")[0]
-                    + "; the tasks it could displace are already being preempted for others this cycle",
-                )
+    # 2. Everything else, through the engine, in one call: each task carries its place in our order.
+    ordered = [
+        replace(task, order_key=position)
+        for position, unit in enumerate(order_units(snapshot))
+        for task in unit
+    ]
+    result: CycleResult = engine.solve(tuple(ordered), now_s)
+    decisions.placements += result.placements
+    for item in result.unplaced:
+        decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
+    # The engine never promises a victim twice; it may propose one it placed earlier this very cycle,
+    # which is not running yet and cannot be stopped: such a proposal is dropped whole.
+    proposals: dict[str, list[Preemption]] = defaultdict(list)
+    for preemption in result.preemptions:
+        proposals[preemption.for_task_id].append(preemption)
+    for for_task, victims in proposals.items():
+        if all(v.victim_task_id in snapshot.running for v in victims):
+            decisions.preemptions += victims
+            continue
+        _, message = decisions.unplaced[for_task]
+        decisions.unplaced[for_task] = (
+            VICTIM_CLAIMED,
+            message.split("; waiting for")[0]
+            + "; the tasks it could displace were placed this cycle and are not running yet",
+        )
     return decisions
 
 
