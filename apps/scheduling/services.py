@@ -87,6 +87,7 @@ class CycleReport:
     preempted: int = 0
     unplaced: int = 0
     conflicts: int = 0
+    transaction_commit_ms: float | None = None  # the COMMIT itself, after the cycle's own writes
 
 
 @dataclass
@@ -467,7 +468,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                     len(placement.gpu_indexes) == 1
                     and request.gang_id is None
                     and placement.unit.kind is UnitKind.MIG
-                    and placement.task_id not in snapshot.claims
+                    and placement.task_id not in snapshot.claimed_requests
                 )
                 if single:
                     relayout[(node_id, index)].append(placement)
@@ -501,7 +502,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         Task, (snapshot.pending[t].pk for t in [*units_for, *planned_tasks]), ["state", "version"]
     )
     # Units are not locked here: every cycle that binds a unit raises its node's version under the node
-    # lock above, so a unit taken since the snapshot shows as a moved node. `_bind_units` still
+    # lock above, so a unit taken since the snapshot shows as a moved node. `_write_placements` still
     # compares-and-sets each unit; a miss there means something changed units without raising the node's
     # version, and the whole cycle rolls back rather than double-book.
     placement_of = {p.task_id: p for p in decisions.placements}
@@ -586,32 +587,22 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         now=now,
     )
     clock = out.lap("write_tasks_and_events", clock)
-    _bind_units(
-        [
+    _write_placements(
+        binds=[
             (unit.unit_id, snapshot.pending[placement.task_id].pk, unit.version)
             for placement in winners
             for unit in units_for[placement.task_id]
-        ]
-    )
-    clock = out.lap("bind_units", clock)
-    Node.objects.filter(
-        pk__in={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _, _ in kept_plans}
-    ).update(version=F("version") + 1)
-    _insert_assignments(
-        [
-            (
-                snapshot.pending[p.task_id].pk,
-                snapshot.node_ids[p.node],
-                p.borrowed,
-                [u.unit_id for u in units_for[p.task_id]],
-            )
-            for p in winners
+        ],
+        nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _, _ in kept_plans},
+        assignments=[
+            (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
         ],
         cycle=cycle,
     )
-    clock = out.lap("write_nodes_and_assignments", clock)
-    lost.update(_write_layouts(snapshot, kept_plans, cycle, now))
+    clock = out.lap("write_units_nodes_and_assignments", clock)
+    # Claims first: a task whose claim was given up may get a new one now (one open claim per task).
     _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
+    lost.update(_write_layouts(snapshot, kept_plans, cycle, now))
     clock = out.lap("repartitions", clock)
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
@@ -754,72 +745,106 @@ def _close_claims(snapshot: PoolSnapshot, *, bound: set[str], now: datetime) -> 
             )
 
 
-def _bind_units(rows: Sequence[tuple[int, int, int]]) -> None:
-    """Give each (unit, task, version seen) its holder: compare-and-set, every row must be touched.
+def _write_placements(
+    *,
+    binds: Sequence[tuple[int, int, int]],
+    nodes: set[int],
+    assignments: Sequence[tuple[int, int, bool]],
+    cycle: Cycle,
+) -> None:
+    """Bind units, raise node versions, insert assignments and their unit links.
 
-    The rows are locked and checked already; the condition stays so that a unit taken by any path that
-    skipped the lock still makes the cycle roll back instead of double-booking.
+    `binds` are (unit, task, unit version seen): each unit gets its holder by compare-and-set, and every
+    one must be touched. The rows are locked and checked already (nodes); the condition stays so that a
+    unit taken by any path that skipped the lock still makes the cycle roll back instead of double-booking.
+
+    On PostgreSQL this is two round trips: the new assignments' ids from their sequence, then one statement
+    of four data-modifying CTEs fed by arrays (`unnest`), none joining another: a cycle binds tens of
+    thousands of units, and neither model instances nor one round trip per table are worth their cost.
+    Elsewhere (the embedded SQLite) the ORM does the same steps.
     """
-    if not rows:
-        return
-    if connection.vendor == "postgresql":
-        table = ComputeUnit._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} AS u SET task_id = v.task, version = u.version + 1 "
-                "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, task, seen) "
-                "WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen",
-                [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
-            )
-            bound = cursor.rowcount
-    else:
-        bound = 0
-        for unit_id, task_id, seen in rows:
-            bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen).update(
-                task_id=task_id, version=F("version") + 1
-            )
-    if bound != len(rows):
-        raise Conflict(f"{len(rows) - bound} of {len(rows)} compute units were taken during the commit")
-
-
-def _insert_assignments(rows: Sequence[tuple[int, int, bool, list[int]]], *, cycle: Cycle) -> None:
-    """One live assignment per (task, node, borrowed, unit ids), with its unit links.
-
-    On PostgreSQL two INSERT … SELECT FROM unnest statements: a cycle binds thousands of tasks, and
-    building that many model instances costs more than the database work.
-    """
-    if not rows:
+    if not binds and not nodes:
         return
     if connection.vendor != "postgresql":
-        made = Assignment.objects.bulk_create(
-            [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b, _ in rows]
-        )
-        Assignment.units.through.objects.bulk_create(
-            [
-                Assignment.units.through(assignment_id=a.pk, computeunit_id=unit_id)
-                for a, (_, _, _, units) in zip(made, rows, strict=True)
-                for unit_id in units
-            ]
-        )
+        _write_placements_orm(binds=binds, nodes=nodes, assignments=assignments, cycle=cycle)
         return
+    units = ComputeUnit._meta.db_table
     table = Assignment._meta.db_table
-    links = Assignment.units.through._meta.db_table
     with connection.cursor() as cursor:
+        # Assignment ids first (one round trip), so that the links need no join back to the new rows:
+        # joining on task id, the planner, seeing two `unnest`s of unknown size, may pick a nested loop.
         cursor.execute(
-            f"INSERT INTO {table} (task_id, node_id, cycle_id, borrowed, created_at, release_reason) "
-            "SELECT t, n, %s, b, %s, '' FROM unnest(%s::bigint[], %s::bigint[], %s::boolean[]) AS v(t, n, b) "
-            "RETURNING id, task_id",
-            # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be simulated).
-            [cycle.pk, timezone.now(), [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [table, len(assignments)],
         )
-        # Matched by task, not by position: INSERT … RETURNING promises no order.
-        assignment_of = {task_id: pk for pk, task_id in cursor.fetchall()}
-        pairs = [(assignment_of[task_id], unit_id) for task_id, _, _, units in rows for unit_id in units]
+        ids = [row[0] for row in cursor.fetchall()]
+        assignment_of = {task: pk for pk, (task, _, _) in zip(ids, assignments, strict=True)}
         cursor.execute(
-            f"INSERT INTO {links} (assignment_id, computeunit_id) "
-            "SELECT * FROM unnest(%s::bigint[], %s::bigint[])",
-            [[a for a, _ in pairs], [u for _, u in pairs]],
+            f"WITH bound AS ("
+            f"  UPDATE {units} AS u SET task_id = v.task, version = u.version + 1"
+            "   FROM unnest(%(unit)s::bigint[], %(task)s::bigint[], %(seen)s::bigint[]) AS v(id, task, seen)"
+            "   WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen RETURNING u.id"
+            "), raised AS ("
+            f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
+            "   RETURNING id"
+            "), made AS ("
+            f"  INSERT INTO {table} (id, task_id, node_id, cycle_id, borrowed, created_at, release_reason)"
+            "   SELECT id, t, n, %(cycle)s, b, %(at)s, ''"
+            "   FROM unnest(%(a_id)s::bigint[], %(a_task)s::bigint[], %(a_node)s::bigint[],"
+            "   %(a_borrowed)s::boolean[]) AS a(id, t, n, b)"
+            "   RETURNING 1"
+            "), linked AS ("
+            f"  INSERT INTO {Assignment.units.through._meta.db_table} (assignment_id, computeunit_id)"
+            "   SELECT * FROM unnest(%(link)s::bigint[], %(unit)s::bigint[])"
+            "   RETURNING 1"
+            ") SELECT (SELECT count(*) FROM bound), (SELECT count(*) FROM raised),"
+            " (SELECT count(*) FROM made), (SELECT count(*) FROM linked)",
+            {
+                "unit": [b[0] for b in binds],
+                "task": [b[1] for b in binds],
+                "seen": [b[2] for b in binds],
+                "nodes": sorted(nodes),
+                "cycle": cycle.pk,
+                # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
+                # simulated).
+                "at": timezone.now(),
+                "a_id": ids,
+                "a_task": [a[0] for a in assignments],
+                "a_node": [a[1] for a in assignments],
+                "a_borrowed": [a[2] for a in assignments],
+                "link": [assignment_of[b[1]] for b in binds],
+            },
         )
+        bound, _, made, linked = cursor.fetchone()
+    if bound != len(binds) or made != len(assignments) or linked != len(binds):
+        raise Conflict(f"{len(binds) - bound} of {len(binds)} compute units were taken during the commit")
+
+
+def _write_placements_orm(
+    *,
+    binds: Sequence[tuple[int, int, int]],
+    nodes: set[int],
+    assignments: Sequence[tuple[int, int, bool]],
+    cycle: Cycle,
+) -> None:
+    bound = 0
+    for unit_id, task_id, seen in binds:
+        bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen).update(
+            task_id=task_id, version=F("version") + 1
+        )
+    if bound != len(binds):
+        raise Conflict(f"{len(binds) - bound} of {len(binds)} compute units were taken during the commit")
+    Node.objects.filter(pk__in=nodes).update(version=F("version") + 1)
+    made = Assignment.objects.bulk_create(
+        [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b in assignments]
+    )
+    assignment_of = {a.task_id: a.pk for a in made}
+    Assignment.units.through.objects.bulk_create(
+        [
+            Assignment.units.through(assignment_id=assignment_of[task_id], computeunit_id=unit_id)
+            for unit_id, task_id, _ in binds
+        ]
+    )
 
 
 def _write_why_pending(
@@ -939,7 +964,7 @@ def cycle_run(
                     "commit_phases_ms": commit.phases_ms,
                 },
             )
-            return CycleReport(
+            report = CycleReport(
                 status="done",
                 pool_id=pool_id,
                 cycle_id=cycle.pk,
@@ -948,6 +973,9 @@ def cycle_run(
                 unplaced=len(reasons),
                 conflicts=commit.conflicts,
             )
+            closing = time.perf_counter()
+        # The database's COMMIT: deferred foreign-key checks on every row written run here.
+        return replace(report, transaction_commit_ms=round((time.perf_counter() - closing) * 1000, 1))
     finally:
         if local is not None:
             local.release()

@@ -180,6 +180,10 @@ def test_a_cancelled_task_releases_its_gpu_and_an_unapplied_layout_times_out(fle
     run(fleet, minutes=2 + 2)  # no report within 60 s
     claim.refresh_from_db()
     assert claim.state == "abandoned" and "within 60 s" in claim.reason
+    # Given up, the task is planned afresh in that same cycle: the plane's layout is a free 7g.80gb now.
+    waiting.refresh_from_db()
+    assert waiting.state == "assigned"
+    assert [u.mig_profile for u in ComputeUnit.objects.filter(task=waiting)] == ["7g.80gb"]
 
 
 @pytest.mark.django_db(transaction=True)
