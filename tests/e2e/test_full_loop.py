@@ -354,7 +354,7 @@ def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_wo
 def test_a_task_whose_best_place_needs_a_new_mig_layout_waits_for_the_agent_to_recarve_the_gpu(
     plane: Plane,
 ) -> None:
-    from apps.fleet.models import GpuPartition, TaskRun
+    from apps.fleet.models import GpuPartition
     from apps.inventory.models import ComputeUnit, Gpu
     from apps.scheduling.models import Repartition
 
@@ -362,7 +362,7 @@ def test_a_task_whose_best_place_needs_a_new_mig_layout_waits_for_the_agent_to_r
     # 500 milli with 40 GB on a MIG instance: a 4g.40gb, which the GPU's one 3g.40gb@0 cannot give.
     task = plane.submit(
         "vision", queue="train", name="needs-4g", gpu_milli=500, gpu_mem_mib=40_000, isolation="mig",
-        command=python(SLEEP.format(s=0.5)), max_runtime_s=60,
+        command=["sh", "-c", 'echo "on $CUDA_VISIBLE_DEVICES"'], max_runtime_s=60,
     )  # fmt: skip
     wait_tasks([task["id"]], FINAL, timeout_s=60, what="the task to wait for its layout, bind and finish")
     assert plane.get("vision", task["id"])["state"] == "succeeded", explain([task["id"]])
@@ -375,9 +375,11 @@ def test_a_task_whose_best_place_needs_a_new_mig_layout_waits_for_the_agent_to_r
     assert [(u.mig_profile, u.mig_start) for u in ComputeUnit.objects.filter(pk=claim.unit_id)] == [
         ("4g.40gb", 0)
     ]
-    # The process ran on the new MIG instance.
-    run = TaskRun.objects.get(task_id=task["id"])
-    assert run.device_uuid.startswith("MIG-"), run.device_uuid
+    # The process ran on the new MIG instance: CUDA_VISIBLE_DEVICES named the 4g.40gb's MIG UUID.
+    new_instance = next(i for i in report.instances if i["profile"] == "4g.40gb")
+    assert new_instance["mig_uuid"].startswith("MIG-"), new_instance
+    output = plane.agents["h100-001"].task_output(task["id"]).strip()
+    assert output == f"on {new_instance['mig_uuid']}", output
     no_violations(plane)
 
 
