@@ -1,6 +1,6 @@
 """Reads for the scheduling loop: the immutable snapshot a cycle decides on, and cycle records.
 
-`snapshot_for_pool` reads a pool in a fixed number of queries (seven, whatever the pool's size: pinned by
+`snapshot_for_pool` reads a pool in a fixed number of queries (nine, whatever the pool's size: pinned by
 a test) with `.values()` rows, because a cycle over a thousand nodes and ten thousand pending tasks must
 not spend its budget building model instances. What the engine sees is a `ClusterSnapshot`; what the
 commit needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnapshot`.
