@@ -464,21 +464,22 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                 snapshot.free_units.get((node_id, index), ()), placement, request.gpu_mem_mib, taken
             )
             if picked is None:
-                single = (
-                    len(placement.gpu_indexes) == 1
-                    and request.gang_id is None
-                    and placement.unit.kind is UnitKind.MIG
-                    and placement.task_id not in snapshot.claimed_requests
-                )
-                if single:
-                    relayout[(node_id, index)].append(placement)
-                else:
-                    lost[placement.task_id] = (
-                        NEEDS_LAYOUT,
-                        f"its best place is {placement.node} GPU {index}, but no free compute unit there "
-                        f"matches ({placement.unit.mig_profile or placement.unit.kind}); a GPU is re-carved "
-                        "only for single tasks on one GPU",
+                if placement.unit.kind is not UnitKind.MIG:
+                    why = "only MIG layouts are re-carved"
+                elif request.gang_id is not None:
+                    why = (
+                        "a GPU is not re-carved for a gang member (the gang binds in one cycle or not at all)"
                     )
+                elif len(placement.gpu_indexes) > 1:
+                    why = "a GPU is not re-carved for a task on several GPUs"
+                else:
+                    relayout[(node_id, index)].append(placement)
+                    break
+                lost[placement.task_id] = (
+                    NEEDS_LAYOUT,
+                    f"its best place is {placement.node} GPU {index}, but no free compute unit there matches "
+                    f"({placement.unit.mig_profile or placement.unit.kind}); {why}",
+                )
                 break
             chosen += picked
             taken.update(u.unit_id for u in picked)

@@ -202,3 +202,17 @@ def test_two_cycles_racing_to_recarve_one_gpu_make_one_claim(fleet, monkeypatch)
     assert layout_of(gpu) == [("3g.40gb", 4, None), ("4g.40gb", 0, None)]
     task.refresh_from_db()
     assert task.why_pending_code in ("waiting_for_layout", "lost_race")
+
+
+def test_a_gang_whose_best_place_needs_a_new_layout_waits_with_that_reason(fleet) -> None:
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    gang = [fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000, gang_id="g", gang_size=2) for _ in range(2)]
+    before = layout_of(gpu)
+    run(fleet)
+    for task in gang:
+        task.refresh_from_db()
+        assert (task.state, task.why_pending_code) == ("pending", "needs_layout_change")
+    assert any("not re-carved for a gang member" in t.why_pending for t in gang)
+    assert layout_of(gpu) == before and not Repartition.objects.exists()
