@@ -271,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         "snapshot_ms": round(cycle.snapshot_ms or 0, 1),
         "solve_ms": round(cycle.solve_ms or 0, 1),
         "commit_ms": round(cycle.commit_ms or 0, 1),
+        "transaction_commit_ms": report.transaction_commit_ms,
         "cycle_s": round(cycle_s, 3),
         "placed": report.placed,
         "unplaced": report.unplaced,

@@ -61,3 +61,44 @@ class Assignment(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} on node {self.node_id}"
+
+
+class Repartition(models.Model):
+    """A GPU re-carved by a cycle for a pending task: the claim that holds the GPU for that task until
+    the node's agent reports the new layout applied (then a cycle binds the task to `unit`).
+
+    The new layout is the GPU's `ComputeUnit`s themselves (the desired state the agent pulls is built
+    from them); this row remembers for whom, which generation of the node's desired state carries it,
+    and how the claim ended.
+    """
+
+    class State(models.TextChoices):
+        WAITING = "waiting", "waiting for the agent"
+        BOUND = "bound", "bound"
+        ABANDONED = "abandoned", "abandoned"
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="repartitions")
+    gpu = models.ForeignKey("inventory.Gpu", on_delete=models.CASCADE, related_name="repartitions")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="repartitions")
+    # The instance planned for the task; SET_NULL so a later re-carve cannot be blocked by history.
+    unit = models.ForeignKey(ComputeUnit, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    cycle = models.ForeignKey(Cycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    generation = models.PositiveBigIntegerField()  # the node's desired-state generation with the layout
+    layout = models.JSONField(default=list)  # [[profile, start], …] by start
+    state = models.CharField(max_length=10, choices=State.choices, default=State.WAITING, db_index=True)
+    reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task"],
+                condition=models.Q(state="waiting"),
+                name="repartition_one_open_claim_per_task",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} for task {self.task_id} @ {self.generation}: {self.state}"

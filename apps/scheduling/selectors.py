@@ -1,6 +1,6 @@
 """Reads for the scheduling loop: the immutable snapshot a cycle decides on, and cycle records.
 
-`snapshot_for_pool` reads a pool in a fixed number of queries (seven, whatever the pool's size: pinned by
+`snapshot_for_pool` reads a pool in a fixed number of queries (nine, whatever the pool's size: pinned by
 a test) with `.values()` rows, because a cycle over a thousand nodes and ten thousand pending tasks must
 not spend its budget building model instances. What the engine sees is a `ClusterSnapshot`; what the
 commit needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnapshot`.
@@ -9,18 +9,29 @@ commit needs to compare-and-set (row ids and versions) rides alongside it in `Po
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+from django.conf import settings
 from django.db.models import F, Q, QuerySet, Sum
 
 from apps.approvals.models import PriorityOverride
+from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
-from apps.scheduling.models import Assignment, Cycle
+from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.workloads.models import Quota, Task
 from whalegen.gpus.mig import MEMORY_SLICES, mig_profiles
+from whalegen.placement.repartition import (
+    CarvedUnit,
+    ClaimAction,
+    ClaimFacts,
+    ClaimVerdict,
+    GpuView,
+    MigSlot,
+    claim_verdict,
+)
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
@@ -35,6 +46,7 @@ from whalegen.placement.types import (
 from whalegen.placement.types import (
     Quota as QuotaState,
 )
+from whalegen.protocol import PartitionState
 
 ALL_SLICES = (1 << MEMORY_SLICES) - 1
 LIVE_STATES = (Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING)
@@ -82,6 +94,32 @@ class RunningInfo:
     expected_end_s: float | None
 
 
+def _empty() -> MappingProxyType[Any, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What a repartition needs to know about a GPU (the planner's `GpuView`) and the row to re-carve."""
+
+    pk: int
+    unit_count: int
+    view: GpuView
+
+
+@dataclass(frozen=True)
+class ClaimInfo:
+    """An open repartition claim (a GPU an earlier cycle re-carved for a pending task) and its verdict."""
+
+    pk: int
+    task_key: str
+    node: str  # engine node name
+    gpu_index: int
+    unit_id: int | None
+    slot: MigSlot | None  # the task's instance in the new layout
+    verdict: ClaimVerdict
+
+
 @dataclass(frozen=True)
 class PoolSnapshot:
     pool_id: int
@@ -96,6 +134,15 @@ class PoolSnapshot:
     running: MappingProxyType[str, RunningInfo]
     tenant_ids: MappingProxyType[str, int]  # tenant slug (the engine's tenant name) → Tenant.pk
     excluded_nodes: MappingProxyType[str, str]  # engine node name → why it takes nothing new
+    # (Node.pk, GPU index) → the GPU as a repartition sees it.
+    gpus: MappingProxyType[tuple[int, int], GpuInfo] = field(default_factory=_empty)
+    # Engine task id → its open repartition claim. Tasks with a claim to bind or wait on are not in
+    # `cluster.pending` (the engine does not plan them again) and their GPU is full to the engine.
+    claims: MappingProxyType[str, ClaimInfo] = field(default_factory=_empty)
+    # The requests of the tasks those claims hold (bound or kept waiting outside the engine).
+    claimed_requests: MappingProxyType[str, TaskRequest] = field(default_factory=_empty)
+    # Engine task id (pending and running) → (Queue.pk, its weight): fair share within a tenant.
+    queues: MappingProxyType[str, tuple[int, int]] = field(default_factory=_empty)
 
 
 def node_name(cluster: str, node: str) -> str:
@@ -112,12 +159,13 @@ def _expected_end_s(start_s: float, p50_s: float | None, max_runtime_s: int | No
 
 
 def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
-    """An immutable picture of one pool for one cycle, in seven queries.
+    """An immutable picture of one pool for one cycle, in nine queries.
 
     Steps: 1. nodes (cordoned clusters, non-ready nodes and unhealthy GPUs take nothing new);
-    2. GPUs and compute units: free milli/memory and MIG slices from units nobody holds;
-    3. live assignments → running tasks, node CPU/memory in use; 4. overrides in force → effective
-    priority; 5. pending tasks; 6. quotas.
+    2. GPUs and compute units: free milli/memory and MIG slices from units nobody holds; GPUs a stopped
+    task's process may still use; open repartition claims and their verdicts; 3. live assignments →
+    running tasks, node CPU/memory in use; 4. overrides in force → effective priority; 5. pending tasks;
+    6. quotas.
     """
     # 1. Nodes, in the tie-break order the engine uses (cluster, then node name).
     node_rows = list(
@@ -139,7 +187,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     gpu_rows = list(
         Gpu.objects.filter(node__pool_id=pool_id)
         .order_by("node_id", "index")
-        .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health")
+        .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health", "partition__state")
     )
     unit_rows = list(
         ComputeUnit.objects.filter(gpu__node__pool_id=pool_id)
@@ -158,6 +206,39 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         for unit in units_of[gpu["id"]]:
             gpu_of_unit[unit["id"]] = gpu
 
+    # GPUs whose units a released task's process may still use (the agent was told to stop it and has not
+    # said it ended): never re-carved under it.
+    horizon = now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
+    stopping = set(
+        ComputeUnit.objects.filter(
+            gpu__node__pool_id=pool_id,
+            assignments__released_at__gte=horizon,
+            assignments__task__runs__state__in=TaskRun.ALIVE,
+            assignments__task__runs__node_id=F("gpu__node_id"),
+        )
+        .values_list("gpu_id", flat=True)
+        .distinct()
+    )
+    # Open repartition claims, with the GPU's last partition report.
+    claim_rows = list(
+        Repartition.objects.filter(pool_id=pool_id, state=Repartition.State.WAITING)
+        .order_by("id")
+        .values(
+            "id",
+            "task_id",
+            "task__state",
+            "gpu_id",
+            "unit_id",
+            "generation",
+            "layout",
+            "created_at",
+            "gpu__partition__state",
+            "gpu__partition__generation",
+            "gpu__partition__instances",
+            "gpu__partition__reason",
+        )
+    )
+
     # 3. Live assignments: what runs where, and what it holds.
     assignment_rows = list(
         Assignment.objects.filter(released_at__isnull=True, node__pool_id=pool_id).values(
@@ -170,6 +251,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             "task__tenant_id",
             "task__tenant__slug",
             "task__queue_id",
+            "task__queue__weight",
             "task__cpu_milli",
             "task__host_mem_mib",
             "task__gpu_mem_mib",
@@ -222,6 +304,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     running: list[RunningTask] = []
     running_info: dict[str, RunningInfo] = {}
     tenant_ids: dict[str, int] = {}
+    queues: dict[str, tuple[int, int]] = {}  # engine task id → (queue id, queue weight)
     for row in assignment_rows:
         cpu_used[row["node_id"]] += row["task__cpu_milli"]
         mem_used[row["node_id"]] += row["task__host_mem_mib"]
@@ -233,6 +316,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         slug = row["task__tenant__slug"]
         tenant_ids[slug] = row["task__tenant_id"]
         key = str(row["task_id"])
+        queues[key] = (row["task__queue_id"], row["task__queue__weight"])
         running.append(
             RunningTask(
                 task_id=key,
@@ -263,9 +347,54 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             ),
         )
 
+    # Claims: a verdict for each (bind, wait, give up); the GPU of a live claim is nobody else's.
+    gpu_by_pk = {gpu["id"]: gpu for gpu in gpu_rows}
+    unit_by_pk = {unit["id"]: unit for unit in unit_rows}
+    claims: dict[str, ClaimInfo] = {}
+    claimed_gpus: dict[int, list[str]] = defaultdict(list)
+    timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
+    for row in claim_rows:
+        gpu = gpu_by_pk.get(row["gpu_id"])
+        if gpu is None:  # the GPU left the pool: only the closing write remains
+            continue
+        name = names[gpu["node_id"]]
+        gpu_name = f"GPU {gpu['index']} on {name}"
+        unit = unit_by_pk.get(row["unit_id"]) if row["unit_id"] is not None else None
+        layout = tuple(MigSlot(profile, start) for profile, start in row["layout"])
+        facts = ClaimFacts(
+            task_pending=row["task__state"] == Task.State.PENDING,
+            gpu_name=gpu_name,
+            layout=layout,
+            generation=row["generation"],
+            age_s=(now - row["created_at"]).total_seconds(),
+            node_schedulable=name not in excluded,
+            gpu_healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
+            unit_free=unit is not None and unit["task_id"] is None,
+            reported_state=row["gpu__partition__state"],
+            reported_generation=row["gpu__partition__generation"],
+            reported_slots=frozenset(
+                (i.get("profile"), i.get("start")) for i in row["gpu__partition__instances"] or ()
+            ),
+            reported_reason=row["gpu__partition__reason"] or "",
+        )
+        verdict = claim_verdict(facts, timeout_s=timeout_s)
+        key = str(row["task_id"])
+        claims[key] = ClaimInfo(
+            pk=row["id"],
+            task_key=key,
+            node=name,
+            gpu_index=gpu["index"],
+            unit_id=row["unit_id"],
+            slot=MigSlot(unit["mig_profile"], unit["mig_start"]) if unit is not None else None,
+            verdict=verdict,
+        )
+        if verdict.action is not ClaimAction.ABANDON:
+            claimed_gpus[gpu["id"]].append(key)
+
     nodes: list[NodeState] = []
     free_units: dict[tuple[int, int], tuple[FreeUnit, ...]] = {}
     node_models: dict[str, str | None] = {}
+    gpu_infos: dict[tuple[int, int], GpuInfo] = {}
     for row in node_rows:
         name = names[row["id"]]
         gpus = gpus_of_node.get(row["id"], [])
@@ -277,13 +406,42 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             if gpu["model"] != model:
                 excluded.setdefault(name, f"GPU {gpu['index']} is a {gpu['model']} on a {model} node")
                 continue
-            free = [u for u in units_of[gpu["id"]] if u["task_id"] is None]
+            units = units_of[gpu["id"]]
+            free = [u for u in units if u["task_id"] is None]
             usable = gpu["health"] != Gpu.Health.UNHEALTHY
             mode = _MODES[gpu["partition_mode"]]
+            claimed_by = tuple(claimed_gpus.get(gpu["id"], ()))
+            gpu_infos[(row["id"], gpu["index"])] = GpuInfo(
+                pk=gpu["id"],
+                unit_count=len(units),
+                view=GpuView(
+                    name=f"GPU {gpu['index']} on {name}",
+                    model=gpu["model"],
+                    mode=mode,
+                    units=tuple(
+                        CarvedUnit(u["mig_profile"], u["mig_start"], u["task_id"] is not None) for u in units
+                    ),
+                    healthy=usable,
+                    stopping=gpu["id"] in stopping,
+                    claimed_by=claimed_by,
+                ),
+            )
+            if claimed_by:
+                # Promised to the tasks of a repartition: full to the engine, so no one else plans it.
+                usable = False
+            if gpu["partition__state"] not in (None, PartitionState.OK):
+                # The agent could not put the planned layout in place (blocked, needs a reset …): a task
+                # bound to it now would be refused on the node. Its next "ok" report frees it.
+                usable = False
             free_milli = sum(u["gpu_milli"] for u in free) if usable else 0
             free_mem = sum(u["mem_mib"] for u in free) if usable else 0
             used_slices = 0
-            if mode is PartitionMode.MIG:
+            if mode is PartitionMode.MIG and usable and len(free) == len(units) and gpu["id"] not in stopping:
+                # Idle: whatever its carving, the cycle may re-carve it (`plan_repartition`), so the engine
+                # sees a fresh GPU and plans the instance it would like best.
+                free_milli = WHOLE_GPU_MILLI
+                free_mem = gpu["mem_mib"]
+            elif mode is PartitionMode.MIG:
                 # Slices outside a free carved instance are unusable without a new layout.
                 open_slices = 0
                 if usable:
@@ -339,6 +497,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         "tenant_id",
         "tenant__slug",
         "queue_id",
+        "queue__weight",
         "cpu_milli",
         "host_mem_mib",
         "gpu_count",
@@ -357,14 +516,18 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         "predicted_gpu_mem_peak_mib",
     )
     pending: list[TaskRequest] = []
+    requests_held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
     pending_info: dict[str, PendingInfo] = {}
     for row in pending_rows:
         key = str(row["id"])
         slug = row["tenant__slug"]
         tenant_ids[slug] = row["tenant_id"]
+        queues[key] = (row["queue_id"], row["queue__weight"])
         priority, source = effective(row["id"], row["queue_id"], row["priority"])
         has_prediction = row["predicted_duration_p50_s"] is not None or row["predicted_gpu_mem_peak_mib"]
-        pending.append(
+        claim = claims.get(key)
+        planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
+        (requests_held if planned else pending).append(
             TaskRequest(
                 task_id=key,
                 cpu_milli=row["cpu_milli"],
@@ -422,6 +585,10 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         running=MappingProxyType(running_info),
         tenant_ids=MappingProxyType(tenant_ids),
         excluded_nodes=MappingProxyType(excluded),
+        gpus=MappingProxyType(gpu_infos),
+        claims=MappingProxyType(claims),
+        claimed_requests=MappingProxyType({t.task_id: t for t in requests_held}),
+        queues=MappingProxyType(queues),
     )
 
 

@@ -16,7 +16,7 @@ import time
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 import numpy as np
@@ -26,16 +26,25 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.common.errors import Conflict
+from apps.fleet.services import desired_state_current
 from apps.inventory.models import ComputeUnit, Node
-from apps.scheduling.models import Assignment, Cycle
+from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.scheduling.selectors import FreeUnit, PoolSnapshot, live_usage_milli, snapshot_for_pool
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
+from whalegen.gpus.mig import profile_by_name
 from whalegen.placement.engine import Engine, EngineConfig
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
     cluster_fragmentation,
     shape_mix_from_tasks,
+)
+from whalegen.placement.repartition import (
+    ClaimAction,
+    RepartitionPlan,
+    RepartitionRefusal,
+    WantedInstance,
+    plan_repartition,
 )
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
@@ -47,6 +56,7 @@ from whalegen.placement.types import (
     TaskRequest,
     UnitKind,
 )
+from whalegen.placement.types import ComputeUnit as PlacedUnit
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -55,6 +65,7 @@ LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
 LOST_RACE = "lost_race"
 NEEDS_LAYOUT = "needs_layout_change"
 VICTIM_CLAIMED = "victim_claimed"
+WAITING_FOR_LAYOUT = "waiting_for_layout"
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
@@ -76,6 +87,7 @@ class CycleReport:
     preempted: int = 0
     unplaced: int = 0
     conflicts: int = 0
+    transaction_commit_ms: float | None = None  # the COMMIT itself, after the cycle's own writes
 
 
 @dataclass
@@ -107,27 +119,45 @@ def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
 def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
     """The order the cycle offers work to the engine.
 
-    1. Guaranteed first: per tenant, oldest-highest first, units that fit in what is left of its
-       guarantee (after what it runs) form the first pass; the rest borrow, in a second pass, up to the
-       limit and only where capacity is idle once every guarantee had its turn.
-    2. Within a pass: effective priority (overrides included), highest first.
-    3. Within a priority: dominant-resource fair share (GPU, CPU, host memory of the pool), the tenant
-       with the smallest share goes next, recomputed as each unit is offered; ties by age.
+    1. Within each tenant: effective priority (overrides included), highest first; within a priority,
+       weighted dominant-resource fair share between the tenant's queues (a queue's share divided by its
+       weight, so a queue of weight 2 gets twice the share of a queue of weight 1), recomputed as each
+       unit is offered; ties by age.
+    2. Guaranteed first: walking that order, the units that fit in what is left of the tenant's guarantee
+       (after what it runs) form the first pass; the rest borrow, in a second pass, up to the limit and
+       only where capacity is idle once every guarantee had its turn.
+    3. Within a pass: effective priority, highest first; within a priority, dominant-resource fair share
+       between tenants (GPU, CPU, host memory of the pool): the tenant with the smallest share goes next
+       with its next unit, recomputed as each unit is offered.
     """
     cluster = snapshot.cluster
     guaranteed = {q.tenant: q.guaranteed_milli for q in cluster.quotas}
-    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    for task in cluster.running:
-        use = held[task.tenant]
-        use[0] += task.gpu_milli * len(task.gpu_indexes)
-        use[1] += task.cpu_milli
-        use[2] += task.mem_mib
     totals = (
         max(sum(WHOLE_GPU_MILLI * len(n.gpus) for n in cluster.nodes), 1),
         max(sum(n.cpu_total_milli for n in cluster.nodes), 1),
         max(sum(n.mem_total_mib for n in cluster.nodes), 1),
     )
-    units = _units(cluster.pending)
+    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # tenant → GPU, CPU, memory
+    queue_held: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    weight: dict[int, int] = {}
+    for task in cluster.running:
+        use = (task.gpu_milli * len(task.gpu_indexes), task.cpu_milli, task.mem_mib)
+        queue = snapshot.queues.get(task.task_id)
+        for i, amount in enumerate(use):
+            held[task.tenant][i] += amount
+            if queue is not None:
+                queue_held[queue[0]][i] += amount
+        if queue is not None:
+            weight[queue[0]] = max(queue[1], 1)
+
+    def share(use: list[float]) -> float:
+        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
+
+    def add(use: list[float], unit: list[TaskRequest]) -> None:
+        # Offered counts as held for fairness: the engine places most of what it is offered.
+        use[0] += sum(t.gpu_request_milli for t in unit)
+        use[1] += sum(t.cpu_milli for t in unit)
+        use[2] += sum(t.mem_mib for t in unit)
 
     def age(unit: list[TaskRequest]) -> tuple[float, str]:
         return min(t.submitted_at_s for t in unit), unit[0].task_id
@@ -135,46 +165,65 @@ def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
     def priority(unit: list[TaskRequest]) -> int:
         return max(t.priority for t in unit)
 
-    # 1. Split each tenant's units into within-guarantee and borrowing.
+    def queue_of(unit: list[TaskRequest]) -> int:
+        queue = snapshot.queues.get(unit[0].task_id)
+        if queue is None:
+            return 0
+        weight.setdefault(queue[0], max(queue[1], 1))
+        return queue[0]
+
+    # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
+    by_tenant: dict[str, dict[int, dict[int, list[list[TaskRequest]]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for unit in _units(cluster.pending):
+        by_tenant[unit[0].tenant][priority(unit)][queue_of(unit)].append(unit)
+    tenant_order: dict[str, list[list[TaskRequest]]] = {}
+    for tenant, levels in by_tenant.items():
+        mine: list[list[TaskRequest]] = []
+        for level in sorted(levels, reverse=True):
+            lines = {q: sorted(us, key=age, reverse=True) for q, us in levels[level].items()}
+            while lines:
+                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), age(lines[q][-1])))
+                unit = lines[q].pop()
+                mine.append(unit)
+                add(queue_held[q], unit)
+                if not lines[q]:
+                    del lines[q]
+        tenant_order[tenant] = mine
+
+    # 2. Split each tenant's order into within-guarantee and borrowing.
     room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
-    passes: list[list[list[TaskRequest]]] = [[], []]
-    for unit in sorted(units, key=lambda u: (-priority(u), age(u))):
-        tenant = unit[0].tenant
-        milli = sum(t.gpu_request_milli for t in unit)
-        if tenant not in room:
-            passes[0].append(unit)
-        elif milli <= room[tenant]:
-            room[tenant] -= milli
-            passes[0].append(unit)
-        else:
-            passes[1].append(unit)
+    passes: list[dict[int, dict[str, list[list[TaskRequest]]]]] = [
+        defaultdict(lambda: defaultdict(list)),
+        defaultdict(lambda: defaultdict(list)),
+    ]
+    for tenant, units in tenant_order.items():
+        for unit in units:
+            milli = sum(t.gpu_request_milli for t in unit)
+            if tenant not in room:
+                which = 0
+            elif milli <= room[tenant]:
+                room[tenant] -= milli
+                which = 0
+            else:
+                which = 1
+            passes[which][priority(unit)][tenant].append(unit)
 
-    def share(tenant: str) -> float:
-        use = held[tenant]
-        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
-
+    # 3. Across tenants: pass, priority, then fair share (a heap of tenants by share, then oldest unit).
     ordered: list[list[TaskRequest]] = []
-    for units_in_pass in passes:
-        # 2. Priority buckets, highest first.
-        buckets: dict[int, dict[str, list[list[TaskRequest]]]] = defaultdict(lambda: defaultdict(list))
-        for unit in units_in_pass:
-            buckets[priority(unit)][unit[0].tenant].append(unit)
+    for buckets in passes:
         for level in sorted(buckets, reverse=True):
-            # 3. Fair share inside the bucket: a heap of tenants keyed by share, then their oldest unit.
-            queues = {tenant: sorted(us, key=age, reverse=True) for tenant, us in buckets[level].items()}
-            heap = [(share(t), age(q[-1]), t) for t, q in queues.items()]
+            queues = {tenant: list(reversed(us)) for tenant, us in buckets[level].items()}
+            heap = [(share(held[t]), age(q[-1]), t) for t, q in queues.items()]
             heapq.heapify(heap)
             while heap:
                 _, _, tenant = heapq.heappop(heap)
                 unit = queues[tenant].pop()
                 ordered.append(unit)
-                # Offered counts as held for fairness: the engine places most of what it is offered.
-                use = held[tenant]
-                use[0] += sum(t.gpu_request_milli for t in unit)
-                use[1] += sum(t.cpu_milli for t in unit)
-                use[2] += sum(t.mem_mib for t in unit)
+                add(held[tenant], unit)
                 if queues[tenant]:
-                    heapq.heappush(heap, (share(tenant), age(queues[tenant][-1]), tenant))
+                    heapq.heappush(heap, (share(held[tenant]), age(queues[tenant][-1]), tenant))
     return ordered
 
 
@@ -182,27 +231,60 @@ def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
 
 
 def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
-    """Offer each unit to the engine in our order (the engine keeps its working copy between calls)."""
+    """Claims of earlier repartitions first, then one engine call over every pending task in our order."""
     decisions = _Decisions()
-    claimed: set[str] = set()
-    for unit in order_units(snapshot):
-        result: CycleResult = engine.solve(tuple(unit), now_s)
-        decisions.placements += result.placements
-        for item in result.unplaced:
-            decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
-        victims = [p.victim_task_id for p in result.preemptions]
-        # A victim must be a task that runs now, and not already promised to an earlier task.
-        if victims and all(v in snapshot.running and v not in claimed for v in victims):
-            claimed.update(victims)
-            decisions.preemptions += result.preemptions
-        elif victims:
-            for preemption in result.preemptions:
-                _, message = decisions.unplaced[preemption.for_task_id]
-                decisions.unplaced[preemption.for_task_id] = (
-                    VICTIM_CLAIMED,
-                    message.split("; waiting for")[0]
-                    + "; the tasks it could displace are already being preempted for others this cycle",
-                )
+    # 1. GPUs re-carved by earlier cycles: bind the tasks whose layout is in place, the rest keep waiting.
+    # Their GPUs are full to the engine, so only the quota view needs to learn of these placements.
+    for task_id, claim in snapshot.claims.items():
+        request = snapshot.claimed_requests.get(task_id)
+        if request is None or claim.verdict.action is ClaimAction.ABANDON:
+            continue
+        if claim.verdict.action is ClaimAction.WAIT or claim.slot is None:
+            decisions.unplaced[task_id] = (WAITING_FOR_LAYOUT, claim.verdict.reason)
+            continue
+        node_id = snapshot.node_ids[claim.node]
+        model = snapshot.gpus[(node_id, claim.gpu_index)].view.model
+        profile = profile_by_name(model, claim.slot.mig_profile)
+        need = request.gpu_request_milli
+        problem, borrowed = engine.quota_check(request.tenant, need)
+        if problem is not None:
+            decisions.unplaced[task_id] = (Outcome.QUOTA_EXCEEDED.value, problem)
+            continue
+        engine.usage_milli[request.tenant] += need
+        decisions.placements.append(
+            Placement(
+                task_id,
+                claim.node,
+                (claim.gpu_index,),
+                PlacedUnit(UnitKind.MIG, profile.gpu_milli, profile.name, claim.slot.mig_start),
+                borrowed,
+            )
+        )
+    # 2. Everything else, through the engine, in one call: each task carries its place in our order.
+    ordered = [
+        replace(task, order_key=position)
+        for position, unit in enumerate(order_units(snapshot))
+        for task in unit
+    ]
+    result: CycleResult = engine.solve(tuple(ordered), now_s)
+    decisions.placements += result.placements
+    for item in result.unplaced:
+        decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
+    # The engine never promises a victim twice; it may propose one it placed earlier this very cycle,
+    # which is not running yet and cannot be stopped: such a proposal is dropped whole.
+    proposals: dict[str, list[Preemption]] = defaultdict(list)
+    for preemption in result.preemptions:
+        proposals[preemption.for_task_id].append(preemption)
+    for for_task, victims in proposals.items():
+        if all(v.victim_task_id in snapshot.running for v in victims):
+            decisions.preemptions += victims
+            continue
+        _, message = decisions.unplaced[for_task]
+        decisions.unplaced[for_task] = (
+            VICTIM_CLAIMED,
+            message.split("; waiting for")[0]
+            + "; the tasks it could displace were placed this cycle and are not running yet",
+        )
     return decisions
 
 
@@ -249,7 +331,7 @@ def estimate_starts(
     never count as freeing anything, so the estimate is None when they are needed.
     """
     cluster = snapshot.cluster
-    requests = {t.task_id: t for t in cluster.pending}
+    requests = {t.task_id: t for t in cluster.pending} | dict(snapshot.claimed_requests)
     node_model = snapshot.node_models
     idle_by_model: dict[str | None, int] = defaultdict(int)
     # Idle after this cycle's placements; those placements finish like running tasks do.
@@ -302,7 +384,7 @@ def estimate_starts(
             NEEDS_LAYOUT,
         ):
             estimates[task_id] = None
-        elif code == Outcome.WAITING_FOR_PREEMPTION.value:
+        elif code in (Outcome.WAITING_FOR_PREEMPTION.value, WAITING_FOR_LAYOUT):
             estimates[task_id] = now_s
         elif code == Outcome.QUOTA_EXCEEDED.value:
             quota = quota_of[request.tenant]
@@ -366,12 +448,13 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     """
     out = _Commit()
     clock = time.perf_counter()
-    request_of = {t.task_id: t for t in snapshot.cluster.pending}
+    request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
     lost: dict[str, tuple[str, str]] = {}
 
-    # 1. Units for each placement.
+    # 1. Units for each placement; placements no unit matches are candidates for a new layout.
     taken: set[int] = set()
     units_for: dict[str, list[FreeUnit]] = {}
+    relayout: dict[tuple[int, int], list[Placement]] = defaultdict(list)
     for placement in decisions.placements:
         node_id = snapshot.node_ids[placement.node]
         request = request_of[placement.task_id]
@@ -381,17 +464,28 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                 snapshot.free_units.get((node_id, index), ()), placement, request.gpu_mem_mib, taken
             )
             if picked is None:
+                if placement.unit.kind is not UnitKind.MIG:
+                    why = "only MIG layouts are re-carved"
+                elif request.gang_id is not None:
+                    why = (
+                        "a GPU is not re-carved for a gang member (the gang binds in one cycle or not at all)"
+                    )
+                elif len(placement.gpu_indexes) > 1:
+                    why = "a GPU is not re-carved for a task on several GPUs"
+                else:
+                    relayout[(node_id, index)].append(placement)
+                    break
                 lost[placement.task_id] = (
                     NEEDS_LAYOUT,
-                    f"its best place is {placement.node} GPU {index}, but no free compute unit there "
-                    f"matches ({placement.unit.mig_profile or placement.unit.kind}); the GPU needs a new "
-                    "partition layout",
+                    f"its best place is {placement.node} GPU {index}, but no free compute unit there matches "
+                    f"({placement.unit.mig_profile or placement.unit.kind}); {why}",
                 )
                 break
             chosen += picked
             taken.update(u.unit_id for u in picked)
         else:
             units_for[placement.task_id] = chosen
+    plans = _plan_layouts(snapshot, relayout, taken, lost)
 
     clock = out.lap("map_units", clock)
     # 2. Lock and compare.
@@ -402,10 +496,14 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         ["tenant_id", "guaranteed_milli", "borrow_limit_milli"],
     )
     nodes = {snapshot.node_ids[p.node] for p in decisions.placements if p.task_id in units_for}
+    nodes |= {key[0] for key, _, _ in plans}
     node_rows = _lock_rows(Node, nodes, ["version"])
-    task_rows = _lock_rows(Task, (snapshot.pending[t].pk for t in units_for), ["state", "version"])
+    planned_tasks = [p.task_id for _, _, placements in plans for p in placements]
+    task_rows = _lock_rows(
+        Task, (snapshot.pending[t].pk for t in [*units_for, *planned_tasks]), ["state", "version"]
+    )
     # Units are not locked here: every cycle that binds a unit raises its node's version under the node
-    # lock above, so a unit taken since the snapshot shows as a moved node. `_bind_units` still
+    # lock above, so a unit taken since the snapshot shows as a moved node. `_write_placements` still
     # compares-and-sets each unit; a miss there means something changed units without raising the node's
     # version, and the whole cycle rolls back rather than double-book.
     placement_of = {p.task_id: p for p in decisions.placements}
@@ -420,6 +518,21 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
                 LOST_RACE,
                 f"{placement_of[task_id].node} changed while the cycle decided; retried next cycle",
             )
+
+    # A new layout goes ahead only if its GPU's node and every task it is for are as the snapshot saw them.
+    kept_plans: list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]] = []
+    for key, plan, placements in plans:
+        moved = node_rows[key[0]]["version"] != snapshot.node_versions[key[0]] or any(
+            (row := task_rows.get(snapshot.pending[p.task_id].pk)) is None
+            or row["state"] != Task.State.PENDING
+            or row["version"] != snapshot.pending[p.task_id].version
+            for p in placements
+        )
+        if moved:
+            for p in placements:
+                lost[p.task_id] = (LOST_RACE, f"{p.node} or a task of its new layout changed; retried")
+        else:
+            kept_plans.append((key, plan, placements))
 
     clock = out.lap("lock_and_compare", clock)
     # 3. A gang goes whole or not at all: one member lost holds back every member.
@@ -475,28 +588,23 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         now=now,
     )
     clock = out.lap("write_tasks_and_events", clock)
-    _bind_units(
-        [
+    _write_placements(
+        binds=[
             (unit.unit_id, snapshot.pending[placement.task_id].pk, unit.version)
             for placement in winners
             for unit in units_for[placement.task_id]
-        ]
-    )
-    clock = out.lap("bind_units", clock)
-    Node.objects.filter(pk__in={snapshot.node_ids[p.node] for p in winners}).update(version=F("version") + 1)
-    _insert_assignments(
-        [
-            (
-                snapshot.pending[p.task_id].pk,
-                snapshot.node_ids[p.node],
-                p.borrowed,
-                [u.unit_id for u in units_for[p.task_id]],
-            )
-            for p in winners
+        ],
+        nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _, _ in kept_plans},
+        assignments=[
+            (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
         ],
         cycle=cycle,
     )
-    clock = out.lap("write_nodes_and_assignments", clock)
+    clock = out.lap("write_units_nodes_and_assignments", clock)
+    # Claims first: a task whose claim was given up may get a new one now (one open claim per task).
+    _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
+    lost.update(_write_layouts(snapshot, kept_plans, cycle, now))
+    clock = out.lap("repartitions", clock)
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
 
@@ -529,72 +637,215 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     return out
 
 
-def _bind_units(rows: Sequence[tuple[int, int, int]]) -> None:
-    """Give each (unit, task, version seen) its holder: compare-and-set, every row must be touched.
-
-    The rows are locked and checked already; the condition stays so that a unit taken by any path that
-    skipped the lock still makes the cycle roll back instead of double-booking.
-    """
-    if not rows:
-        return
-    if connection.vendor == "postgresql":
-        table = ComputeUnit._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} AS u SET task_id = v.task, version = u.version + 1 "
-                "FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, task, seen) "
-                "WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen",
-                [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+def _plan_layouts(
+    snapshot: PoolSnapshot,
+    relayout: dict[tuple[int, int], list[Placement]],
+    taken: set[int],
+    lost: dict[str, tuple[str, str]],
+) -> list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]]:
+    """A new layout for each GPU whose placements no unit matched, where `plan_repartition` allows one;
+    the others are held back with its reason."""
+    plans: list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]] = []
+    for key, placements in relayout.items():
+        gpu = snapshot.gpus[key]
+        if taken & {u.unit_id for u in snapshot.free_units.get(key, ())}:
+            result: RepartitionPlan | RepartitionRefusal = RepartitionRefusal(
+                f"{gpu.view.name} also takes another task on its present layout this cycle"
             )
-            bound = cursor.rowcount
-    else:
-        bound = 0
-        for unit_id, task_id, seen in rows:
-            bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen).update(
-                task_id=task_id, version=F("version") + 1
+        else:
+            wanted = [
+                WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
+                for p in placements
+            ]
+            result = plan_repartition(gpu.view, wanted)
+        if isinstance(result, RepartitionPlan):
+            plans.append((key, result, placements))
+            continue
+        for p in placements:
+            lost[p.task_id] = (
+                NEEDS_LAYOUT,
+                f"its best place is {gpu.view.name} as {p.unit.mig_profile}, which no free instance there "
+                f"matches, and the GPU cannot be re-carved: {result.reason}",
             )
-    if bound != len(rows):
-        raise Conflict(f"{len(rows) - bound} of {len(rows)} compute units were taken during the commit")
+    return plans
 
 
-def _insert_assignments(rows: Sequence[tuple[int, int, bool, list[int]]], *, cycle: Cycle) -> None:
-    """One live assignment per (task, node, borrowed, unit ids), with its unit links.
+def _write_layouts(
+    snapshot: PoolSnapshot,
+    plans: Sequence[tuple[tuple[int, int], RepartitionPlan, list[Placement]]],
+    cycle: Cycle,
+    now: datetime,
+) -> dict[str, tuple[str, str]]:
+    """Re-carve each planned GPU: its units become the new layout (the node's desired state, which the
+    agent enforces), the node's desired-state generation is raised, and a claim per task holds the GPU.
 
-    On PostgreSQL two INSERT … SELECT FROM unnest statements: a cycle binds thousands of tasks, and
-    building that many model instances costs more than the database work.
+    The GPU was idle at the snapshot and its node is locked and unchanged since, so every unit must
+    still be free; one that is not means a writer changed units without raising the node's version,
+    and the whole cycle rolls back rather than re-carve under a task.
     """
-    if not rows:
+    held: dict[str, tuple[str, str]] = {}
+    if not plans:
+        return held
+    node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _, _ in plans})}
+    for key, plan, _ in plans:
+        gpu = snapshot.gpus[key]
+        _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk, task__isnull=True).delete()
+        if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
+            raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
+        made = ComputeUnit.objects.bulk_create(
+            ComputeUnit(
+                gpu_id=gpu.pk,
+                kind=ComputeUnit.Kind.MIG,
+                mig_profile=profile.name,
+                mig_start=slot.mig_start,
+                gpu_milli=profile.gpu_milli,
+                mem_mib=profile.mem_mib,
+            )
+            for slot in plan.layout
+            for profile in [profile_by_name(gpu.view.model, slot.mig_profile)]
+        )
+        unit_at = {(u.mig_profile, u.mig_start): u for u in made}
+        # The new layout is now the desired state: raise the generation the agent will report back.
+        generation = desired_state_current(node=node_of[key[0]], now=now).generation
+        layout = [[slot.mig_profile, slot.mig_start] for slot in plan.layout]
+        Repartition.objects.bulk_create(
+            Repartition(
+                pool_id=snapshot.pool_id,
+                gpu_id=gpu.pk,
+                task_id=snapshot.pending[task_id].pk,
+                unit=unit_at[(slot.mig_profile, slot.mig_start)],
+                cycle=cycle,
+                generation=generation,
+                layout=layout,
+                created_at=now,
+                reason=f"re-carved by cycle {cycle.pk} to {plan.text}",
+            )
+            for task_id, slot in plan.for_tasks
+        )
+        for task_id, slot in plan.for_tasks:
+            held[task_id] = (
+                WAITING_FOR_LAYOUT,
+                f"{gpu.view.name} is being repartitioned to {plan.text} (generation {generation}) for it "
+                f"({slot.mig_profile} at slice {slot.mig_start}); it binds once the agent reports the "
+                "layout applied",
+            )
+    return held
+
+
+def _close_claims(snapshot: PoolSnapshot, *, bound: set[str], now: datetime) -> None:
+    """Claims whose task was bound this cycle are done; claims the snapshot gave up are abandoned."""
+    done = [c.pk for t, c in snapshot.claims.items() if t in bound and c.verdict.action is ClaimAction.BIND]
+    if done:
+        Repartition.objects.filter(pk__in=done, state=Repartition.State.WAITING).update(
+            state=Repartition.State.BOUND, closed_at=now, reason="bound to its new instance"
+        )
+    for claim in snapshot.claims.values():
+        if claim.verdict.action is ClaimAction.ABANDON:
+            Repartition.objects.filter(pk=claim.pk, state=Repartition.State.WAITING).update(
+                state=Repartition.State.ABANDONED, closed_at=now, reason=claim.verdict.reason[:500]
+            )
+
+
+def _write_placements(
+    *,
+    binds: Sequence[tuple[int, int, int]],
+    nodes: set[int],
+    assignments: Sequence[tuple[int, int, bool]],
+    cycle: Cycle,
+) -> None:
+    """Bind units, raise node versions, insert assignments and their unit links.
+
+    `binds` are (unit, task, unit version seen): each unit gets its holder by compare-and-set, and every
+    one must be touched. The rows are locked and checked already (nodes); the condition stays so that a
+    unit taken by any path that skipped the lock still makes the cycle roll back instead of double-booking.
+
+    On PostgreSQL this is two round trips: the new assignments' ids from their sequence, then one statement
+    of four data-modifying CTEs fed by arrays (`unnest`), none joining another: a cycle binds tens of
+    thousands of units, and neither model instances nor one round trip per table are worth their cost.
+    Elsewhere (the embedded SQLite) the ORM does the same steps.
+    """
+    if not binds and not nodes:
         return
     if connection.vendor != "postgresql":
-        made = Assignment.objects.bulk_create(
-            [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b, _ in rows]
-        )
-        Assignment.units.through.objects.bulk_create(
-            [
-                Assignment.units.through(assignment_id=a.pk, computeunit_id=unit_id)
-                for a, (_, _, _, units) in zip(made, rows, strict=True)
-                for unit_id in units
-            ]
-        )
+        _write_placements_orm(binds=binds, nodes=nodes, assignments=assignments, cycle=cycle)
         return
+    units = ComputeUnit._meta.db_table
     table = Assignment._meta.db_table
-    links = Assignment.units.through._meta.db_table
     with connection.cursor() as cursor:
+        # Assignment ids first (one round trip), so that the links need no join back to the new rows:
+        # joining on task id, the planner, seeing two `unnest`s of unknown size, may pick a nested loop.
         cursor.execute(
-            f"INSERT INTO {table} (task_id, node_id, cycle_id, borrowed, created_at, release_reason) "
-            "SELECT t, n, %s, b, %s, '' FROM unnest(%s::bigint[], %s::bigint[], %s::boolean[]) AS v(t, n, b) "
-            "RETURNING id, task_id",
-            # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be simulated).
-            [cycle.pk, timezone.now(), [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [table, len(assignments)],
         )
-        # Matched by task, not by position: INSERT … RETURNING promises no order.
-        assignment_of = {task_id: pk for pk, task_id in cursor.fetchall()}
-        pairs = [(assignment_of[task_id], unit_id) for task_id, _, _, units in rows for unit_id in units]
+        ids = [row[0] for row in cursor.fetchall()]
+        assignment_of = {task: pk for pk, (task, _, _) in zip(ids, assignments, strict=True)}
         cursor.execute(
-            f"INSERT INTO {links} (assignment_id, computeunit_id) "
-            "SELECT * FROM unnest(%s::bigint[], %s::bigint[])",
-            [[a for a, _ in pairs], [u for _, u in pairs]],
+            f"WITH bound AS ("
+            f"  UPDATE {units} AS u SET task_id = v.task, version = u.version + 1"
+            "   FROM unnest(%(unit)s::bigint[], %(task)s::bigint[], %(seen)s::bigint[]) AS v(id, task, seen)"
+            "   WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen RETURNING u.id"
+            "), raised AS ("
+            f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
+            "   RETURNING id"
+            "), made AS ("
+            f"  INSERT INTO {table} (id, task_id, node_id, cycle_id, borrowed, created_at, release_reason)"
+            "   SELECT id, t, n, %(cycle)s, b, %(at)s, ''"
+            "   FROM unnest(%(a_id)s::bigint[], %(a_task)s::bigint[], %(a_node)s::bigint[],"
+            "   %(a_borrowed)s::boolean[]) AS a(id, t, n, b)"
+            "   RETURNING 1"
+            "), linked AS ("
+            f"  INSERT INTO {Assignment.units.through._meta.db_table} (assignment_id, computeunit_id)"
+            "   SELECT * FROM unnest(%(link)s::bigint[], %(unit)s::bigint[])"
+            "   RETURNING 1"
+            ") SELECT (SELECT count(*) FROM bound), (SELECT count(*) FROM raised),"
+            " (SELECT count(*) FROM made), (SELECT count(*) FROM linked)",
+            {
+                "unit": [b[0] for b in binds],
+                "task": [b[1] for b in binds],
+                "seen": [b[2] for b in binds],
+                "nodes": sorted(nodes),
+                "cycle": cycle.pk,
+                # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
+                # simulated).
+                "at": timezone.now(),
+                "a_id": ids,
+                "a_task": [a[0] for a in assignments],
+                "a_node": [a[1] for a in assignments],
+                "a_borrowed": [a[2] for a in assignments],
+                "link": [assignment_of[b[1]] for b in binds],
+            },
         )
+        bound, _, made, linked = cursor.fetchone()
+    if bound != len(binds) or made != len(assignments) or linked != len(binds):
+        raise Conflict(f"{len(binds) - bound} of {len(binds)} compute units were taken during the commit")
+
+
+def _write_placements_orm(
+    *,
+    binds: Sequence[tuple[int, int, int]],
+    nodes: set[int],
+    assignments: Sequence[tuple[int, int, bool]],
+    cycle: Cycle,
+) -> None:
+    bound = 0
+    for unit_id, task_id, seen in binds:
+        bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen).update(
+            task_id=task_id, version=F("version") + 1
+        )
+    if bound != len(binds):
+        raise Conflict(f"{len(binds) - bound} of {len(binds)} compute units were taken during the commit")
+    Node.objects.filter(pk__in=nodes).update(version=F("version") + 1)
+    made = Assignment.objects.bulk_create(
+        [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b in assignments]
+    )
+    assignment_of = {a.task_id: a.pk for a in made}
+    Assignment.units.through.objects.bulk_create(
+        [
+            Assignment.units.through(assignment_id=assignment_of[task_id], computeunit_id=unit_id)
+            for unit_id, task_id, _ in binds
+        ]
+    )
 
 
 def _write_why_pending(
@@ -697,7 +948,7 @@ def cycle_run(
                 by_code[code] += 1
             Cycle.objects.filter(pk=cycle.pk).update(
                 finished_at=timezone.now(),
-                tasks_considered=len(snapshot.cluster.pending),
+                tasks_considered=len(snapshot.cluster.pending) + len(snapshot.claimed_requests),
                 tasks_placed=commit.placed,
                 tasks_preempted=commit.preempted,
                 conflicts=commit.conflicts,
@@ -714,7 +965,7 @@ def cycle_run(
                     "commit_phases_ms": commit.phases_ms,
                 },
             )
-            return CycleReport(
+            report = CycleReport(
                 status="done",
                 pool_id=pool_id,
                 cycle_id=cycle.pk,
@@ -723,6 +974,9 @@ def cycle_run(
                 unplaced=len(reasons),
                 conflicts=commit.conflicts,
             )
+            closing = time.perf_counter()
+        # The database's COMMIT: deferred foreign-key checks on every row written run here.
+        return replace(report, transaction_commit_ms=round((time.perf_counter() - closing) * 1000, 1))
     finally:
         if local is not None:
             local.release()

@@ -58,12 +58,14 @@ def token_create(
     """Create a token and return it with its plaintext, which is never stored and cannot be shown again.
 
     The user must belong to the tenant (directly or through an ancestor): a token never grants more
-    than its owner has.
+    than its owner has. A platform admin (staff) may hold one in any tenant: their powers (deciding
+    overrides, operating nodes) come from the platform role, not from a membership, and the token
+    carries no role in the tenant that the admin does not hold.
     """
     from apps.tenants.selectors import access_for
 
     now = now or timezone.now()
-    if access_for(user=user).role(tenant.pk) is None:
+    if not getattr(user, "is_staff", False) and access_for(user=user).role(tenant.pk) is None:
         raise ValidationError(
             {"tenant": [f"user {user.get_username()!r} is not a member of tenant {tenant.slug!r}"]}
         )

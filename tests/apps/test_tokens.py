@@ -66,6 +66,29 @@ def test_a_token_cannot_be_made_for_a_tenant_its_user_is_not_in(world) -> None:
         token_create(user=world.eve, tenant=world.tenant_a, name="sneaky")
 
 
+def test_a_platform_admin_token_decides_overrides_over_the_api_without_a_membership(world) -> None:
+    from apps.approvals.services import override_request
+
+    override = override_request(
+        tenant=world.tenant_a, task=world.task_a, queue=None, wanted_priority=40, reason="deadline",
+        requested_by=world.alice,
+    )  # fmt: skip
+    _, raw = token_create(user=world.root, tenant=world.tenant_a, name="ops")
+    client = _bearer(raw)
+    answer = client.post(f"/api/v1/overrides/{override.pk}/approve/", {"comment": "go"}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["state"] == "approved" and answer.json()["decided_by"] == "root"
+    # A member's token cannot decide.
+    _, alices = token_create(user=world.alice, tenant=world.tenant_a, name="ci")
+    other = override_request(
+        tenant=world.tenant_a, task=world.task_a, queue=None, wanted_priority=30, reason="again",
+        requested_by=world.alice,
+    )  # fmt: skip
+    assert (
+        _bearer(alices).post(f"/api/v1/overrides/{other.pk}/approve/", {}, format="json").status_code == 403
+    )
+
+
 def test_tokens_expire_after_the_configured_days(world, settings) -> None:
     settings.WHALEGEN_TOKEN_TTL_DAYS = 7
     token, _ = token_create(user=world.alice, tenant=world.tenant_a, name="ci")

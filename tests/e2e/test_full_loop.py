@@ -150,6 +150,8 @@ def plane(live_server: Any, agents: Any, cycle_pump: CyclePump, settings: Any) -
     tokens = {
         "vision": token_create(user=alice, tenant=vision, name="e2e")[1],
         "speech": token_create(user=bob, tenant=speech, name="e2e")[1],
+        # The platform admin belongs to no tenant; its token decides overrides all the same.
+        "root": token_create(user=root, tenant=vision, name="ops")[1],
     }
     made = Plane(
         url=live_server.url,
@@ -271,11 +273,19 @@ def test_an_agent_restarted_re_adopts_its_running_task(plane: Plane) -> None:
     no_violations(plane)
 
 
+# The train pool's three whole GPUs. `exclusive` keeps these tasks off the H100's MIG GPU, which an idle
+# cycle could otherwise re-carve into a 7g.80gb for a whole-GPU task (partitions are part of the plan).
+WHOLE_TRAIN_GPU = {
+    "gpu_milli": 1000,
+    "allowed_gpu_models": ["A100-80GB", "H100-80GB"],
+    "isolation": "exclusive",
+}
+
+
 def _fill_train(plane: Plane, tenant: str, count: int, **extra: Any) -> list[int]:
     return [
-        plane.submit(tenant, queue="train", name=f"{tenant}-fill-{n}", gpu_milli=1000,
-                     allowed_gpu_models=["A100-80GB", "H100-80GB"], command=python(SLEEP.format(s=60)),
-                     **extra)["id"]
+        plane.submit(tenant, queue="train", name=f"{tenant}-fill-{n}", command=python(SLEEP.format(s=60)),
+                     **WHOLE_TRAIN_GPU, **extra)["id"]
         for n in range(count)
     ]  # fmt: skip
 
@@ -292,12 +302,7 @@ def test_a_reclaim_preempts_borrowed_capacity_for_a_tenant_within_its_guarantee(
     assert len(borrowed) == 2, borrowed
     # Vision, within its guarantee, asks for a whole GPU: one borrowed GPU is taken back.
     mine = plane.submit(
-        "vision",
-        queue="train",
-        name="reclaimer",
-        gpu_milli=1000,
-        allowed_gpu_models=["A100-80GB", "H100-80GB"],
-        command=python(SLEEP.format(s=0.5)),
+        "vision", queue="train", name="reclaimer", command=python(SLEEP.format(s=0.5)), **WHOLE_TRAIN_GPU
     )
     wait_tasks([mine["id"]], FINAL, timeout_s=40, what="vision's task to reclaim a GPU and finish")
     assert plane.get("vision", mine["id"])["state"] == "succeeded"
@@ -316,8 +321,6 @@ def preempted_for(task_id: int) -> dict[int, str]:
 
 
 def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_work(plane: Plane) -> None:
-    from apps.approvals.models import PriorityOverride
-    from apps.approvals.services import override_approve
     from apps.workloads.models import Task
 
     # Vision fills its guarantee and borrows one GPU, speech fills its guarantee: the pool is full.
@@ -327,16 +330,16 @@ def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_wo
         "speech",
         queue="train",
         name="urgent",
-        gpu_milli=1000,
         priority=5,
-        allowed_gpu_models=["A100-80GB", "H100-80GB"],
         command=python(SLEEP.format(s=0.5)),
+        **WHOLE_TRAIN_GPU,
     )
     time.sleep(3)  # a few cycles: at equal priority it waits, nobody is preempted
     assert plane.get("speech", urgent["id"])["state"] == "pending"
     wanted = {"task": urgent["id"], "wanted_priority": 50, "reason": "deadline tonight"}
     asked = plane.post("speech", "/api/v1/overrides/", wanted)
-    override_approve(override=PriorityOverride.objects.get(pk=asked["id"]), by=plane.root)
+    decided = plane.post("root", f"/api/v1/overrides/{asked['id']}/approve/", {"comment": "approved"})
+    assert (decided["state"], decided["decided_by"]) == ("approved", "root"), decided
     wait_tasks([urgent["id"]], FINAL, timeout_s=40, what="the raised task to preempt and finish")
     assert plane.get("speech", urgent["id"])["state"] == "succeeded"
     # One task of the fill (either tenant's: all run at priority 5) is preempted for the raised one.
@@ -345,6 +348,38 @@ def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_wo
     assert "priority 5 below 50" in next(iter(victims.values())), victims
     victim = Task.objects.get(pk=next(iter(victims)))
     assert victim.attempts == 1 and victim.state != "failed", explain(low)  # requeued, not failed
+    no_violations(plane)
+
+
+def test_a_task_whose_best_place_needs_a_new_mig_layout_waits_for_the_agent_to_recarve_the_gpu(
+    plane: Plane,
+) -> None:
+    from apps.fleet.models import GpuPartition
+    from apps.inventory.models import ComputeUnit, Gpu
+    from apps.scheduling.models import Repartition
+
+    gpu = Gpu.objects.get(node=plane.nodes["h100-001"], index=0)
+    # 500 milli with 40 GB on a MIG instance: a 4g.40gb, which the GPU's one 3g.40gb@0 cannot give.
+    task = plane.submit(
+        "vision", queue="train", name="needs-4g", gpu_milli=500, gpu_mem_mib=40_000, isolation="mig",
+        command=["sh", "-c", 'echo "on $CUDA_VISIBLE_DEVICES"'], max_runtime_s=60,
+    )  # fmt: skip
+    wait_tasks([task["id"]], FINAL, timeout_s=60, what="the task to wait for its layout, bind and finish")
+    assert plane.get("vision", task["id"])["state"] == "succeeded", explain([task["id"]])
+    # The cycle re-carved the idle GPU, held it for the task, and bound it once the agent said so.
+    claim = Repartition.objects.get(task_id=task["id"])
+    assert claim.state == "bound" and claim.layout == [["4g.40gb", 0], ["3g.40gb", 4]], claim
+    report = GpuPartition.objects.get(gpu=gpu)
+    assert report.state == "ok" and report.generation >= claim.generation
+    assert sorted((i["profile"], i["start"]) for i in report.instances) == [("3g.40gb", 4), ("4g.40gb", 0)]
+    assert [(u.mig_profile, u.mig_start) for u in ComputeUnit.objects.filter(pk=claim.unit_id)] == [
+        ("4g.40gb", 0)
+    ]
+    # The process ran on the new MIG instance: CUDA_VISIBLE_DEVICES named the 4g.40gb's MIG UUID.
+    new_instance = next(i for i in report.instances if i["profile"] == "4g.40gb")
+    assert new_instance["mig_uuid"].startswith("MIG-"), new_instance
+    output = plane.agents["h100-001"].task_output(task["id"]).strip()
+    assert output == f"on {new_instance['mig_uuid']}", output
     no_violations(plane)
 
 

@@ -213,6 +213,8 @@ WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen
 WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
 # Milli-GPUs of every pool kept idle for online-SLA tasks: a batch task may not take the last of them.
 WHALEGEN_ONLINE_RESERVE_MILLI = envint("WHALEGEN_ONLINE_RESERVE_MILLI", 0)
+# A GPU a cycle re-carved for a task is held for it this long; unapplied by then, the claim is given up.
+WHALEGEN_REPARTITION_TIMEOUT_S = envfloat("WHALEGEN_REPARTITION_TIMEOUT_S", 300.0)
 # Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.
 WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
 WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)

@@ -221,7 +221,7 @@ class Engine:
                 unplaced += [Unplaced(t.task_id, Outcome.GANG_INCOMPLETE, message) for t in unit]
                 continue
             need_milli = sum(t.num_gpu * t.gpu_milli for t in unit)
-            quota_problem, borrowed = self._quota_check(head.tenant, need_milli)
+            quota_problem, borrowed = self.quota_check(head.tenant, need_milli)
             if quota_problem is not None:
                 unplaced += [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit]
                 continue
@@ -292,7 +292,7 @@ class Engine:
         self.usage_milli[record.tenant] -= record.request_milli
         self.state.release(task_id)
 
-    def _quota_check(self, tenant: str, need_milli: int) -> tuple[str | None, bool]:
+    def quota_check(self, tenant: str, need_milli: int) -> tuple[str | None, bool]:
         quota = self.quotas.get(tenant)
         if quota is None:
             return None, False

@@ -54,6 +54,47 @@ def test_order_is_priority_then_fair_share_then_age(fleet) -> None:
     assert states(a_urgent, b_newest, a_old, a_newer) == ["assigned", "assigned", "pending", "pending"]
 
 
+def test_a_queue_of_weight_two_gets_twice_the_share_of_its_tenant(fleet) -> None:
+    from apps.workloads.services import TaskRequest, queue_create, task_submit
+
+    fleet.node(gpus=3)
+    tenant = fleet.tenant("a", guaranteed=3000, borrow=9000)
+    queue_create(tenant=tenant, pool=fleet.pool, name="heavy", weight=2)
+    light = [fleet.submit("a") for _ in range(6)]  # older: by age alone they would take every GPU
+    heavy = [
+        task_submit(tenant=tenant, request=TaskRequest(queue="heavy"), submitted_by=fleet.user)[0]
+        for _ in range(6)
+    ]
+    run(fleet)
+    assert states(*light).count("assigned") == 1
+    assert states(*heavy).count("assigned") == 2
+    # Within each queue, the oldest go first.
+    assert states(light[0], heavy[0], heavy[1]) == ["assigned"] * 3
+
+
+def test_the_cycle_asks_the_engine_once_with_its_own_order(fleet, monkeypatch) -> None:
+    from whalegen.placement.engine import Engine
+
+    calls: list[list[tuple[str, int | None]]] = []
+    real = Engine.solve
+
+    def spy(self: Engine, pending: tuple, now: float) -> object:
+        calls.append([(t.task_id, t.order_key) for t in pending])
+        return real(self, pending, now)
+
+    monkeypatch.setattr(Engine, "solve", spy)
+    fleet.node(gpus=2)
+    fleet.tenant("a", guaranteed=4000)
+    fleet.tenant("b", guaranteed=4000)
+    a_old, a_newer = fleet.submit("a"), fleet.submit("a")
+    b_newest = fleet.submit("b")
+    run(fleet)
+    assert len(calls) == 1
+    # Fair share puts b's task between a's two; every task carries its place as `order_key`.
+    assert calls[0] == [(str(a_old.pk), 0), (str(b_newest.pk), 1), (str(a_newer.pk), 2)]
+    assert states(a_old, b_newest, a_newer) == ["assigned", "assigned", "pending"]
+
+
 def test_guarantees_are_served_before_anyone_borrows(fleet) -> None:
     fleet.node(gpus=3)
     fleet.tenant("a", guaranteed=1000, borrow=2000)

@@ -15,7 +15,8 @@ from apps.workloads.models import Task
 from tests.apps.scheduling.conftest import NOW, Fleet
 from tests.apps.scheduling.invariants import violations
 
-SNAPSHOT_QUERIES = 7
+# nodes, GPUs, units, stopping GPUs, repartition claims, assignments, overrides, pending tasks, quotas
+SNAPSHOT_QUERIES = 9
 
 
 def _busy_pool(fleet: Fleet) -> list[Task]:
@@ -135,3 +136,34 @@ def test_the_snapshot_reads_a_pool_in_a_fixed_number_of_queries(
         len(snapshot.cluster.running) > 0
         and len(snapshot.cluster.running) + len(snapshot.cluster.pending) == tasks
     )
+
+
+def test_a_unit_taken_behind_the_cycles_back_rolls_the_whole_commit_back(
+    fleet: Fleet, monkeypatch: Any
+) -> None:
+    """A writer that binds a unit without raising its node's version breaks the contract the commit relies
+    on; the unit's compare-and-set still catches it, and the cycle writes nothing rather than double-book."""
+    from apps.common.errors import Conflict
+    from apps.inventory.models import ComputeUnit
+
+    fleet.node(gpus=2)
+    fleet.tenant("a", guaranteed=4000)
+    first, second = fleet.submit("a"), fleet.submit("a")
+    sneaky = fleet.submit("a")
+    real = services.snapshot_for_pool
+
+    def snapshot_then_sneak(pool_id: int, now: Any) -> Any:
+        snapshot = real(pool_id, now)
+        ComputeUnit.objects.filter(pk=min(ComputeUnit.objects.values_list("pk", flat=True))).update(
+            task=sneaky
+        )
+        return snapshot
+
+    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_sneak)
+    with pytest.raises(Conflict, match="taken during the commit"):
+        services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    assert not Assignment.objects.exists()
+    assert ComputeUnit.objects.filter(task__isnull=False).count() == 0  # the sneak rolled back with it
+    for task in (first, second):
+        task.refresh_from_db()
+        assert task.state == "pending"

@@ -1,0 +1,218 @@
+"""Partitions as part of the plan, on PostgreSQL: a cycle re-carves an idle MIG GPU for the task whose best
+place needs another layout, keeps the task waiting (holding the GPU) until the node's agent reports the
+layout applied, then binds it to its new instance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.fleet.models import NodeAgent
+from apps.fleet.selectors import desired_state_build, gpu_partition_applied
+from apps.fleet.services import agent_report
+from apps.inventory.models import ComputeUnit, Gpu
+from apps.scheduling.models import Repartition
+from apps.workloads.models import Task
+from apps.workloads.services import task_cancel
+from tests.apps.scheduling.conftest import NOW, run
+from tests.apps.scheduling.invariants import violations
+from tests.apps.scheduling.test_races_and_queries import _race
+from whalegen import protocol as p
+from whalegen.gpus.mig import profile_by_name
+
+H100 = "H100-80GB"
+SEVEN_1G = [("1g.10gb", start) for start in range(7)]
+
+
+def layout_of(gpu: Gpu) -> list[tuple[str, int | None, int | None]]:
+    return sorted(
+        (u.mig_profile, u.mig_start, u.task_id)
+        for u in ComputeUnit.objects.filter(gpu=gpu).order_by("mig_start")
+    )
+
+
+def report_partition(
+    node: Any, gpu: Gpu, *, state: str = "ok", generation: int, seq: int, reason: str = ""
+) -> None:
+    """What the node's agent says after its reconcile pass: the instances now on the GPU."""
+    instances = tuple(
+        p.MigInstance(
+            gi_id=i,
+            profile_id=profile_by_name(gpu.model, unit.mig_profile).profile_id,
+            profile=unit.mig_profile,
+            start=unit.mig_start,
+            size=profile_by_name(gpu.model, unit.mig_profile).memory_slices,
+        )
+        for i, unit in enumerate(ComputeUnit.objects.filter(gpu=gpu).order_by("mig_start"), start=1)
+    )
+    agent_report(
+        node=node,
+        message=p.Report(
+            node_id=str(node.pk),
+            seq=seq,
+            sent_at_s=NOW.timestamp(),
+            partitions=(
+                p.PartitionReport(
+                    gpu_uuid=gpu.uuid,
+                    state=p.PartitionState(state),
+                    at_s=NOW.timestamp(),
+                    generation=generation,
+                    instances=instances if state == "ok" else (),
+                    reason=reason,
+                ),
+            ),
+        ),
+    )
+
+
+def test_a_task_waits_for_its_new_layout_and_binds_once_the_agent_applied_it(fleet) -> None:
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    task = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
+
+    # 1. Emit: the best place is a 3g.40gb, which seven 1g instances cannot give: the idle GPU is re-carved.
+    report = run(fleet)
+    task.refresh_from_db()
+    assert (task.state, report.placed) == ("pending", 0)
+    assert task.why_pending_code == "waiting_for_layout"
+    generation = NodeAgent.objects.get(node=node).generation
+    assert generation >= 1
+    assert (
+        f"GPU 0 on eu-1/n001 is being repartitioned to 4g.40gb+3g.40gb (generation {generation})"
+        in task.why_pending
+    )
+    assert task.predicted_start_at is not None
+    assert layout_of(gpu) == [("3g.40gb", 4, None), ("4g.40gb", 0, None)]
+    claim = Repartition.objects.get(task=task)
+    assert (claim.state, claim.generation, claim.layout) == (
+        "waiting",
+        generation,
+        [["4g.40gb", 0], ["3g.40gb", 4]],
+    )
+    # The node's desired state now carries the new layout, at that generation.
+    desired = desired_state_build(node=node, now=NOW)
+    assert [(i.profile, i.start) for i in desired.gpus[0].instances] == [("4g.40gb", 0), ("3g.40gb", 4)]
+
+    # 2. Not applied yet: the task keeps waiting and the GPU is nobody else's.
+    other = fleet.submit("a", gpu_milli=100)
+    run(fleet, minutes=1)
+    task.refresh_from_db()
+    other.refresh_from_db()
+    assert (task.state, task.why_pending_code) == ("pending", "waiting_for_layout")
+    assert other.state == "pending" and other.why_pending_code == "no_capacity"
+    assert Repartition.objects.filter(gpu=gpu).count() == 1
+    assert not gpu_partition_applied(gpu=gpu, generation=generation)
+
+    # 3. The agent reports the layout applied; the next cycle binds the task to its new 3g.40gb.
+    report_partition(node, gpu, generation=generation, seq=1)
+    assert gpu_partition_applied(gpu=gpu, generation=generation)
+    report = run(fleet, minutes=2)
+    task.refresh_from_db()
+    assert task.state == "assigned" and report.placed == 1
+    assert [(u.mig_profile, u.mig_start) for u in ComputeUnit.objects.filter(task=task)] == [("3g.40gb", 4)]
+    claim.refresh_from_db()
+    assert claim.state == "bound" and claim.closed_at is not None
+    assert violations(fleet.pool.pk) == []
+    # The GPU is free again for everyone: the small task takes the 4g.40gb left over.
+    run(fleet, minutes=3)
+    other.refresh_from_db()
+    assert other.state == "assigned"
+    assert [(u.mig_profile, u.mig_start) for u in ComputeUnit.objects.filter(task=other)] == [("4g.40gb", 0)]
+    assert violations(fleet.pool.pk) == []
+
+
+def test_a_gpu_with_a_unit_in_use_is_never_recarved(fleet) -> None:
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    small = fleet.submit("a", gpu_milli=100)
+    run(fleet)
+    small.refresh_from_db()
+    assert small.state == "assigned"
+    before = layout_of(gpu)
+    big = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
+    run(fleet, minutes=1)
+    big.refresh_from_db()
+    assert big.state == "pending" and big.why_pending_code != "waiting_for_layout"
+    assert layout_of(gpu) == before
+    assert not Repartition.objects.exists()
+
+
+def test_a_layout_the_agent_cannot_apply_gives_the_gpu_up_with_the_agents_reason(fleet) -> None:
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    task = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
+    run(fleet)
+    claim = Repartition.objects.get(task=task)
+    report_partition(node, gpu, state="blocked", generation=claim.generation, seq=1, reason="instance 3 busy")
+    run(fleet, minutes=1)
+    claim.refresh_from_db()
+    assert claim.state == "abandoned"
+    assert "could not repartition GPU 0 on eu-1/n001" in claim.reason and "instance 3 busy" in claim.reason
+    # The GPU's layout is not what the plan says, so nothing is bound to it until the agent reports "ok".
+    task.refresh_from_db()
+    assert task.state == "pending" and task.why_pending_code == "no_capacity"
+    report_partition(node, gpu, generation=claim.generation + 1, seq=2)
+    run(fleet, minutes=2)
+    task.refresh_from_db()
+    assert task.state == "assigned"
+    assert violations(fleet.pool.pk) == []
+
+
+def test_a_cancelled_task_releases_its_gpu_and_an_unapplied_layout_times_out(fleet, settings) -> None:
+    settings.WHALEGEN_REPARTITION_TIMEOUT_S = 60
+    fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    fleet.tenant("a", guaranteed=7000)
+    cancelled = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
+    run(fleet)
+    task_cancel(task=Task.objects.get(pk=cancelled.pk), by=None)
+    run(fleet, minutes=1)
+    first = Repartition.objects.get(task=cancelled)
+    assert (first.state, first.reason) == ("abandoned", "the task is no longer pending")
+
+    waiting = fleet.submit("a", gpu_milli=1000, gpu_mem_mib=70_000)
+    run(fleet, minutes=2)  # 7g.80gb wanted: the 4g+3g layout is re-carved again
+    claim = Repartition.objects.get(task=waiting)
+    assert claim.state == "waiting" and claim.layout == [["7g.80gb", 0]]
+    run(fleet, minutes=2 + 2)  # no report within 60 s
+    claim.refresh_from_db()
+    assert claim.state == "abandoned" and "within 60 s" in claim.reason
+    # Given up, the task is planned afresh in that same cycle: the plane's layout is a free 7g.80gb now.
+    waiting.refresh_from_db()
+    assert waiting.state == "assigned"
+    assert [u.mig_profile for u in ComputeUnit.objects.filter(task=waiting)] == ["7g.80gb"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_cycles_racing_to_recarve_one_gpu_make_one_claim(fleet, monkeypatch) -> None:
+    """Without the advisory lock, both cycles plan the same idle GPU from the same snapshot; the node's
+    version lets one re-carve it, the other skips with `lost_race`."""
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    task = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
+    results = _race(fleet.pool.pk, lock=False, meet_after_snapshot=True, monkeypatch=monkeypatch)
+    assert all(r.status == "done" for r in results), results
+    assert sorted(r.conflicts for r in results) == [0, 1]
+    claim = Repartition.objects.get(task=task)
+    assert claim.state == "waiting"
+    assert layout_of(gpu) == [("3g.40gb", 4, None), ("4g.40gb", 0, None)]
+    task.refresh_from_db()
+    assert task.why_pending_code in ("waiting_for_layout", "lost_race")
+
+
+def test_a_gang_whose_best_place_needs_a_new_layout_waits_with_that_reason(fleet) -> None:
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    gang = [fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000, gang_id="g", gang_size=2) for _ in range(2)]
+    before = layout_of(gpu)
+    run(fleet)
+    for task in gang:
+        task.refresh_from_db()
+        assert (task.state, task.why_pending_code) == ("pending", "needs_layout_change")
+    assert any("not re-carved for a gang member" in t.why_pending for t in gang)
+    assert layout_of(gpu) == before and not Repartition.objects.exists()
