@@ -6,8 +6,9 @@ from datetime import datetime
 
 import numpy as np
 import pandas as pd
-from django.db.models import QuerySet
+from django.db.models import IntegerField, OuterRef, QuerySet, Subquery, Sum
 
+from apps.fleet.models import GpuSample, TaskSample
 from apps.forecasting.models import ForecastModel
 from apps.inventory.models import Gpu, Pool
 from apps.tenants.models import Tenant
@@ -164,3 +165,79 @@ def gpu_models_by_tenant(*, tenant_ids: list[int]) -> dict[int, list[str]]:
     ):
         out.setdefault(tenant_id, set()).add(model)
     return {tenant_id: sorted(models) for tenant_id, models in out.items()}
+
+
+# ---------------------------------------------------------------------------------------- telemetry
+
+
+def _gpu_util_at() -> Subquery:
+    # The agent stamps a heartbeat's GPU and process samples with the same instant (`_store_telemetry`),
+    # so the GPU's duty cycle at a task sample is the GpuSample of the same GPU and instant.
+    return Subquery(
+        GpuSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at")).values("util_gpu_pct")[:1],
+        output_field=IntegerField(),
+    )
+
+
+def profile_telemetry(
+    *, tenant: Tenant, profile_key: str, since: datetime, until: datetime, limit: int
+) -> list[tuple[str, float, float | None, float | None]]:
+    """The key's telemetry as `(series, time_s, gpu_util_pct, gpu_mem_mib)` for
+    `whalegen.forecast.profiles.build_profile`, aggregated in SQL: one row per task, GPU and instant
+    (the memory of all the task's processes on that GPU summed), the latest `limit` rows. The series id
+    is `task:gpu`, so a peak is what one GPU had to hold and a pattern is one device's curve."""
+    rows = (
+        TaskSample.objects.filter(
+            task__tenant=tenant, task__profile_key=profile_key, at__gte=since, at__lte=until
+        )
+        .values("task_id", "gpu_id", "at")
+        .annotate(mem=Sum("used_mib"), util=_gpu_util_at())
+        .order_by("-at", "task_id", "gpu_id")[:limit]
+    )
+    return [
+        (
+            f"{r['task_id']}:{r['gpu_id']}",
+            r["at"].timestamp(),
+            None if r["util"] is None else float(r["util"]),
+            None if r["mem"] is None else float(r["mem"]),
+        )
+        for r in rows
+    ]
+
+
+def profile_keys_with_telemetry(*, since: datetime, until: datetime) -> set[tuple[int, str]]:
+    """(tenant id, profile key) of tasks with telemetry in the window: running tasks have a profile
+    before any of them finishes."""
+    return set(
+        TaskSample.objects.filter(at__gte=since, at__lte=until)
+        .exclude(task__profile_key="")
+        .values_list("task__tenant_id", "task__profile_key")
+        .distinct()
+    )
+
+
+def task_memory_series(
+    *, since: datetime, until: datetime, task_ids: list[int] | None = None, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-task GPU memory series for the memory-peak model: at each instant, the most any one GPU of
+    the task held (its processes on that GPU summed), aggregated in SQL; the latest `limit` rows,
+    returned in time order as (task ids, epoch seconds, MiB)."""
+    queryset = TaskSample.objects.filter(at__gte=since, at__lte=until, used_mib__isnull=False)
+    if task_ids is not None:
+        queryset = queryset.filter(task_id__in=task_ids)
+    per_gpu = list(
+        queryset.values("task_id", "gpu_id", "at")
+        .annotate(mem=Sum("used_mib"))
+        .order_by("-at", "task_id", "gpu_id")[:limit]
+        .values_list("task_id", "at", "mem")
+    )
+    top: dict[tuple[int, float], float] = {}
+    for task_id, at, mem in per_gpu:
+        key = (task_id, at.timestamp())
+        top[key] = max(top.get(key, 0.0), float(mem))
+    ordered = sorted(top.items(), key=lambda item: (item[0][1], item[0][0]))
+    return (
+        np.asarray([k[0] for k, _ in ordered], dtype=np.int64),
+        np.asarray([k[1] for k, _ in ordered], dtype=np.float64),
+        np.asarray([v for _, v in ordered], dtype=np.float64),
+    )

@@ -439,18 +439,32 @@ def tasks_forecast_attach_on_commit(*, task_ids: list[int]) -> None:
 # ----------------------------------------------------------------------------------------- profiles
 
 
-def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | None = None) -> TaskProfile:
-    """Fold the key's finished runs into its TaskProfile (duration quantiles).
+def _mib(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
-    Telemetry: the plane has no agent telemetry sample table on main yet, so memory and utilisation
-    fields are left as they are (another writer may fill them); `sample_count` counts finished runs.
+
+def _share(pct: float | None) -> float | None:
+    return None if pct is None else pct / 100.0
+
+
+def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | None = None) -> TaskProfile:
+    """Fold the key's finished runs (duration quantiles) and its agent telemetry (GPU memory peak,
+    typical and P95, memory pattern, GPU duty cycle mean / P95 / burstiness) into its TaskProfile.
+
+    Bounded: telemetry is aggregated in SQL to one row per task, GPU and instant, and only the latest
+    `WHALEGEN_PROFILE_SAMPLE_ROWS` of those are read. `sample_count` counts finished runs,
+    `telemetry_samples` the telemetry rows folded. A key without telemetry keeps empty memory fields
+    (never a made-up number), so it gets no right-sizing advice.
     """
     now = now or timezone.now()
-    runs = selectors.finished_runs(until=now, since=now - _lookback(), tenant=tenant).filter(
-        profile_key=profile_key
-    )
+    since = now - _lookback()
+    runs = selectors.finished_runs(until=now, since=since, tenant=tenant).filter(profile_key=profile_key)
     spans = [max((e - s).total_seconds(), 1.0) for s, e in runs.values_list("started_at", "finished_at")]
-    profile = build_profile([], spans)
+    samples = selectors.profile_telemetry(
+        tenant=tenant, profile_key=profile_key, since=since, until=now,
+        limit=settings.WHALEGEN_PROFILE_SAMPLE_ROWS,
+    )  # fmt: skip
+    profile = build_profile(samples, spans)
     obj, _ = TaskProfile.objects.update_or_create(
         tenant=tenant,
         profile_key=profile_key,
@@ -458,20 +472,30 @@ def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | N
             "sample_count": len(spans),
             "duration_p50_s": profile.duration_p50_s,
             "duration_p90_s": profile.duration_p90_s,
+            "gpu_mem_peak_mib": _mib(profile.mem_peak_mib),
+            "gpu_mem_typical_mib": _mib(profile.mem_typical_mib),
+            "gpu_mem_p95_mib": _mib(profile.mem_p95_mib),
+            "gpu_util_mean": _share(profile.util_mean_pct),
+            "gpu_util_p95": _share(profile.util_p95_pct),
+            "gpu_util_burstiness": profile.util_burstiness,
+            "mem_growth": profile.mem_pattern.value if samples else "",
+            "telemetry_samples": profile.sample_count,
+            "telemetry_tasks": len({series.split(":")[0] for series, *_ in samples}),
+            "last_sample_at": None if profile.last_sample_s is None else _as_dt(profile.last_sample_s),
         },
     )
     return obj
 
 
 def profiles_refresh(*, now: datetime | None = None) -> int:
-    """Refresh every (tenant, profile key) with a finished run in the lookback window."""
+    """Refresh every (tenant, profile key) with a finished run or telemetry in the lookback window."""
     now = now or timezone.now()
-    keys = (
+    keys = set(
         selectors.finished_runs(until=now, since=now - _lookback())
         .exclude(profile_key="")
         .values_list("tenant_id", "profile_key")
         .distinct()
-    )
+    ) | selectors.profile_keys_with_telemetry(since=now - _lookback(), until=now)
     tenants = {t.pk: t for t in Tenant.objects.filter(pk__in={k[0] for k in keys})}
     count = 0
     for tenant_id, key in sorted(set(keys)):

@@ -69,8 +69,9 @@ class TaskProfileOutputSerializer(serializers.ModelSerializer):
         model = TaskProfile
         fields = [
             "id", "tenant", "profile_key", "sample_count", "duration_p50_s", "duration_p90_s",
-            "gpu_mem_peak_mib", "gpu_util_mean", "gpu_util_burstiness", "mem_growth", "updated_at",
-            "right_sizing",
+            "gpu_mem_peak_mib", "gpu_mem_typical_mib", "gpu_mem_p95_mib", "gpu_util_mean", "gpu_util_p95",
+            "gpu_util_burstiness", "mem_growth", "telemetry_samples", "telemetry_tasks", "last_sample_at",
+            "updated_at", "right_sizing",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -92,8 +93,9 @@ class TaskProfileOutputSerializer(serializers.ModelSerializer):
                 float(profile.gpu_mem_peak_mib),
                 gpu_model,
                 margin=settings.WHALEGEN_RIGHT_SIZE_MARGIN,
-                # The profile keeps a mean, not a P95 duty cycle: sizing is by memory only.
-                util_p95_pct=None,
+                # The P95 duty cycle of the GPUs the key ran on (whole-GPU NVML figure): a MIG profile
+                # must also offer that share of compute. Without telemetry, sizing is by memory only.
+                util_p95_pct=None if profile.gpu_util_p95 is None else profile.gpu_util_p95 * 100.0,
                 pattern=self._pattern(profile.mem_growth),
             )
             out.append(
