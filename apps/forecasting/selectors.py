@@ -6,7 +6,7 @@ from datetime import datetime
 
 import numpy as np
 import pandas as pd
-from django.db.models import IntegerField, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
 
 from apps.fleet.models import GpuSample, TaskSample
 from apps.forecasting.models import ForecastModel
@@ -241,3 +241,7 @@ def task_memory_series(
         np.asarray([k[1] for k, _ in ordered], dtype=np.float64),
         np.asarray([v for _, v in ordered], dtype=np.float64),
     )
+
+
+def largest_gpu_mem_mib() -> int | None:
+    return Gpu.objects.aggregate(mib=Max("mem_mib"))["mib"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -24,6 +24,7 @@ from apps.tenants.models import Tenant
 from apps.workloads.models import Task, TaskProfile
 from whalegen.forecast import arrivals as pure_arrivals
 from whalegen.forecast import durations as pure_durations
+from whalegen.forecast import memory as pure_memory
 from whalegen.forecast.profiles import build_profile
 from whalegen.forecast.store import PromotionDecision, should_promote
 
@@ -34,6 +35,11 @@ ARRIVALS_METRIC = "poisson_deviance"  # expected counts are means: deviance scor
 VALIDATION_SHARE = 0.2  # the latest 20 % of runs (by start) validate; earlier ones train
 MIN_DURATION_ROWS = 80  # the pure trainer needs ≥ 50 rows before the split; 80 × 0.8 = 64
 MIN_ARRIVALS = 100
+MIN_MEMORY_SAMPLES = 500  # task × instant samples; the pure trainer needs ≥ 70 training origins
+# The memory model is promoted on under-prediction at comparable memory saved against these rule
+# baselines (both calibrated to the same target rate as the model): the request and the plane-wide P99
+# are reported, not compared (one saves nothing, the other is not calibrated to the target).
+MEMORY_BASELINES = ("peak_so_far", "window_max")
 # Key history a baseline stands on: with fewer finished runs of the key the plane's median is used.
 MIN_KEY_HISTORY = 3
 _MODEL_CACHE: dict[int, object] = {}  # ForecastModel.pk → loaded model; envelopes never change
@@ -64,6 +70,8 @@ def _load(row: ForecastModel) -> object:
             model = pure_durations.DurationModel.from_bytes(blob)
         elif row.kind == ForecastModel.Kind.ARRIVALS:
             model = pure_arrivals.ArrivalModel.from_bytes(blob)
+        elif row.kind == ForecastModel.Kind.MEMORY_PEAK:
+            model = pure_memory.MemoryModel.from_bytes(blob)
         else:
             raise ValueError(f"no loader for {row.kind}")
         if len(_MODEL_CACHE) > 16:
@@ -273,6 +281,70 @@ def _train_arrivals(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
     return TrainingOutcome(kind, row, decision.promote, decision.reason)
 
 
+def _train_memory_peak(*, now: datetime) -> TrainingOutcome:
+    kind = ForecastModel.Kind.MEMORY_PEAK
+    # 1. Per-task GPU memory series from agent telemetry (the latest WHALEGEN_MEMORY_SAMPLE_ROWS).
+    ids, times, values = selectors.task_memory_series(
+        since=now - _lookback(), until=now, limit=settings.WHALEGEN_MEMORY_SAMPLE_ROWS
+    )
+    if len(times) < MIN_MEMORY_SAMPLES:
+        return _skip(kind, f"{len(times)} task memory samples in the window; need {MIN_MEMORY_SAMPLES}")
+    # The reservation without a forecast is the whole device: memory saved is measured against the
+    # largest GPU memory of the plane (a bound is never above it either).
+    request = selectors.largest_gpu_mem_mib()
+    if request is None:
+        return _skip(kind, "the plane has no GPU with a known memory size")
+    cfg = pure_memory.MemoryConfig()
+    # 2. Time split: origins whose next hour ends before the split train (the latest quarter of them
+    #    calibrates the margins), origins after it validate.
+    try:
+        model, evaluation = pure_memory.evaluate_memory(
+            ids, times, values, cfg, 1.0 - VALIDATION_SHARE, request=float(request)
+        )
+    except ValueError as exc:
+        return _skip(kind, str(exc))
+    scores = evaluation.models
+    # 3. The active model on the same validation origins.
+    active_row = selectors.forecast_model_active(kind=kind)
+    active_scores: dict[str, float] | None = None
+    if active_row is not None:
+        active_model = _load(active_row)
+        assert isinstance(active_model, pure_memory.MemoryModel)
+        rows = pure_memory.memory_rows(ids, times, values, active_model.config)
+        test = rows[rows["t"] >= evaluation.split_s]
+        if not test.empty:
+            active_scores = pure_memory.memory_scores(
+                test["target"].to_numpy(np.float64), active_model.predict_peak(test), float(request),
+                active_model.config.quantile,
+            )  # fmt: skip
+    promote, reason = pure_memory.memory_promotion(
+        scores["xgboost"],
+        {name: scores[name] for name in MEMORY_BASELINES},
+        active_scores,
+        max_under=cfg.target_under,
+    )
+    if active_row is not None:
+        reason = f"{reason} (v{active_row.version})"
+    elif promote:
+        reason = f"{reason} (no model was active)"
+    # 4. The validated model serves (no refit), as for durations.
+    metrics = {
+        "metric": "under_rate, saved_vs_request",
+        "active": active_scores,
+        "request_mib": request,
+        "n_samples": len(times),
+        "n_tasks": len(np.unique(ids)),
+        **evaluation.to_json(),
+    }
+    split = _as_dt(evaluation.split_s)
+    windows = (_as_dt(times.min()), split, split, _as_dt(times.max()))
+    row = _store(
+        kind=kind, pool=None, tenant=None, blob=model.to_bytes(), metrics=metrics, windows=windows,
+        promote=promote, reason=reason, now=now,
+    )  # fmt: skip
+    return TrainingOutcome(kind, row, promote, reason)
+
+
 def forecast_model_train(
     *,
     kind: str,
@@ -290,7 +362,7 @@ def forecast_model_train(
     if kind == ForecastModel.Kind.ARRIVALS:
         return _train_arrivals(pool=pool, now=now)
     if kind == ForecastModel.Kind.MEMORY_PEAK:
-        return _skip(kind, "the plane stores no per-task GPU memory time series yet (agent telemetry)")
+        return _train_memory_peak(now=now)
     if kind == ForecastModel.Kind.IDLE_GPUS:
         return _skip(kind, "the plane records no idle-GPU series per pool yet")
     raise ValueError(f"unknown forecast kind {kind!r}")
@@ -434,6 +506,63 @@ def tasks_forecast_attach_on_commit(*, task_ids: list[int]) -> None:
 
     if ids:
         transaction.on_commit(attach)
+
+
+# ------------------------------------------------------------------------------- memory bounds (running)
+
+
+def _latest_origin_samples(
+    ids: np.ndarray, times: np.ndarray, values: np.ndarray, window_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per task only what the features of its latest origin read: the first sample (age), the first
+    sample at the peak so far (peak, time since the peak) and the samples of the last window."""
+    keep = np.zeros(len(ids), dtype=bool)
+    for task in np.unique(ids):
+        idx = np.flatnonzero(ids == task)  # time order within a task (the selector sorts by time)
+        keep[idx[0]] = True
+        keep[idx[int(np.argmax(values[idx]))]] = True
+        keep[idx[times[idx] > times[idx[-1]] - window_s]] = True
+    return ids[keep], times[keep], values[keep]
+
+
+def memory_bounds_refresh(*, now: datetime | None = None) -> int:
+    """Attach the active memory-peak model's bound on the next hour to every running task with enough
+    recent telemetry (`min_samples` in the model's window); returns how many tasks got one. Without
+    an active model nothing is attached and the reason is logged."""
+    now = now or timezone.now()
+    row = selectors.forecast_model_active(kind=ForecastModel.Kind.MEMORY_PEAK)
+    if row is None:
+        logger.info("forecasting: no memory bounds: no memory-peak model is active")
+        return 0
+    model = _load(row)
+    assert isinstance(model, pure_memory.MemoryModel)
+    running = list(Task.objects.filter(state=Task.State.RUNNING).values_list("id", flat=True))
+    if not running:
+        return 0
+    ids, times, values = selectors.task_memory_series(
+        since=now - _lookback(), until=now, task_ids=running, limit=settings.WHALEGEN_MEMORY_SAMPLE_ROWS
+    )
+    if not len(ids):
+        return 0
+    ids, times, values = _latest_origin_samples(ids, times, values, model.config.window_s)
+    # Every sample is an origin here, and only each task's last one is kept: the bound from now on.
+    rows = pure_memory.memory_rows(
+        ids, times, values, replace(model.config, origin_every_s=0), with_target=False
+    )
+    if rows.empty:
+        return 0
+    rows = rows.groupby("task", sort=False).tail(1)
+    bounds = model.predict_peak(rows)
+    request = selectors.largest_gpu_mem_mib()
+    for task_id, bound in zip(rows["task"].to_numpy(), bounds, strict=True):
+        mib = math.ceil(float(bound)) if request is None else min(math.ceil(float(bound)), request)
+        values_ = {"mem_bound_mib": mib, "mem_bound_at": now, "mem_bound_model_version": row.version}
+        updated = TaskForecast.objects.filter(task_id=int(task_id)).update(**values_)
+        if not updated:
+            TaskForecast.objects.get_or_create(
+                task_id=int(task_id), defaults={"source": TaskForecast.Source.NONE, **values_}
+            )
+    return len(rows)
 
 
 # ----------------------------------------------------------------------------------------- profiles

@@ -175,6 +175,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.forecasting.tasks.forecasting_train_all",
         "schedule": float(envint("WHALEGEN_FORECAST_TRAIN_INTERVAL_S", 86_400)),
     },
+    "forecasting-memory-bounds": {
+        "task": "apps.forecasting.tasks.memory_bounds_refresh",
+        "schedule": float(envint("WHALEGEN_MEMORY_BOUND_INTERVAL_S", 600)),
+    },
     "forecasting-profiles": {
         "task": "apps.forecasting.tasks.profiles_refresh",
         "schedule": float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
