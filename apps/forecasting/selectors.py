@@ -6,11 +6,14 @@ from datetime import datetime
 
 import numpy as np
 import pandas as pd
-from django.db.models import IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import Avg, FloatField, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, TruncMinute
 
 from apps.fleet.models import GpuSample, TaskSample
 from apps.forecasting.models import ForecastModel
 from apps.inventory.models import Gpu, Pool
+from apps.scheduling.models import Cycle
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import Access
 from apps.workloads.models import Task, TaskProfile
@@ -245,3 +248,20 @@ def task_memory_series(
 
 def largest_gpu_mem_mib() -> int | None:
     return Gpu.objects.aggregate(mib=Max("mem_mib"))["mib"]
+
+
+def pool_idle_series(*, pool: Pool, since: datetime, until: datetime) -> pd.Series:
+    """Idle GPUs of a pool over time, from its scheduling cycles: each cycle records the idle GPU
+    (milli) of the pool's schedulable nodes before it placed anything (`stats.fragmentation_before`).
+    Averaged per minute in SQL (cycles run every few seconds: at most 1 440 rows a day are read), in
+    whole GPUs, indexed by the minute (UTC, tz-naive as the pure series code expects)."""
+    rows = list(
+        Cycle.objects.filter(pool=pool, started_at__gte=since, started_at__lt=until)
+        .annotate(minute=TruncMinute("started_at"))
+        .values("minute")
+        .annotate(idle=Avg(Cast(KT("stats__fragmentation_before__idle_milli"), FloatField())))
+        .order_by("minute")
+        .values_list("minute", "idle")
+    )
+    index = pd.DatetimeIndex([r[0] for r in rows]).tz_convert(None) if rows else pd.DatetimeIndex([])
+    return pd.Series([np.nan if r[1] is None else r[1] / 1000.0 for r in rows], index=index, dtype=np.float64)

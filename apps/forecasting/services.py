@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pandas as pd
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
@@ -25,8 +26,9 @@ from apps.workloads.models import Task, TaskProfile
 from whalegen.forecast import arrivals as pure_arrivals
 from whalegen.forecast import durations as pure_durations
 from whalegen.forecast import memory as pure_memory
+from whalegen.forecast import series as pure_series
 from whalegen.forecast.profiles import build_profile
-from whalegen.forecast.store import PromotionDecision, should_promote
+from whalegen.forecast.store import PromotionDecision, dump_model, load_model, should_promote
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +37,10 @@ ARRIVALS_METRIC = "poisson_deviance"  # expected counts are means: deviance scor
 VALIDATION_SHARE = 0.2  # the latest 20 % of runs (by start) validate; earlier ones train
 MIN_DURATION_ROWS = 80  # the pure trainer needs ≥ 50 rows before the split; 80 × 0.8 = 64
 MIN_ARRIVALS = 100
+IDLE_METRIC = "mae"  # idle GPUs at +10 / +60 minutes, against persistence, yesterday, window mean
+IDLE_HORIZONS_S = (600, 3_600)
+IDLE_BIN_S = 600
+MIN_IDLE_DAYS = 3  # "same slot yesterday" needs a day before the first origin; then train and validate
 MIN_MEMORY_SAMPLES = 500  # task × instant samples; the pure trainer needs ≥ 70 training origins
 # The memory model is promoted on under-prediction at comparable memory saved against these rule
 # baselines (both calibrated to the same target rate as the model): the request and the plane-wide P99
@@ -72,6 +78,8 @@ def _load(row: ForecastModel) -> object:
             model = pure_arrivals.ArrivalModel.from_bytes(blob)
         elif row.kind == ForecastModel.Kind.MEMORY_PEAK:
             model = pure_memory.MemoryModel.from_bytes(blob)
+        elif row.kind == ForecastModel.Kind.IDLE_GPUS:
+            model = idle_models_from_bytes(blob)
         else:
             raise ValueError(f"no loader for {row.kind}")
         if len(_MODEL_CACHE) > 16:
@@ -281,6 +289,81 @@ def _train_arrivals(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
     return TrainingOutcome(kind, row, decision.promote, decision.reason)
 
 
+def idle_models_to_bytes(models: dict[int, pure_series.SeriesModel]) -> bytes:
+    """One envelope per pool holding a series model per horizon (each as its own `to_bytes()` text)."""
+    meta = {"horizons": {str(h): m.to_bytes().decode() for h, m in sorted(models.items())}}
+    return dump_model("idle_gpus", meta, {})
+
+
+def idle_models_from_bytes(blob: bytes) -> dict[int, pure_series.SeriesModel]:
+    env = load_model(blob, "idle_gpus")
+    return {
+        int(h): pure_series.SeriesModel.from_bytes(text.encode()) for h, text in env.meta["horizons"].items()
+    }
+
+
+def _train_idle_gpus(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
+    kind = ForecastModel.Kind.IDLE_GPUS
+    if pool is None:
+        return _skip(kind, "idle GPUs are forecast per pool; name the pool")
+    # 1. The pool's idle-GPU series from its cycle records, on a 10-minute grid (bin mean).
+    raw = selectors.pool_idle_series(pool=pool, since=now - _lookback(), until=now)
+    if raw.notna().sum() == 0:
+        return _skip(kind, f"no cycle of {pool.name} recorded idle GPUs in the window")
+    y = pure_series.bin_series(
+        pd.Series(raw.index), pd.Series(raw.to_numpy()), IDLE_BIN_S, pure_series.Aggregation.MEAN
+    )
+    span_days = (y.index[-1] - y.index[0]).total_seconds() / 86_400.0
+    if span_days < MIN_IDLE_DAYS:
+        return _skip(kind, f"{span_days:.1f} days of idle-GPU records for {pool.name}; need {MIN_IDLE_DAYS}")
+    # 2. Time split: the latest 20 % of the span validates, per horizon.
+    split_at = (y.index[0] + (y.index[-1] - y.index[0]) * (1.0 - VALIDATION_SHARE)).floor(f"{IDLE_BIN_S}s")
+    active_row = selectors.forecast_model_active(kind=kind, pool=pool)
+    active = idle_models_from_bytes(bytes(active_row.blob)) if active_row is not None else {}
+    models: dict[int, pure_series.SeriesModel] = {}
+    per_horizon: dict[str, dict[str, object]] = {}
+    reasons, promote = [], True
+    for horizon_s in IDLE_HORIZONS_S:
+        cfg = pure_series.SeriesConfig(
+            horizon_s=horizon_s, bin_s=IDLE_BIN_S, agg=pure_series.Aggregation.MEAN
+        )
+        try:
+            model, evaluation = pure_series.evaluate_series({pool.name: y}, cfg, split_at)
+        except ValueError as exc:
+            return _skip(kind, f"+{horizon_s // 60} min: {exc}")
+        scores = evaluation.models
+        baselines = {name: scores[name] for name in pure_series.BASELINES}
+        decision = should_promote(scores["xgboost"], None, baselines, metric=IDLE_METRIC)
+        # The active model of this horizon on the same validation origins (its own pool scale).
+        active_scores = None
+        old = active.get(horizon_s)
+        if old is not None:
+            rows = pure_series.build_rows(y, old.config, old.scales.get(pool.name, float(np.nanmax(y))))
+            test = rows[(rows["target_time"] >= split_at) & rows["target"].notna() & rows["last"].notna()]
+            if not test.empty:
+                predicted = pure_series.predict_rows(old, test)
+                active_scores = {IDLE_METRIC: float(np.mean(np.abs(test["target"].to_numpy() - predicted)))}
+                if decision.promote:
+                    decision = should_promote(
+                        scores["xgboost"], active_scores, {}, metric=IDLE_METRIC,
+                        min_gain=settings.WHALEGEN_FORECAST_MIN_GAIN,
+                    )  # fmt: skip
+        models[horizon_s] = model
+        per_horizon[str(horizon_s)] = {**evaluation.to_json(), "active": active_scores}
+        promote = promote and decision.promote
+        reasons.append(f"+{horizon_s // 60} min: {decision.reason}")
+    reason = "; ".join(reasons)
+    reason += f" (v{active_row.version})" if active_row is not None else " (no model was active)"
+    metrics = {"metric": IDLE_METRIC, "unit": "GPUs", "source": "cycle stats", "horizons": per_horizon}
+    first, split, last = (t.to_pydatetime().replace(tzinfo=UTC) for t in (y.index[0], split_at, y.index[-1]))
+    windows = (first, split, split, last)
+    row = _store(
+        kind=kind, pool=pool, tenant=None, blob=idle_models_to_bytes(models), metrics=metrics,
+        windows=windows, promote=promote, reason=reason, now=now,
+    )  # fmt: skip
+    return TrainingOutcome(kind, row, promote, reason)
+
+
 def _train_memory_peak(*, now: datetime) -> TrainingOutcome:
     kind = ForecastModel.Kind.MEMORY_PEAK
     # 1. Per-task GPU memory series from agent telemetry (the latest WHALEGEN_MEMORY_SAMPLE_ROWS).
@@ -364,7 +447,7 @@ def forecast_model_train(
     if kind == ForecastModel.Kind.MEMORY_PEAK:
         return _train_memory_peak(now=now)
     if kind == ForecastModel.Kind.IDLE_GPUS:
-        return _skip(kind, "the plane records no idle-GPU series per pool yet")
+        return _train_idle_gpus(pool=pool, now=now)
     raise ValueError(f"unknown forecast kind {kind!r}")
 
 

@@ -36,7 +36,8 @@ def forecasting_train_all() -> list[dict[str, object]]:
         _outcome(services.forecast_model_train(kind=ForecastModel.Kind.MEMORY_PEAK)),
     ]
     for pool in Pool.objects.order_by("name"):
-        results.append(_outcome(services.forecast_model_train(kind=ForecastModel.Kind.ARRIVALS, pool=pool)))
+        for kind in (ForecastModel.Kind.ARRIVALS, ForecastModel.Kind.IDLE_GPUS):
+            results.append(_outcome(services.forecast_model_train(kind=kind, pool=pool)))
     return results
 
 
