@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
@@ -17,6 +20,10 @@ from apps.scheduling.models import Cycle
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import Access
 from apps.workloads.models import Task, TaskProfile
+from whalegen.forecast.arrivals import OTHER, ArrivalModel, expected_shape_mix, forecast_arrivals
+from whalegen.placement.types import Shape, ShapeMix
+
+logger = logging.getLogger(__name__)
 
 # Columns of a duration row. `tenant` and `profile_key` form the history key (what "the same kind of
 # task" means on this plane); the request columns are the features the pure model learns from.
@@ -265,3 +272,85 @@ def pool_idle_series(*, pool: Pool, since: datetime, until: datetime) -> pd.Seri
     )
     index = pd.DatetimeIndex([r[0] for r in rows]).tz_convert(None) if rows else pd.DatetimeIndex([])
     return pd.Series([np.nan if r[1] is None else r[1] / 1000.0 for r in rows], index=index, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------ forecast shape mix
+
+_LABEL = re.compile(r"^gpu_count=(\d+)\|gpu_milli=(\d+)$")
+# Arrivals features look back a week and a day (same slot last week), so that much is read.
+_MIX_HISTORY = timedelta(days=8)
+# (pool, model, 10-minute bin) → mix: the forecast changes once per bin, cycles run every few seconds.
+_MIX_CACHE: dict[tuple[int, int, float], tuple[ShapeMix | None, str]] = {}
+
+
+@dataclass(frozen=True)
+class PoolShapeMix:
+    """The shape mix placement weighs fragmentation with. `mix` None: use the history mix (pending and
+    running tasks); `reason` says why when the forecast was not used."""
+
+    mix: ShapeMix | None
+    source: str  # "forecast" or "history"
+    reason: str
+    model_version: int | None = None
+
+
+def _forecast_mix(pool_id: int, model: ArrivalModel, now: datetime) -> tuple[ShapeMix | None, str]:
+    rows = list(
+        Task.objects.filter(pool_id=pool_id, created_at__gte=now - _MIX_HISTORY, created_at__lt=now)
+        .order_by("created_at", "id")
+        .values_list("created_at", "gpu_count", "gpu_milli", "cpu_milli")
+    )
+    if not rows:
+        return None, "no submissions to the pool in the last 8 days to forecast from"
+    times = np.asarray([r[0].timestamp() for r in rows], dtype=np.float64)
+    labels = [f"gpu_count={r[1]}|gpu_milli={r[2]}" for r in rows]
+    shares = expected_shape_mix(forecast_arrivals(model, times, labels, now.timestamp()))
+    # The arrivals labels carry GPUs only; a shape's CPU is the median its recent tasks asked for.
+    cpu: dict[str, list[int]] = {}
+    for label, row in zip(labels, rows, strict=True):
+        cpu.setdefault(label, []).append(row[3])
+    shapes, weights = [], []
+    for label, share in sorted(shares.items(), key=lambda item: (-item[1], item[0])):
+        match = _LABEL.match(label)
+        if label == OTHER or match is None or share <= 0:
+            continue  # the pooled rare shapes have no single shape to weigh
+        num_gpu, milli = int(match.group(1)), int(match.group(2))
+        cpu_milli = int(np.median(cpu[label])) if label in cpu else 0
+        shapes.append(Shape(cpu_milli=cpu_milli, num_gpu=num_gpu, gpu_milli=milli if num_gpu else 0))
+        weights.append(share)
+    if not shapes:
+        return None, "the forecast expects no arrivals of a named shape in the next hour"
+    total = sum(weights)
+    return ShapeMix(tuple(shapes), tuple(w / total for w in weights)), ""
+
+
+def pool_shape_mix(*, pool_id: int, now: datetime) -> PoolShapeMix:
+    """The pool's expected shape mix over the next hour from its active arrivals model, as a
+    `ShapeMix` for placement; without a usable forecast, `mix` is None and the reason is given (the
+    cycle then uses the mix of the tasks it knows). Cached per model and 10-minute bin."""
+    row = (
+        ForecastModel.objects.filter(kind=ForecastModel.Kind.ARRIVALS, pool_id=pool_id, tenant=None,
+                                     state=ForecastModel.State.ACTIVE)
+        .values_list("id", "version")
+        .first()
+    )  # fmt: skip
+    if row is None:
+        return PoolShapeMix(None, "history", "no active arrivals model for the pool")
+    model_id, version = row
+    key = (pool_id, model_id, float(int(now.timestamp()) // 600))
+    cached = _MIX_CACHE.get(key)
+    if cached is None:  # the envelope is read only when the bin's forecast is not cached yet
+        try:
+            blob = ForecastModel.objects.filter(pk=model_id).values_list("blob", flat=True).get()
+            model = ArrivalModel.from_bytes(bytes(blob))
+            cached = _forecast_mix(pool_id, model, now)
+        except (ValueError, KeyError) as exc:
+            logger.error("forecasting: arrivals v%d cannot forecast the shape mix: %s", version, exc)
+            cached = (None, f"arrivals model v{version} failed: {exc}")
+        if len(_MIX_CACHE) > 64:
+            _MIX_CACHE.clear()
+        _MIX_CACHE[key] = cached
+    mix, reason = cached
+    if mix is None:
+        return PoolShapeMix(None, "history", reason, version)
+    return PoolShapeMix(mix, "forecast", f"arrivals model v{version}", version)
