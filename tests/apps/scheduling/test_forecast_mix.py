@@ -94,7 +94,8 @@ def test_the_forecast_mix_is_the_models_next_hour(fleet: Fleet) -> None:
     steer = pool_shape_mix(pool_id=fleet.pool.pk, now=NOW)
     assert (steer.source, steer.model_version) == ("forecast", 1)
     assert steer.mix is not None and sum(steer.mix.weights) == pytest.approx(1.0)
-    shapes = {(s.num_gpu, s.gpu_milli, s.cpu_milli): w for s, w in zip(steer.mix.shapes, steer.mix.weights)}
+    pairs = zip(steer.mix.shapes, steer.mix.weights, strict=True)
+    shapes = {(s.num_gpu, s.gpu_milli, s.cpu_milli): w for s, w in pairs}
     # Two shapes were submitted; their CPU is what those tasks asked for (the default 1000 m).
     assert set(shapes) == {(2, 1000, 1000), (1, 500, 1000)}
     assert shapes[(2, 1000, 1000)] > 0.7
