@@ -598,13 +598,16 @@ def _latest_origin_samples(
     ids: np.ndarray, times: np.ndarray, values: np.ndarray, window_s: float
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per task only what the features of its latest origin read: the first sample (age), the first
-    sample at the peak so far (peak, time since the peak) and the samples of the last window."""
+    sample at the peak so far (peak, time since the peak) and the samples of the last window. One pass
+    over the samples sorted by task, then time."""
+    order = np.lexsort((times, ids))
+    ids, times, values = ids[order], times[order], values[order]
     keep = np.zeros(len(ids), dtype=bool)
-    for task in np.unique(ids):
-        idx = np.flatnonzero(ids == task)  # time order within a task (the selector sorts by time)
-        keep[idx[0]] = True
-        keep[idx[int(np.argmax(values[idx]))]] = True
-        keep[idx[times[idx] > times[idx[-1]] - window_s]] = True
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
+        keep[start] = True
+        keep[start + int(np.argmax(values[start:end]))] = True
+        keep[start:end] |= times[start:end] > times[end - 1] - window_s
     return ids[keep], times[keep], values[keep]
 
 
@@ -637,15 +640,35 @@ def memory_bounds_refresh(*, now: datetime | None = None) -> int:
     rows = rows.groupby("task", sort=False).tail(1)
     bounds = model.predict_peak(rows)
     request = selectors.largest_gpu_mem_mib()
-    for task_id, bound in zip(rows["task"].to_numpy(), bounds, strict=True):
-        mib = math.ceil(float(bound)) if request is None else min(math.ceil(float(bound)), request)
-        values_ = {"mem_bound_mib": mib, "mem_bound_at": now, "mem_bound_model_version": row.version}
-        updated = TaskForecast.objects.filter(task_id=int(task_id)).update(**values_)
-        if not updated:
-            TaskForecast.objects.get_or_create(
-                task_id=int(task_id), defaults={"source": TaskForecast.Source.NONE, **values_}
+    bound_of = {
+        int(task_id): math.ceil(float(b)) if request is None else min(math.ceil(float(b)), request)
+        for task_id, b in zip(rows["task"].to_numpy(), bounds, strict=True)
+    }
+    # Two writes for the whole batch: the tasks' forecasts updated, the missing ones created (a task
+    # whose forecast at submission failed still gets its bound, with source "none" for the rest).
+    existing = list(TaskForecast.objects.filter(task_id__in=list(bound_of)))
+    for forecast in existing:
+        forecast.mem_bound_mib = bound_of[forecast.task_id]
+        forecast.mem_bound_at = now
+        forecast.mem_bound_model_version = row.version
+    fields = ["mem_bound_mib", "mem_bound_at", "mem_bound_model_version"]
+    TaskForecast.objects.bulk_update(existing, fields, batch_size=500)
+    have = {f.task_id for f in existing}
+    TaskForecast.objects.bulk_create(
+        [
+            TaskForecast(
+                task_id=task_id,
+                source=TaskForecast.Source.NONE,
+                mem_bound_mib=mib,
+                mem_bound_at=now,
+                mem_bound_model_version=row.version,
             )
-    return len(rows)
+            for task_id, mib in bound_of.items()
+            if task_id not in have
+        ],
+        ignore_conflicts=True,  # a submission's forecast made meanwhile wins; the next refresh bounds it
+    )
+    return len(bound_of)
 
 
 # ----------------------------------------------------------------------------------------- profiles

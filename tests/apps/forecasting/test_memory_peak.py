@@ -58,7 +58,11 @@ def test_running_tasks_get_a_next_hour_bound_shown_on_the_task(world, api) -> No
     assert forecast_model_train(kind="memory_peak", now=NOW).promoted
     running = [t for t in tasks if t.state == Task.State.RUNNING]
     assert len(running) == 3
+    # One of them has its forecast from submission: it keeps it and gains the bound.
+    TaskForecast.objects.create(task=running[0], source="baseline", duration_p50_s=60.0)
     assert memory_bounds_refresh(now=NOW) == 3
+    kept = TaskForecast.objects.get(task=running[0])
+    assert (kept.source, kept.duration_p50_s) == ("baseline", 60.0)
     for task in running:
         forecast = TaskForecast.objects.get(task=task)
         peak = max(TaskSample.objects.filter(task=task).values_list("used_mib", flat=True))
