@@ -184,7 +184,9 @@ def _gpu_util_at() -> Subquery:
     # The agent stamps a heartbeat's GPU and process samples with the same instant (`_store_telemetry`),
     # so the GPU's duty cycle at a task sample is the GpuSample of the same GPU and instant.
     return Subquery(
-        GpuSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at")).values("util_gpu_pct")[:1],
+        GpuSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at"))
+        .order_by()
+        .values("util_gpu_pct")[:1],
         output_field=IntegerField(),
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from whalegen.forecast.memory import memory_promotion, pareto_beats
+from whalegen.forecast.memory import memory_promotion, pareto_beats, under_rate_noise
 
 
 def s(under: float, saved: float) -> dict[str, float]:
@@ -39,3 +39,19 @@ def test_the_rule_checks_the_limit_then_baselines_then_the_active_model() -> Non
     assert not ok and "the active model" in reason
     ok, _ = memory_promotion(s(0.003, 0.64), base, s(0.003, 0.62), max_under=0.01)
     assert ok
+
+
+def test_under_prediction_rates_within_sampling_noise_count_as_equal() -> None:
+    # 9 against 7 misses in 920 validation origins: within one standard error (≈ 0.0029).
+    base = {"peak_so_far": {**s(7 / 920, 0.68), "n": 920}}
+    assert under_rate_noise(7 / 920, 920) == pytest.approx(((7 / 920) * (1 - 7 / 920) / 920) ** 0.5)
+    ok, _ = memory_promotion(s(9 / 920, 0.75), base, None, max_under=0.01)
+    assert ok  # the same risk, 7 points more memory saved
+    ok, reason = memory_promotion(s(9 / 920, 0.68), base, None, max_under=0.01)
+    assert not ok and "baseline peak_so_far" in reason  # the same risk and nothing saved: no gain
+    far = {"peak_so_far": {**s(1 / 920, 0.68), "n": 920}}
+    ok, _ = memory_promotion(s(9 / 920, 0.75), far, None, max_under=0.01)
+    assert not ok  # 9 against 1 miss is not noise, whatever is saved
+    # Without a count, no noise is allowed.
+    ok, _ = memory_promotion(s(9 / 920, 0.75), {"peak_so_far": s(7 / 920, 0.68)}, None, max_under=0.01)
+    assert not ok
