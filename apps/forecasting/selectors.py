@@ -346,9 +346,9 @@ def pool_shape_mix(*, pool_id: int, now: datetime) -> PoolShapeMix:
             blob = ForecastModel.objects.filter(pk=model_id).values_list("blob", flat=True).get()
             model = ArrivalModel.from_bytes(bytes(blob))
             cached = _forecast_mix(pool_id, model, now)
-        except (ValueError, KeyError) as exc:
-            logger.error("forecasting: arrivals v%d cannot forecast the shape mix: %s", version, exc)
-            cached = (None, f"arrivals model v{version} failed: {exc}")
+        except Exception as exc:  # a forecast must never fail a scheduling cycle: fall back, say why
+            logger.exception("forecasting: arrivals v%d cannot forecast the shape mix", version)
+            cached = (None, f"arrivals model v{version} failed: {exc}"[:300])
         if len(_MIX_CACHE) > 64:
             _MIX_CACHE.clear()
         _MIX_CACHE[key] = cached

@@ -82,3 +82,17 @@ def test_too_little_telemetry_trains_nothing_and_says_why(world) -> None:
     outcome = forecast_model_train(kind="memory_peak", now=NOW)
     assert outcome.model is None and "task memory samples in the window; need 500" in outcome.reason
     assert not ForecastModel.objects.exists()
+
+
+def test_the_memory_series_sums_a_tasks_processes_per_gpu_and_keeps_its_largest_gpu(world) -> None:
+    from apps.forecasting.selectors import task_memory_series
+    from tests.apps.factories import TaskSampleFactory
+
+    gpu0, gpu1 = Gpu.objects.get(node=world.node, index=0), _gpu(world)
+    at = NOW - timedelta(minutes=5)
+    for gpu, mib in ((gpu0, 1_000), (gpu0, 2_000), (gpu1, 2_500)):
+        TaskSampleFactory(task=world.task_a, gpu=gpu, at=at, used_mib=mib)
+    TaskSampleFactory(task=world.task_a, gpu=gpu1, at=at + timedelta(minutes=1), used_mib=None)
+    ids, times, values = task_memory_series(since=NOW - timedelta(hours=1), until=NOW, limit=100)
+    assert ids.tolist() == [world.task_a.pk] and times.tolist() == [at.timestamp()]
+    assert values.tolist() == [3_000.0]  # 1000 + 2000 on GPU 0 beats 2500 on GPU 1; a null is no sample

@@ -99,3 +99,17 @@ def test_the_forecast_mix_is_the_models_next_hour(fleet: Fleet) -> None:
     # Two shapes were submitted; their CPU is what those tasks asked for (the default 1000 m).
     assert set(shapes) == {(2, 1000, 1000), (1, 500, 1000)}
     assert shapes[(2, 1000, 1000)] > 0.7
+
+
+def test_a_model_that_cannot_forecast_falls_back_to_the_history_mix_with_the_reason(fleet: Fleet) -> None:
+    big = _scene(fleet)
+    ForecastModel.objects.create(
+        kind="arrivals", pool=fleet.pool, scope=ForecastModel.scope_of(fleet.pool, None), version=7,
+        state="active", blob=b'{"envelope_version": 999}', metrics={}, train_start=NOW, train_end=NOW,
+        validation_start=NOW, validation_end=NOW, trained_at=NOW, decision_reason="damaged",
+    )  # fmt: skip
+    report = run(fleet, minutes=1)
+    assert report.placed == 1 and Assignment.objects.get(task=big).node.name == "a-free"
+    stats = Cycle.objects.get(pk=report.cycle_id).stats
+    assert stats["shape_mix_source"] == "history"
+    assert stats["shape_mix_reason"].startswith("arrivals model v7 failed: unknown model envelope version")
