@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
-from django.db.models import Avg, FloatField, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import Avg, Count, FloatField, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncMinute
 
@@ -356,3 +356,15 @@ def pool_shape_mix(*, pool_id: int, now: datetime) -> PoolShapeMix:
     if mix is None:
         return PoolShapeMix(None, "history", reason, version)
     return PoolShapeMix(mix, "forecast", f"arrivals model v{version}", version)
+
+
+def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> str:
+    """The SLA class most of the key's tasks submitted since `since` asked for ("" when none)."""
+    top = (
+        Task.objects.filter(tenant=tenant, profile_key=profile_key, created_at__gte=since)
+        .values("sla_class")
+        .annotate(n=Count("id"))
+        .order_by("-n", "sla_class")
+        .first()
+    )
+    return "" if top is None else str(top["sla_class"])

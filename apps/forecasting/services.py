@@ -714,6 +714,7 @@ def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | N
             "gpu_util_p95": _share(profile.util_p95_pct),
             "gpu_util_burstiness": profile.util_burstiness,
             "mem_growth": profile.mem_pattern.value if samples else "",
+            "sla_class": selectors.profile_sla_class(tenant=tenant, profile_key=profile_key, since=since),
             "telemetry_samples": profile.sample_count,
             "telemetry_tasks": len({series.split(":")[0] for series, *_ in samples}),
             "last_sample_at": None if profile.last_sample_s is None else _as_dt(profile.last_sample_s),

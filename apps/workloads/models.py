@@ -195,6 +195,7 @@ class TaskProfile(models.Model):
     gpu_util_burstiness = models.FloatField(null=True, blank=True)
     # whalegen.forecast.profiles.MemoryPattern: "static", "growing", "fluctuating" or "unknown".
     mem_growth = models.CharField(max_length=32, blank=True)
+    sla_class = models.CharField(max_length=8, blank=True)  # the most common among the key's recent tasks
     telemetry_samples = models.PositiveIntegerField(default=0)  # (task, GPU, instant) samples folded
     telemetry_tasks = models.PositiveIntegerField(default=0)  # tasks those samples came from
     last_sample_at = models.DateTimeField(null=True, blank=True)

@@ -72,8 +72,8 @@ class TaskProfileOutputSerializer(serializers.ModelSerializer):
         fields = [
             "id", "tenant", "profile_key", "sample_count", "duration_p50_s", "duration_p90_s",
             "gpu_mem_peak_mib", "gpu_mem_typical_mib", "gpu_mem_p95_mib", "gpu_util_mean", "gpu_util_p95",
-            "gpu_util_burstiness", "mem_growth", "telemetry_samples", "telemetry_tasks", "last_sample_at",
-            "updated_at", "right_sizing",
+            "gpu_util_burstiness", "mem_growth", "sla_class", "telemetry_samples", "telemetry_tasks",
+            "last_sample_at", "updated_at", "right_sizing",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -31,6 +31,7 @@ def _runs(world) -> tuple[list[Task], Gpu]:
         task = Task.objects.create(
             tenant=world.tenant_a, queue=world.queue_a, pool=world.h100, priority=0, profile_key="bert",
             state=Task.State.RUNNING if run == 3 else Task.State.SUCCEEDED, started_at=start,
+            sla_class="online" if run == 3 else "batch",
             finished_at=None if run == 3 else start + timedelta(minutes=20),
         )  # fmt: skip
         for i in range(10):
@@ -62,6 +63,7 @@ def test_a_refreshed_profile_shows_the_telemetry_numbers_and_right_sizing(world,
     assert bert["gpu_mem_typical_mib"] == 6_000  # the median
     assert bert["gpu_mem_p95_mib"] == 8_550  # 8000 + 0.55 × 1000 (linear interpolation, rank 27.55)
     assert bert["mem_growth"] == "static"  # two runs static from the start, one growing
+    assert bert["sla_class"] == "batch"  # what most of the key's tasks asked for (two of three)
     # Duty cycle: 20 % × 5, 30 % × 20, 40 % × 5 → mean 30 %, P95 40 %, σ = √(1000/30).
     assert bert["gpu_util_mean"] == pytest.approx(0.30)
     assert bert["gpu_util_p95"] == pytest.approx(0.40)
