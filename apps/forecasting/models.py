@@ -100,6 +100,11 @@ class TaskForecast(models.Model):
     baseline = models.CharField(max_length=32, blank=True)
     history_count = models.PositiveIntegerField(default=0)  # finished runs behind a baseline
     mem_source = models.CharField(max_length=32, blank=True)  # "profile_peak" or ""
+    # While the task runs: the active memory-peak model's bound on its GPU memory over the next hour
+    # (per GPU, MiB), refreshed by `memory_bounds_refresh`, with when and by which version.
+    mem_bound_mib = models.PositiveIntegerField(null=True, blank=True)
+    mem_bound_at = models.DateTimeField(null=True, blank=True)
+    mem_bound_model_version = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
-from django.db.models import QuerySet
+from django.db.models import Avg, Count, FloatField, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, TruncMinute
 
+from apps.fleet.models import GpuSample, TaskSample
 from apps.forecasting.models import ForecastModel
 from apps.inventory.models import Gpu, Pool
+from apps.scheduling.models import Cycle
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import Access
 from apps.workloads.models import Task, TaskProfile
+from whalegen.forecast.arrivals import OTHER, ArrivalModel, expected_shape_mix, forecast_arrivals
+from whalegen.placement.types import Shape, ShapeMix
+
+logger = logging.getLogger(__name__)
 
 # Columns of a duration row. `tenant` and `profile_key` form the history key (what "the same kind of
 # task" means on this plane); the request columns are the features the pure model learns from.
@@ -164,3 +175,196 @@ def gpu_models_by_tenant(*, tenant_ids: list[int]) -> dict[int, list[str]]:
     ):
         out.setdefault(tenant_id, set()).add(model)
     return {tenant_id: sorted(models) for tenant_id, models in out.items()}
+
+
+# ---------------------------------------------------------------------------------------- telemetry
+
+
+def _gpu_util_at() -> Subquery:
+    # The agent stamps a heartbeat's GPU and process samples with the same instant (`_store_telemetry`),
+    # so the GPU's duty cycle at a task sample is the GpuSample of the same GPU and instant.
+    return Subquery(
+        GpuSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at"))
+        .order_by()
+        .values("util_gpu_pct")[:1],
+        output_field=IntegerField(),
+    )
+
+
+def profile_telemetry(
+    *, tenant: Tenant, profile_key: str, since: datetime, until: datetime, limit: int
+) -> list[tuple[str, float, float | None, float | None]]:
+    """The key's telemetry as `(series, time_s, gpu_util_pct, gpu_mem_mib)` for
+    `whalegen.forecast.profiles.build_profile`, aggregated in SQL: one row per task, GPU and instant
+    (the memory of all the task's processes on that GPU summed), the latest `limit` rows. The series id
+    is `task:gpu`, so a peak is what one GPU had to hold and a pattern is one device's curve."""
+    rows = (
+        TaskSample.objects.filter(
+            task__tenant=tenant, task__profile_key=profile_key, at__gte=since, at__lte=until
+        )
+        .values("task_id", "gpu_id", "at")
+        .annotate(mem=Sum("used_mib"), util=_gpu_util_at())
+        .order_by("-at", "task_id", "gpu_id")[:limit]
+    )
+    return [
+        (
+            f"{r['task_id']}:{r['gpu_id']}",
+            r["at"].timestamp(),
+            None if r["util"] is None else float(r["util"]),
+            None if r["mem"] is None else float(r["mem"]),
+        )
+        for r in rows
+    ]
+
+
+def profile_keys_with_telemetry(*, since: datetime, until: datetime) -> set[tuple[int, str]]:
+    """(tenant id, profile key) of tasks with telemetry in the window: running tasks have a profile
+    before any of them finishes."""
+    return set(
+        TaskSample.objects.filter(at__gte=since, at__lte=until)
+        .exclude(task__profile_key="")
+        .values_list("task__tenant_id", "task__profile_key")
+        .distinct()
+    )
+
+
+def task_memory_series(
+    *, since: datetime, until: datetime, task_ids: list[int] | None = None, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-task GPU memory series for the memory-peak model: at each instant, the most any one GPU of
+    the task held (its processes on that GPU summed), aggregated in SQL; the latest `limit` rows,
+    returned in time order as (task ids, epoch seconds, MiB)."""
+    queryset = TaskSample.objects.filter(at__gte=since, at__lte=until, used_mib__isnull=False)
+    if task_ids is not None:
+        queryset = queryset.filter(task_id__in=task_ids)
+    per_gpu = list(
+        queryset.values("task_id", "gpu_id", "at")
+        .annotate(mem=Sum("used_mib"))
+        .order_by("-at", "task_id", "gpu_id")[:limit]
+        .values_list("task_id", "at", "mem")
+    )
+    top: dict[tuple[int, float], float] = {}
+    for task_id, at, mem in per_gpu:
+        key = (task_id, at.timestamp())
+        top[key] = max(top.get(key, 0.0), float(mem))
+    ordered = sorted(top.items(), key=lambda item: (item[0][1], item[0][0]))
+    return (
+        np.asarray([k[0] for k, _ in ordered], dtype=np.int64),
+        np.asarray([k[1] for k, _ in ordered], dtype=np.float64),
+        np.asarray([v for _, v in ordered], dtype=np.float64),
+    )
+
+
+def largest_gpu_mem_mib() -> int | None:
+    return Gpu.objects.aggregate(mib=Max("mem_mib"))["mib"]
+
+
+def pool_idle_series(*, pool: Pool, since: datetime, until: datetime) -> pd.Series:
+    """Idle GPUs of a pool over time, from its scheduling cycles: each cycle records the idle GPU
+    (milli) of the pool's schedulable nodes before it placed anything (`stats.fragmentation_before`).
+    Averaged per minute in SQL (cycles run every few seconds: at most 1 440 rows a day are read), in
+    whole GPUs, indexed by the minute (UTC, tz-naive as the pure series code expects)."""
+    rows = list(
+        Cycle.objects.filter(pool=pool, started_at__gte=since, started_at__lt=until)
+        .annotate(minute=TruncMinute("started_at"))
+        .values("minute")
+        .annotate(idle=Avg(Cast(KT("stats__fragmentation_before__idle_milli"), FloatField())))
+        .order_by("minute")
+        .values_list("minute", "idle")
+    )
+    index = pd.DatetimeIndex([r[0] for r in rows]).tz_convert(None) if rows else pd.DatetimeIndex([])
+    return pd.Series([np.nan if r[1] is None else r[1] / 1000.0 for r in rows], index=index, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------ forecast shape mix
+
+_LABEL = re.compile(r"^gpu_count=(\d+)\|gpu_milli=(\d+)$")
+# Arrivals features look back a week and a day (same slot last week), so that much is read.
+_MIX_HISTORY = timedelta(days=8)
+# (pool, model, 10-minute bin) → mix: the forecast changes once per bin, cycles run every few seconds.
+_MIX_CACHE: dict[tuple[int, int, float], tuple[ShapeMix | None, str]] = {}
+
+
+@dataclass(frozen=True)
+class PoolShapeMix:
+    """The shape mix placement weighs fragmentation with. `mix` None: use the history mix (pending and
+    running tasks); `reason` says why when the forecast was not used."""
+
+    mix: ShapeMix | None
+    source: str  # "forecast" or "history"
+    reason: str
+    model_version: int | None = None
+
+
+def _forecast_mix(pool_id: int, model: ArrivalModel, now: datetime) -> tuple[ShapeMix | None, str]:
+    rows = list(
+        Task.objects.filter(pool_id=pool_id, created_at__gte=now - _MIX_HISTORY, created_at__lt=now)
+        .order_by("created_at", "id")
+        .values_list("created_at", "gpu_count", "gpu_milli", "cpu_milli")
+    )
+    if not rows:
+        return None, "no submissions to the pool in the last 8 days to forecast from"
+    times = np.asarray([r[0].timestamp() for r in rows], dtype=np.float64)
+    labels = [f"gpu_count={r[1]}|gpu_milli={r[2]}" for r in rows]
+    shares = expected_shape_mix(forecast_arrivals(model, times, labels, now.timestamp()))
+    # The arrivals labels carry GPUs only; a shape's CPU is the median its recent tasks asked for.
+    cpu: dict[str, list[int]] = {}
+    for label, row in zip(labels, rows, strict=True):
+        cpu.setdefault(label, []).append(row[3])
+    shapes, weights = [], []
+    for label, share in sorted(shares.items(), key=lambda item: (-item[1], item[0])):
+        match = _LABEL.match(label)
+        if label == OTHER or match is None or share <= 0:
+            continue  # the pooled rare shapes have no single shape to weigh
+        num_gpu, milli = int(match.group(1)), int(match.group(2))
+        cpu_milli = int(np.median(cpu[label])) if label in cpu else 0
+        shapes.append(Shape(cpu_milli=cpu_milli, num_gpu=num_gpu, gpu_milli=milli if num_gpu else 0))
+        weights.append(share)
+    if not shapes:
+        return None, "the forecast expects no arrivals of a named shape in the next hour"
+    total = sum(weights)
+    return ShapeMix(tuple(shapes), tuple(w / total for w in weights)), ""
+
+
+def pool_shape_mix(*, pool_id: int, now: datetime) -> PoolShapeMix:
+    """The pool's expected shape mix over the next hour from its active arrivals model, as a
+    `ShapeMix` for placement; without a usable forecast, `mix` is None and the reason is given (the
+    cycle then uses the mix of the tasks it knows). Cached per model and 10-minute bin."""
+    row = (
+        ForecastModel.objects.filter(kind=ForecastModel.Kind.ARRIVALS, pool_id=pool_id, tenant=None,
+                                     state=ForecastModel.State.ACTIVE)
+        .values_list("id", "version")
+        .first()
+    )  # fmt: skip
+    if row is None:
+        return PoolShapeMix(None, "history", "no active arrivals model for the pool")
+    model_id, version = row
+    key = (pool_id, model_id, float(int(now.timestamp()) // 600))
+    cached = _MIX_CACHE.get(key)
+    if cached is None:  # the envelope is read only when the bin's forecast is not cached yet
+        try:
+            blob = ForecastModel.objects.filter(pk=model_id).values_list("blob", flat=True).get()
+            model = ArrivalModel.from_bytes(bytes(blob))
+            cached = _forecast_mix(pool_id, model, now)
+        except Exception as exc:  # a forecast must never fail a scheduling cycle: fall back, say why
+            logger.exception("forecasting: arrivals v%d cannot forecast the shape mix", version)
+            cached = (None, f"arrivals model v{version} failed: {exc}"[:300])
+        if len(_MIX_CACHE) > 64:
+            _MIX_CACHE.clear()
+        _MIX_CACHE[key] = cached
+    mix, reason = cached
+    if mix is None:
+        return PoolShapeMix(None, "history", reason, version)
+    return PoolShapeMix(mix, "forecast", f"arrivals model v{version}", version)
+
+
+def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> str:
+    """The SLA class most of the key's tasks submitted since `since` asked for ("" when none)."""
+    top = (
+        Task.objects.filter(tenant=tenant, profile_key=profile_key, created_at__gte=since)
+        .values("sla_class")
+        .annotate(n=Count("id"))
+        .order_by("-n", "sla_class")
+        .first()
+    )
+    return "" if top is None else str(top["sla_class"])

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pandas as pd
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
@@ -24,8 +25,10 @@ from apps.tenants.models import Tenant
 from apps.workloads.models import Task, TaskProfile
 from whalegen.forecast import arrivals as pure_arrivals
 from whalegen.forecast import durations as pure_durations
+from whalegen.forecast import memory as pure_memory
+from whalegen.forecast import series as pure_series
 from whalegen.forecast.profiles import build_profile
-from whalegen.forecast.store import PromotionDecision, should_promote
+from whalegen.forecast.store import PromotionDecision, dump_model, load_model, should_promote
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,15 @@ ARRIVALS_METRIC = "poisson_deviance"  # expected counts are means: deviance scor
 VALIDATION_SHARE = 0.2  # the latest 20 % of runs (by start) validate; earlier ones train
 MIN_DURATION_ROWS = 80  # the pure trainer needs ≥ 50 rows before the split; 80 × 0.8 = 64
 MIN_ARRIVALS = 100
+IDLE_METRIC = "mae"  # idle GPUs at +10 / +60 minutes, against persistence, yesterday, window mean
+IDLE_HORIZONS_S = (600, 3_600)
+IDLE_BIN_S = 600
+MIN_IDLE_DAYS = 3  # "same slot yesterday" needs a day before the first origin; then train and validate
+MIN_MEMORY_SAMPLES = 500  # task × instant samples; the pure trainer needs ≥ 70 training origins
+# The memory model is promoted on under-prediction at comparable memory saved against these rule
+# baselines (both calibrated to the same target rate as the model): the request and the plane-wide P99
+# are reported, not compared (one saves nothing, the other is not calibrated to the target).
+MEMORY_BASELINES = ("peak_so_far", "window_max")
 # Key history a baseline stands on: with fewer finished runs of the key the plane's median is used.
 MIN_KEY_HISTORY = 3
 _MODEL_CACHE: dict[int, object] = {}  # ForecastModel.pk → loaded model; envelopes never change
@@ -64,6 +76,10 @@ def _load(row: ForecastModel) -> object:
             model = pure_durations.DurationModel.from_bytes(blob)
         elif row.kind == ForecastModel.Kind.ARRIVALS:
             model = pure_arrivals.ArrivalModel.from_bytes(blob)
+        elif row.kind == ForecastModel.Kind.MEMORY_PEAK:
+            model = pure_memory.MemoryModel.from_bytes(blob)
+        elif row.kind == ForecastModel.Kind.IDLE_GPUS:
+            model = idle_models_from_bytes(blob)
         else:
             raise ValueError(f"no loader for {row.kind}")
         if len(_MODEL_CACHE) > 16:
@@ -273,6 +289,145 @@ def _train_arrivals(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
     return TrainingOutcome(kind, row, decision.promote, decision.reason)
 
 
+def idle_models_to_bytes(models: dict[int, pure_series.SeriesModel]) -> bytes:
+    """One envelope per pool holding a series model per horizon (each as its own `to_bytes()` text)."""
+    meta = {"horizons": {str(h): m.to_bytes().decode() for h, m in sorted(models.items())}}
+    return dump_model("idle_gpus", meta, {})
+
+
+def idle_models_from_bytes(blob: bytes) -> dict[int, pure_series.SeriesModel]:
+    env = load_model(blob, "idle_gpus")
+    return {
+        int(h): pure_series.SeriesModel.from_bytes(text.encode()) for h, text in env.meta["horizons"].items()
+    }
+
+
+def _train_idle_gpus(*, pool: Pool | None, now: datetime) -> TrainingOutcome:
+    kind = ForecastModel.Kind.IDLE_GPUS
+    if pool is None:
+        return _skip(kind, "idle GPUs are forecast per pool; name the pool")
+    # 1. The pool's idle-GPU series from its cycle records, on a 10-minute grid (bin mean).
+    raw = selectors.pool_idle_series(pool=pool, since=now - _lookback(), until=now)
+    if raw.notna().sum() == 0:
+        return _skip(kind, f"no cycle of {pool.name} recorded idle GPUs in the window")
+    y = pure_series.bin_series(
+        pd.Series(raw.index), pd.Series(raw.to_numpy()), IDLE_BIN_S, pure_series.Aggregation.MEAN
+    )
+    span_days = (y.index[-1] - y.index[0]).total_seconds() / 86_400.0
+    if span_days < MIN_IDLE_DAYS:
+        return _skip(kind, f"{span_days:.1f} days of idle-GPU records for {pool.name}; need {MIN_IDLE_DAYS}")
+    # 2. Time split: the latest 20 % of the span validates, per horizon.
+    split_at = (y.index[0] + (y.index[-1] - y.index[0]) * (1.0 - VALIDATION_SHARE)).floor(f"{IDLE_BIN_S}s")
+    active_row = selectors.forecast_model_active(kind=kind, pool=pool)
+    active = idle_models_from_bytes(bytes(active_row.blob)) if active_row is not None else {}
+    models: dict[int, pure_series.SeriesModel] = {}
+    per_horizon: dict[str, dict[str, object]] = {}
+    reasons, promote = [], True
+    for horizon_s in IDLE_HORIZONS_S:
+        cfg = pure_series.SeriesConfig(
+            horizon_s=horizon_s, bin_s=IDLE_BIN_S, agg=pure_series.Aggregation.MEAN
+        )
+        try:
+            model, evaluation = pure_series.evaluate_series({pool.name: y}, cfg, split_at)
+        except ValueError as exc:
+            return _skip(kind, f"+{horizon_s // 60} min: {exc}")
+        scores = evaluation.models
+        baselines = {name: scores[name] for name in pure_series.BASELINES}
+        decision = should_promote(scores["xgboost"], None, baselines, metric=IDLE_METRIC)
+        # The active model of this horizon on the same validation origins (its own pool scale).
+        active_scores = None
+        old = active.get(horizon_s)
+        if old is not None:
+            rows = pure_series.build_rows(y, old.config, old.scales.get(pool.name, float(np.nanmax(y))))
+            test = rows[(rows["target_time"] >= split_at) & rows["target"].notna() & rows["last"].notna()]
+            if not test.empty:
+                predicted = pure_series.predict_rows(old, test)
+                active_scores = {IDLE_METRIC: float(np.mean(np.abs(test["target"].to_numpy() - predicted)))}
+                if decision.promote:
+                    decision = should_promote(
+                        scores["xgboost"], active_scores, {}, metric=IDLE_METRIC,
+                        min_gain=settings.WHALEGEN_FORECAST_MIN_GAIN,
+                    )  # fmt: skip
+        models[horizon_s] = model
+        per_horizon[str(horizon_s)] = {**evaluation.to_json(), "active": active_scores}
+        promote = promote and decision.promote
+        reasons.append(f"+{horizon_s // 60} min: {decision.reason}")
+    reason = "; ".join(reasons)
+    reason += f" (v{active_row.version})" if active_row is not None else " (no model was active)"
+    metrics = {"metric": IDLE_METRIC, "unit": "GPUs", "source": "cycle stats", "horizons": per_horizon}
+    first, split, last = (t.to_pydatetime().replace(tzinfo=UTC) for t in (y.index[0], split_at, y.index[-1]))
+    windows = (first, split, split, last)
+    row = _store(
+        kind=kind, pool=pool, tenant=None, blob=idle_models_to_bytes(models), metrics=metrics,
+        windows=windows, promote=promote, reason=reason, now=now,
+    )  # fmt: skip
+    return TrainingOutcome(kind, row, promote, reason)
+
+
+def _train_memory_peak(*, now: datetime) -> TrainingOutcome:
+    kind = ForecastModel.Kind.MEMORY_PEAK
+    # 1. Per-task GPU memory series from agent telemetry (the latest WHALEGEN_MEMORY_SAMPLE_ROWS).
+    ids, times, values = selectors.task_memory_series(
+        since=now - _lookback(), until=now, limit=settings.WHALEGEN_MEMORY_SAMPLE_ROWS
+    )
+    if len(times) < MIN_MEMORY_SAMPLES:
+        return _skip(kind, f"{len(times)} task memory samples in the window; need {MIN_MEMORY_SAMPLES}")
+    # The reservation without a forecast is the whole device: memory saved is measured against the
+    # largest GPU memory of the plane (a bound is never above it either).
+    request = selectors.largest_gpu_mem_mib()
+    if request is None:
+        return _skip(kind, "the plane has no GPU with a known memory size")
+    cfg = pure_memory.MemoryConfig()
+    # 2. Time split: origins whose next hour ends before the split train (the latest quarter of them
+    #    calibrates the margins), origins after it validate.
+    try:
+        model, evaluation = pure_memory.evaluate_memory(
+            ids, times, values, cfg, 1.0 - VALIDATION_SHARE, request=float(request)
+        )
+    except ValueError as exc:
+        return _skip(kind, str(exc))
+    scores = evaluation.models
+    # 3. The active model on the same validation origins.
+    active_row = selectors.forecast_model_active(kind=kind)
+    active_scores: dict[str, float] | None = None
+    if active_row is not None:
+        active_model = _load(active_row)
+        assert isinstance(active_model, pure_memory.MemoryModel)
+        rows = pure_memory.memory_rows(ids, times, values, active_model.config)
+        test = rows[rows["t"] >= evaluation.split_s]
+        if not test.empty:
+            active_scores = pure_memory.memory_scores(
+                test["target"].to_numpy(np.float64), active_model.predict_peak(test), float(request),
+                active_model.config.quantile,
+            )  # fmt: skip
+    promote, reason = pure_memory.memory_promotion(
+        scores["xgboost"],
+        {name: scores[name] for name in MEMORY_BASELINES},
+        active_scores,
+        max_under=cfg.target_under,
+    )
+    if active_row is not None:
+        reason = f"{reason} (v{active_row.version})"
+    elif promote:
+        reason = f"{reason} (no model was active)"
+    # 4. The validated model serves (no refit), as for durations.
+    metrics = {
+        "metric": "under_rate, saved_vs_request",
+        "active": active_scores,
+        "request_mib": request,
+        "n_samples": len(times),
+        "n_tasks": len(np.unique(ids)),
+        **evaluation.to_json(),
+    }
+    split = _as_dt(evaluation.split_s)
+    windows = (_as_dt(times.min()), split, split, _as_dt(times.max()))
+    row = _store(
+        kind=kind, pool=None, tenant=None, blob=model.to_bytes(), metrics=metrics, windows=windows,
+        promote=promote, reason=reason, now=now,
+    )  # fmt: skip
+    return TrainingOutcome(kind, row, promote, reason)
+
+
 def forecast_model_train(
     *,
     kind: str,
@@ -290,9 +445,9 @@ def forecast_model_train(
     if kind == ForecastModel.Kind.ARRIVALS:
         return _train_arrivals(pool=pool, now=now)
     if kind == ForecastModel.Kind.MEMORY_PEAK:
-        return _skip(kind, "the plane stores no per-task GPU memory time series yet (agent telemetry)")
+        return _train_memory_peak(now=now)
     if kind == ForecastModel.Kind.IDLE_GPUS:
-        return _skip(kind, "the plane records no idle-GPU series per pool yet")
+        return _train_idle_gpus(pool=pool, now=now)
     raise ValueError(f"unknown forecast kind {kind!r}")
 
 
@@ -436,21 +591,115 @@ def tasks_forecast_attach_on_commit(*, task_ids: list[int]) -> None:
         transaction.on_commit(attach)
 
 
+# ------------------------------------------------------------------------------- memory bounds (running)
+
+
+def _latest_origin_samples(
+    ids: np.ndarray, times: np.ndarray, values: np.ndarray, window_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per task only what the features of its latest origin read: the first sample (age), the first
+    sample at the peak so far (peak, time since the peak) and the samples of the last window. One pass
+    over the samples sorted by task, then time."""
+    order = np.lexsort((times, ids))
+    ids, times, values = ids[order], times[order], values[order]
+    keep = np.zeros(len(ids), dtype=bool)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    for start, end in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
+        keep[start] = True
+        keep[start + int(np.argmax(values[start:end]))] = True
+        keep[start:end] |= times[start:end] > times[end - 1] - window_s
+    return ids[keep], times[keep], values[keep]
+
+
+def memory_bounds_refresh(*, now: datetime | None = None) -> int:
+    """Attach the active memory-peak model's bound on the next hour to every running task with enough
+    recent telemetry (`min_samples` in the model's window); returns how many tasks got one. Without
+    an active model nothing is attached and the reason is logged."""
+    now = now or timezone.now()
+    row = selectors.forecast_model_active(kind=ForecastModel.Kind.MEMORY_PEAK)
+    if row is None:
+        logger.info("forecasting: no memory bounds: no memory-peak model is active")
+        return 0
+    model = _load(row)
+    assert isinstance(model, pure_memory.MemoryModel)
+    running = list(Task.objects.filter(state=Task.State.RUNNING).values_list("id", flat=True))
+    if not running:
+        return 0
+    ids, times, values = selectors.task_memory_series(
+        since=now - _lookback(), until=now, task_ids=running, limit=settings.WHALEGEN_MEMORY_SAMPLE_ROWS
+    )
+    if not len(ids):
+        return 0
+    ids, times, values = _latest_origin_samples(ids, times, values, model.config.window_s)
+    # Every sample is an origin here, and only each task's last one is kept: the bound from now on.
+    rows = pure_memory.memory_rows(
+        ids, times, values, replace(model.config, origin_every_s=0), with_target=False
+    )
+    if rows.empty:
+        return 0
+    rows = rows.groupby("task", sort=False).tail(1)
+    bounds = model.predict_peak(rows)
+    request = selectors.largest_gpu_mem_mib()
+    bound_of = {
+        int(task_id): math.ceil(float(b)) if request is None else min(math.ceil(float(b)), request)
+        for task_id, b in zip(rows["task"].to_numpy(), bounds, strict=True)
+    }
+    # Two writes for the whole batch: the tasks' forecasts updated, the missing ones created (a task
+    # whose forecast at submission failed still gets its bound, with source "none" for the rest).
+    existing = list(TaskForecast.objects.filter(task_id__in=list(bound_of)))
+    for forecast in existing:
+        forecast.mem_bound_mib = bound_of[forecast.task_id]
+        forecast.mem_bound_at = now
+        forecast.mem_bound_model_version = row.version
+    fields = ["mem_bound_mib", "mem_bound_at", "mem_bound_model_version"]
+    TaskForecast.objects.bulk_update(existing, fields, batch_size=500)
+    have = {f.task_id for f in existing}
+    TaskForecast.objects.bulk_create(
+        [
+            TaskForecast(
+                task_id=task_id,
+                source=TaskForecast.Source.NONE,
+                mem_bound_mib=mib,
+                mem_bound_at=now,
+                mem_bound_model_version=row.version,
+            )
+            for task_id, mib in bound_of.items()
+            if task_id not in have
+        ],
+        ignore_conflicts=True,  # a submission's forecast made meanwhile wins; the next refresh bounds it
+    )
+    return len(bound_of)
+
+
 # ----------------------------------------------------------------------------------------- profiles
 
 
-def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | None = None) -> TaskProfile:
-    """Fold the key's finished runs into its TaskProfile (duration quantiles).
+def _mib(value: float | None) -> int | None:
+    return None if value is None else round(value)
 
-    Telemetry: the plane has no agent telemetry sample table on main yet, so memory and utilisation
-    fields are left as they are (another writer may fill them); `sample_count` counts finished runs.
+
+def _share(pct: float | None) -> float | None:
+    return None if pct is None else pct / 100.0
+
+
+def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | None = None) -> TaskProfile:
+    """Fold the key's finished runs (duration quantiles) and its agent telemetry (GPU memory peak,
+    typical and P95, memory pattern, GPU duty cycle mean / P95 / burstiness) into its TaskProfile.
+
+    Bounded: telemetry is aggregated in SQL to one row per task, GPU and instant, and only the latest
+    `WHALEGEN_PROFILE_SAMPLE_ROWS` of those are read. `sample_count` counts finished runs,
+    `telemetry_samples` the telemetry rows folded. A key without telemetry keeps empty memory fields
+    (never a made-up number), so it gets no right-sizing advice.
     """
     now = now or timezone.now()
-    runs = selectors.finished_runs(until=now, since=now - _lookback(), tenant=tenant).filter(
-        profile_key=profile_key
-    )
+    since = now - _lookback()
+    runs = selectors.finished_runs(until=now, since=since, tenant=tenant).filter(profile_key=profile_key)
     spans = [max((e - s).total_seconds(), 1.0) for s, e in runs.values_list("started_at", "finished_at")]
-    profile = build_profile([], spans)
+    samples = selectors.profile_telemetry(
+        tenant=tenant, profile_key=profile_key, since=since, until=now,
+        limit=settings.WHALEGEN_PROFILE_SAMPLE_ROWS,
+    )  # fmt: skip
+    profile = build_profile(samples, spans)
     obj, _ = TaskProfile.objects.update_or_create(
         tenant=tenant,
         profile_key=profile_key,
@@ -458,20 +707,31 @@ def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | N
             "sample_count": len(spans),
             "duration_p50_s": profile.duration_p50_s,
             "duration_p90_s": profile.duration_p90_s,
+            "gpu_mem_peak_mib": _mib(profile.mem_peak_mib),
+            "gpu_mem_typical_mib": _mib(profile.mem_typical_mib),
+            "gpu_mem_p95_mib": _mib(profile.mem_p95_mib),
+            "gpu_util_mean": _share(profile.util_mean_pct),
+            "gpu_util_p95": _share(profile.util_p95_pct),
+            "gpu_util_burstiness": profile.util_burstiness,
+            "mem_growth": profile.mem_pattern.value if samples else "",
+            "sla_class": selectors.profile_sla_class(tenant=tenant, profile_key=profile_key, since=since),
+            "telemetry_samples": profile.sample_count,
+            "telemetry_tasks": len({series.split(":")[0] for series, *_ in samples}),
+            "last_sample_at": None if profile.last_sample_s is None else _as_dt(profile.last_sample_s),
         },
     )
     return obj
 
 
 def profiles_refresh(*, now: datetime | None = None) -> int:
-    """Refresh every (tenant, profile key) with a finished run in the lookback window."""
+    """Refresh every (tenant, profile key) with a finished run or telemetry in the lookback window."""
     now = now or timezone.now()
-    keys = (
+    keys = set(
         selectors.finished_runs(until=now, since=now - _lookback())
         .exclude(profile_key="")
         .values_list("tenant_id", "profile_key")
         .distinct()
-    )
+    ) | selectors.profile_keys_with_telemetry(since=now - _lookback(), until=now)
     tenants = {t.pk: t for t in Tenant.objects.filter(pk__in={k[0] for k in keys})}
     count = 0
     for tenant_id, key in sorted(set(keys)):

@@ -29,10 +29,15 @@ def forecasting_train(kind: str, pool_id: int | None = None) -> dict[str, object
 
 @shared_task(name="apps.forecasting.tasks.forecasting_train_all")
 def forecasting_train_all() -> list[dict[str, object]]:
-    """Beat entry "forecasting-train": the plane-wide duration model, then arrivals for every pool."""
-    results = [_outcome(services.forecast_model_train(kind=ForecastModel.Kind.DURATION))]
+    """Beat entry "forecasting-train": the plane-wide duration and memory-peak models, then arrivals
+    and idle GPUs for every pool."""
+    results = [
+        _outcome(services.forecast_model_train(kind=ForecastModel.Kind.DURATION)),
+        _outcome(services.forecast_model_train(kind=ForecastModel.Kind.MEMORY_PEAK)),
+    ]
     for pool in Pool.objects.order_by("name"):
-        results.append(_outcome(services.forecast_model_train(kind=ForecastModel.Kind.ARRIVALS, pool=pool)))
+        for kind in (ForecastModel.Kind.ARRIVALS, ForecastModel.Kind.IDLE_GPUS):
+            results.append(_outcome(services.forecast_model_train(kind=kind, pool=pool)))
     return results
 
 
@@ -53,3 +58,9 @@ def tasks_forecast(task_ids: list[int]) -> list[int]:
 def profiles_refresh() -> int:
     """Beat entry "forecasting-profiles": refold every profile with recent finished runs."""
     return services.profiles_refresh()
+
+
+@shared_task(name="apps.forecasting.tasks.memory_bounds_refresh")
+def memory_bounds_refresh() -> int:
+    """Beat entry "forecasting-memory-bounds": the next-hour memory bound of every running task."""
+    return services.memory_bounds_refresh()

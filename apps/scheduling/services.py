@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from apps.common.errors import Conflict
 from apps.fleet.services import desired_state_current
+from apps.forecasting.selectors import pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.scheduling.selectors import FreeUnit, PoolSnapshot, live_usage_milli, snapshot_for_pool
@@ -913,16 +914,19 @@ def cycle_run(
             # 3. Decide.
             started = time.perf_counter()
             now_s = now.timestamp()
-            engine = Engine(
-                snapshot.cluster,
-                EngineConfig(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI),
-            )
-            mix = shape_mix_from_tasks(
+            # The forecast shape mix of the pool's next hour (active arrivals model), else the mix of
+            # the tasks the snapshot knows; the engine's policy and the fragmentation figures use it.
+            steer = pool_shape_mix(pool_id=pool_id, now=now)
+            mix = steer.mix or shape_mix_from_tasks(
                 list(snapshot.cluster.pending)
                 + [
                     TaskRequest(t.task_id, t.cpu_milli, t.mem_mib, len(t.gpu_indexes), t.gpu_milli)
                     for t in snapshot.cluster.running
                 ]
+            )
+            engine = Engine(
+                replace(snapshot.cluster, shape_mix=mix),
+                EngineConfig(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI),
             )
             before = cluster_fragmentation(snapshot.cluster.nodes, mix)
             decisions = _decide(engine, snapshot, now_s)
@@ -963,6 +967,12 @@ def cycle_run(
                     "fragmentation_before": _frag(before),
                     "fragmentation_after": _frag(after),
                     "commit_phases_ms": commit.phases_ms,
+                    "shape_mix_source": steer.source,
+                    "shape_mix_reason": steer.reason,
+                    "shape_mix": [
+                        [sh.num_gpu, sh.gpu_milli, round(w, 4)]
+                        for sh, w in zip(mix.shapes, mix.weights, strict=True)
+                    ],
                 },
             )
             report = CycleReport(

@@ -182,14 +182,23 @@ class TaskProfile(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="task_profiles")
     profile_key = models.CharField(max_length=200)
-    sample_count = models.PositiveIntegerField(default=0)
+    sample_count = models.PositiveIntegerField(default=0)  # finished runs folded into the durations
     duration_p50_s = models.FloatField(null=True, blank=True)
     duration_p90_s = models.FloatField(null=True, blank=True)
+    # From agent telemetry (fleet TaskSample, per task and GPU; GpuSample for the GPU's duty cycle).
     gpu_mem_peak_mib = models.PositiveIntegerField(null=True, blank=True)
+    gpu_mem_typical_mib = models.PositiveIntegerField(null=True, blank=True)  # median of the samples
+    gpu_mem_p95_mib = models.PositiveIntegerField(null=True, blank=True)
     gpu_util_mean = models.FloatField(null=True, blank=True)  # 0..1
-    gpu_util_burstiness = models.FloatField(null=True, blank=True)  # coefficient of variation
-    # "flat", "linear", "step" …: how memory grows over a run; free text until the learner fixes a set.
+    gpu_util_p95 = models.FloatField(null=True, blank=True)  # 0..1
+    # Goh–Barabási (σ − μ)/(σ + μ) of the duty cycle: −1 steady, 0 Poisson-like, → 1 bursty.
+    gpu_util_burstiness = models.FloatField(null=True, blank=True)
+    # whalegen.forecast.profiles.MemoryPattern: "static", "growing", "fluctuating" or "unknown".
     mem_growth = models.CharField(max_length=32, blank=True)
+    sla_class = models.CharField(max_length=8, blank=True)  # the most common among the key's recent tasks
+    telemetry_samples = models.PositiveIntegerField(default=0)  # (task, GPU, instant) samples folded
+    telemetry_tasks = models.PositiveIntegerField(default=0)  # tasks those samples came from
+    last_sample_at = models.DateTimeField(null=True, blank=True)
     util_curve = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 

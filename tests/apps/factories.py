@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from apps.approvals.models import PriorityOverride
+from apps.fleet.models import GpuSample, TaskSample
 from apps.inventory.models import Cluster, Node, Pool
 from apps.tenants.models import Membership, Tenant
 from apps.workloads.models import Queue, Quota, Task
@@ -110,3 +111,23 @@ class OverrideFactory(factory.django.DjangoModelFactory):
     reason = "deadline"
     requested_by = factory.SubFactory(UserFactory)
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=24))
+
+
+class GpuSampleFactory(factory.django.DjangoModelFactory):
+    """One GPU telemetry sample; pass `gpu` and `at` (the agent's heartbeat instant)."""
+
+    class Meta:
+        model = GpuSample
+
+    at = factory.LazyFunction(timezone.now)
+    mem_total_mib = 81_559
+
+
+class TaskSampleFactory(factory.django.DjangoModelFactory):
+    """One task process's GPU memory at an instant; pass `task`, `gpu`, `at` and `used_mib`."""
+
+    class Meta:
+        model = TaskSample
+
+    at = factory.LazyFunction(timezone.now)
+    pid = factory.Sequence(lambda n: 1_000 + n)

@@ -178,6 +178,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.forecasting.tasks.forecasting_train_all",
         "schedule": float(envint("WHALEGEN_FORECAST_TRAIN_INTERVAL_S", 86_400)),
     },
+    "forecasting-memory-bounds": {
+        "task": "apps.forecasting.tasks.memory_bounds_refresh",
+        "schedule": float(envint("WHALEGEN_MEMORY_BOUND_INTERVAL_S", 600)),
+    },
     "forecasting-profiles": {
         "task": "apps.forecasting.tasks.profiles_refresh",
         "schedule": float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
@@ -208,6 +212,10 @@ WHALEGEN_FORECAST_INLINE = envbool("WHALEGEN_FORECAST_INLINE", CELERY_TASK_ALWAY
 WHALEGEN_FORECAST_MIN_GAIN = envfloat("WHALEGEN_FORECAST_MIN_GAIN", 0.02)
 # Safety margin of right-sizing advice above a profile's observed GPU memory peak (0.15 = 15 %).
 WHALEGEN_RIGHT_SIZE_MARGIN = envfloat("WHALEGEN_RIGHT_SIZE_MARGIN", 0.15)
+# Telemetry rows (task × GPU × instant) a profile refresh reads per key, and the memory-peak model
+# reads in all (the latest ones): bounds the work of a refresh or a training run.
+WHALEGEN_PROFILE_SAMPLE_ROWS = envint("WHALEGEN_PROFILE_SAMPLE_ROWS", 20_000)
+WHALEGEN_MEMORY_SAMPLE_ROWS = envint("WHALEGEN_MEMORY_SAMPLE_ROWS", 500_000)
 # Placement policy of production cycles: whalegen, fgd, bestfit or k8s-default (whalegen.placement.registry).
 WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen"
 WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)

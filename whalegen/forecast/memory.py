@@ -333,3 +333,76 @@ def evaluate_memory(
     return model, MemoryEvaluation(
         split_s, req, model.n_train, len(actual), margins, models, model.base_quantile
     )
+
+
+# Memory saved is compared with this tolerance (share of the request): "comparable" memory saved.
+SAVED_TOLERANCE = 0.01
+
+
+def pareto_beats(
+    candidate: dict[str, float],
+    other: dict[str, float],
+    *,
+    tolerance: float = SAVED_TOLERANCE,
+    gain: float = 0.0,
+    under_noise: float = 0.0,
+) -> bool:
+    """True when `candidate` under-predicts no more often than `other` (up to `under_noise`, the
+    sampling noise of a rate measured on few origins) while saving comparable memory (at most
+    `tolerance` of the request less), and is better on one of the two: strictly fewer
+    under-predictions, or more than `gain` more memory saved."""
+    c_under, o_under = candidate["under_rate"], other["under_rate"]
+    c_saved, o_saved = candidate["saved_vs_request"], other["saved_vs_request"]
+    if any(x != x for x in (c_under, o_under, c_saved, o_saved)):
+        return False
+    if c_under > o_under + under_noise or c_saved < o_saved - tolerance:
+        return False
+    return c_under < o_under or c_saved > o_saved + gain
+
+
+def under_rate_noise(rate: float, n: float) -> float:
+    """One binomial standard error of an under-prediction rate measured on `n` origins (with the rate
+    floored at 1/n, so a baseline that happened to miss nothing still has an error bar)."""
+    if n <= 0:
+        return 0.0
+    p = min(max(rate, 1.0 / n), 1.0)
+    return math.sqrt(p * (1.0 - p) / n)
+
+
+def memory_promotion(
+    candidate: dict[str, float],
+    baselines: dict[str, dict[str, float]],
+    active: dict[str, float] | None,
+    *,
+    max_under: float,
+    tolerance: float = SAVED_TOLERANCE,
+    active_gain: float = SAVED_TOLERANCE,
+) -> tuple[bool, str]:
+    """The promotion rule of the memory-peak model, on scores of one validation window (all bounds
+    capped at the request, baselines calibrated to the same target rate):
+
+    1. its under-prediction rate is at most `max_under` (an out-of-memory kill is the cost);
+    2. against every rule baseline it is Pareto-better: no more under-predictions (two rates within one
+       binomial standard error of the baseline's, on the `n` validation origins, count as equal:
+       7 against 9 misses in 920 is noise), memory saved within `tolerance` of the baseline's, and
+       strictly better on one of the two;
+    3. against the active model (same origins) likewise, but "better" must mean fewer under-predictions
+       or more than `active_gain` more memory saved, so models of equal skill do not swap on noise.
+    """
+    under, saved = candidate["under_rate"], candidate["saved_vs_request"]
+    if under != under or under > max_under:
+        return False, f"under-prediction rate {under:.4f} is above the limit {max_under:.4f}"
+    for name, scores in sorted(baselines.items()):
+        noise = under_rate_noise(scores["under_rate"], scores.get("n", 0.0))
+        if not pareto_beats(candidate, scores, tolerance=tolerance, under_noise=noise):
+            return False, (
+                f"under-prediction {under:.4f} / saved {saved:.4f} does not beat baseline {name} "
+                f"({scores['under_rate']:.4f} / {scores['saved_vs_request']:.4f})"
+            )
+    if active is not None and not pareto_beats(candidate, active, tolerance=tolerance, gain=active_gain):
+        return False, (
+            f"under-prediction {under:.4f} / saved {saved:.4f} does not beat the active model "
+            f"({active['under_rate']:.4f} / {active['saved_vs_request']:.4f})"
+        )
+    versus = "every baseline and the active model" if active is not None else "every baseline"
+    return True, f"under-prediction {under:.4f}, saved {saved:.4f}: beats {versus}"

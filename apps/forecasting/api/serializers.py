@@ -13,13 +13,15 @@ from whalegen.forecast.profiles import MemoryPattern, right_size
 
 class TaskForecastOutputSerializer(serializers.ModelSerializer):
     """A task's forecast and where it came from: `source` is `model` (with `model_version`),
-    `baseline` (with `baseline` = key_history | global_median and `history_count`) or `none`."""
+    `baseline` (with `baseline` = key_history | global_median and `history_count`) or `none`.
+    `mem_bound_mib`: while the task runs, the memory-peak model's bound on its next hour (per GPU)."""
 
     class Meta:
         model = TaskForecast
         fields = [
             "duration_p50_s", "duration_p90_s", "gpu_mem_peak_mib", "source", "model_version", "baseline",
-            "history_count", "mem_source", "created_at",
+            "history_count", "mem_source", "mem_bound_mib", "mem_bound_at", "mem_bound_model_version",
+            "created_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -69,8 +71,9 @@ class TaskProfileOutputSerializer(serializers.ModelSerializer):
         model = TaskProfile
         fields = [
             "id", "tenant", "profile_key", "sample_count", "duration_p50_s", "duration_p90_s",
-            "gpu_mem_peak_mib", "gpu_util_mean", "gpu_util_burstiness", "mem_growth", "updated_at",
-            "right_sizing",
+            "gpu_mem_peak_mib", "gpu_mem_typical_mib", "gpu_mem_p95_mib", "gpu_util_mean", "gpu_util_p95",
+            "gpu_util_burstiness", "mem_growth", "sla_class", "telemetry_samples", "telemetry_tasks",
+            "last_sample_at", "updated_at", "right_sizing",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -92,8 +95,9 @@ class TaskProfileOutputSerializer(serializers.ModelSerializer):
                 float(profile.gpu_mem_peak_mib),
                 gpu_model,
                 margin=settings.WHALEGEN_RIGHT_SIZE_MARGIN,
-                # The profile keeps a mean, not a P95 duty cycle: sizing is by memory only.
-                util_p95_pct=None,
+                # The P95 duty cycle of the GPUs the key ran on (whole-GPU NVML figure): a MIG profile
+                # must also offer that share of compute. Without telemetry, sizing is by memory only.
+                util_p95_pct=None if profile.gpu_util_p95 is None else profile.gpu_util_p95 * 100.0,
                 pattern=self._pattern(profile.mem_growth),
             )
             out.append(

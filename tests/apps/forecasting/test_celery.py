@@ -41,9 +41,11 @@ def test_training_forecasting_and_profiles_run_on_a_worker_through_redis(world) 
             time.sleep(0.1)
         forecast_id = tasks.task_forecast.delay(task.pk).get(timeout=60)
         refreshed = tasks.profiles_refresh.delay().get(timeout=60)
+        bounded = tasks.memory_bounds_refresh.delay().get(timeout=60)
     assert trained["promoted"] and trained["version"] == 1, trained
     assert ForecastModel.objects.get(pk=trained["model_id"]).state == "active"
     forecast = TaskForecast.objects.get(task=task)
     assert forecast.pk == forecast_id and (forecast.source, forecast.model_version) == ("model", 1)
     assert 2_400 < Task.objects.get(pk=task.pk).predicted_duration_p50_s < 5_400
     assert refreshed == 4 and TaskProfile.objects.filter(tenant=world.tenant_a).count() == 4
+    assert bounded == 0  # no memory-peak model is active: no bound is made up

@@ -84,7 +84,7 @@ def test_too_few_runs_train_nothing_and_say_why(world) -> None:
 
 @pytest.mark.parametrize(
     ("kind", "words"),
-    [("memory_peak", "no per-task GPU memory time series"), ("idle_gpus", "no idle-GPU series")],
+    [("memory_peak", "0 task memory samples in the window"), ("idle_gpus", "per pool; name the pool")],
     ids=["memory peaks need telemetry series", "idle GPUs need a pool series"],
 )
 def test_kinds_without_data_on_the_plane_are_not_trained_and_say_why(world, kind, words) -> None:
