@@ -23,6 +23,7 @@ from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.workloads.models import Quota, Task
 from whalegen.gpus.mig import MEMORY_SLICES, mig_profiles
+from whalegen.placement.recarve import FreeInstance, IdleMigGpu
 from whalegen.placement.repartition import (
     CarvedUnit,
     ClaimAction,
@@ -143,6 +144,9 @@ class PoolSnapshot:
     claimed_requests: MappingProxyType[str, TaskRequest] = field(default_factory=_empty)
     # Engine task id (pending and running) → (Queue.pk, its weight): fair share within a tenant.
     queues: MappingProxyType[str, tuple[int, int]] = field(default_factory=_empty)
+    # (engine node name, GPU index) → an idle MIG GPU the cycle may re-carve (as a last resort): the
+    # engine first sees only its free carved instances.
+    idle_mig: MappingProxyType[tuple[str, int], IdleMigGpu] = field(default_factory=_empty)
 
 
 def node_name(cluster: str, node: str) -> str:
@@ -395,6 +399,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     free_units: dict[tuple[int, int], tuple[FreeUnit, ...]] = {}
     node_models: dict[str, str | None] = {}
     gpu_infos: dict[tuple[int, int], GpuInfo] = {}
+    idle_mig: dict[tuple[str, int], IdleMigGpu] = {}
     for row in node_rows:
         name = names[row["id"]]
         gpus = gpus_of_node.get(row["id"], [])
@@ -436,13 +441,10 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             free_milli = sum(u["gpu_milli"] for u in free) if usable else 0
             free_mem = sum(u["mem_mib"] for u in free) if usable else 0
             used_slices = 0
-            if mode is PartitionMode.MIG and usable and len(free) == len(units) and gpu["id"] not in stopping:
-                # Idle: whatever its carving, the cycle may re-carve it (`plan_repartition`), so the engine
-                # sees a fresh GPU and plans the instance it would like best.
-                free_milli = WHOLE_GPU_MILLI
-                free_mem = gpu["mem_mib"]
-            elif mode is PartitionMode.MIG:
-                # Slices outside a free carved instance are unusable without a new layout.
+            if mode is PartitionMode.MIG:
+                # The engine sees the free carved instances only: slices outside them are unusable without
+                # a new layout. An idle GPU may still be re-carved, but only for tasks no present unit
+                # holds (`whalegen.placement.recarve`, the cycle's second pass).
                 open_slices = 0
                 if usable:
                     profiles = {p.name: p for p in mig_profiles(gpu["model"])}
@@ -455,6 +457,15 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
                     # Carved instances need not add up to 1000 (two 3g on an H100 are 856 milli); a GPU
                     # with every slice free is a fresh GPU to the engine.
                     free_milli = WHOLE_GPU_MILLI
+                if usable and len(free) == len(units) and gpu["id"] not in stopping:
+                    idle_mig[(name, gpu["index"])] = IdleMigGpu(
+                        name,
+                        gpu["index"],
+                        tuple(
+                            FreeInstance(u["mig_profile"], u["mig_start"], u["gpu_milli"], u["mem_mib"])
+                            for u in free
+                        ),
+                    )
             states.append(
                 GpuState(
                     index=gpu["index"],
@@ -589,6 +600,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         claims=MappingProxyType(claims),
         claimed_requests=MappingProxyType({t.task_id: t for t in requests_held}),
         queues=MappingProxyType(queues),
+        idle_mig=MappingProxyType(idle_mig),
     )
 
 

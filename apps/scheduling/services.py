@@ -40,6 +40,7 @@ from whalegen.placement.fragmentation import (
     cluster_fragmentation,
     shape_mix_from_tasks,
 )
+from whalegen.placement.recarve import solve_recarving_last
 from whalegen.placement.repartition import (
     ClaimAction,
     RepartitionPlan,
@@ -49,6 +50,7 @@ from whalegen.placement.repartition import (
 )
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
+    ClusterSnapshot,
     CycleResult,
     NodeState,
     Outcome,
@@ -98,6 +100,7 @@ class _Decisions:
     placements: list[Placement] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
     unplaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
+    nodes_after: tuple[NodeState, ...] = ()  # the engine's working copy after the cycle's placements
 
 
 # -- ordering ---------------------------------------------------------------------------------------
@@ -231,8 +234,12 @@ def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
 # -- deciding ---------------------------------------------------------------------------------------
 
 
-def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
-    """Claims of earlier repartitions first, then one engine call over every pending task in our order."""
+def _decide(
+    engine: Engine, snapshot: PoolSnapshot, now_s: float, *, base: ClusterSnapshot, config: EngineConfig
+) -> _Decisions:
+    """Claims of earlier repartitions first, then the engine over every pending task in our order: on the
+    units GPUs have now, then, for what no present unit holds, with idle MIG GPUs open to a new layout
+    (`solve_recarving_last`; `base` and `config` are what `engine` was built from)."""
     decisions = _Decisions()
     # 1. GPUs re-carved by earlier cycles: bind the tasks whose layout is in place, the rest keep waiting.
     # Their GPUs are full to the engine, so only the quota view needs to learn of these placements.
@@ -261,13 +268,16 @@ def _decide(engine: Engine, snapshot: PoolSnapshot, now_s: float) -> _Decisions:
                 borrowed,
             )
         )
-    # 2. Everything else, through the engine, in one call: each task carries its place in our order.
+    # 2. Everything else, through the engine: each task carries its place in our order. Present units
+    # first; a re-carve of an idle MIG GPU only for the tasks none of them holds.
     ordered = [
         replace(task, order_key=position)
         for position, unit in enumerate(order_units(snapshot))
         for task in unit
     ]
-    result: CycleResult = engine.solve(tuple(ordered), now_s)
+    passes = solve_recarving_last(engine, ordered, now_s, idle=snapshot.idle_mig, base=base, config=config)
+    result: CycleResult = passes.result
+    decisions.nodes_after = passes.nodes_after
     decisions.placements += result.placements
     for item in result.unplaced:
         decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
@@ -924,13 +934,12 @@ def cycle_run(
                     for t in snapshot.cluster.running
                 ]
             )
-            engine = Engine(
-                replace(snapshot.cluster, shape_mix=mix),
-                EngineConfig(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI),
-            )
+            base = replace(snapshot.cluster, shape_mix=mix)
+            config = EngineConfig(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
+            engine = Engine(base, config)
             before = cluster_fragmentation(snapshot.cluster.nodes, mix)
-            decisions = _decide(engine, snapshot, now_s)
-            after = cluster_fragmentation(engine.state.nodes(), mix)
+            decisions = _decide(engine, snapshot, now_s, base=base, config=config)
+            after = cluster_fragmentation(decisions.nodes_after, mix)
             solve_ms = (time.perf_counter() - started) * 1000
             # 4. Commit.
             started = time.perf_counter()
@@ -941,7 +950,7 @@ def cycle_run(
             reasons = dict(decisions.unplaced)
             reasons.update(commit.held_back)
             estimates = estimate_starts(
-                snapshot, reasons, now_s, nodes_after=engine.state.nodes(), placements=decisions.placements
+                snapshot, reasons, now_s, nodes_after=decisions.nodes_after, placements=decisions.placements
             )
             _write_why_pending(snapshot, reasons, estimates)
             commit.lap("why_pending", clock)

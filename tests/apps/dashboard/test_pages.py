@@ -389,16 +389,19 @@ def test_pools_follow_quotas(scene: Any, page: Any) -> None:
 def test_pool_heat_map_and_latest_cycle(scene: Any, page: Any) -> None:
     w = scene.world
     body = text(page(w.alice).get(f"/pools/{w.h100.pk}/"))
-    # Two GPUs on gpu-001: the MIG one (a free 3g.40gb) and the whole one A's task holds.
+    # Two GPUs on gpu-001: the whole one A's task holds, and the MIG one, idle, re-carved by the cycle
+    # into a 7g.80gb for B's whole-GPU task (no present unit held it), free until the agent applies it.
     assert body.count('<g class="gpu ') == 2
     assert 'class="gpu heat-4 health-healthy" data-allocated="1000"' in body
     assert 'class="gpu heat-0 health-healthy" data-allocated="0"' in body
-    assert "3g.40gb: free" in body
+    assert "7g.80gb: free" in body and "3g.40gb" not in body
     assert f"task {scene.placed.pk}" in body
-    # The cycle's own figures: one placed, two left pending for capacity, fragmentation before/after.
+    # The cycle's own figures: one placed, one left pending for capacity (the two-GPU task), one waiting
+    # for its new layout, fragmentation before/after.
     stats = scene.cycle.stats
     assert f'<dd id="cycle-placed">{scene.cycle.tasks_placed}</dd>' in body
-    assert '<td>no_capacity</td><td class="num">2</td>' in body
+    assert '<td>no_capacity</td><td class="num">1</td>' in body
+    assert '<td>waiting_for_layout</td><td class="num">1</td>' in body
     assert str(stats["fragmentation_before"]["frag_milli"]) in body
     assert str(stats["fragmentation_after"]["frag_milli"]) in body
 
@@ -421,8 +424,9 @@ def test_heat_map_places_mig_instances_on_their_memory_slices(scene: Any) -> Non
     mig, whole = row.cells
     (instance,) = mig.segments
     strip_w = CELL_W - 2 * PAD
-    # 3g.40gb at start 0 holds 4 of the 8 memory slices: the left half of the strip, free.
-    assert (instance.x - mig.x - PAD, instance.width + 1, instance.held) == (0, strip_w / 2, False)
+    # The idle GPU's 3g.40gb@0 was re-carved for B's whole-GPU task: a 7g.80gb at start 0 holds all 8
+    # memory slices, the whole strip, free until the agent applies it and the task binds.
+    assert (instance.x - mig.x - PAD, instance.width + 1, instance.held) == (0, strip_w, False)
     assert (whole.allocated_milli, whole.heat, whole.segments[0].task_id) == (1000, 4, scene.placed.pk)
     assert drawn.allocated_milli == 1000 and drawn.gpus == 2
 
