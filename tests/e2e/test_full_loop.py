@@ -273,13 +273,12 @@ def test_an_agent_restarted_re_adopts_its_running_task(plane: Plane) -> None:
     no_violations(plane)
 
 
-# The train pool's three whole GPUs. `exclusive` keeps these tasks off the H100's MIG GPU, which an idle
-# cycle could otherwise re-carve into a 7g.80gb for a whole-GPU task (partitions are part of the plan).
-WHOLE_TRAIN_GPU = {
-    "gpu_milli": 1000,
-    "allowed_gpu_models": ["A100-80GB", "H100-80GB"],
-    "isolation": "exclusive",
-}
+# A whole GPU of the train pool: its three whole GPUs take these first; the H100's MIG GPU (an idle
+# 3g.40gb) is re-carved only for a task none of them can hold.
+WHOLE_TRAIN_GPU = {"gpu_milli": 1000, "allowed_gpu_models": ["A100-80GB", "H100-80GB"]}
+# The task that must preempt in a full pool asks a GPU outside MIG mode: a plain whole-GPU task would get
+# the idle MIG GPU re-carved instead, which stops no running work and so comes before any preemption.
+NON_MIG_TRAIN_GPU = {**WHOLE_TRAIN_GPU, "isolation": "exclusive"}
 
 
 def _fill_train(plane: Plane, tenant: str, count: int, **extra: Any) -> list[int]:
@@ -291,18 +290,20 @@ def _fill_train(plane: Plane, tenant: str, count: int, **extra: Any) -> list[int
 
 
 def test_a_reclaim_preempts_borrowed_capacity_for_a_tenant_within_its_guarantee(plane: Plane) -> None:
-    from apps.scheduling.models import Assignment
+    from apps.scheduling.models import Assignment, Repartition
 
-    # Speech takes the three whole GPUs of the train pool: 1000 guaranteed + 2000 borrowed.
+    # Speech takes the three whole GPUs of the train pool: 1000 guaranteed + 2000 borrowed. Whole GPUs
+    # were free for each, so the idle MIG GPU was not re-carved for any of them.
     speech = _fill_train(plane, "speech", 3)
     wait_tasks(speech, {"running"}, timeout_s=40, what="speech's three tasks to run")
+    assert not Repartition.objects.filter(task_id__in=speech).exists()
     borrowed = set(
         Assignment.objects.filter(task_id__in=speech, borrowed=True).values_list("task_id", flat=True)
     )
     assert len(borrowed) == 2, borrowed
     # Vision, within its guarantee, asks for a whole GPU: one borrowed GPU is taken back.
     mine = plane.submit(
-        "vision", queue="train", name="reclaimer", command=python(SLEEP.format(s=0.5)), **WHOLE_TRAIN_GPU
+        "vision", queue="train", name="reclaimer", command=python(SLEEP.format(s=0.5)), **NON_MIG_TRAIN_GPU
     )
     wait_tasks([mine["id"]], FINAL, timeout_s=40, what="vision's task to reclaim a GPU and finish")
     assert plane.get("vision", mine["id"])["state"] == "succeeded"
@@ -332,7 +333,7 @@ def test_an_approved_override_raises_a_task_that_then_preempts_lower_priority_wo
         name="urgent",
         priority=5,
         command=python(SLEEP.format(s=0.5)),
-        **WHOLE_TRAIN_GPU,
+        **NON_MIG_TRAIN_GPU,
     )
     time.sleep(3)  # a few cycles: at equal priority it waits, nobody is preempted
     assert plane.get("speech", urgent["id"])["state"] == "pending"
