@@ -28,6 +28,7 @@ Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one id
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from bisect import bisect_right
 from collections.abc import Callable
 
@@ -40,7 +41,7 @@ from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, PartitionMode, 
 
 # (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
 Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
-OPTIONS = ("memory", "strand", "scarcity", "sumsq")
+OPTIONS = ("memory", "strand", "scarcity", "sumsq", "plan")
 
 
 class WhalegenPolicy(Policy):
@@ -54,6 +55,7 @@ class WhalegenPolicy(Policy):
         self.strand = options.get("strand", "1") == "1"
         self.scarcity = options.get("scarcity", "1") == "1"
         self.sumsq = options.get("sumsq", "1") == "1"
+        self.use_plan = options.get("plan", "1") == "1"
 
     def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
         super().attach(state, mix, rng)
@@ -103,6 +105,11 @@ class WhalegenPolicy(Policy):
         self.gaps: dict[int, set[int]] = {}
         self.allowed_masks: dict[Request, npt.NDArray[np.bool_]] = {}
         self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
+        # 5. The share plan: per-GPU share sets of an optimal packing of the mix's shares.
+        self.plan = share_plan(mix) if self.use_plan and self.sumsq else SharePlan((), {})
+        self.opened = [0] * len(self.plan.patterns)
+        self.planned: dict[int, tuple[int, ...]] = {}  # code -> sizes the GPU still waits for
+        self.slots: dict[int, set[int]] = {}  # size -> codes waiting for it
         for n in range(len(state)):
             self._reindex(n)
         state.listeners.append(self._reindex)
@@ -126,6 +133,12 @@ class WhalegenPolicy(Policy):
             if gap:
                 self.gaps.setdefault(gap, set()).add(n * self.width + d)
             registered[d] = gap
+        if self.planned:
+            for d, free in enumerate(s.gpu_free[n]):
+                code = n * self.width + d
+                waiting = self.planned.get(code)
+                if waiting is not None and (free >= WHOLE_GPU_MILLI or sum(waiting) > free):
+                    self._drop_plan(code)
 
     # -- node measure ------------------------------------------------------------------------------
 
@@ -236,6 +249,10 @@ class WhalegenPolicy(Policy):
             # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
             return super().select(req, scores)
         size = req.gpu_milli
+        if size in self.plan.by_size:
+            pick = self._planned_pick(req, scores)
+            if pick is not None:
+                return pick
         floor = self.min_share
         counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
         # (Δ Σ N², gap left, gap used); gap used 0 = open a fresh GPU.
@@ -282,3 +299,115 @@ class WhalegenPolicy(Policy):
             if s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
                 return n, (d,)
         return None
+
+    # -- share plan ----------------------------------------------------------------------------------
+
+    def _drop_plan(self, code: int) -> None:
+        for size in set(self.planned.pop(code, ())):
+            members = self.slots.get(size)
+            if members is not None:
+                members.discard(code)
+                if not members:
+                    del self.slots[size]
+
+    def _set_plan(self, code: int, waiting: tuple[int, ...]) -> None:
+        self._drop_plan(code)
+        if not waiting:
+            return
+        self.planned[code] = waiting
+        for size in set(waiting):
+            self.slots.setdefault(size, set()).add(code)
+
+    def _planned_pick(
+        self, req: Request, scores: Callable[[], ScoreCache]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        size = req.gpu_milli
+        members = self.slots.get(size)
+        if members:
+            pick = self._first_member(members, req)
+            if pick is not None:
+                n, (d,) = pick
+                code = n * self.width + d
+                waiting = list(self.planned[code])
+                waiting.remove(size)
+                self._set_plan(code, tuple(waiting))
+                return pick
+        pick = super(WhalegenPolicy, self).select(req, scores)
+        if pick is None:
+            return None
+        n, devices = pick
+        d = devices[0]
+        if self.state.gpu_free[n][d] != WHOLE_GPU_MILLI or self.state.modes[n][d] is not PartitionMode.SHARED:
+            return pick
+        best = min(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
+        self.opened[best[0]] += 1
+        waiting = list(self.plan.patterns[best[0]])
+        waiting.remove(size)
+        self._set_plan(n * self.width + d, tuple(waiting))
+        return pick
+
+    def _first_member(self, members: set[int], req: Request) -> tuple[int, tuple[int, ...]] | None:
+        s = self.state
+        codes = np.fromiter(members, np.int64, len(members))
+        nodes = codes // self.width
+        allowed = self.allowed_masks.get(req)
+        if allowed is None:
+            allowed = s.allowed_mask(req)
+            self.allowed_masks[req] = allowed
+        ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
+        for code in np.sort(codes[ok]).tolist():
+            n, d = divmod(code, self.width)
+            if s.gpu_free[n][d] >= req.gpu_milli and s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
+                return n, (d,)
+        return None
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """Per-GPU share sets (patterns, sizes largest first) and, per share size, the patterns holding it
+    with the rate at which the plan uses them for that size (bins of the pattern × copies of the size)."""
+
+    patterns: tuple[tuple[int, ...], ...]
+    by_size: dict[int, list[tuple[int, float]]]
+
+
+def share_patterns(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> list[tuple[int, ...]]:
+    """Every multiset of share sizes that fits one GPU, sizes largest first."""
+    ordered = sorted(set(sizes), reverse=True)
+    out: list[tuple[int, ...]] = []
+
+    def grow(prefix: tuple[int, ...], start: int, room: int) -> None:
+        for i in range(start, len(ordered)):
+            size = ordered[i]
+            if size <= room:
+                pattern = (*prefix, size)
+                out.append(pattern)
+                grow(pattern, i, room - size)
+
+    grow((), 0, capacity)
+    return out
+
+
+def share_plan(mix: ShapeMix) -> SharePlan:
+    demand: dict[int, float] = {}
+    for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+        if shape.num_gpu == 1 and 0 < shape.gpu_milli < WHOLE_GPU_MILLI:
+            demand[shape.gpu_milli] = demand.get(shape.gpu_milli, 0.0) + weight
+    if not demand:
+        return SharePlan((), {})
+    sizes = sorted(demand)
+    patterns = share_patterns(sizes)
+    counts = np.array([[p.count(size) for p in patterns] for size in sizes], dtype=float)
+    total = sum(demand.values())
+    rates = np.array([demand[size] / total for size in sizes])
+    from scipy.optimize import linprog  # noqa: PLC0415  (prototype)
+
+    res = linprog(np.ones(len(patterns)), A_eq=counts, b_eq=rates, bounds=(0, None), method="highs")
+    x = res.x
+    used = [i for i in range(len(patterns)) if x[i] > 1e-9]
+    kept = tuple(patterns[i] for i in used)
+    by_size: dict[int, list[tuple[int, float]]] = {}
+    for j, i in enumerate(used):
+        for size in set(patterns[i]):
+            by_size.setdefault(size, []).append((j, float(x[i]) * patterns[i].count(size)))
+    return SharePlan(kept, by_size)
