@@ -106,10 +106,34 @@ class WhalegenPolicy(Policy):
         self.allowed_masks: dict[Request, npt.NDArray[np.bool_]] = {}
         self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
         # 5. The share plan: per-GPU share sets of an optimal packing of the mix's shares.
-        self.plan = share_plan(mix) if self.use_plan and self.sumsq else SharePlan((), {})
+        self.plan = share_plan(mix) if self.use_plan and self.sumsq else SharePlan((), {}, {})
         self.opened = [0] * len(self.plan.patterns)
         self.planned: dict[int, tuple[int, ...]] = {}  # code -> sizes the GPU still waits for
         self.slots: dict[int, set[int]] = {}  # size -> codes waiting for it
+        # CPU and memory the waiting shares of each node will need at least (kept free for them).
+        self.reserved_cpu = np.zeros(len(state), np.int64)
+        self.reserved_mem = np.zeros(len(state), np.int64)
+        self.least_request: dict[int, tuple[int, int]] = {}
+        import os
+        if os.environ.get("WG_NEED") == "mean":
+            acc: dict[int, list[float]] = {}
+            for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+                if shape.num_gpu == 1 and shape.gpu_milli < WHOLE_GPU_MILLI:
+                    a = acc.setdefault(shape.gpu_milli, [0.0, 0.0, 0.0])
+                    a[0] += weight; a[1] += weight * shape.cpu_milli; a[2] += weight * shape.mem_mib
+            self.least_request = {k: (int(a[1] / a[0]), int(a[2] / a[0])) for k, a in acc.items()}
+        else:
+          for shape in mix.shapes:
+            if shape.num_gpu == 1 and shape.gpu_milli < WHOLE_GPU_MILLI:
+                c, m = self.least_request.get(shape.gpu_milli, (shape.cpu_milli, shape.mem_mib))
+                self.least_request[shape.gpu_milli] = (min(c, shape.cpu_milli), min(m, shape.mem_mib))
+        # (model, share size) -> the (CPU, memory) requests of the expected shapes of that size there.
+        self.share_requests: dict[tuple[str | None, int], list[tuple[int, int]]] = {}
+        for model, (_, groups) in self.groups.items():
+            for milli, rows in groups:
+                for _, cpu_m, mem_m, k in rows:
+                    if k == 1 and milli < WHOLE_GPU_MILLI:
+                        self.share_requests.setdefault((model, milli), []).append((cpu_m, mem_m))
         for n in range(len(state)):
             self._reindex(n)
         state.listeners.append(self._reindex)
@@ -247,6 +271,9 @@ class WhalegenPolicy(Policy):
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
         if not (req.is_share and self.sumsq) or req.isolation is Isolation.MIG:
             # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
+            import os
+            if os.environ.get("WG_RES") == "1" and self.planned:
+                return self._select_sparing(req, scores)
             return super().select(req, scores)
         size = req.gpu_milli
         if size in self.plan.by_size:
@@ -302,7 +329,13 @@ class WhalegenPolicy(Policy):
 
     # -- share plan ----------------------------------------------------------------------------------
 
+    def _reserve(self, code: int, waiting: tuple[int, ...], sign: int) -> None:
+        n = code // self.width
+        self.reserved_cpu[n] += sign * sum(self.least_request[t][0] for t in waiting)
+        self.reserved_mem[n] += sign * sum(self.least_request[t][1] for t in waiting)
+
     def _drop_plan(self, code: int) -> None:
+        self._reserve(code, self.planned.get(code, ()), -1)
         for size in set(self.planned.pop(code, ())):
             members = self.slots.get(size)
             if members is not None:
@@ -315,6 +348,7 @@ class WhalegenPolicy(Policy):
         if not waiting:
             return
         self.planned[code] = waiting
+        self._reserve(code, waiting, 1)
         for size in set(waiting):
             self.slots.setdefault(size, set()).add(code)
 
@@ -332,19 +366,98 @@ class WhalegenPolicy(Policy):
                 waiting.remove(size)
                 self._set_plan(code, tuple(waiting))
                 return pick
+        import os
+        if os.environ.get("WG_EXACT") == "1":
+            for gap in sorted(g for g in self.gaps if size <= g < size + self.min_share):
+                pick = self._first_fitting(gap, req)
+                if pick is not None:
+                    return pick
+        import os
+        if os.environ.get("WG_NODE") == "1":
+            return self._open_planned(req, scores)
         pick = super(WhalegenPolicy, self).select(req, scores)
         if pick is None:
             return None
         n, devices = pick
         d = devices[0]
-        if self.state.gpu_free[n][d] != WHOLE_GPU_MILLI or self.state.modes[n][d] is not PartitionMode.SHARED:
+        state = self.state
+        if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
             return pick
-        best = min(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
+        cpu_left = state.cpu_free[n] - req.cpu_milli
+        mem_left = state.mem_free[n] - req.mem_mib
+        candidates = [
+            item
+            for item in self.plan.by_size[size]
+            if self._hostable(_without(self.plan.patterns[item[0]], size), state.models[n], cpu_left, mem_left)
+        ]
+        if not candidates:
+            return pick  # nothing the plan pairs with this share could start here: no slot to wait for
+        best = min(candidates, key=lambda item: (self.opened[item[0]] / item[1], item[0]))
         self.opened[best[0]] += 1
-        waiting = list(self.plan.patterns[best[0]])
-        waiting.remove(size)
-        self._set_plan(n * self.width + d, tuple(waiting))
+        self._set_plan(n * self.width + d, _without(self.plan.patterns[best[0]], size))
         return pick
+
+    def _select_sparing(
+        self, req: Request, scores: Callable[[], ScoreCache]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        cache = scores()
+        state = self.state
+        spare = (state.np_cpu_free - req.cpu_milli >= self.reserved_cpu) & (
+            state.np_mem_free - req.mem_mib >= self.reserved_mem
+        )
+        masked = np.where(spare, cache.scores, NEG_INF)
+        n = int(np.argmax(masked))
+        if masked[n] == NEG_INF:
+            n = int(np.argmax(cache.scores))
+            if cache.scores[n] == NEG_INF:
+                return None
+        return n, cache.devices_of(n)
+
+    def _open_planned(
+        self, req: Request, scores: Callable[[], ScoreCache]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        size = req.gpu_milli
+        cache = scores()
+        state = self.state
+        feasible = cache.scores > NEG_INF
+        if not feasible.any():
+            return None
+        ordered = sorted(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
+        for j, _ in ordered:
+            waiting = _without(self.plan.patterns[j], size)
+            need_cpu = sum(self.least_request[t][0] for t in waiting)
+            need_mem = sum(self.least_request[t][1] for t in waiting)
+            mask = (
+                feasible
+                & (state.np_cpu_free - req.cpu_milli >= need_cpu + self.reserved_cpu)
+                & (state.np_mem_free - req.mem_mib >= need_mem + self.reserved_mem)
+            )
+            if not mask.any():
+                continue
+            n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
+            devices = cache.devices_of(n)
+            d = devices[0]
+            if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
+                return n, devices
+            if not self._hostable(waiting, state.models[n], state.cpu_free[n] - req.cpu_milli, state.mem_free[n] - req.mem_mib):
+                continue
+            self.opened[j] += 1
+            self._set_plan(n * self.width + d, waiting)
+            return n, devices
+        n = int(np.argmax(cache.scores))
+        return n, cache.devices_of(n)
+
+    def _hostable(self, waiting: tuple[int, ...], model: str | None, cpu: int, mem: int) -> bool:
+        """Whether a node with this much CPU and memory left could still start the waiting shares (each
+        takes the expected shape of its size that needs the least CPU among those that fit)."""
+        for size in waiting:
+            fits = [(c, m) for c, m in self.share_requests.get((model, size), ()) if c <= cpu and m <= mem]
+            if not fits:
+                return False
+            c, m = min(fits)
+            cpu -= c
+            mem -= m
+        return True
 
     def _first_member(self, members: set[int], req: Request) -> tuple[int, tuple[int, ...]] | None:
         s = self.state
@@ -355,7 +468,22 @@ class WhalegenPolicy(Policy):
             allowed = s.allowed_mask(req)
             self.allowed_masks[req] = allowed
         ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
-        for code in np.sort(codes[ok]).tolist():
+        import os
+        mode = os.environ.get("WG_FILL", "first")
+        if os.environ.get("WG_FILLSPARE") == "1":
+            own_cpu, own_mem = self.least_request.get(req.gpu_milli, (0, 0))
+            spare = ok & (s.np_cpu_free[nodes] - req.cpu_milli >= self.reserved_cpu[nodes] - own_cpu) & (
+                s.np_mem_free[nodes] - req.mem_mib >= self.reserved_mem[nodes] - own_mem)
+            if spare.any():
+                ok = spare
+        ordered = np.sort(codes[ok]).tolist()
+        if mode == "complete":
+            ordered.sort(key=lambda c: len(self.planned[c]))
+        elif mode == "tight":
+            ordered.sort(key=lambda c: s.gpu_free[c // self.width][c % self.width])
+        elif mode == "loose":
+            ordered.sort(key=lambda c: -s.gpu_free[c // self.width][c % self.width])
+        for code in ordered:
             n, d = divmod(code, self.width)
             if s.gpu_free[n][d] >= req.gpu_milli and s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
                 return n, (d,)
@@ -369,6 +497,7 @@ class SharePlan:
 
     patterns: tuple[tuple[int, ...], ...]
     by_size: dict[int, list[tuple[int, float]]]
+    rate: dict[int, float]
 
 
 def share_patterns(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> list[tuple[int, ...]]:
@@ -394,20 +523,78 @@ def share_plan(mix: ShapeMix) -> SharePlan:
         if shape.num_gpu == 1 and 0 < shape.gpu_milli < WHOLE_GPU_MILLI:
             demand[shape.gpu_milli] = demand.get(shape.gpu_milli, 0.0) + weight
     if not demand:
-        return SharePlan((), {})
+        return SharePlan((), {}, {})
     sizes = sorted(demand)
     patterns = share_patterns(sizes)
     counts = np.array([[p.count(size) for p in patterns] for size in sizes], dtype=float)
     total = sum(demand.values())
     rates = np.array([demand[size] / total for size in sizes])
-    from scipy.optimize import linprog  # noqa: PLC0415  (prototype)
-
-    res = linprog(np.ones(len(patterns)), A_eq=counts, b_eq=rates, bounds=(0, None), method="highs")
-    x = res.x
+    import os
+    sec = os.environ.get("WG_SEC")
+    costs = None
+    if sec:
+        rate_of = {size: demand[size] / total for size in sizes}
+        if sec == "rarest":
+            extra = [max(1 / rate_of[t] for t in p) for p in patterns]
+        elif sec == "waits":
+            extra = [sum(1 / rate_of[t] for t in p) - max(1 / rate_of[t] for t in p) if len(p) > 1 else 0 for p in patterns]
+        costs = np.ones(len(patterns)) + 1e-6 * np.array(extra) / max(extra)
+    x = fewest_bins(counts, rates, costs)
     used = [i for i in range(len(patterns)) if x[i] > 1e-9]
     kept = tuple(patterns[i] for i in used)
     by_size: dict[int, list[tuple[int, float]]] = {}
     for j, i in enumerate(used):
         for size in set(patterns[i]):
             by_size.setdefault(size, []).append((j, float(x[i]) * patterns[i].count(size)))
-    return SharePlan(kept, by_size)
+    return SharePlan(kept, by_size, {size: demand[size] / total for size in sizes})
+
+
+def fewest_bins(
+    counts: npt.NDArray[np.float64], rates: npt.NDArray[np.float64], costs: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.float64]:
+    """The LP `min Σ x  s.t.  counts · x = rates, x ≥ 0` by the primal simplex with Bland's rule.
+
+    Column j is a pattern (row i: copies of size i in it). The one-item patterns form the identity: a
+    feasible start (each share alone on a GPU). Bland's rule (lowest index enters, ties leave by lowest
+    index) cannot cycle, and the result is a vertex: a handful of patterns."""
+    rows, cols = counts.shape
+    cost = np.ones(cols) if costs is None else costs
+    basis = [_unit_column(counts, i) for i in range(rows)]
+    tableau = counts.astype(float).copy()
+    rhs = rates.astype(float).copy()
+    for _ in range(10_000):
+        reduced = cost - cost[basis] @ tableau  # c_j − c_B·T_j (basis columns give 0)
+        entering = next((j for j in range(cols) if reduced[j] < -1e-9 and j not in basis), None)
+        if entering is None:
+            break
+        column = tableau[:, entering]
+        ratios = [(rhs[i] / column[i], basis[i], i) for i in range(rows) if column[i] > 1e-9]
+        _, _, row = min(ratios)
+        pivot = column[row]
+        tableau[row] /= pivot
+        rhs[row] /= pivot
+        for i in range(rows):
+            if i != row and abs(tableau[i, entering]) > 0:
+                factor = tableau[i, entering]
+                tableau[i] -= factor * tableau[row]
+                rhs[i] -= factor * rhs[row]
+        basis[row] = entering
+    x = np.zeros(cols)
+    for i, j in enumerate(basis):
+        x[j] = max(rhs[i], 0.0)
+    return x
+
+
+def _unit_column(counts: npt.NDArray[np.float64], row: int) -> int:
+    unit = np.zeros(counts.shape[0])
+    unit[row] = 1.0
+    matches = np.flatnonzero((counts == unit[:, None]).all(axis=0))
+    if not len(matches):
+        raise ValueError(f"no one-item pattern for row {row}")
+    return int(matches[0])
+
+
+def _without(pattern: tuple[int, ...], size: int) -> tuple[int, ...]:
+    rest = list(pattern)
+    rest.remove(size)
+    return tuple(rest)
