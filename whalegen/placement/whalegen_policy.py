@@ -28,9 +28,9 @@ Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one id
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +41,7 @@ from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, PartitionMode, 
 
 # (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
 Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
-OPTIONS = ("memory", "strand", "scarcity", "sumsq", "plan")
+OPTIONS = ("memory", "strand", "scarcity", "sumsq", "plan", "spare")
 
 
 class WhalegenPolicy(Policy):
@@ -56,6 +56,7 @@ class WhalegenPolicy(Policy):
         self.scarcity = options.get("scarcity", "1") == "1"
         self.sumsq = options.get("sumsq", "1") == "1"
         self.use_plan = options.get("plan", "1") == "1"
+        self.spare = options.get("spare", "1") == "1"
 
     def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
         super().attach(state, mix, rng)
@@ -105,29 +106,15 @@ class WhalegenPolicy(Policy):
         self.gaps: dict[int, set[int]] = {}
         self.allowed_masks: dict[Request, npt.NDArray[np.bool_]] = {}
         self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
-        # 5. The share plan: per-GPU share sets of an optimal packing of the mix's shares.
-        self.plan = share_plan(mix) if self.use_plan and self.sumsq else SharePlan((), {}, {})
-        self.opened = [0] * len(self.plan.patterns)
-        self.planned: dict[int, tuple[int, ...]] = {}  # code -> sizes the GPU still waits for
-        self.slots: dict[int, set[int]] = {}  # size -> codes waiting for it
-        # CPU and memory the waiting shares of each node will need at least (kept free for them).
-        self.reserved_cpu = np.zeros(len(state), np.int64)
+        # 5. The share plan (see `share_plan`): per-GPU share sets of an optimal packing of the mix's
+        # shares, the GPUs that wait for shares of the plan, and what those shares are expected to bring.
+        self.plan = share_plan(mix) if self.use_plan and self.sumsq else SharePlan((), {})
+        self.opened = [0] * len(self.plan.patterns)  # GPUs opened per pattern
+        self.planned: dict[int, tuple[int, ...]] = {}  # code -> share sizes the GPU still waits for
+        self.slots: dict[int, set[int]] = {}  # share size -> codes of the GPUs waiting for one
+        self.reserved_cpu = np.zeros(len(state), np.int64)  # per node, kept for its waiting shares
         self.reserved_mem = np.zeros(len(state), np.int64)
-        self.least_request: dict[int, tuple[int, int]] = {}
-        import os
-        if os.environ.get("WG_NEED") == "mean":
-            acc: dict[int, list[float]] = {}
-            for shape, weight in zip(mix.shapes, mix.weights, strict=True):
-                if shape.num_gpu == 1 and shape.gpu_milli < WHOLE_GPU_MILLI:
-                    a = acc.setdefault(shape.gpu_milli, [0.0, 0.0, 0.0])
-                    a[0] += weight; a[1] += weight * shape.cpu_milli; a[2] += weight * shape.mem_mib
-            self.least_request = {k: (int(a[1] / a[0]), int(a[2] / a[0])) for k, a in acc.items()}
-        else:
-          for shape in mix.shapes:
-            if shape.num_gpu == 1 and shape.gpu_milli < WHOLE_GPU_MILLI:
-                c, m = self.least_request.get(shape.gpu_milli, (shape.cpu_milli, shape.mem_mib))
-                self.least_request[shape.gpu_milli] = (min(c, shape.cpu_milli), min(m, shape.mem_mib))
-        # (model, share size) -> the (CPU, memory) requests of the expected shapes of that size there.
+        self.expected_request = _expected_share_requests(mix)
         self.share_requests: dict[tuple[str | None, int], list[tuple[int, int]]] = {}
         for model, (_, groups) in self.groups.items():
             for milli, rows in groups:
@@ -271,8 +258,7 @@ class WhalegenPolicy(Policy):
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
         if not (req.is_share and self.sumsq) or req.isolation is Isolation.MIG:
             # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
-            import os
-            if os.environ.get("WG_RES") == "1" and self.planned:
+            if self.planned and self.spare:
                 return self._select_sparing(req, scores)
             return super().select(req, scores)
         size = req.gpu_milli
@@ -331,8 +317,8 @@ class WhalegenPolicy(Policy):
 
     def _reserve(self, code: int, waiting: tuple[int, ...], sign: int) -> None:
         n = code // self.width
-        self.reserved_cpu[n] += sign * sum(self.least_request[t][0] for t in waiting)
-        self.reserved_mem[n] += sign * sum(self.least_request[t][1] for t in waiting)
+        self.reserved_cpu[n] += sign * sum(self.expected_request[t][0] for t in waiting)
+        self.reserved_mem[n] += sign * sum(self.expected_request[t][1] for t in waiting)
 
     def _drop_plan(self, code: int) -> None:
         self._reserve(code, self.planned.get(code, ()), -1)
@@ -366,36 +352,7 @@ class WhalegenPolicy(Policy):
                 waiting.remove(size)
                 self._set_plan(code, tuple(waiting))
                 return pick
-        import os
-        if os.environ.get("WG_EXACT") == "1":
-            for gap in sorted(g for g in self.gaps if size <= g < size + self.min_share):
-                pick = self._first_fitting(gap, req)
-                if pick is not None:
-                    return pick
-        import os
-        if os.environ.get("WG_NODE") == "1":
-            return self._open_planned(req, scores)
-        pick = super(WhalegenPolicy, self).select(req, scores)
-        if pick is None:
-            return None
-        n, devices = pick
-        d = devices[0]
-        state = self.state
-        if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
-            return pick
-        cpu_left = state.cpu_free[n] - req.cpu_milli
-        mem_left = state.mem_free[n] - req.mem_mib
-        candidates = [
-            item
-            for item in self.plan.by_size[size]
-            if self._hostable(_without(self.plan.patterns[item[0]], size), state.models[n], cpu_left, mem_left)
-        ]
-        if not candidates:
-            return pick  # nothing the plan pairs with this share could start here: no slot to wait for
-        best = min(candidates, key=lambda item: (self.opened[item[0]] / item[1], item[0]))
-        self.opened[best[0]] += 1
-        self._set_plan(n * self.width + d, _without(self.plan.patterns[best[0]], size))
-        return pick
+        return self._open_planned(req, scores)
 
     def _select_sparing(
         self, req: Request, scores: Callable[[], ScoreCache]
@@ -422,16 +379,18 @@ class WhalegenPolicy(Policy):
         feasible = cache.scores > NEG_INF
         if not feasible.any():
             return None
+        cpu_after = state.np_cpu_free - req.cpu_milli
+        mem_after = state.np_mem_free - req.mem_mib
+        if self.spare:
+            cpu_after = cpu_after - self.reserved_cpu
+            mem_after = mem_after - self.reserved_mem
+        # Patterns in order of how far the GPUs opened with them lag behind the plan's rate.
         ordered = sorted(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
         for j, _ in ordered:
             waiting = _without(self.plan.patterns[j], size)
-            need_cpu = sum(self.least_request[t][0] for t in waiting)
-            need_mem = sum(self.least_request[t][1] for t in waiting)
-            mask = (
-                feasible
-                & (state.np_cpu_free - req.cpu_milli >= need_cpu + self.reserved_cpu)
-                & (state.np_mem_free - req.mem_mib >= need_mem + self.reserved_mem)
-            )
+            need_cpu = sum(self.expected_request[t][0] for t in waiting)
+            need_mem = sum(self.expected_request[t][1] for t in waiting)
+            mask = feasible & (cpu_after >= need_cpu) & (mem_after >= need_mem)
             if not mask.any():
                 continue
             n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
@@ -439,7 +398,8 @@ class WhalegenPolicy(Policy):
             d = devices[0]
             if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
                 return n, devices
-            if not self._hostable(waiting, state.models[n], state.cpu_free[n] - req.cpu_milli, state.mem_free[n] - req.mem_mib):
+            cpu_left = state.cpu_free[n] - req.cpu_milli
+            if not self._hostable(waiting, state.models[n], cpu_left, state.mem_free[n] - req.mem_mib):
                 continue
             self.opened[j] += 1
             self._set_plan(n * self.width + d, waiting)
@@ -468,21 +428,17 @@ class WhalegenPolicy(Policy):
             allowed = s.allowed_mask(req)
             self.allowed_masks[req] = allowed
         ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
-        import os
-        mode = os.environ.get("WG_FILL", "first")
-        if os.environ.get("WG_FILLSPARE") == "1":
-            own_cpu, own_mem = self.least_request.get(req.gpu_milli, (0, 0))
-            spare = ok & (s.np_cpu_free[nodes] - req.cpu_milli >= self.reserved_cpu[nodes] - own_cpu) & (
-                s.np_mem_free[nodes] - req.mem_mib >= self.reserved_mem[nodes] - own_mem)
-            if spare.any():
-                ok = spare
+        if self.spare:
+            # Prefer GPUs whose node keeps, after this share, what its other waiting shares need.
+            own_cpu, own_mem = self.expected_request[req.gpu_milli]
+            sparing = (
+                ok
+                & (s.np_cpu_free[nodes] - req.cpu_milli >= self.reserved_cpu[nodes] - own_cpu)
+                & (s.np_mem_free[nodes] - req.mem_mib >= self.reserved_mem[nodes] - own_mem)
+            )
+            if sparing.any():
+                ok = sparing
         ordered = np.sort(codes[ok]).tolist()
-        if mode == "complete":
-            ordered.sort(key=lambda c: len(self.planned[c]))
-        elif mode == "tight":
-            ordered.sort(key=lambda c: s.gpu_free[c // self.width][c % self.width])
-        elif mode == "loose":
-            ordered.sort(key=lambda c: -s.gpu_free[c // self.width][c % self.width])
         for code in ordered:
             n, d = divmod(code, self.width)
             if s.gpu_free[n][d] >= req.gpu_milli and s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
@@ -497,7 +453,6 @@ class SharePlan:
 
     patterns: tuple[tuple[int, ...], ...]
     by_size: dict[int, list[tuple[int, float]]]
-    rate: dict[int, float]
 
 
 def share_patterns(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> list[tuple[int, ...]]:
@@ -523,42 +478,30 @@ def share_plan(mix: ShapeMix) -> SharePlan:
         if shape.num_gpu == 1 and 0 < shape.gpu_milli < WHOLE_GPU_MILLI:
             demand[shape.gpu_milli] = demand.get(shape.gpu_milli, 0.0) + weight
     if not demand:
-        return SharePlan((), {}, {})
+        return SharePlan((), {})
     sizes = sorted(demand)
     patterns = share_patterns(sizes)
     counts = np.array([[p.count(size) for p in patterns] for size in sizes], dtype=float)
     total = sum(demand.values())
     rates = np.array([demand[size] / total for size in sizes])
-    import os
-    sec = os.environ.get("WG_SEC")
-    costs = None
-    if sec:
-        rate_of = {size: demand[size] / total for size in sizes}
-        if sec == "rarest":
-            extra = [max(1 / rate_of[t] for t in p) for p in patterns]
-        elif sec == "waits":
-            extra = [sum(1 / rate_of[t] for t in p) - max(1 / rate_of[t] for t in p) if len(p) > 1 else 0 for p in patterns]
-        costs = np.ones(len(patterns)) + 1e-6 * np.array(extra) / max(extra)
-    x = fewest_bins(counts, rates, costs)
+    x = fewest_bins(counts, rates)
     used = [i for i in range(len(patterns)) if x[i] > 1e-9]
     kept = tuple(patterns[i] for i in used)
     by_size: dict[int, list[tuple[int, float]]] = {}
     for j, i in enumerate(used):
         for size in set(patterns[i]):
             by_size.setdefault(size, []).append((j, float(x[i]) * patterns[i].count(size)))
-    return SharePlan(kept, by_size, {size: demand[size] / total for size in sizes})
+    return SharePlan(kept, by_size)
 
 
-def fewest_bins(
-    counts: npt.NDArray[np.float64], rates: npt.NDArray[np.float64], costs: npt.NDArray[np.float64] | None = None
-) -> npt.NDArray[np.float64]:
+def fewest_bins(counts: npt.NDArray[np.float64], rates: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The LP `min Σ x  s.t.  counts · x = rates, x ≥ 0` by the primal simplex with Bland's rule.
 
     Column j is a pattern (row i: copies of size i in it). The one-item patterns form the identity: a
     feasible start (each share alone on a GPU). Bland's rule (lowest index enters, ties leave by lowest
     index) cannot cycle, and the result is a vertex: a handful of patterns."""
     rows, cols = counts.shape
-    cost = np.ones(cols) if costs is None else costs
+    cost = np.ones(cols)
     basis = [_unit_column(counts, i) for i in range(rows)]
     tableau = counts.astype(float).copy()
     rhs = rates.astype(float).copy()
@@ -598,3 +541,14 @@ def _without(pattern: tuple[int, ...], size: int) -> tuple[int, ...]:
     rest = list(pattern)
     rest.remove(size)
     return tuple(rest)
+
+
+def _expected_share_requests(mix: ShapeMix) -> dict[int, tuple[int, int]]:
+    """Per share size, the CPU (millicores) and host memory (MiB) a share of that size brings on
+    average over the mix (weighted by the shapes' weights)."""
+    sums: dict[int, tuple[float, float, float]] = {}
+    for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+        if shape.num_gpu == 1 and shape.gpu_milli < WHOLE_GPU_MILLI:
+            w, cpu, mem = sums.get(shape.gpu_milli, (0.0, 0.0, 0.0))
+            sums[shape.gpu_milli] = (w + weight, cpu + weight * shape.cpu_milli, mem + weight * shape.mem_mib)
+    return {size: (int(cpu / w), int(mem / w)) if w else (0, 0) for size, (w, cpu, mem) in sums.items()}
