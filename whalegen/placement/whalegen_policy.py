@@ -115,6 +115,12 @@ class WhalegenPolicy(Policy):
         self.reserved_cpu = np.zeros(len(state), np.int64)  # per node, kept for its waiting shares
         self.reserved_mem = np.zeros(len(state), np.int64)
         self.expected_request = _expected_share_requests(mix)
+        self.seen_free: list[list[int]] = [[0] * count for count in state.gpu_count]
+        # Every set of shares that completes part of a pattern, largest total first (for adopted gaps).
+        self.fillers = sorted(
+            {(sum(sub), sub) for pattern in self.plan.patterns for sub in _sub_multisets(pattern)},
+            reverse=True,
+        )
         self.share_requests: dict[tuple[str | None, int], list[tuple[int, int]]] = {}
         for model, (_, groups) in self.groups.items():
             for milli, rows in groups:
@@ -144,12 +150,21 @@ class WhalegenPolicy(Policy):
             if gap:
                 self.gaps.setdefault(gap, set()).add(n * self.width + d)
             registered[d] = gap
-        if self.planned:
-            for d, free in enumerate(s.gpu_free[n]):
-                code = n * self.width + d
-                waiting = self.planned.get(code)
-                if waiting is not None and (free >= WHOLE_GPU_MILLI or sum(waiting) > free):
-                    self._drop_plan(code)
+        if not self.plan.patterns:
+            return
+        # A GPU's plan stays while its gap still holds the shares it waits for. A gap that grew (a share
+        # left, or the GPU came with the snapshot) waits for the largest set of the plan's shares that
+        # fits it and that the node could start.
+        seen = self.seen_free[n]
+        for d, free in enumerate(s.gpu_free[n]):
+            code = n * self.width + d
+            waiting = self.planned.get(code)
+            if waiting is not None and (not registered[d] or sum(waiting) > free):
+                self._drop_plan(code)
+                waiting = None
+            if waiting is None and registered[d] and free > seen[d]:
+                self._adopt(n, d, free)
+            seen[d] = free
 
     # -- node measure ------------------------------------------------------------------------------
 
@@ -407,6 +422,15 @@ class WhalegenPolicy(Policy):
         n = int(np.argmax(cache.scores))
         return n, cache.devices_of(n)
 
+    def _adopt(self, n: int, d: int, free: int) -> None:
+        s = self.state
+        cpu = s.cpu_free[n] - (int(self.reserved_cpu[n]) if self.spare else 0)
+        mem = s.mem_free[n] - (int(self.reserved_mem[n]) if self.spare else 0)
+        for total, waiting in self.fillers:
+            if total <= free and self._hostable(waiting, s.models[n], cpu, mem):
+                self._set_plan(n * self.width + d, waiting)
+                return
+
     def _hostable(self, waiting: tuple[int, ...], model: str | None, cpu: int, mem: int) -> bool:
         """Whether a node with this much CPU and memory left could still start the waiting shares (each
         takes the expected shape of its size that needs the least CPU among those that fit)."""
@@ -552,3 +576,11 @@ def _expected_share_requests(mix: ShapeMix) -> dict[int, tuple[int, int]]:
             w, cpu, mem = sums.get(shape.gpu_milli, (0.0, 0.0, 0.0))
             sums[shape.gpu_milli] = (w + weight, cpu + weight * shape.cpu_milli, mem + weight * shape.mem_mib)
     return {size: (int(cpu / w), int(mem / w)) if w else (0, 0) for size, (w, cpu, mem) in sums.items()}
+
+
+def _sub_multisets(pattern: tuple[int, ...]) -> set[tuple[int, ...]]:
+    """The non-empty sub-multisets of a pattern (sizes largest first, as in the pattern)."""
+    out: set[tuple[int, ...]] = set()
+    for mask in range(1, 1 << len(pattern)):
+        out.add(tuple(size for i, size in enumerate(pattern) if mask >> i & 1))
+    return out
