@@ -1,5 +1,5 @@
 """The `whalegen` policy: FGD's descent, on a measure that also counts what CPU, host memory and model
-scarcity strand, with shared GPUs packed by sum-of-squares.
+scarcity strand, with shared GPUs packed after an optimal plan of the mix's shares.
 
 Why each part leaves fewer fragments (measured in docs/placement.md):
 
@@ -19,10 +19,28 @@ Why each part leaves fewer fragments (measured in docs/placement.md):
    "On the sum-of-squares algorithm for bin packing", STOC 2000): gap sizes stay balanced, so arriving
    shares keep finding exact complements. Gaps smaller than every expected share are closed and not
    counted. The fresh GPU, when chosen, is on the node FGD's descent prefers; within a gap size the
-   first node in order that has the CPU and memory wins.
+   first node in order that has the CPU and memory wins. Since the share plan (4.) this is the fallback
+   for shares the plan has no place for.
+4. **Share plan.** At saturation no GPU is fresh and the unallocated GPU is the sum of the gaps; a gap is
+   final once no later share fits it, so the loss is decided by which shares end up together. The mix
+   gives the share sizes and their rates, so the packing that uses the fewest GPUs per arriving share is
+   a small LP over per-GPU share sets (`share_plan`, solved once by `fewest_bins`). Sum-of-squares
+   balances gap counts, and on a distribution with unavoidable waste (810-milli shares leave 190 milli
+   that almost nothing fills) it also balances the dead gaps and pairs shares the optimum does not
+   (550 + 320 and 650 + 230 instead of 650 + 320 and 550 + 230 + 220); Csirik et al. fix this with the
+   distribution's LP, as here. Online: a share takes a GPU that waits for its size (first in node
+   order); otherwise it opens a fresh GPU with the plan's share set that lags most behind its planned
+   rate, on the best-scored node that can still start the shares the GPU will wait for; only when no
+   fresh GPU fits does sum-of-squares place it in a gap.
+5. **Keeping CPU and memory for waiting shares.** A GPU waiting for a share is lost if its node's CPU
+   or memory goes first. Each node keeps the mean CPU and memory (over the mix's shapes of that size)
+   of the shares its GPUs wait for: a new planned GPU needs that much left on its node, other work
+   prefers nodes where it leaves the kept amount free (the best node otherwise), and a share filling a
+   slot prefers a node where its other waiting shares keep theirs.
 
 Everything is derived from the shape mix and the cluster; there are no constants fitted to a workload.
-Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one idea off for ablations.
+Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`, `plan=0`, `spare=0`) switch one idea
+off for ablations (`sumsq=0` also switches the plan off).
 """
 
 from __future__ import annotations
