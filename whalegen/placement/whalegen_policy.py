@@ -134,6 +134,7 @@ class WhalegenPolicy(Policy):
         self.reserved_mem = np.zeros(len(state), np.int64)
         self.expected_request = _expected_share_requests(mix)
         self.seen_free: list[list[int]] = [[0] * count for count in state.gpu_count]
+        self.opening: tuple[int, tuple[int, ...], int] | None = None  # (code, waiting, share size)
         # Every set of shares that completes part of a pattern, largest total first (for adopted gaps).
         self.fillers = sorted(
             {(sum(sub), sub) for pattern in self.plan.patterns for sub in _sub_multisets(pattern)},
@@ -170,19 +171,30 @@ class WhalegenPolicy(Policy):
             registered[d] = gap
         if not self.plan.patterns:
             return
-        # A GPU's plan stays while its gap still holds the shares it waits for. A gap that grew (a share
-        # left, or the GPU came with the snapshot) waits for the largest set of the plan's shares that
-        # fits it and that the node could start.
+        # Plans follow what really lands on a GPU (a wrapper policy may move the pick): a share of a
+        # size the GPU waits for takes that slot; a fresh GPU opened for the plan starts waiting when the
+        # share that opened it lands there. A plan stays while the gap still holds what it waits for. A
+        # gap that grew (a share left, or the GPU came with the snapshot) waits for the largest set of the
+        # plan's shares that fits it and that the node could start.
         seen = self.seen_free[n]
+        opening = self.opening
         for d, free in enumerate(s.gpu_free[n]):
             code = n * self.width + d
             waiting = self.planned.get(code)
-            if waiting is not None and (not registered[d] or sum(waiting) > free):
+            taken = seen[d] - free
+            if taken > 0 and waiting is not None and taken in waiting:
+                waiting = _without(waiting, taken)
+                self._set_plan(code, waiting)
+            elif taken > 0 and opening is not None and opening[0] == code and opening[2] == taken:
+                waiting = opening[1]
+                self._set_plan(code, waiting)
+            if code in self.planned and (not registered[d] or sum(self.planned[code]) > free):
                 self._drop_plan(code)
-                waiting = None
-            if waiting is None and registered[d] and free > seen[d]:
+            if code not in self.planned and registered[d] and taken < 0:
                 self._adopt(n, d, free)
             seen[d] = free
+        if opening is not None and opening[0] // self.width == n:
+            self.opening = None
 
     # -- node measure ------------------------------------------------------------------------------
 
@@ -289,6 +301,7 @@ class WhalegenPolicy(Policy):
     # -- selection ---------------------------------------------------------------------------------
 
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
+        self.opening = None  # a pick the engine did not bind (an undone gang) opens nothing
         if not (req.is_share and self.sumsq) or req.isolation is Isolation.MIG:
             # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
             if self.planned and self.spare:
@@ -379,12 +392,7 @@ class WhalegenPolicy(Policy):
         if members:
             pick = self._first_member(members, req)
             if pick is not None:
-                n, (d,) = pick
-                code = n * self.width + d
-                waiting = list(self.planned[code])
-                waiting.remove(size)
-                self._set_plan(code, tuple(waiting))
-                return pick
+                return pick  # the slot is taken when the share lands (`_reindex`)
         return self._open_planned(req, scores)
 
     def _select_sparing(
@@ -435,7 +443,7 @@ class WhalegenPolicy(Policy):
             if not self._hostable(waiting, state.models[n], cpu_left, state.mem_free[n] - req.mem_mib):
                 continue
             self.opened[j] += 1
-            self._set_plan(n * self.width + d, waiting)
+            self.opening = (n * self.width + d, waiting, size)  # starts waiting when the share lands
             return n, devices
         n = int(np.argmax(cache.scores))
         return n, cache.devices_of(n)
