@@ -162,3 +162,18 @@ def test_a_waiting_share_keeps_its_expected_cpu_and_memory_on_the_node() -> None
     assert policy.planned == {}  # type: ignore[attr-defined]
     assert policy.reserved_cpu.tolist() == [0, 0]  # type: ignore[attr-defined]
     assert engine.state.gpu_free[0] == [0, 1000]
+
+
+def test_a_gap_that_grows_when_a_share_leaves_waits_for_the_plan_shares_that_fit_it() -> None:
+    engine = Engine(snapshot([node("a", gpus=2)], shape_mix=SIXTY_FORTY), EngineConfig(policy="whalegen"))
+    policy = engine.policy
+    engine.solve((task("t1", gpus=1, milli=400),), 0.0)
+    engine.solve((task("t2", gpus=1, milli=600),), 1.0)
+    assert engine.state.gpu_free[0] == [0, 1000]
+    assert policy.planned == {}  # type: ignore[attr-defined]
+    engine.release("t1")
+    # 400 milli free again: the largest set of planned shares that fits it is one 400.
+    assert policy.planned == {0: (400,)}  # type: ignore[attr-defined]
+    result = engine.solve((task("t3", gpus=1, milli=400),), 2.0)
+    assert [(p.node, p.gpu_indexes) for p in result.placements] == [("a", (0,))]
+    assert policy.planned == {}  # type: ignore[attr-defined]
