@@ -59,6 +59,7 @@ from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, PartitionMode, 
 
 # (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
 Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
+MAX_PATTERNS = 5_000  # a bound on the LP's size (computation), not a tuned figure
 OPTIONS = ("memory", "strand", "scarcity", "sumsq", "plan", "spare")
 
 
@@ -522,17 +523,32 @@ def share_patterns(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> list[tu
     return out
 
 
+def pattern_count(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> int:
+    """How many patterns `share_patterns` would list (multisets of sizes with total ≤ capacity)."""
+    ways = [1] + [0] * capacity  # ways[c]: multisets with total exactly c
+    for size in set(sizes):
+        for c in range(size, capacity + 1):
+            ways[c] += ways[c - size]
+    return sum(ways) - 1
+
+
 def share_plan(mix: ShapeMix) -> SharePlan:
+    """The mix's share sizes packed with the fewest GPUs per arriving share (see `fewest_bins`)."""
     demand: dict[int, float] = {}
     for shape, weight in zip(mix.shapes, mix.weights, strict=True):
         if shape.num_gpu == 1 and 0 < shape.gpu_milli < WHOLE_GPU_MILLI:
             demand[shape.gpu_milli] = demand.get(shape.gpu_milli, 0.0) + weight
-    if not demand:
-        return SharePlan((), {})
     sizes = sorted(demand)
+    # The patterns grow combinatorially as shares get small (a 10-milli share fits 100 times): the
+    # smallest sizes leave the plan until the LP stays small. They fit almost any gap, and sum-of-squares
+    # places what the plan does not cover.
+    while sizes and pattern_count(sizes) > MAX_PATTERNS:
+        sizes = sizes[1:]
+    if not sizes:
+        return SharePlan((), {})
     patterns = share_patterns(sizes)
     counts = np.array([[p.count(size) for p in patterns] for size in sizes], dtype=float)
-    total = sum(demand.values())
+    total = sum(demand[size] for size in sizes)
     rates = np.array([demand[size] / total for size in sizes])
     x = fewest_bins(counts, rates)
     used = [i for i in range(len(patterns)) if x[i] > 1e-9]

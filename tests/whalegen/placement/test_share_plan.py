@@ -13,7 +13,13 @@ import pytest
 from tests.whalegen.placement.builders import mix, node, snapshot, task
 from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
 from whalegen.placement.types import NodeState, RunningTask, Shape, ShapeMix, TaskRequest
-from whalegen.placement.whalegen_policy import fewest_bins, share_patterns, share_plan
+from whalegen.placement.whalegen_policy import (
+    MAX_PATTERNS,
+    fewest_bins,
+    pattern_count,
+    share_patterns,
+    share_plan,
+)
 
 
 def share(milli: int, weight: float, cpu: float = 1, mem_gib: float = 1) -> tuple[Shape, float]:
@@ -177,3 +183,16 @@ def test_a_gap_that_grows_when_a_share_leaves_waits_for_the_plan_shares_that_fit
     result = engine.solve((task("t3", gpus=1, milli=400),), 2.0)
     assert [(p.node, p.gpu_indexes) for p in result.placements] == [("a", (0,))]
     assert policy.planned == {}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("sizes", [[600, 400], [810, 160], [470], [650, 550, 470, 320, 230, 220], [160, 110]])
+def test_pattern_count_counts_what_share_patterns_lists(sizes: list[int]) -> None:
+    assert pattern_count(sizes) == len(share_patterns(sizes))
+
+
+def test_shares_too_small_for_a_small_lp_are_left_to_sum_of_squares() -> None:
+    # A 10-milli share fits 100 times in a GPU: with it the patterns number in the tens of thousands.
+    sizes = [10, 50, 100, 200, 250, 300, 500, 700]
+    assert pattern_count(sizes) > MAX_PATTERNS >= pattern_count(sizes[1:])
+    plan = share_plan(mix(*(share(milli, 1) for milli in sizes)))
+    assert sorted(plan.by_size) == sizes[1:]
