@@ -339,10 +339,16 @@ class WhalegenPolicy(Policy):
                 return pick
         return None
 
-    def _first_fitting(self, gap: int, req: Request) -> tuple[int, tuple[int, ...]] | None:
+    def _first_fitting(
+        self, gap: int, req: Request, skip_planned: bool = False
+    ) -> tuple[int, tuple[int, ...]] | None:
         """The first member of a gap size, in node order, whose node has the CPU, memory and model."""
         s = self.state
         members = self.gaps[gap]
+        if skip_planned:
+            members = members - self.planned.keys()
+            if not members:
+                return None
         codes = np.fromiter(members, np.int64, len(members))
         nodes = codes // self.width
         allowed = self.allowed_masks.get(req)
@@ -394,6 +400,12 @@ class WhalegenPolicy(Policy):
             pick = self._first_member(members, req)
             if pick is not None:
                 return pick  # the slot is taken when the share lands (`_reindex`)
+        # Room nobody waits for (a GPU the plan leaves alone, or one whose set is complete but still has
+        # room): the tightest that fits, before a fresh GPU is opened.
+        for gap in sorted(g for g in self.gaps if g >= size):
+            pick = self._first_fitting(gap, req, skip_planned=True)
+            if pick is not None:
+                return pick
         return self._open_planned(req, scores)
 
     def _select_sparing(

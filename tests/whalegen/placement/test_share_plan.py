@@ -120,6 +120,16 @@ ONLINE = {
         SIXTY_FORTY,
         (("a", (0,)), ("a", (0,)), ("a", (1,))),
     ),
+    # Three 810s per 160: the plan puts one 810 in three with a 160 and leaves two alone. The first 810
+    # opens a GPU alone (both patterns are equally behind; the first listed wins), so its 190 milli wait
+    # for nothing; the 160 takes that room rather than open a fresh GPU to wait for an 810.
+    "a share takes room nobody waits for before opening a fresh GPU": OnlineCase(
+        "whalegen",
+        (node("a", gpus=4),),
+        (task("t1", gpus=1, milli=810), task("t2", gpus=1, milli=160)),
+        mix(share(810, 3), share(160, 1)),
+        (("a", (0,)), ("a", (0,))),
+    ),
     # A GPU that comes with the snapshot half used waits for the plan's shares that fit its gap.
     "a partly used GPU of the snapshot waits for the share that completes it": OnlineCase(
         "whalegen",
