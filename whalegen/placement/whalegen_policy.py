@@ -29,9 +29,9 @@ Why each part leaves fewer fragments (measured in docs/placement.md):
    that almost nothing fills) it also balances the dead gaps and pairs shares the optimum does not
    (550 + 320 and 650 + 230 instead of 650 + 320 and 550 + 230 + 220); Csirik et al. fix this with the
    distribution's LP, as here. Online: a share takes a GPU that waits for its size (first in node
-   order); otherwise the tightest room no plan claims; otherwise it opens a fresh GPU with the plan's share set that lags most behind its planned
-   rate, on the best-scored node that can still start the shares the GPU will wait for; only when no
-   fresh GPU fits does sum-of-squares place it in a gap.
+   order); otherwise the tightest room no plan claims; otherwise it opens a fresh GPU with the plan's
+   share set that lags most behind its planned rate, on the best-scored node that can still start the
+   shares the GPU will wait for; only when no fresh GPU fits does sum-of-squares place it in a gap.
 5. **Keeping CPU and memory for waiting shares.** A GPU waiting for a share is lost if its node's CPU
    or memory goes first. Each node keeps the mean CPU and memory (over the mix's shapes of that size)
    of the shares its GPUs wait for: a new planned GPU needs that much left on its node, other work
