@@ -411,6 +411,8 @@ class WhalegenPolicy(Policy):
     def _select_sparing(
         self, req: Request, scores: Callable[[], ScoreCache]
     ) -> tuple[int, tuple[int, ...]] | None:
+        """The best-scored node where the request leaves what the node keeps for waiting shares; the
+        best node overall when there is none."""
         cache = scores()
         state = self.state
         spare = (state.np_cpu_free - req.cpu_milli >= self.reserved_cpu) & (
@@ -427,6 +429,8 @@ class WhalegenPolicy(Policy):
     def _open_planned(
         self, req: Request, scores: Callable[[], ScoreCache]
     ) -> tuple[int, tuple[int, ...]] | None:
+        """A fresh GPU for a share the plan pairs with others, on the best-scored node that can still
+        start those others (beyond what it keeps already); the best node without a plan otherwise."""
         size = req.gpu_milli
         cache = scores()
         state = self.state
@@ -483,6 +487,7 @@ class WhalegenPolicy(Policy):
         return True
 
     def _first_member(self, members: set[int], req: Request) -> tuple[int, tuple[int, ...]] | None:
+        """The first GPU in node order, among those waiting for this size, whose node can start it."""
         s = self.state
         codes = np.fromiter(members, np.int64, len(members))
         nodes = codes // self.width
