@@ -1,5 +1,5 @@
 """The `whalegen` policy: FGD's descent, on a measure that also counts what CPU, host memory and model
-scarcity strand, with shared GPUs packed by sum-of-squares.
+scarcity strand, with shared GPUs packed after an optimal plan of the mix's shares.
 
 Why each part leaves fewer fragments (measured in docs/placement.md):
 
@@ -19,10 +19,28 @@ Why each part leaves fewer fragments (measured in docs/placement.md):
    "On the sum-of-squares algorithm for bin packing", STOC 2000): gap sizes stay balanced, so arriving
    shares keep finding exact complements. Gaps smaller than every expected share are closed and not
    counted. The fresh GPU, when chosen, is on the node FGD's descent prefers; within a gap size the
-   first node in order that has the CPU and memory wins.
+   first node in order that has the CPU and memory wins. Since the share plan (4.) this is the fallback
+   for shares the plan has no place for.
+4. **Share plan.** At saturation no GPU is fresh and the unallocated GPU is the sum of the gaps; a gap is
+   final once no later share fits it, so the loss is decided by which shares end up together. The mix
+   gives the share sizes and their rates, so the packing that uses the fewest GPUs per arriving share is
+   a small LP over per-GPU share sets (`share_plan`, solved once by `fewest_bins`). Sum-of-squares
+   balances gap counts, and on a distribution with unavoidable waste (810-milli shares leave 190 milli
+   that almost nothing fills) it also balances the dead gaps and pairs shares the optimum does not
+   (550 + 320 and 650 + 230 instead of 650 + 320 and 550 + 230 + 220); Csirik et al. fix this with the
+   distribution's LP, as here. Online: a share takes a GPU that waits for its size (first in node
+   order); otherwise the tightest room no plan claims; otherwise it opens a fresh GPU with the plan's
+   share set that lags most behind its planned rate, on the best-scored node that can still start the
+   shares the GPU will wait for; only when no fresh GPU fits does sum-of-squares place it in a gap.
+5. **Keeping CPU and memory for waiting shares.** A GPU waiting for a share is lost if its node's CPU
+   or memory goes first. Each node keeps the mean CPU and memory (over the mix's shapes of that size)
+   of the shares its GPUs wait for: a new planned GPU needs that much left on its node, other work
+   prefers nodes where it leaves the kept amount free (the best node otherwise), and a share filling a
+   slot prefers a node where its other waiting shares keep theirs.
 
 Everything is derived from the shape mix and the cluster; there are no constants fitted to a workload.
-Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`) switch one idea off for ablations.
+Options (`whalegen:memory=0`, `strand=0`, `scarcity=0`, `sumsq=0`, `plan=0`, `spare=0`) switch one idea
+off for ablations (`sumsq=0` also switches the plan off).
 """
 
 from __future__ import annotations
@@ -30,6 +48,7 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +59,8 @@ from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, PartitionMode, 
 
 # (gpu_milli, ((weight, cpu_milli, mem_mib, num_gpu), …)) per group of shapes sharing a GPU size.
 Groups = tuple[tuple[int, tuple[tuple[float, int, int, int], ...]], ...]
-OPTIONS = ("memory", "strand", "scarcity", "sumsq")
+MAX_PATTERNS = 5_000  # a bound on the LP's size (computation), not a tuned figure
+OPTIONS = ("memory", "strand", "scarcity", "sumsq", "plan", "spare")
 
 
 class WhalegenPolicy(Policy):
@@ -54,6 +74,8 @@ class WhalegenPolicy(Policy):
         self.strand = options.get("strand", "1") == "1"
         self.scarcity = options.get("scarcity", "1") == "1"
         self.sumsq = options.get("sumsq", "1") == "1"
+        self.use_plan = options.get("plan", "1") == "1"
+        self.spare = options.get("spare", "1") == "1"
 
     def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
         super().attach(state, mix, rng)
@@ -103,6 +125,28 @@ class WhalegenPolicy(Policy):
         self.gaps: dict[int, set[int]] = {}
         self.allowed_masks: dict[Request, npt.NDArray[np.bool_]] = {}
         self.registered: list[list[int]] = [[0] * count for count in state.gpu_count]
+        # 5. The share plan (see `share_plan`): per-GPU share sets of an optimal packing of the mix's
+        # shares, the GPUs that wait for shares of the plan, and what those shares are expected to bring.
+        self.plan = share_plan(mix) if self.use_plan and self.sumsq else SharePlan((), {})
+        self.opened = [0] * len(self.plan.patterns)  # GPUs opened per pattern
+        self.planned: dict[int, tuple[int, ...]] = {}  # code -> share sizes the GPU still waits for
+        self.slots: dict[int, set[int]] = {}  # share size -> codes of the GPUs waiting for one
+        self.reserved_cpu = np.zeros(len(state), np.int64)  # per node, kept for its waiting shares
+        self.reserved_mem = np.zeros(len(state), np.int64)
+        self.expected_request = _expected_share_requests(mix)
+        self.seen_free: list[list[int]] = [[0] * count for count in state.gpu_count]
+        self.opening: tuple[int, tuple[int, ...], int] | None = None  # (code, waiting, share size)
+        # Every set of shares that completes part of a pattern, largest total first (for adopted gaps).
+        self.fillers = sorted(
+            {(sum(sub), sub) for pattern in self.plan.patterns for sub in _sub_multisets(pattern)},
+            reverse=True,
+        )
+        self.share_requests: dict[tuple[str | None, int], list[tuple[int, int]]] = {}
+        for model, (_, groups) in self.groups.items():
+            for milli, rows in groups:
+                for _, cpu_m, mem_m, k in rows:
+                    if k == 1 and milli < WHOLE_GPU_MILLI:
+                        self.share_requests.setdefault((model, milli), []).append((cpu_m, mem_m))
         for n in range(len(state)):
             self._reindex(n)
         state.listeners.append(self._reindex)
@@ -126,6 +170,32 @@ class WhalegenPolicy(Policy):
             if gap:
                 self.gaps.setdefault(gap, set()).add(n * self.width + d)
             registered[d] = gap
+        if not self.plan.patterns:
+            return
+        # Plans follow what really lands on a GPU (a wrapper policy may move the pick): a share of a
+        # size the GPU waits for takes that slot; a fresh GPU opened for the plan starts waiting when the
+        # share that opened it lands there. A plan stays while the gap still holds what it waits for. A
+        # gap that grew (a share left, or the GPU came with the snapshot) waits for the largest set of the
+        # plan's shares that fits it and that the node could start.
+        seen = self.seen_free[n]
+        opening = self.opening
+        for d, free in enumerate(s.gpu_free[n]):
+            code = n * self.width + d
+            waiting = self.planned.get(code)
+            taken = seen[d] - free
+            if taken > 0 and waiting is not None and taken in waiting:
+                waiting = _without(waiting, taken)
+                self._set_plan(code, waiting)
+            elif taken > 0 and opening is not None and opening[0] == code and opening[2] == taken:
+                waiting = opening[1]
+                self._set_plan(code, waiting)
+            if code in self.planned and (not registered[d] or sum(self.planned[code]) > free):
+                self._drop_plan(code)
+            if code not in self.planned and registered[d] and taken < 0:
+                self._adopt(n, d, free)
+            seen[d] = free
+        if opening is not None and opening[0] // self.width == n:
+            self.opening = None
 
     # -- node measure ------------------------------------------------------------------------------
 
@@ -232,10 +302,17 @@ class WhalegenPolicy(Policy):
     # -- selection ---------------------------------------------------------------------------------
 
     def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
+        self.opening = None  # a pick the engine did not bind (an undone gang) opens nothing
         if not (req.is_share and self.sumsq) or req.isolation is Isolation.MIG:
             # The gap index holds shared-mode GPUs only; a MIG-only request is scored per node.
+            if self.planned and self.spare:
+                return self._select_sparing(req, scores)
             return super().select(req, scores)
         size = req.gpu_milli
+        if size in self.plan.by_size:
+            pick = self._planned_pick(req, scores)
+            if pick is not None:
+                return pick
         floor = self.min_share
         counts = {gap: len(members) for gap, members in self.gaps.items() if gap >= floor}
         # (Δ Σ N², gap left, gap used); gap used 0 = open a fresh GPU.
@@ -262,10 +339,16 @@ class WhalegenPolicy(Policy):
                 return pick
         return None
 
-    def _first_fitting(self, gap: int, req: Request) -> tuple[int, tuple[int, ...]] | None:
+    def _first_fitting(
+        self, gap: int, req: Request, skip_planned: bool = False
+    ) -> tuple[int, tuple[int, ...]] | None:
         """The first member of a gap size, in node order, whose node has the CPU, memory and model."""
         s = self.state
         members = self.gaps[gap]
+        if skip_planned:
+            members = members - self.planned.keys()
+            if not members:
+                return None
         codes = np.fromiter(members, np.int64, len(members))
         nodes = codes // self.width
         allowed = self.allowed_masks.get(req)
@@ -282,3 +365,281 @@ class WhalegenPolicy(Policy):
             if s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
                 return n, (d,)
         return None
+
+    # -- share plan ----------------------------------------------------------------------------------
+
+    def _reserve(self, code: int, waiting: tuple[int, ...], sign: int) -> None:
+        n = code // self.width
+        self.reserved_cpu[n] += sign * sum(self.expected_request[t][0] for t in waiting)
+        self.reserved_mem[n] += sign * sum(self.expected_request[t][1] for t in waiting)
+
+    def _drop_plan(self, code: int) -> None:
+        self._reserve(code, self.planned.get(code, ()), -1)
+        for size in set(self.planned.pop(code, ())):
+            members = self.slots.get(size)
+            if members is not None:
+                members.discard(code)
+                if not members:
+                    del self.slots[size]
+
+    def _set_plan(self, code: int, waiting: tuple[int, ...]) -> None:
+        self._drop_plan(code)
+        if not waiting:
+            return
+        self.planned[code] = waiting
+        self._reserve(code, waiting, 1)
+        for size in set(waiting):
+            self.slots.setdefault(size, set()).add(code)
+
+    def _planned_pick(
+        self, req: Request, scores: Callable[[], ScoreCache]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        size = req.gpu_milli
+        members = self.slots.get(size)
+        if members:
+            pick = self._first_member(members, req)
+            if pick is not None:
+                return pick  # the slot is taken when the share lands (`_reindex`)
+        # Room nobody waits for (a GPU the plan leaves alone, or one whose set is complete but still has
+        # room): the tightest that fits, before a fresh GPU is opened.
+        for gap in sorted(g for g in self.gaps if g >= size):
+            pick = self._first_fitting(gap, req, skip_planned=True)
+            if pick is not None:
+                return pick
+        return self._open_planned(req, scores)
+
+    def _select_sparing(
+        self, req: Request, scores: Callable[[], ScoreCache]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        """The best-scored node where the request leaves what the node keeps for waiting shares; the
+        best node overall when there is none."""
+        cache = scores()
+        state = self.state
+        spare = (state.np_cpu_free - req.cpu_milli >= self.reserved_cpu) & (
+            state.np_mem_free - req.mem_mib >= self.reserved_mem
+        )
+        masked = np.where(spare, cache.scores, NEG_INF)
+        n = int(np.argmax(masked))
+        if masked[n] == NEG_INF:
+            n = int(np.argmax(cache.scores))
+            if cache.scores[n] == NEG_INF:
+                return None
+        return n, cache.devices_of(n)
+
+    def _open_planned(
+        self, req: Request, scores: Callable[[], ScoreCache]
+    ) -> tuple[int, tuple[int, ...]] | None:
+        """A fresh GPU for a share the plan pairs with others, on the best-scored node that can still
+        start those others (beyond what it keeps already); the best node without a plan otherwise."""
+        size = req.gpu_milli
+        cache = scores()
+        state = self.state
+        feasible = cache.scores > NEG_INF
+        if not feasible.any():
+            return None
+        cpu_after = state.np_cpu_free - req.cpu_milli
+        mem_after = state.np_mem_free - req.mem_mib
+        if self.spare:
+            cpu_after = cpu_after - self.reserved_cpu
+            mem_after = mem_after - self.reserved_mem
+        # Patterns in order of how far the GPUs opened with them lag behind the plan's rate.
+        ordered = sorted(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
+        for j, _ in ordered:
+            waiting = _without(self.plan.patterns[j], size)
+            need_cpu = sum(self.expected_request[t][0] for t in waiting)
+            need_mem = sum(self.expected_request[t][1] for t in waiting)
+            mask = feasible & (cpu_after >= need_cpu) & (mem_after >= need_mem)
+            if not mask.any():
+                continue
+            n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
+            devices = cache.devices_of(n)
+            d = devices[0]
+            if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
+                return n, devices
+            cpu_left = state.cpu_free[n] - req.cpu_milli
+            if not self._hostable(waiting, state.models[n], cpu_left, state.mem_free[n] - req.mem_mib):
+                continue
+            self.opened[j] += 1
+            self.opening = (n * self.width + d, waiting, size)  # starts waiting when the share lands
+            return n, devices
+        n = int(np.argmax(cache.scores))
+        return n, cache.devices_of(n)
+
+    def _adopt(self, n: int, d: int, free: int) -> None:
+        s = self.state
+        cpu = s.cpu_free[n] - (int(self.reserved_cpu[n]) if self.spare else 0)
+        mem = s.mem_free[n] - (int(self.reserved_mem[n]) if self.spare else 0)
+        for total, waiting in self.fillers:
+            if total <= free and self._hostable(waiting, s.models[n], cpu, mem):
+                self._set_plan(n * self.width + d, waiting)
+                return
+
+    def _hostable(self, waiting: tuple[int, ...], model: str | None, cpu: int, mem: int) -> bool:
+        """Whether a node with this much CPU and memory left could still start the waiting shares (each
+        takes the expected shape of its size that needs the least CPU among those that fit)."""
+        for size in waiting:
+            fits = [(c, m) for c, m in self.share_requests.get((model, size), ()) if c <= cpu and m <= mem]
+            if not fits:
+                return False
+            c, m = min(fits)
+            cpu -= c
+            mem -= m
+        return True
+
+    def _first_member(self, members: set[int], req: Request) -> tuple[int, tuple[int, ...]] | None:
+        """The first GPU in node order, among those waiting for this size, whose node can start it."""
+        s = self.state
+        codes = np.fromiter(members, np.int64, len(members))
+        nodes = codes // self.width
+        allowed = self.allowed_masks.get(req)
+        if allowed is None:
+            allowed = s.allowed_mask(req)
+            self.allowed_masks[req] = allowed
+        ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
+        if self.spare:
+            # Prefer GPUs whose node keeps, after this share, what its other waiting shares need.
+            own_cpu, own_mem = self.expected_request[req.gpu_milli]
+            sparing = (
+                ok
+                & (s.np_cpu_free[nodes] - req.cpu_milli >= self.reserved_cpu[nodes] - own_cpu)
+                & (s.np_mem_free[nodes] - req.mem_mib >= self.reserved_mem[nodes] - own_mem)
+            )
+            if sparing.any():
+                ok = sparing
+        ordered = np.sort(codes[ok]).tolist()
+        for code in ordered:
+            n, d = divmod(code, self.width)
+            if s.gpu_free[n][d] >= req.gpu_milli and s.gpu_mem_free[n][d] >= req.gpu_mem_mib:
+                return n, (d,)
+        return None
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """Per-GPU share sets (patterns, sizes largest first) and, per share size, the patterns holding it
+    with the rate at which the plan uses them for that size (bins of the pattern × copies of the size)."""
+
+    patterns: tuple[tuple[int, ...], ...]
+    by_size: dict[int, list[tuple[int, float]]]
+
+
+def share_patterns(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> list[tuple[int, ...]]:
+    """Every multiset of share sizes that fits one GPU, sizes largest first."""
+    ordered = sorted(set(sizes), reverse=True)
+    out: list[tuple[int, ...]] = []
+
+    def grow(prefix: tuple[int, ...], start: int, room: int) -> None:
+        for i in range(start, len(ordered)):
+            size = ordered[i]
+            if size <= room:
+                pattern = (*prefix, size)
+                out.append(pattern)
+                grow(pattern, i, room - size)
+
+    grow((), 0, capacity)
+    return out
+
+
+def pattern_count(sizes: list[int], capacity: int = WHOLE_GPU_MILLI) -> int:
+    """How many patterns `share_patterns` would list (multisets of sizes with total ≤ capacity)."""
+    ways = [1] + [0] * capacity  # ways[c]: multisets with total exactly c
+    for size in set(sizes):
+        for c in range(size, capacity + 1):
+            ways[c] += ways[c - size]
+    return sum(ways) - 1
+
+
+def share_plan(mix: ShapeMix) -> SharePlan:
+    """The mix's share sizes packed with the fewest GPUs per arriving share (see `fewest_bins`)."""
+    demand: dict[int, float] = {}
+    for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+        if shape.num_gpu == 1 and 0 < shape.gpu_milli < WHOLE_GPU_MILLI:
+            demand[shape.gpu_milli] = demand.get(shape.gpu_milli, 0.0) + weight
+    sizes = sorted(demand)
+    # The patterns grow combinatorially as shares get small (a 10-milli share fits 100 times): the
+    # smallest sizes leave the plan until the LP stays small. They fit almost any gap, and sum-of-squares
+    # places what the plan does not cover.
+    while sizes and pattern_count(sizes) > MAX_PATTERNS:
+        sizes = sizes[1:]
+    if not sizes:
+        return SharePlan((), {})
+    patterns = share_patterns(sizes)
+    counts = np.array([[p.count(size) for p in patterns] for size in sizes], dtype=float)
+    total = sum(demand[size] for size in sizes)
+    rates = np.array([demand[size] / total for size in sizes])
+    x = fewest_bins(counts, rates)
+    used = [i for i in range(len(patterns)) if x[i] > 1e-9]
+    kept = tuple(patterns[i] for i in used)
+    by_size: dict[int, list[tuple[int, float]]] = {}
+    for j, i in enumerate(used):
+        for size in set(patterns[i]):
+            by_size.setdefault(size, []).append((j, float(x[i]) * patterns[i].count(size)))
+    return SharePlan(kept, by_size)
+
+
+def fewest_bins(counts: npt.NDArray[np.float64], rates: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The LP `min Σ x  s.t.  counts · x = rates, x ≥ 0` by the primal simplex with Bland's rule.
+
+    Column j is a pattern (row i: copies of size i in it). The one-item patterns form the identity: a
+    feasible start (each share alone on a GPU). Bland's rule (lowest index enters, ties leave by lowest
+    index) cannot cycle, and the result is a vertex: a handful of patterns."""
+    rows, cols = counts.shape
+    cost = np.ones(cols)
+    basis = [_unit_column(counts, i) for i in range(rows)]
+    tableau = counts.astype(float).copy()
+    rhs = rates.astype(float).copy()
+    for _ in range(10_000):
+        reduced = cost - cost[basis] @ tableau  # c_j − c_B·T_j (basis columns give 0)
+        entering = next((j for j in range(cols) if reduced[j] < -1e-9 and j not in basis), None)
+        if entering is None:
+            break
+        column = tableau[:, entering]
+        ratios = [(rhs[i] / column[i], basis[i], i) for i in range(rows) if column[i] > 1e-9]
+        _, _, row = min(ratios)
+        pivot = column[row]
+        tableau[row] /= pivot
+        rhs[row] /= pivot
+        for i in range(rows):
+            if i != row and abs(tableau[i, entering]) > 0:
+                factor = tableau[i, entering]
+                tableau[i] -= factor * tableau[row]
+                rhs[i] -= factor * rhs[row]
+        basis[row] = entering
+    x = np.zeros(cols)
+    for i, j in enumerate(basis):
+        x[j] = max(rhs[i], 0.0)
+    return x
+
+
+def _unit_column(counts: npt.NDArray[np.float64], row: int) -> int:
+    unit = np.zeros(counts.shape[0])
+    unit[row] = 1.0
+    matches = np.flatnonzero((counts == unit[:, None]).all(axis=0))
+    if not len(matches):
+        raise ValueError(f"no one-item pattern for row {row}")
+    return int(matches[0])
+
+
+def _without(pattern: tuple[int, ...], size: int) -> tuple[int, ...]:
+    rest = list(pattern)
+    rest.remove(size)
+    return tuple(rest)
+
+
+def _expected_share_requests(mix: ShapeMix) -> dict[int, tuple[int, int]]:
+    """Per share size, the CPU (millicores) and host memory (MiB) a share of that size brings on
+    average over the mix (weighted by the shapes' weights)."""
+    sums: dict[int, tuple[float, float, float]] = {}
+    for shape, weight in zip(mix.shapes, mix.weights, strict=True):
+        if shape.num_gpu == 1 and shape.gpu_milli < WHOLE_GPU_MILLI:
+            w, cpu, mem = sums.get(shape.gpu_milli, (0.0, 0.0, 0.0))
+            sums[shape.gpu_milli] = (w + weight, cpu + weight * shape.cpu_milli, mem + weight * shape.mem_mib)
+    return {size: (int(cpu / w), int(mem / w)) if w else (0, 0) for size, (w, cpu, mem) in sums.items()}
+
+
+def _sub_multisets(pattern: tuple[int, ...]) -> set[tuple[int, ...]]:
+    """The non-empty sub-multisets of a pattern (sizes largest first, as in the pattern)."""
+    out: set[tuple[int, ...]] = set()
+    for mask in range(1, 1 << len(pattern)):
+        out.add(tuple(size for i, size in enumerate(pattern) if mask >> i & 1))
+    return out
