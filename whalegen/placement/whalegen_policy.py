@@ -351,11 +351,7 @@ class WhalegenPolicy(Policy):
                 return None
         codes = np.fromiter(members, np.int64, len(members))
         nodes = codes // self.width
-        allowed = self.allowed_masks.get(req)
-        if allowed is None:
-            allowed = s.allowed_mask(req)
-            self.allowed_masks[req] = allowed
-        ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
+        ok = self._can_start(nodes, req)
         fitting = codes[ok]
         if len(fitting) and not req.gpu_mem_mib:
             n, d = divmod(int(fitting.min()), self.width)
@@ -486,16 +482,24 @@ class WhalegenPolicy(Policy):
             mem -= m
         return True
 
+    def _can_start(self, nodes: np.ndarray, req: Request) -> np.ndarray:
+        """Per node index in `nodes`: has it the CPU, host memory and GPU model `req` needs?"""
+        s = self.state
+        allowed = self.allowed_masks.get(req)
+        if allowed is None:
+            allowed = s.allowed_mask(req)
+            self.allowed_masks[req] = allowed
+        ok: np.ndarray = (
+            (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
+        )
+        return ok
+
     def _first_member(self, members: set[int], req: Request) -> tuple[int, tuple[int, ...]] | None:
         """The first GPU in node order, among those waiting for this size, whose node can start it."""
         s = self.state
         codes = np.fromiter(members, np.int64, len(members))
         nodes = codes // self.width
-        allowed = self.allowed_masks.get(req)
-        if allowed is None:
-            allowed = s.allowed_mask(req)
-            self.allowed_masks[req] = allowed
-        ok = (s.np_cpu_free[nodes] >= req.cpu_milli) & (s.np_mem_free[nodes] >= req.mem_mib) & allowed[nodes]
+        ok = self._can_start(nodes, req)
         if self.spare:
             # Prefer GPUs whose node keeps, after this share, what its other waiting shares need.
             own_cpu, own_mem = self.expected_request[req.gpu_milli]
