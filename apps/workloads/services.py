@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -218,6 +219,37 @@ def _charge_quota(
     )
 
 
+def _request_differences(task: Task, request: TaskRequest) -> list[str]:
+    """Fields where `request` asks for something other than what `task` was submitted with.
+
+    Values the plane filled in (a priority left to the queue's default) and model names written another
+    way ("h100" for "H100-80GB") are not differences.
+    """
+    differing = []
+    if task.queue.name != request.queue:
+        differing.append("queue")
+    for name, asked in asdict(request).items():
+        if name == "queue" or (name == "priority" and asked is None):
+            continue
+        stored = getattr(task, name)
+        if name == "allowed_gpu_models":
+            with contextlib.suppress(UnknownGpuModel):  # an unknown name is simply a difference
+                asked = [get_model(model).name for model in asked]
+        if stored != asked:
+            differing.append(name)
+    return differing
+
+
+def _same_request_or_conflict(task: Task, request: TaskRequest, idempotency_key: str) -> Task:
+    differing = _request_differences(task, request)
+    if differing:
+        raise Conflict(
+            f"Idempotency-Key {idempotency_key!r} was used for task {task.pk} with a different request "
+            f"({', '.join(differing)} differ); use a new key for a new task"
+        )
+    return task
+
+
 def _submit_one(
     *,
     tenant: Tenant,
@@ -225,11 +257,12 @@ def _submit_one(
     submitted_by: AbstractBaseUser | None,
     idempotency_key: str | None,
 ) -> tuple[Task, bool]:
-    # 1. A retry with a key we have seen returns the task it created, whatever else it says.
+    # 1. A retry with a key we have seen returns the task it created; the same key with another request
+    #    is a client bug (two jobs sharing a key), refused rather than silently answered with the first.
     if idempotency_key:
         existing = Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing, False
+            return _same_request_or_conflict(existing, request, idempotency_key), False
     # 2. Rules on the request alone, then against the queue's pool.
     models = _validate_shape(request)
     queue = Queue.objects.select_related("pool").filter(tenant=tenant, name=request.queue).first()
@@ -295,7 +328,7 @@ def task_submit(
         if idempotency_key:
             existing = Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
             if existing is not None:
-                return existing, False
+                return _same_request_or_conflict(existing, request, idempotency_key), False
         raise
 
 

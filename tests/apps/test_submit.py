@@ -77,6 +77,45 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_same_task_and_charges
     assert Quota.objects.get(pk=world.quota_a.pk).charged_milli == world.quota_a.charged_milli + 2000
 
 
+def test_a_retry_may_spell_models_differently_and_leave_the_priority_to_the_queue(world, api) -> None:
+    client = api(world.alice)
+    first = client.post(
+        "/api/v1/tasks/",
+        {"tenant": "vision", "queue": "train", "allowed_gpu_models": ["H100-80GB"]},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="ci-run-78",
+    )
+    again = client.post(
+        "/api/v1/tasks/",
+        {"tenant": "vision", "queue": "train", "allowed_gpu_models": ["h100"]},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="ci-run-78",
+    )
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+
+
+def test_the_same_idempotency_key_with_another_request_is_a_409_and_stores_nothing(world, api) -> None:
+    client = api(world.alice)
+    body = {"tenant": "vision", "queue": "train", "gpu_count": 2}
+    first = client.post("/api/v1/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY="ci-run-79")
+    charged = Quota.objects.get(pk=world.quota_a.pk).charged_milli
+    tasks = Task.objects.count()
+    other = client.post(
+        "/api/v1/tasks/",
+        {**body, "gpu_count": 1, "name": "other"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="ci-run-79",
+    )
+    assert first.status_code == 201
+    assert other.status_code == 409
+    message = str(other.json())
+    assert "ci-run-79" in message and f"task {first.json()['id']}" in message
+    assert "name" in message and "gpu_count" in message
+    assert Task.objects.count() == tasks
+    assert Quota.objects.get(pk=world.quota_a.pk).charged_milli == charged
+
+
 def test_idempotency_keys_belong_to_their_tenant(world, api) -> None:
     key = {"HTTP_IDEMPOTENCY_KEY": "shared"}
     a = api(world.alice).post("/api/v1/tasks/", {"tenant": "vision", "queue": "train"}, format="json", **key)

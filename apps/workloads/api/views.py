@@ -28,7 +28,10 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
-    description="A retry with the same key returns the task the first call created (200 instead of 201).",
+    description=(
+        "A retry with the same key returns the task the first call created (200 instead of 201); "
+        "the same key with a different request is refused (409)."
+    ),
 )
 
 
