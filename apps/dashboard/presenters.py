@@ -25,7 +25,13 @@ class QuotaBar:
 
     quota: Quota
     in_use_milli: int
-    reclaimable_milli: int  # held by tasks admitted as borrowed (see QuotaUsage)
+    admitted_borrowed_milli: int  # held by tasks admitted as borrowed (see QuotaUsage)
+
+    @property
+    def reclaimable_milli(self) -> int:
+        """What an owner within its guarantee may take back: tasks admitted as borrowed, but only while
+        the tenant holds more than its guarantee (the scheduler's reclaim rule, whalegen.placement.engine)."""
+        return self.admitted_borrowed_milli if self.in_use_milli > self.quota.guaranteed_milli else 0
 
     @property
     def borrowed_milli(self) -> int:
@@ -59,7 +65,9 @@ def quota_bars(quotas: Iterable[Quota], usage: dict[tuple[int, int], QuotaUsage]
     for quota in quotas:
         used = usage.get((quota.tenant_id, quota.pool_id), QuotaUsage())
         bars.append(
-            QuotaBar(quota=quota, in_use_milli=used.in_use_milli, reclaimable_milli=used.reclaimable_milli)
+            QuotaBar(
+                quota=quota, in_use_milli=used.in_use_milli, admitted_borrowed_milli=used.reclaimable_milli
+            )
         )
     return bars
 

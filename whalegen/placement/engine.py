@@ -368,10 +368,23 @@ class Engine:
         by_node: dict[int, list[_Record]] = defaultdict(list)
         for record in self.victim_pool.values():
             lower = record.preemptible and record.priority < task.priority
-            reclaim = within_guarantee and record.borrowed and record.tenant != task.tenant
+            # A task admitted as borrowed keeps its flag after its tenant's other work ended; it is only
+            # reclaimable while its tenant still holds more than its own guarantee (otherwise reclaiming
+            # would take one tenant's guarantee to honour another's).
+            reclaim = (
+                within_guarantee
+                and record.borrowed
+                and record.tenant != task.tenant
+                and self._above_guarantee(record.tenant)
+            )
             if lower or reclaim:
                 by_node[self.state.bindings[record.task_id].node].append(record)
         return by_node
+
+    def _above_guarantee(self, tenant: str) -> bool:
+        quota = self.quotas.get(tenant)
+        guaranteed = quota.guaranteed_milli if quota is not None else 0
+        return self.usage_milli[tenant] > guaranteed
 
     def _propose_preemption(self, task: TaskRequest, now: float, claimed: set[str]) -> list[Preemption]:
         """Fewest victims, then least progress lost (GPU-seconds run so far), on one node.

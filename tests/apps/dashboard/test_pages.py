@@ -90,14 +90,23 @@ def test_borrowed_capacity_is_drawn_apart(scene: Any, page: Any) -> None:
     assert '<div class="within" style="width: 0.0%"></div><div class="borrowed" style="width: 33.33%">' in row
 
 
-def test_reclaimable_is_what_was_admitted_as_borrowed(scene: Any, page: Any) -> None:
+def test_reclaimable_is_what_was_admitted_as_borrowed_while_above_the_guarantee(
+    scene: Any, page: Any
+) -> None:
     from apps.scheduling.models import Assignment
+    from apps.workloads.models import Quota
 
     Assignment.objects.filter(task=scene.placed, released_at__isnull=True).update(borrowed=True)
     body = text(page(scene.world.alice).get("/"))
     row = body[body.index('data-pool="h100-train"') : body.index('data-pool="l4-infer"')]
-    # Inside the guarantee now (1 of 4), yet admitted as borrowed: reclaimable, not borrowed.
+    # Admitted as borrowed but inside the guarantee now (1 of 4): the scheduler will not reclaim it.
     assert 'aria-label="1 of 4 guaranteed GPUs in use, 0 borrowed"' in row
+    assert row.count('<td class="num">1</td>') == 0
+    # Above a lowered guarantee it is reclaimable again.
+    Quota.objects.filter(pk=scene.world.quota_a.pk).update(guaranteed_milli=500)
+    body = text(page(scene.world.alice).get("/"))
+    row = body[body.index('data-pool="h100-train"') : body.index('data-pool="l4-infer"')]
+    assert 'aria-label="1 of 0.5 guaranteed GPUs in use, 0.5 borrowed"' in row
     assert row.count('<td class="num">1</td>') == 1  # the reclaimable column
 
 

@@ -130,6 +130,19 @@ def test_a_tenant_within_its_guarantee_reclaims_borrowed_capacity() -> None:
     assert proposal.victim_task_id == "loan" and "borrowed capacity reclaimed" in proposal.reason
 
 
+def test_a_borrowed_task_whose_tenant_is_back_within_its_guarantee_is_not_reclaimed() -> None:
+    # "loan" was admitted above the borrower's guarantee, but the borrower's other work has ended: the
+    # 2 GPUs it holds are now within its own guarantee of 2 GPUs, so the owner must wait.
+    quotas = [Quota("owner", 2000), Quota("borrower", 2000, borrow_limit_milli=2000)]
+    running = [RunningTask("loan", "a", (0, 1), 1000, 1000, 1024, tenant="borrower", borrowed=True)]
+    snap = snapshot(
+        [node("a", free=[0, 0])], [task("mine", gpus=2, tenant="owner")], running=running, quotas=quotas
+    )
+    result = solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0)
+    assert result.preemptions == ()
+    assert result.unplaced[0].outcome is Outcome.NO_CAPACITY
+
+
 def test_mig_gpus_hand_out_the_smallest_profile_that_fits() -> None:
     a100 = node("a", model="A100-40GB", gpus=1, free=[1000], gpu_mem_mib=40_960, mode=PartitionMode.MIG)
     tasks = [
