@@ -35,8 +35,8 @@ def _age_s(now: datetime, then: datetime | None) -> float | None:
 
 def _scope_label(row: dict[str, Any]) -> str:
     """`plane` for a plane-wide model, else the pool name and/or tenant slug (ids mean nothing on a graph)."""
-    parts = [f"pool:{row['pool']}"] if row["pool"] else []
-    parts += [f"tenant:{row['tenant']}"] if row["tenant"] else []
+    parts = [f"pool:{row['pool_name']}"] if row["pool_name"] else []
+    parts += [f"tenant:{row['tenant_slug']}"] if row["tenant_slug"] else []
     return "/".join(parts) or "plane"
 
 
@@ -167,8 +167,8 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
             labels=["tenant", "pool"],
         ),
     }  # fmt: skip
-    for row in sorted(readings.quotas, key=lambda r: (r["tenant"], pool[r["pool_id"]])):
-        labels = [row["tenant"], pool[row["pool_id"]]]
+    for row in sorted(readings.quotas, key=lambda r: (r["tenant_slug"], pool[r["pool_id"]])):
+        labels = [row["tenant_slug"], pool[row["pool_id"]]]
         use = readings.usage.get((row["tenant_id"], row["pool_id"]))
         quota["guaranteed"].add_metric(labels, row["guaranteed_milli"])
         quota["borrow"].add_metric(labels, row["borrow_limit_milli"])
@@ -241,9 +241,9 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
     stalest: dict[tuple[str, str], datetime] = {}
     cordoned: dict[str, bool] = {}
     for row in readings.nodes:
-        key = (pool[row["pool_id"]], row["cluster"])
+        key = (pool[row["pool_id"]], row["cluster_name"])
         counts[key][row["state"]] = row["nodes"]
-        cordoned[row["cluster"]] = row["cordoned"]
+        cordoned[row["cluster_name"]] = row["cordoned"]
         state_key = (pool[row["pool_id"]], row["state"])
         if state_key not in stalest or row["oldest_heartbeat"] < stalest[state_key]:
             stalest[state_key] = row["oldest_heartbeat"]

@@ -33,11 +33,11 @@ class PlaneReadings:
     units: list[Row]  # pool_id, cluster, kind, units, held, milli, held_milli
     tasks: list[Row]  # pool_id, state, tasks
     pending: list[Row]  # pool_id, why_pending_code, tasks, oldest
-    quotas: list[Row]  # tenant_id, tenant, pool_id, guaranteed_milli, borrow_limit_milli, charged_milli
+    quotas: list[Row]  # tenant_id, tenant_slug, pool_id, guaranteed_milli, borrow_limit_milli, charged_milli
     usage: dict[tuple[int, int], QuotaUsage]  # (tenant id, pool id) → placed usage
     latest_cycles: list[Row]  # one Cycle row per pool that has one
     cycle_totals: list[Row]  # pool_id, cycles, considered, placed, preempted, conflicts
-    nodes: list[Row]  # pool_id, cluster, cordoned, state, nodes, oldest_heartbeat
+    nodes: list[Row]  # pool_id, cluster_name, cordoned, state, nodes, oldest_heartbeat
     open_claims: list[Row]  # pool_id, claims
     forecast_models: list[Row]  # the active models with their metrics
 
@@ -77,7 +77,7 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
             "guaranteed_milli",
             "borrow_limit_milli",
             "charged_milli",
-            tenant=F("tenant__slug"),
+            tenant_slug=F("tenant__slug"),
         )
     )
     usage = quota_usage(tenant_ids=sorted({q["tenant_id"] for q in quotas})) if quotas else {}
@@ -104,7 +104,9 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
     )
     # A node that never heartbeated counts from its creation, as the lost-node check does.
     nodes = list(
-        Node.objects.values("pool_id", "state", cluster=F("cluster__name"), cordoned=F("cluster__cordoned"))
+        Node.objects.values(
+            "pool_id", "state", cluster_name=F("cluster__name"), cordoned=F("cluster__cordoned")
+        )
         .annotate(nodes=Count("id"), oldest_heartbeat=Min(Coalesce("last_heartbeat_at", "created_at")))
         .order_by()
     )
@@ -121,8 +123,8 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
             "version",
             "metrics",
             "trained_at",
-            pool=F("pool__name"),
-            tenant=F("tenant__slug"),
+            pool_name=F("pool__name"),
+            tenant_slug=F("tenant__slug"),
         )
     )
     return PlaneReadings(
