@@ -51,7 +51,9 @@ def forecast_headline(metrics: dict[str, Any]) -> list[tuple[str, float]]:
         if not isinstance(models, dict):
             return
         scores = next((models[c] for c in CANDIDATE_NAMES if isinstance(models.get(c), dict)), None)
-        for name in names if scores else []:
+        if scores is None:
+            return
+        for name in names:
             value = scores.get(name)
             if isinstance(value, (int, float)):
                 found.append((f"{name}{suffix}", float(value)))
@@ -247,9 +249,9 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
         state_key = (pool[row["pool_id"]], row["state"])
         if state_key not in stalest or row["oldest_heartbeat"] < stalest[state_key]:
             stalest[state_key] = row["oldest_heartbeat"]
-    for key, by_state in sorted(counts.items()):
+    for cell, here in sorted(counts.items()):
         for state in Node.State.values:
-            nodes.add_metric([*key, state], by_state.get(state, 0))
+            nodes.add_metric([*cell, state], here.get(state, 0))
     heartbeat = GaugeMetricFamily(
         "whalegen_node_heartbeat_age_max_seconds",
         "Seconds since the stalest node's last heartbeat (since creation if it never sent one).",
