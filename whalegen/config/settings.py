@@ -232,6 +232,9 @@ WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
 WHALEGEN_AGENT_STOP_LIST_S = envfloat("WHALEGEN_AGENT_STOP_LIST_S", 600.0)
 # Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
 WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
+# `GET /metrics` (Prometheus): with a token set, a scraper must send it as a bearer token and nothing
+# else is let in; unset, platform admins only (docs/metrics.md).
+WHALEGEN_METRICS_TOKEN = envstr("WHALEGEN_METRICS_TOKEN")
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
 LOGGING = {

@@ -1,0 +1,1 @@
+"""Operator metrics: the Prometheus scrape endpoint `/metrics` (see docs/metrics.md)."""
