@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 
 from apps.forecasting.models import ForecastModel
 from apps.inventory.models import ComputeUnit, Gpu, Node, Pool
-from apps.scheduling.models import Cycle, Repartition
+from apps.scheduling.models import Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.selectors import QuotaUsage, quota_usage
 from apps.workloads.models import Quota, Task
 
@@ -91,16 +91,16 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
             "pool_id", "policy", "started_at", "finished_at", "snapshot_ms", "solve_ms", "commit_ms", "stats"
         )
     )
+    # Running totals kept by the cycles themselves: one row per pool, not a sum over the cycle history.
     cycle_totals = list(
-        Cycle.objects.values("pool_id")
-        .annotate(
-            cycles=Count("id"),
-            considered=Sum("tasks_considered"),
-            placed=Sum("tasks_placed"),
-            preempted=Sum("tasks_preempted"),
-            conflicts=Sum("conflicts"),
+        PoolCycleTotals.objects.values(
+            "pool_id",
+            "cycles",
+            "conflicts",
+            considered=F("tasks_considered"),
+            placed=F("tasks_placed"),
+            preempted=F("tasks_preempted"),
         )
-        .order_by()
     )
     # A node that never heartbeated counts from its creation, as the lost-node check does.
     nodes = list(

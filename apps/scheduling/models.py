@@ -33,6 +33,24 @@ class Cycle(models.Model):
         return f"cycle {self.pk} on {self.pool_id}"
 
 
+class PoolCycleTotals(models.Model):
+    """Running totals of a pool's cycles, added to by the cycle that writes each `Cycle` row.
+
+    Why not sum the `Cycle` rows: operators scrape these as counters every few seconds, and a sum over a
+    month of cycles costs seconds; the totals also survive pruning old cycle records.
+    """
+
+    pool = models.OneToOneField(Pool, on_delete=models.CASCADE, primary_key=True, related_name="cycle_totals")
+    cycles = models.BigIntegerField(default=0)
+    tasks_considered = models.BigIntegerField(default=0)
+    tasks_placed = models.BigIntegerField(default=0)
+    tasks_preempted = models.BigIntegerField(default=0)
+    conflicts = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"cycle totals of pool {self.pool_id}"
+
+
 class Assignment(models.Model):
     """The binding of a task to a node and the compute units it holds there."""
 

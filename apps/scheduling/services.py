@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -29,7 +29,7 @@ from apps.common.errors import Conflict
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
-from apps.scheduling.models import Assignment, Cycle, Repartition
+from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.selectors import FreeUnit, PoolSnapshot, live_usage_milli, snapshot_for_pool
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
@@ -899,6 +899,32 @@ def _try_lock(pool_id: int) -> bool:
     return True
 
 
+def _totals_add(pool_id: int, *, considered: int, placed: int, preempted: int, conflicts: int) -> None:
+    """Add one cycle to the pool's running totals (the operators' counters), in the cycle's transaction."""
+    increments = {
+        "cycles": F("cycles") + 1,
+        "tasks_considered": F("tasks_considered") + considered,
+        "tasks_placed": F("tasks_placed") + placed,
+        "tasks_preempted": F("tasks_preempted") + preempted,
+        "conflicts": F("conflicts") + conflicts,
+    }
+    if PoolCycleTotals.objects.filter(pool_id=pool_id).update(**increments):
+        return
+    try:
+        with transaction.atomic():
+            PoolCycleTotals.objects.create(
+                pool_id=pool_id,
+                cycles=1,
+                tasks_considered=considered,
+                tasks_placed=placed,
+                tasks_preempted=preempted,
+                conflicts=conflicts,
+            )
+    except IntegrityError:
+        # A cycle without the advisory lock (tests) created the row first: add to it instead.
+        PoolCycleTotals.objects.filter(pool_id=pool_id).update(**increments)
+
+
 def cycle_run(
     *, pool_id: int, policy: str | None = None, now: datetime | None = None, lock: bool = True
 ) -> CycleReport:
@@ -983,6 +1009,13 @@ def cycle_run(
                         for sh, w in zip(mix.shapes, mix.weights, strict=True)
                     ],
                 },
+            )
+            _totals_add(
+                pool_id,
+                considered=len(snapshot.cluster.pending) + len(snapshot.claimed_requests),
+                placed=commit.placed,
+                preempted=commit.preempted,
+                conflicts=commit.conflicts,
             )
             report = CycleReport(
                 status="done",

@@ -132,6 +132,17 @@ def test_cycle_figures_come_from_the_cycle_records(busy_world, token, client) ->
     assert all(dict(labels)["pool"] != L4 for labels in samples["whalegen_pool_idle_milli"])
 
 
+def test_cycle_counters_keep_counting_and_survive_pruned_cycle_records(busy_world, token, client) -> None:
+    from apps.scheduling.models import Cycle
+    from apps.scheduling.services import cycle_run
+
+    cycle_run(pool_id=busy_world.h100.pk)  # nothing new fits: one more cycle, nothing placed
+    Cycle.objects.filter(pool=busy_world.h100).delete()  # an operator prunes the history
+    samples = scrape(client, authorization=f"Bearer {token}")
+    assert value(samples, "whalegen_cycles_total", pool=H100) == 2
+    assert value(samples, "whalegen_cycle_tasks_placed_total", pool=H100) == 1
+
+
 def test_nodes_by_state_with_the_lost_one_and_heartbeat_age(busy_world, token, client) -> None:
     samples = scrape(client, authorization=f"Bearer {token}")
     assert value(samples, "whalegen_nodes", pool=H100, cluster="eu-1", state="ready") == 1
