@@ -124,6 +124,9 @@ def agent_register(*, node: Node, message: p.Register, now: datetime | None = No
         node_id=str(node.pk),
         heartbeat_interval_s=float(settings.WHALEGEN_AGENT_HEARTBEAT_S),
         poll_wait_s=float(settings.WHALEGEN_AGENT_POLL_WAIT_S),
+        # An agent that lost its state restarts at seq 1; it must number above this, or its reports
+        # are taken for repeats (acknowledged, never applied).
+        stored_seq=AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0,
     )
 
 
