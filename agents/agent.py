@@ -256,8 +256,22 @@ class Agent:
             return
         self._backoff["register"].succeeded()
         self.node_id = registered.node_id
+        if registered.stored_seq > self.seq:
+            self._renumber_outbox(registered.stored_seq)
         self.config = _replace_intervals(self.config, registered.heartbeat_interval_s, registered.poll_wait_s)
         log.info("registered as node %s", self.node_id)
+
+    def _renumber_outbox(self, stored_seq: int) -> None:
+        """The plane holds reports numbered above anything this agent numbered: our state was lost and
+        our numbering restarted. Continue above the plane's, moving what waits in the outbox up too (a
+        report the plane holds under the same seq is another one: ours would be dropped as a repeat)."""
+        log.warning("plane holds reports up to seq %d, ours restart at %d; renumbering", stored_seq, self.seq)
+        self.seq = stored_seq
+        for old_seq, data in self.outbox.pending():
+            self.seq += 1
+            data["seq"] = self.seq
+            self.outbox.put(self.seq, data)
+            self.outbox.done(old_seq)
 
     def _drain_events(self, now: float) -> None:
         try:

@@ -254,6 +254,10 @@ class Registered(Message):
     heartbeat_interval_s: float = 10.0
     poll_wait_s: float = 20.0
     protocol_version: str = PROTOCOL_VERSION
+    # The highest report seq the plane holds for this node (optional, 0 from planes that do not send
+    # it). An agent numbering at or below it lost its state: it continues above, or its reports would
+    # be taken for repeats and dropped.
+    stored_seq: int = 0
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,14 @@ def _decide(
     *, override: PriorityOverride, to_state: str, by: AbstractBaseUser, comment: str, now: datetime | None
 ) -> PriorityOverride:
     now = now or timezone.now()
+    if to_state == PriorityOverride.State.APPROVED and override.task_id is not None:
+        # A raise for a task that has finished would change nothing but its record; say so instead.
+        finished = Task.objects.filter(pk=override.task_id, state__in=FINAL).values_list("state", flat=True)
+        if finished:
+            raise Conflict(
+                f"task {override.task_id} is {finished[0]}; there is nothing left to raise "
+                "(reject the request instead)"
+            )
     with transaction.atomic():
         decided = PriorityOverride.objects.filter(
             pk=override.pk, state=PriorityOverride.State.PENDING, expires_at__gt=now
@@ -120,7 +128,8 @@ def override_expire(*, override_id: int, now: datetime | None = None) -> bool:
     """Let one override lapse if its time is up. Idempotent: False when there was nothing to do.
 
     A pending request lapses undecided. An approved one gives its target back the previous priority,
-    unless something else changed that priority since (then the newer value stands).
+    unless something else changed that priority since (then the newer value stands, and a newer approved
+    override that raised it from this one's priority inherits this one's previous priority).
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -141,13 +150,22 @@ def override_expire(*, override_id: int, now: datetime | None = None) -> bool:
         )
         if was == PriorityOverride.State.APPROVED and override.previous_priority is not None:
             if override.task_id is not None:
-                Task.objects.filter(pk=override.task_id, priority=override.wanted_priority).update(
+                restored = Task.objects.filter(pk=override.task_id, priority=override.wanted_priority).update(
                     priority=override.previous_priority
                 )
             else:
-                Queue.objects.filter(pk=override.queue_id, default_priority=override.wanted_priority).update(
-                    default_priority=override.previous_priority
-                )
+                restored = Queue.objects.filter(
+                    pk=override.queue_id, default_priority=override.wanted_priority
+                ).update(default_priority=override.previous_priority)
+            if not restored:
+                # A newer raise approved on top of this one stands; it must restore what this one would
+                # have, not this one's lapsed priority (else the raise outlives both terms).
+                PriorityOverride.objects.filter(
+                    task_id=override.task_id,
+                    queue_id=override.queue_id,
+                    state=PriorityOverride.State.APPROVED,
+                    previous_priority=override.wanted_priority,
+                ).exclude(pk=override.pk).update(previous_priority=override.previous_priority, updated_at=now)
         note = (
             "approved term ended; priority restored"
             if was == PriorityOverride.State.APPROVED

@@ -103,9 +103,14 @@ def _gpu_unhealthy(*, gpu: Gpu, kind: str, xid: int | None, now: datetime) -> No
 def _seen(*, node: Node, now: datetime, agent_version: str) -> None:
     """A sign of life: record it, and bring a lost node back (its orphans are stopped via desired state)."""
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, agent_version=agent_version[:32])
-    if Node.objects.filter(pk=node.pk, state=Node.State.LOST).update(
-        state=Node.State.READY, version=F("version") + 1
-    ):
+    # Back to what it was lost from: a node an operator cordoned (or was draining: its tasks were requeued
+    # when it was lost, so the drain is done) stays out of placement until uncordoned.
+    held = [Node.State.CORDONED, Node.State.DRAINING]
+    lost = Node.objects.filter(pk=node.pk, state=Node.State.LOST)
+    back = lost.filter(state_before_lost__in=held).update(
+        state=Node.State.CORDONED, state_before_lost="", version=F("version") + 1
+    ) or lost.update(state=Node.State.READY, state_before_lost="", version=F("version") + 1)
+    if back:
         log.info("node %s is back after being lost", node.name)
     node.refresh_from_db()
 
@@ -124,6 +129,9 @@ def agent_register(*, node: Node, message: p.Register, now: datetime | None = No
         node_id=str(node.pk),
         heartbeat_interval_s=float(settings.WHALEGEN_AGENT_HEARTBEAT_S),
         poll_wait_s=float(settings.WHALEGEN_AGENT_POLL_WAIT_S),
+        # An agent that lost its state restarts at seq 1; it must number above this, or its reports
+        # are taken for repeats (acknowledged, never applied).
+        stored_seq=AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0,
     )
 
 
@@ -455,7 +463,8 @@ def nodes_mark_lost(*, now: datetime | None = None) -> list[int]:
         unchanged = Node.objects.filter(
             pk=node.pk, state=node.state, last_heartbeat_at=node.last_heartbeat_at
         )
-        if not unchanged.update(state=Node.State.LOST, version=F("version") + 1):
+        went = unchanged.update(state=Node.State.LOST, state_before_lost=node.state, version=F("version") + 1)
+        if not went:
             continue
         lost.append(node.pk)
         seen = node.last_heartbeat_at.isoformat(timespec="seconds") if node.last_heartbeat_at else "never"

@@ -57,6 +57,8 @@ class Node(TimestampedModel):
     mem_mib = models.PositiveBigIntegerField()
     labels = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.READY, db_index=True)
+    # While lost: the state it was lost from, so that an operator's cordon or drain outlives the silence.
+    state_before_lost = models.CharField(max_length=10, choices=State.choices, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # SHA-256 of the agent's credential, like API tokens: the agent holds the secret, we hold the hash.
     # Indexed: every agent request authenticates by looking this hash up.

@@ -383,8 +383,97 @@ def task_transition(
     nothing is written and Conflict is raised, so two actors can never both win. Entering a final state
     gives the quota charge back and releases the task's units; returning to pending after preemption
     or loss counts a new attempt.
+
+    A gang runs whole: a member preempted or lost while placed takes its placed siblings back to pending
+    in the same transaction (`_gang_requeue`), so the gang can be placed again in one piece; a member
+    that fails ends its unfinished siblings (`_gang_fail`).
     """
     now = now or timezone.now()
+    was_placed = task.state in PLACED
+    with transaction.atomic():
+        moved = _transition(
+            task=task,
+            to_state=to_state,
+            actor=actor,
+            reason=reason,
+            now=now,
+            exit_code=exit_code,
+            why_pending=why_pending,
+        )
+        # `moved` is read back whole (a caller may hold a partial row, as the scheduler's victims).
+        if moved.gang_id and to_state in RETRY_FROM and was_placed:
+            _gang_requeue(member=moved, via=to_state, actor=actor, reason=reason, now=now)
+        if moved.gang_id and to_state == Task.State.FAILED:
+            _gang_fail(member=moved, actor=actor, reason=reason, now=now)
+    return moved
+
+
+# A task in one of these holds (or is about to hold) a place on a node.
+PLACED: frozenset[str] = frozenset({Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING})
+
+
+def _gang_requeue(*, member: Task, via: str, actor: str, reason: str, now: datetime) -> None:
+    """Requeue the placed siblings of a gang member that was just preempted or lost.
+
+    Without this the member waits in pending for a whole gang (`gang_incomplete`) that never comes, its
+    quota charge held, while its siblings run on without it (a distributed job missing a rank). A
+    sibling moved by another writer meanwhile keeps that writer's move.
+    """
+    siblings = (
+        Task.objects.filter(
+            tenant_id=member.tenant_id, pool_id=member.pool_id, gang_id=member.gang_id, state__in=PLACED
+        )
+        .exclude(pk=member.pk)
+        .order_by("pk")
+    )
+    why = f"gang member {member.pk} was {via}: {reason}"[:500]
+    for sibling in siblings:
+        try:
+            with transaction.atomic():
+                stopped = _transition(task=sibling, to_state=via, actor=actor, reason=why, now=now)
+                _transition(
+                    task=stopped,
+                    to_state=Task.State.PENDING,
+                    actor=actor,
+                    reason="requeued with its gang",
+                    now=now,
+                    why_pending=f"requeued with its gang: {why}"[:500],
+                )
+        except Conflict:
+            continue
+
+
+def _gang_fail(*, member: Task, actor: str, reason: str, now: datetime) -> None:
+    """End the unfinished siblings of a gang member that failed: placed ones fail with it (their ranks
+    cannot go on without it), waiting ones are cancelled (the gang can never be whole again, and they
+    would hold their quota charge while waiting forever as `gang_incomplete`)."""
+    siblings = (
+        Task.objects.filter(tenant_id=member.tenant_id, pool_id=member.pool_id, gang_id=member.gang_id)
+        .exclude(state__in=FINAL)
+        .exclude(pk=member.pk)
+        .order_by("pk")
+    )
+    why = f"gang member {member.pk} failed: {reason}"[:500]
+    for sibling in siblings:
+        running = sibling.state in (Task.State.ASSIGNED, Task.State.RUNNING)
+        to_state = Task.State.FAILED if running else Task.State.CANCELLED
+        try:
+            with transaction.atomic():
+                _transition(task=sibling, to_state=to_state, actor=actor, reason=why, now=now)
+        except Conflict:
+            continue
+
+
+def _transition(
+    *,
+    task: Task,
+    to_state: str,
+    actor: str,
+    reason: str,
+    now: datetime,
+    exit_code: int | None = None,
+    why_pending: str | None = None,
+) -> Task:
     check_transition(task.state, to_state)
     updates: dict[str, Any] = {"state": to_state, "version": F("version") + 1, "updated_at": now}
     if to_state == Task.State.RUNNING:

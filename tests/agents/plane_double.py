@@ -132,7 +132,8 @@ class PlaneDouble:
                     return self._send(request, 409, {"detail": "incompatible protocol"})
                 with self.lock:
                     self.registrations.append(message)
-                reply = Registered(node_id, self.heartbeat_interval_s, self.poll_wait_s)
+                    stored = max((seq for node, seq in self.reports if node == node_id), default=0)
+                reply = Registered(node_id, self.heartbeat_interval_s, self.poll_wait_s, stored_seq=stored)
                 return self._send(request, 200, reply.to_dict())
             if method == "POST" and url.path == HEARTBEAT_PATH:
                 heartbeat = Heartbeat.from_dict(body)

@@ -15,6 +15,7 @@ from tests.agents.test_agent_process import final, gpu_uuids, spec
 from whalegen.protocol import (
     ComputeUnit,
     DesiredState,
+    Registered,
     Report,
     ReportAck,
     TaskReport,
@@ -117,3 +118,49 @@ def test_a_report_refused_for_now_stays_first_in_the_outbox(tmp_path: Path, stat
     assert [seq for seq, _ in agent.outbox.pending()] == [1, 2]
     agent._flush_reports(200.0)
     assert client.delivered == [1, 2]
+
+
+class RestartedPlaneClient(RefusingClient):
+    """A plane that already holds reports 1..7 of this node (from the agent's life before its state
+    directory was wiped) and treats a known seq as a repeat."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.stored = set(range(1, 8))
+
+    def register(self, message: object) -> Registered:
+        return Registered("node-a", stored_seq=max(self.stored))
+
+    def report(self, report: Report) -> ReportAck:
+        if report.seq not in self.stored:  # a repeat is acknowledged and dropped
+            self.stored.add(report.seq)
+            self.delivered.append(report.seq)
+        return ReportAck(max(self.stored))
+
+
+def test_an_agent_that_lost_its_state_numbers_its_reports_above_the_planes(tmp_path: Path) -> None:
+    agent, _ = outbox_agent(tmp_path, [])  # seq 1 and 2 queued before it registered
+    client = RestartedPlaneClient()
+    agent.client = client  # type: ignore[assignment]
+    agent.seq = agent.outbox.last_seq()
+    agent._register(0.0)
+    assert [seq for seq, data in agent.outbox.pending()] == [8, 9]
+    assert [data["seq"] for _, data in agent.outbox.pending()] == [8, 9]
+    agent._flush_reports(1.0)
+    assert client.delivered == [8, 9]  # both applied, neither taken for a repeat
+    agent.pending_tasks.append(TaskReport("x", TaskState.SUCCEEDED, 2.0, exit_code=0))
+    agent._queue_reports(2.0)
+    agent._flush_reports(2.0)
+    assert client.delivered == [8, 9, 10]
+
+
+def test_an_agent_with_its_state_keeps_its_numbering_on_registration(tmp_path: Path) -> None:
+    agent, _ = outbox_agent(tmp_path, [])
+    client = RestartedPlaneClient()
+    client.stored = {1}  # report 1 was stored, its ack lost; 2 was never sent
+    agent.client = client  # type: ignore[assignment]
+    agent.seq = agent.outbox.last_seq()
+    agent._register(0.0)
+    assert [seq for seq, _ in agent.outbox.pending()] == [1, 2]
+    agent._flush_reports(1.0)
+    assert client.delivered == [2]  # 1 was a repeat

@@ -12,6 +12,7 @@ from django.utils import timezone
 from apps.approvals.models import PriorityOverride
 from apps.approvals.services import override_approve, override_request, overrides_expire
 from apps.workloads.models import Queue, Task
+from apps.workloads.services import task_cancel
 
 
 def _request(world, **kw):
@@ -100,3 +101,36 @@ def test_the_beat_task_expires_overrides_through_redis_and_a_real_worker(world) 
         assert result.get(timeout=30) == 1
     assert PriorityOverride.objects.get(pk=approved.pk).state == "expired"
     assert Task.objects.get(pk=world.task_a.pk).priority == 5
+
+
+def test_stacked_overrides_expiring_in_either_order_give_back_the_original_priority(world) -> None:
+    """Two approved raises on one task (5 → 40, then 40 → 60). The first expires while the second is in
+    force (60 stands), then the second expires: the task must end at 5, the priority no raise gave it,
+    not at 40 (what the second saw before it, a raise that has since lapsed)."""
+    first = _request(world, ttl_hours=1)
+    override_approve(override=first, by=world.root)
+    second = override_request(
+        tenant=world.tenant_a, task=Task.objects.get(pk=world.task_a.pk), wanted_priority=60,
+        reason="still late", requested_by=world.alice, ttl_hours=3,
+    )  # fmt: skip
+    override_approve(override=second, by=world.root)
+    assert Task.objects.get(pk=world.task_a.pk).priority == 60
+    assert overrides_expire(now=timezone.now() + timedelta(hours=2)) == 1  # the first lapses
+    assert Task.objects.get(pk=world.task_a.pk).priority == 60  # the newer raise stands
+    assert overrides_expire(now=timezone.now() + timedelta(hours=4)) == 1  # then the second
+    assert Task.objects.get(pk=world.task_a.pk).priority == 5
+
+
+def test_an_override_whose_task_finished_meanwhile_cannot_be_approved(world, api) -> None:
+    override = _request(world)
+    task_cancel(task=Task.objects.get(pk=world.task_a.pk), by=world.alice)
+    response = api(world.root).post(f"/api/v1/overrides/{override.pk}/approve/", {}, format="json")
+    assert response.status_code == 409, response.json()
+    assert "cancelled" in response.json()["detail"]
+    assert PriorityOverride.objects.get(pk=override.pk).state == "pending"
+    assert Task.objects.get(pk=world.task_a.pk).priority == 5
+    # Rejecting it is still possible (it tidies the request away).
+    rejected = api(world.root).post(
+        f"/api/v1/overrides/{override.pk}/reject/", {"comment": "the task is gone"}, format="json"
+    )
+    assert rejected.status_code == 200

@@ -335,3 +335,23 @@ def test_one_check_of_the_long_poll_costs_a_fixed_number_of_queries(
     with django_assert_num_queries(6):
         state = desired_state_current(node=fleet.node)
     assert len(state.tasks) == 2
+
+
+def test_an_agent_that_lost_its_state_continues_numbering_above_what_the_plane_stored(
+    fleet: Any, agent_client: Any
+) -> None:
+    """Reports are deduplicated by (node, seq). An agent whose state directory was wiped (a reimaged
+    node, a replaced disk) restarts at seq 1: without knowing where the plane stands, its next reports
+    would be acknowledged as repeats and dropped, leaving its tasks `assigned` forever."""
+    client = agent_client(fleet.token_a)
+    assert p.Registered.from_dict(register(client).json()).stored_seq == 0
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    for seq in (1, 2, 3):
+        report(client, fleet.node, seq, task_report(fleet.task_a, p.TaskState.STARTING, pid=seq))
+    # The agent comes back with nothing on disk: registration tells it where to continue.
+    registered = p.Registered.from_dict(register(client).json())
+    assert registered.stored_seq == 3
+    ended = task_report(fleet.task_a, p.TaskState.SUCCEEDED, exit_code=0)
+    assert report(client, fleet.node, registered.stored_seq + 1, ended).json()["stored_seq"] == 4
+    fleet.task_a.refresh_from_db()
+    assert fleet.task_a.state == "succeeded"

@@ -147,3 +147,42 @@ def test_a_requeued_task_handed_back_to_the_same_node_is_a_new_run_after_the_old
     )
     fleet.task_a.refresh_from_db()
     assert (fleet.task_a.state, fleet.task_a.attempts) == ("running", 1)
+
+
+@pytest.mark.parametrize(("before", "after"), [("cordoned", "cordoned"), ("draining", "cordoned")])
+def test_a_node_an_operator_took_out_stays_out_when_it_returns_from_lost(
+    fleet: Any, agent_client: Any, before: str, after: str
+) -> None:
+    """Cordoned for a repair, the node reboots (silent long enough to be lost) and its agent comes back:
+    it must not become `ready` and take new work behind the operator's back. A drain is done by then
+    (its tasks were requeued when it was lost), so it comes back cordoned."""
+    from apps.fleet.services import node_cordon, node_drain, nodes_mark_lost
+
+    client = agent_client(fleet.token_a)
+    beat(client, fleet.node)
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    if before == "cordoned":
+        node_cordon(node=fleet.node, actor="user:ops")
+    else:
+        fleet.task_a.preemptible = False  # keeps the node draining
+        fleet.task_a.save(update_fields=["preemptible"])
+        node_drain(node=fleet.node, actor="user:ops")
+    fleet.node.refresh_from_db()
+    assert fleet.node.state == before
+    assert fleet.node.pk in nodes_mark_lost(now=timezone.now() + timedelta(seconds=60))
+    assert beat(client, fleet.node).status_code == 200
+    fleet.node.refresh_from_db()
+    assert fleet.node.state == after
+
+
+def test_a_ready_node_returns_from_lost_ready(fleet: Any, agent_client: Any) -> None:
+    from apps.fleet.services import node_cordon, node_uncordon, nodes_mark_lost
+
+    client = agent_client(fleet.token_a)
+    beat(client, fleet.node)
+    node_cordon(node=fleet.node, actor="user:ops")
+    node_uncordon(node=fleet.node, actor="user:ops")  # an earlier cordon, already lifted, counts for nothing
+    nodes_mark_lost(now=timezone.now() + timedelta(seconds=60))
+    beat(client, fleet.node)
+    fleet.node.refresh_from_db()
+    assert fleet.node.state == "ready"
