@@ -1,7 +1,8 @@
 """The task state machine of ARCHITECTURE §5, as data. The one place that says which moves are legal.
 
     pending → admitted → assigned → running → succeeded | failed | cancelled
-    preempted and lost return the task to pending, with its attempt count raised.
+    preempted and lost return the task to pending, with its attempt count raised (or end it as failed:
+    a gang member whose gang can never be whole again).
 
 `task_transition` (services.py) is the only writer of `Task.state`; it asks `check_transition` first.
 """
@@ -21,9 +22,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.ADMITTED: frozenset({S.ASSIGNED, S.PREEMPTED, S.CANCELLED}),
     S.ASSIGNED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
-    # A preempted or lost task is on its way back to pending; cancelling it then must still work.
-    S.PREEMPTED: frozenset({S.PENDING, S.CANCELLED}),
-    S.LOST: frozenset({S.PENDING, S.CANCELLED}),
+    # A preempted or lost task is on its way back to pending; cancelling it then must still work. A gang
+    # member fails there instead when a sibling has already ended: the gang can never be placed whole
+    # again (docs/scheduling.md, "a gang with an ended member never waits").
+    S.PREEMPTED: frozenset({S.PENDING, S.FAILED, S.CANCELLED}),
+    S.LOST: frozenset({S.PENDING, S.FAILED, S.CANCELLED}),
     S.SUCCEEDED: frozenset(),
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),

@@ -20,6 +20,8 @@ LEGAL = {
     (S.RUNNING, S.SUCCEEDED), (S.RUNNING, S.FAILED), (S.RUNNING, S.CANCELLED), (S.RUNNING, S.PREEMPTED),
     (S.RUNNING, S.LOST),
     (S.PREEMPTED, S.PENDING), (S.PREEMPTED, S.CANCELLED), (S.LOST, S.PENDING), (S.LOST, S.CANCELLED),
+    # A gang member whose sibling already ended cannot be requeued: it fails on its way back.
+    (S.PREEMPTED, S.FAILED), (S.LOST, S.FAILED),
 }  # fmt: skip
 
 
