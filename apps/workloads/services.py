@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Subquery
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
@@ -384,13 +384,20 @@ def task_transition(
     gives the quota charge back and releases the task's units; returning to pending after preemption
     or loss counts a new attempt.
 
-    A gang runs whole: a member preempted or lost while placed takes its placed siblings back to pending
-    in the same transaction (`_gang_requeue`), so the gang can be placed again in one piece; a member
-    that fails ends its unfinished siblings (`_gang_fail`).
+    A gang runs whole (docs/scheduling.md, "Gangs"): a member preempted or lost while placed takes its
+    placed siblings back to pending in the same transaction (`_gang_requeue`), so the gang can be placed
+    again in one piece; a member that fails ends its unfinished siblings (`_gang_fail`); a member that
+    is cancelled cancels them (`_gang_cancel`). Once any member has ended, the gang can never be placed
+    whole again, so no member goes back to pending: asked to, it fails instead (the returned task says
+    which state it reached).
     """
     now = now or timezone.now()
     was_placed = task.state in PLACED
     with transaction.atomic():
+        if to_state == Task.State.PENDING and task.state in RETRY_FROM:
+            ended = _gang_ended_member(task)
+            if ended is not None:
+                to_state, reason, why_pending = Task.State.FAILED, _cannot_run_whole(ended), None
         moved = _transition(
             task=task,
             to_state=to_state,
@@ -405,11 +412,47 @@ def task_transition(
             _gang_requeue(member=moved, via=to_state, actor=actor, reason=reason, now=now)
         if moved.gang_id and to_state == Task.State.FAILED:
             _gang_fail(member=moved, actor=actor, reason=reason, now=now)
+        if moved.gang_id and to_state == Task.State.CANCELLED:
+            _gang_cancel(member=moved, actor=actor, reason=reason, now=now)
     return moved
 
 
 # A task in one of these holds (or is about to hold) a place on a node.
 PLACED: frozenset[str] = frozenset({Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING})
+
+# Every event a gang writes on a member's siblings starts so: "gang member 12 was cancelled: …".
+GANG_REASON_PREFIX = "gang member "
+
+
+def _gang_siblings(member: Task) -> Any:
+    """The other members of `member`'s gang: same tenant, pool and gang id. A gang id may be used again
+    once its gang has ended, so a task that ended before `member` was submitted is of an earlier gang.
+    "Before" is by event id, not by time: transitions carry the caller's clock (a replay's), events are
+    numbered in the order they are written."""
+    submitted = TaskEvent.objects.filter(task_id=member.pk).order_by("pk").values("pk")[:1]
+    ended_before = TaskEvent.objects.filter(
+        task_id=OuterRef("pk"), to_state__in=FINAL, pk__lt=Subquery(submitted)
+    )
+    return (
+        Task.objects.filter(tenant_id=member.tenant_id, pool_id=member.pool_id, gang_id=member.gang_id)
+        .exclude(pk=member.pk)
+        .exclude(Exists(ended_before))
+        .order_by("pk")
+    )
+
+
+def _gang_ended_member(task: Task) -> Task | None:
+    """The first member of `task`'s gang to have ended, or None (also for a task in no gang). Reads the
+    task's gang back from the database: a caller may hold a partial row."""
+    member = Task.objects.only("tenant_id", "pool_id", "gang_id").get(pk=task.pk)
+    if not member.gang_id:
+        return None
+    ended: Task | None = _gang_siblings(member).filter(state__in=FINAL).order_by("finished_at", "pk").first()
+    return ended
+
+
+def _cannot_run_whole(ended: Task) -> str:
+    return f"{GANG_REASON_PREFIX}{ended.pk} already ended ({ended.state}); the gang cannot run whole again"
 
 
 def _gang_requeue(*, member: Task, via: str, actor: str, reason: str, now: datetime) -> None:
@@ -417,20 +460,25 @@ def _gang_requeue(*, member: Task, via: str, actor: str, reason: str, now: datet
 
     Without this the member waits in pending for a whole gang (`gang_incomplete`) that never comes, its
     quota charge held, while its siblings run on without it (a distributed job missing a rank). A
-    sibling moved by another writer meanwhile keeps that writer's move.
+    sibling moved by another writer meanwhile keeps that writer's move. When a member of the gang has
+    already ended, the siblings fail instead of going back to pending (the gang can never be whole).
     """
-    siblings = (
-        Task.objects.filter(
-            tenant_id=member.tenant_id, pool_id=member.pool_id, gang_id=member.gang_id, state__in=PLACED
-        )
-        .exclude(pk=member.pk)
-        .order_by("pk")
-    )
-    why = f"gang member {member.pk} was {via}: {reason}"[:500]
+    siblings = _gang_siblings(member).filter(state__in=PLACED)
+    ended = _gang_ended_member(member)
+    why = f"{GANG_REASON_PREFIX}{member.pk} was {via}: {reason}"[:500]
     for sibling in siblings:
         try:
             with transaction.atomic():
                 stopped = _transition(task=sibling, to_state=via, actor=actor, reason=why, now=now)
+                if ended is not None:
+                    _transition(
+                        task=stopped,
+                        to_state=Task.State.FAILED,
+                        actor=actor,
+                        reason=_cannot_run_whole(ended),
+                        now=now,
+                    )
+                    continue
                 _transition(
                     task=stopped,
                     to_state=Task.State.PENDING,
@@ -447,19 +495,26 @@ def _gang_fail(*, member: Task, actor: str, reason: str, now: datetime) -> None:
     """End the unfinished siblings of a gang member that failed: placed ones fail with it (their ranks
     cannot go on without it), waiting ones are cancelled (the gang can never be whole again, and they
     would hold their quota charge while waiting forever as `gang_incomplete`)."""
-    siblings = (
-        Task.objects.filter(tenant_id=member.tenant_id, pool_id=member.pool_id, gang_id=member.gang_id)
-        .exclude(state__in=FINAL)
-        .exclude(pk=member.pk)
-        .order_by("pk")
-    )
-    why = f"gang member {member.pk} failed: {reason}"[:500]
-    for sibling in siblings:
+    why = f"{GANG_REASON_PREFIX}{member.pk} failed: {reason}"[:500]
+    for sibling in _gang_siblings(member).exclude(state__in=FINAL):
         running = sibling.state in (Task.State.ASSIGNED, Task.State.RUNNING)
         to_state = Task.State.FAILED if running else Task.State.CANCELLED
         try:
             with transaction.atomic():
                 _transition(task=sibling, to_state=to_state, actor=actor, reason=why, now=now)
+        except Conflict:
+            continue
+
+
+def _gang_cancel(*, member: Task, actor: str, reason: str, now: datetime) -> None:
+    """Cancel the unfinished siblings of a cancelled gang member, running or waiting: a co-scheduled job
+    is one job, none of its ranks can run on without the cancelled one nor be placed whole again. The
+    actor is the cancel's (the user who asked), the reason names the member."""
+    why = f"{GANG_REASON_PREFIX}{member.pk} was cancelled: {reason}"[:500]
+    for sibling in _gang_siblings(member).exclude(state__in=FINAL):
+        try:
+            with transaction.atomic():
+                _transition(task=sibling, to_state=Task.State.CANCELLED, actor=actor, reason=why, now=now)
         except Conflict:
             continue
 
@@ -514,6 +569,16 @@ def _transition(
 
 
 def task_cancel(*, task: Task, by: AbstractBaseUser | None, reason: str = "") -> Task:
+    """Cancel a task, and with it the rest of its gang.
+
+    A gang member the plane already cancelled with its gang is answered as it is: the caller asked for
+    what already holds (a script cancelling every member of a gang is not told its second cancel was a
+    conflict). Any other final task, a repeated cancel included, is refused (IllegalTransition, 409).
+    """
+    if task.state == Task.State.CANCELLED and task.gang_id:
+        last = task.events.filter(to_state=Task.State.CANCELLED).order_by("-pk").first()
+        if last is not None and last.reason.startswith(GANG_REASON_PREFIX):
+            return task
     return task_transition(
         task=task,
         to_state=Task.State.CANCELLED,

@@ -201,9 +201,7 @@ def test_cancelling_a_member_of_a_waiting_gang_cancels_the_rest(fleet) -> None:
     _all_ended_and_charge_free(fleet, gang)
 
 
-def test_a_script_cancelling_every_member_gets_200s_and_a_repeat_of_its_own_cancel_a_409(
-    fleet, api
-) -> None:
+def test_a_script_cancelling_every_member_gets_200s_and_a_repeat_of_its_own_cancel_a_409(fleet, api) -> None:
     """The siblings were cancelled by the plane on the script's behalf: cancelling them is what the
     script asked for and already holds (200, unchanged, no second event). Its own cancel repeated is
     still the 409 every task gets for a duplicate cancel."""
