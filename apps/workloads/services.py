@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, Subquery
+from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
@@ -424,7 +424,7 @@ PLACED: frozenset[str] = frozenset({Task.State.ADMITTED, Task.State.ASSIGNED, Ta
 GANG_REASON_PREFIX = "gang member "
 
 
-def _gang_siblings(member: Task) -> Any:
+def _gang_siblings(member: Task) -> QuerySet[Task]:
     """The other members of `member`'s gang: same tenant, pool and gang id. A gang id may be used again
     once its gang has ended, so a task that ended before `member` was submitted is of an earlier gang.
     "Before" is by event id, not by time: transitions carry the caller's clock (a replay's), events are
