@@ -356,6 +356,16 @@ def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bo
         _requeue(task, via=Task.State.LOST, actor=actor, reason=reason)
 
 
+# Run states only the agent's own process exit produces; a later "running" about the same run is stale.
+_ENDED_BY_AGENT = (
+    TaskRun.State.SUCCEEDED,
+    TaskRun.State.FAILED,
+    TaskRun.State.STOPPED,
+    TaskRun.State.REJECTED,
+)
+_ALIVE_REPORTS = frozenset({p.TaskState.STARTING, p.TaskState.RUNNING})
+
+
 def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) -> p.ReportAck:
     """Store a report once per (node, seq) and apply it; a repeat is acknowledged and ignored.
 
@@ -387,10 +397,18 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
             if AgentReport.objects.filter(node=node, seq=message.seq).exists():
                 raise _Repeat
             AgentReport.objects.create(node=node, seq=message.seq, payload=message.to_dict())
+            ended_runs = set(
+                TaskRun.objects.filter(node=node, task_id__in=named, state__in=_ENDED_BY_AGENT).values_list(
+                    "task_id", "attempt"
+                )
+            )
             for item in message.tasks:
                 task_id, attempt = parse_run(item.task_id, item.attempt) or (0, 0)
                 if task_id not in existing:
                     continue  # deleted since: nothing to move
+                if (task_id, attempt) in ended_runs and item.state in _ALIVE_REPORTS:
+                    # A process that exited does not run again: this report was overtaken by a later one.
+                    continue
                 TaskRun.objects.update_or_create(
                     node=node,
                     task_id=task_id,
@@ -412,10 +430,13 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                     and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
                 )
                 _apply_task_report(node=node, task=task, report=item, live=live)
+            applied = dict(GpuPartition.objects.filter(gpu__node=node).values_list("gpu__uuid", "generation"))
             for part in message.partitions:
                 gpu = gpus.get(part.gpu_uuid)
                 if gpu is None:
                     continue
+                if part.generation < applied.get(part.gpu_uuid, 0):
+                    continue  # an older layout's report, overtaken by a newer generation's
                 GpuPartition.objects.update_or_create(
                     gpu=gpu,
                     defaults={

@@ -355,3 +355,35 @@ def test_an_agent_that_lost_its_state_continues_numbering_above_what_the_plane_s
     assert report(client, fleet.node, registered.stored_seq + 1, ended).json()["stored_seq"] == 4
     fleet.task_a.refresh_from_db()
     assert fleet.task_a.state == "succeeded"
+
+
+def test_a_late_running_report_does_not_revive_a_run_that_ended(fleet: Any, agent_client: Any) -> None:
+    from apps.fleet.models import TaskRun
+
+    client = agent_client(fleet.token_a)
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    report(client, fleet.node, 2, task_report(fleet.task_a, p.TaskState.SUCCEEDED, exit_code=0))
+    # The "running" report sent before it arrives last (a retry that was overtaken).
+    assert (
+        report(client, fleet.node, 1, task_report(fleet.task_a, p.TaskState.RUNNING, pid=7)).status_code
+        == 200
+    )
+    run = TaskRun.objects.get(task=fleet.task_a)
+    assert (run.state, run.exit_code) == ("succeeded", 0)
+    fleet.task_a.refresh_from_db()
+    assert fleet.task_a.state == "succeeded"
+
+
+def test_an_older_layouts_partition_report_does_not_overwrite_a_newer_one(
+    fleet: Any, agent_client: Any
+) -> None:
+    gpu = fleet.node.gpus.get(index=0)
+    client = agent_client(fleet.token_a)
+
+    def part(generation: int, state: p.PartitionState) -> p.PartitionReport:
+        return p.PartitionReport(gpu_uuid=gpu.uuid, state=state, at_s=time.time(), generation=generation)
+
+    report(client, fleet.node, 2, parts=(part(5, p.PartitionState.OK),))
+    report(client, fleet.node, 1, parts=(part(4, p.PartitionState.BLOCKED),))
+    gpu.partition.refresh_from_db()
+    assert (gpu.partition.generation, gpu.partition.state) == (5, "ok")
