@@ -296,7 +296,8 @@ def test_every_shipped_policy_runs_the_same_cycle(fleet, policy: str) -> None:
     assert states(*tasks) == ["assigned", "assigned"]
 
 
-def test_an_approved_queue_override_lifts_its_queue_until_it_expires(fleet) -> None:
+def _queue_override_world(fleet):
+    """One GPU; A's priority-0 task and B's priority-5 task; an approved raise of A's queue to 10."""
     from apps.approvals.services import override_approve, override_request
     from apps.workloads.models import Queue
 
@@ -315,6 +316,11 @@ def test_an_approved_queue_override_lifts_its_queue_until_it_expires(fleet) -> N
         now=NOW,
     )
     override_approve(override=override, by=fleet.user, now=NOW)
+    return a_task, b_task, override
+
+
+def test_an_approved_queue_override_lifts_its_queue_until_it_expires(fleet) -> None:
+    a_task, b_task, override = _queue_override_world(fleet)
     run(fleet)
     assert states(a_task, b_task) == ["assigned", "pending"]
     reason = a_task.events.get(to_state="admitted").reason
@@ -322,24 +328,7 @@ def test_an_approved_queue_override_lifts_its_queue_until_it_expires(fleet) -> N
 
 
 def test_a_lapsed_queue_override_no_longer_counts(fleet) -> None:
-    from apps.approvals.services import override_approve, override_request
-    from apps.workloads.models import Queue
-
-    fleet.node(gpus=1)
-    fleet.tenant("a", guaranteed=2000)
-    fleet.tenant("b", guaranteed=2000)
-    a_task = fleet.submit("a", priority=0)
-    b_task = fleet.submit("b", priority=5)
-    queue = Queue.objects.get(tenant=fleet.tenants["a"])
-    override = override_request(
-        tenant=fleet.tenants["a"],
-        queue=queue,
-        wanted_priority=10,
-        reason="demo day",
-        requested_by=fleet.user,
-        now=NOW,
-    )
-    override_approve(override=override, by=fleet.user, now=NOW)
+    a_task, b_task, _ = _queue_override_world(fleet)
     run(fleet, minutes=60 * 48)  # past the 24-hour term; the expiry job has not run yet
     assert states(a_task, b_task) == ["pending", "assigned"]
 
