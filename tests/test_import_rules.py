@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE = ["whalegen/gpus", "whalegen/placement", "whalegen/forecast", "whalegen/sim", "whalegen/protocol.py"]
+PURE = [
+    "whalegen/gpus",
+    "whalegen/placement",
+    "whalegen/scheduling",
+    "whalegen/forecast",
+    "whalegen/sim",
+    "whalegen/protocol.py",
+]
 FORBIDDEN_IN_PURE = {"django", "celery", "rest_framework", "django_filters", "drf_spectacular", "apps"}
 PRODUCT_PACKAGES = {"whalegen", "apps", "agents"}
 

@@ -2,30 +2,31 @@
 
 `snapshot_for_pool` reads a pool in a fixed number of queries (nine, whatever the pool's size: pinned by
 a test) with `.values()` rows, because a cycle over a thousand nodes and ten thousand pending tasks must
-not spend its budget building model instances. What the engine sees is a `ClusterSnapshot`; what the
-commit needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnapshot`.
+not spend its budget building model instances. It is a chain of small readers, one per step. What
+`decide` sees is a `whalegen.scheduling.Snapshot` (unit-exact: every free unit by id); what the commit
+needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnapshot`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
-from django.db.models import F, Q, QuerySet, Sum
+from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Sum
 
 from apps.approvals.models import PriorityOverride
 from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.models import Assignment, Cycle, Repartition
-from apps.workloads.models import Quota, Task
-from whalegen.gpus.mig import MEMORY_SLICES, mig_profiles
-from whalegen.placement.recarve import FreeInstance, IdleMigGpu
+from apps.workloads.models import Quota, Task, TaskProfile
+from whalegen.gpus.mig import MEMORY_SLICES
+from whalegen.placement.recarve import IdleMigGpu
 from whalegen.placement.repartition import (
-    CarvedUnit,
     ClaimAction,
     ClaimFacts,
     ClaimVerdict,
@@ -34,7 +35,6 @@ from whalegen.placement.repartition import (
     claim_verdict,
 )
 from whalegen.placement.types import (
-    WHOLE_GPU_MILLI,
     ClusterSnapshot,
     GpuState,
     Isolation,
@@ -48,6 +48,8 @@ from whalegen.placement.types import (
     Quota as QuotaState,
 )
 from whalegen.protocol import PartitionState
+from whalegen.scheduling.snapshot import GpuFacts, UnitFact, gpu_picture
+from whalegen.scheduling.types import Claim, FreeUnit, Snapshot
 
 ALL_SLICES = (1 << MEMORY_SLICES) - 1
 LIVE_STATES = (Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING)
@@ -58,19 +60,6 @@ _MODES = {
     Gpu.PartitionMode.MPS: PartitionMode.SHARED,
     Gpu.PartitionMode.TIME_SLICE: PartitionMode.SHARED,
 }
-
-
-@dataclass(frozen=True)
-class FreeUnit:
-    """A compute unit nobody holds, as the snapshot saw it (the commit compares `version`)."""
-
-    unit_id: int
-    version: int
-    kind: str
-    gpu_milli: int
-    mem_mib: int
-    mig_profile: str
-    mig_start: int | None
 
 
 @dataclass(frozen=True)
@@ -119,6 +108,7 @@ class ClaimInfo:
     unit_id: int | None
     slot: MigSlot | None  # the task's instance in the new layout
     verdict: ClaimVerdict
+    gpu_milli: int = 0  # the instance's compute share
 
 
 @dataclass(frozen=True)
@@ -129,8 +119,8 @@ class PoolSnapshot:
     node_ids: MappingProxyType[str, int]  # engine node name → Node.pk
     node_versions: MappingProxyType[int, int]
     node_models: MappingProxyType[str, str | None]
-    # (Node.pk, GPU index) → units nobody holds there, in id order.
-    free_units: MappingProxyType[tuple[int, int], tuple[FreeUnit, ...]]
+    # ComputeUnit.pk → version, for every unit nobody holds (the commit compares-and-sets on it).
+    unit_versions: MappingProxyType[int, int]
     pending: MappingProxyType[str, PendingInfo]  # engine task id → row facts
     running: MappingProxyType[str, RunningInfo]
     tenant_ids: MappingProxyType[str, int]  # tenant slug (the engine's tenant name) → Tenant.pk
@@ -147,6 +137,8 @@ class PoolSnapshot:
     # (engine node name, GPU index) → an idle MIG GPU the cycle may re-carve (as a last resort): the
     # engine first sees only its free carved instances.
     idle_mig: MappingProxyType[tuple[str, int], IdleMigGpu] = field(default_factory=_empty)
+    # What `decide` reads: the engine's view plus every free unit, claims, queues and expected ends.
+    pure: Snapshot = field(default_factory=lambda: Snapshot(ClusterSnapshot(())))
 
 
 def node_name(cluster: str, node: str) -> str:
@@ -154,68 +146,89 @@ def node_name(cluster: str, node: str) -> str:
     return f"{cluster}/{node}"
 
 
-def _expected_end_s(start_s: float, p50_s: float | None, max_runtime_s: int | None) -> float | None:
+def _expected_runtime_s(
+    p50_s: float | None, max_runtime_s: int | None, profile_p50_s: float | None
+) -> float | None:
+    """How long a task runs once started: its P50 prediction, else its max runtime, else its profile's."""
     if p50_s is not None:
-        return start_s + p50_s
+        return p50_s
     if max_runtime_s is not None:
-        return start_s + max_runtime_s
-    return None
+        return float(max_runtime_s)
+    return profile_p50_s
 
 
-def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
-    """An immutable picture of one pool for one cycle, in nine queries.
+def _profile_p50(tenant: str, key: str) -> Subquery:
+    """The P50 duration of the task's profile (tenant + profile key), as a column of the task's row."""
+    return Subquery(
+        TaskProfile.objects.filter(tenant_id=OuterRef(tenant), profile_key=OuterRef(key)).values(
+            "duration_p50_s"
+        )[:1]
+    )
 
-    Steps: 1. nodes (cordoned clusters, non-ready nodes and unhealthy GPUs take nothing new);
-    2. GPUs and compute units: free milli/memory and MIG slices from units nobody holds; GPUs a stopped
-    task's process may still use; open repartition claims and their verdicts; 3. live assignments →
-    running tasks, node CPU/memory in use; 4. overrides in force → effective priority; 5. pending tasks;
-    6. quotas.
-    """
-    # 1. Nodes, in the tie-break order the engine uses (cluster, then node name).
-    node_rows = list(
-        Node.objects.filter(pool_id=pool_id)
+
+@dataclass
+class _Reading:
+    """What the readers below hand each other while one snapshot is built."""
+
+    pool_id: int
+    now: datetime
+    names: dict[int, str] = field(default_factory=dict)  # Node.pk → engine node name
+    excluded: dict[str, str] = field(default_factory=dict)
+    node_rows: list[dict[str, Any]] = field(default_factory=list)
+    gpu_rows: list[dict[str, Any]] = field(default_factory=list)
+    unit_rows: list[dict[str, Any]] = field(default_factory=list)
+    units_of: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    gpus_of_node: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    stopping: set[int] = field(default_factory=set)
+    tenant_ids: dict[str, int] = field(default_factory=dict)
+    queues: dict[str, tuple[int, int]] = field(default_factory=dict)
+    claims: dict[str, ClaimInfo] = field(default_factory=dict)
+    claimed_gpus: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    cpu_used: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    mem_used: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def _read_nodes(r: _Reading) -> None:
+    """Step 1: nodes in the engine's tie-break order (cluster, then node name); cordoned clusters and
+    nodes that are not ready take nothing new."""
+    r.node_rows = list(
+        Node.objects.filter(pool_id=r.pool_id)
         .order_by("cluster__name", "name")
         .values(
             "id", "name", "cluster__name", "cluster__cordoned", "state", "cpu_milli", "mem_mib", "version"
         )
     )
-    names = {row["id"]: node_name(row["cluster__name"], row["name"]) for row in node_rows}
-    excluded: dict[str, str] = {}
-    for row in node_rows:
+    r.names = {row["id"]: node_name(row["cluster__name"], row["name"]) for row in r.node_rows}
+    for row in r.node_rows:
         if row["cluster__cordoned"]:
-            excluded[names[row["id"]]] = f"cluster {row['cluster__name']} is cordoned"
+            r.excluded[r.names[row["id"]]] = f"cluster {row['cluster__name']} is cordoned"
         elif row["state"] != Node.State.READY:
-            excluded[names[row["id"]]] = f"node is {row['state']}"
+            r.excluded[r.names[row["id"]]] = f"node is {row['state']}"
 
-    # 2. GPUs and their units.
-    gpu_rows = list(
-        Gpu.objects.filter(node__pool_id=pool_id)
+
+def _read_gpus(r: _Reading) -> None:
+    """Step 2: GPUs and their units; GPUs a released task's process may still use (the agent was told to
+    stop it and has not said it ended), which are never re-carved under it."""
+    r.gpu_rows = list(
+        Gpu.objects.filter(node__pool_id=r.pool_id)
         .order_by("node_id", "index")
         .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health", "partition__state")
     )
-    unit_rows = list(
-        ComputeUnit.objects.filter(gpu__node__pool_id=pool_id)
+    r.unit_rows = list(
+        ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
         .order_by("id")
         .values(
             "id", "gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli", "mem_mib", "task_id", "version"
         )
     )
-    units_of: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for unit in unit_rows:
-        units_of[unit["gpu_id"]].append(unit)
-    gpu_of_unit: dict[int, dict[str, Any]] = {}
-    gpus_of_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for gpu in gpu_rows:
-        gpus_of_node[gpu["node_id"]].append(gpu)
-        for unit in units_of[gpu["id"]]:
-            gpu_of_unit[unit["id"]] = gpu
-
-    # GPUs whose units a released task's process may still use (the agent was told to stop it and has not
-    # said it ended): never re-carved under it.
-    horizon = now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
-    stopping = set(
+    for unit in r.unit_rows:
+        r.units_of[unit["gpu_id"]].append(unit)
+    for gpu in r.gpu_rows:
+        r.gpus_of_node[gpu["node_id"]].append(gpu)
+    horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
+    r.stopping = set(
         ComputeUnit.objects.filter(
-            gpu__node__pool_id=pool_id,
+            gpu__node__pool_id=r.pool_id,
             assignments__released_at__gte=horizon,
             assignments__task__runs__state__in=TaskRun.ALIVE,
             assignments__task__runs__node_id=F("gpu__node_id"),
@@ -223,65 +236,18 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         .values_list("gpu_id", flat=True)
         .distinct()
     )
-    # Open repartition claims, with the GPU's last partition report.
-    claim_rows = list(
-        Repartition.objects.filter(pool_id=pool_id, state=Repartition.State.WAITING)
-        .order_by("id")
-        .values(
-            "id",
-            "task_id",
-            "task__state",
-            "gpu_id",
-            "unit_id",
-            "generation",
-            "layout",
-            "created_at",
-            "gpu__partition__state",
-            "gpu__partition__generation",
-            "gpu__partition__instances",
-            "gpu__partition__reason",
-        )
-    )
 
-    # 3. Live assignments: what runs where, and what it holds.
-    assignment_rows = list(
-        Assignment.objects.filter(released_at__isnull=True, node__pool_id=pool_id).values(
-            "task_id",
-            "node_id",
-            "borrowed",
-            "created_at",
-            "task__state",
-            "task__version",
-            "task__tenant_id",
-            "task__tenant__slug",
-            "task__queue_id",
-            "task__queue__weight",
-            "task__cpu_milli",
-            "task__host_mem_mib",
-            "task__gpu_mem_mib",
-            "task__gpu_count",
-            "task__gpu_milli",
-            "task__priority",
-            "task__preemptible",
-            "task__started_at",
-            "task__predicted_duration_p50_s",
-            "task__max_runtime_s",
-        )
-    )
-    held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
-    # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
-    held_mig: dict[int, tuple[str, int]] = {}
-    for unit in unit_rows:
-        if unit["task_id"] is not None:
-            held[unit["task_id"]][gpu_of_unit[unit["id"]]["index"]] += unit["gpu_milli"]
-            if unit["kind"] == ComputeUnit.Kind.MIG and unit["mig_start"] is not None:
-                held_mig[unit["task_id"]] = (unit["mig_profile"], unit["mig_start"])
 
-    # 4. Overrides: an approved queue override in force lifts its queue's tasks; an approved task override
-    # whose term has ended counts as lapsed even before the expiry job has written it back.
+def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:
+    """Step 4 (read before the tasks it lifts): an approved queue override in force lifts its queue's
+    tasks; an approved task override whose term has ended counts as lapsed even before the expiry job has
+    written it back. Returns task → (effective priority, the override that set it or "")."""
     override_rows = list(
         PriorityOverride.objects.filter(state=PriorityOverride.State.APPROVED)
-        .filter(Q(queue__pool_id=pool_id, expires_at__gt=now) | Q(task__pool_id=pool_id, expires_at__lte=now))
+        .filter(
+            Q(queue__pool_id=r.pool_id, expires_at__gt=r.now)
+            | Q(task__pool_id=r.pool_id, expires_at__lte=r.now)
+        )
         .values("id", "queue_id", "task_id", "wanted_priority", "previous_priority")
     )
     queue_raise: dict[int, tuple[int, int]] = {}
@@ -303,30 +269,68 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             return raised[0], f"override {raised[1]} on its queue"
         return priority, ""
 
-    cpu_used: dict[int, int] = defaultdict(int)
-    mem_used: dict[int, int] = defaultdict(int)
+    return effective
+
+
+def _read_running(
+    r: _Reading, effective: Callable[[int, int, int], tuple[int, str]]
+) -> tuple[list[RunningTask], dict[str, RunningInfo]]:
+    """Step 3: live assignments → running tasks, what they hold, node CPU/memory in use, expected ends."""
+    assignment_rows = list(
+        Assignment.objects.filter(released_at__isnull=True, node__pool_id=r.pool_id)
+        .annotate(profile_p50_s=_profile_p50("task__tenant_id", "task__profile_key"))
+        .values(
+            "task_id",
+            "node_id",
+            "borrowed",
+            "created_at",
+            "task__state",
+            "task__version",
+            "task__tenant_id",
+            "task__tenant__slug",
+            "task__queue_id",
+            "task__queue__weight",
+            "task__cpu_milli",
+            "task__host_mem_mib",
+            "task__gpu_mem_mib",
+            "task__gpu_count",
+            "task__gpu_milli",
+            "task__priority",
+            "task__preemptible",
+            "task__started_at",
+            "task__predicted_duration_p50_s",
+            "task__max_runtime_s",
+            "profile_p50_s",
+        )
+    )
+    gpu_of_unit = {u["id"]: g for g in r.gpu_rows for u in r.units_of[g["id"]]}
+    held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
+    # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
+    held_mig: dict[int, tuple[str, int]] = {}
+    for unit in r.unit_rows:
+        if unit["task_id"] is not None:
+            held[unit["task_id"]][gpu_of_unit[unit["id"]]["index"]] += unit["gpu_milli"]
+            if unit["kind"] == ComputeUnit.Kind.MIG and unit["mig_start"] is not None:
+                held_mig[unit["task_id"]] = (unit["mig_profile"], unit["mig_start"])
     running: list[RunningTask] = []
-    running_info: dict[str, RunningInfo] = {}
-    tenant_ids: dict[str, int] = {}
-    queues: dict[str, tuple[int, int]] = {}  # engine task id → (queue id, queue weight)
+    info: dict[str, RunningInfo] = {}
     for row in assignment_rows:
-        cpu_used[row["node_id"]] += row["task__cpu_milli"]
-        mem_used[row["node_id"]] += row["task__host_mem_mib"]
+        r.cpu_used[row["node_id"]] += row["task__cpu_milli"]
+        r.mem_used[row["node_id"]] += row["task__host_mem_mib"]
         by_gpu = held.get(row["task_id"], {})
-        indexes = tuple(sorted(by_gpu))
-        per_gpu = max(by_gpu.values()) if by_gpu else 0
         started = row["task__started_at"] or row["created_at"]
         priority, _ = effective(row["task_id"], row["task__queue_id"], row["task__priority"])
         slug = row["task__tenant__slug"]
-        tenant_ids[slug] = row["task__tenant_id"]
+        r.tenant_ids[slug] = row["task__tenant_id"]
         key = str(row["task_id"])
-        queues[key] = (row["task__queue_id"], row["task__queue__weight"])
+        r.queues[key] = (row["task__queue_id"], row["task__queue__weight"])
+        mig = held_mig.get(row["task_id"], (None, None))
         running.append(
             RunningTask(
                 task_id=key,
-                node=names[row["node_id"]],
-                gpu_indexes=indexes,
-                gpu_milli=per_gpu,
+                node=r.names[row["node_id"]],
+                gpu_indexes=tuple(sorted(by_gpu)),
+                gpu_milli=max(by_gpu.values()) if by_gpu else 0,
                 cpu_milli=row["task__cpu_milli"],
                 mem_mib=row["task__host_mem_mib"],
                 gpu_mem_mib=row["task__gpu_mem_mib"] or 0,
@@ -335,43 +339,62 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
                 preemptible=row["task__preemptible"],
                 started_at_s=started.timestamp(),
                 borrowed=row["borrowed"],
-                mig_profile=held_mig.get(row["task_id"], (None, None))[0],
-                mig_start_slice=held_mig.get(row["task_id"], (None, None))[1],
+                mig_profile=mig[0],
+                mig_start_slice=mig[1],
             )
         )
-        running_info[key] = RunningInfo(
+        runtime = _expected_runtime_s(
+            row["task__predicted_duration_p50_s"], row["task__max_runtime_s"], row["profile_p50_s"]
+        )
+        info[key] = RunningInfo(
             pk=row["task_id"],
             version=row["task__version"],
             state=row["task__state"],
             tenant_id=row["task__tenant_id"],
             node_id=row["node_id"],
             charge_milli=row["task__gpu_count"] * row["task__gpu_milli"],
-            expected_end_s=_expected_end_s(
-                started.timestamp(), row["task__predicted_duration_p50_s"], row["task__max_runtime_s"]
-            ),
+            expected_end_s=started.timestamp() + runtime if runtime is not None else None,
         )
+    return running, info
 
-    # Claims: a verdict for each (bind, wait, give up); the GPU of a live claim is nobody else's.
-    gpu_by_pk = {gpu["id"]: gpu for gpu in gpu_rows}
-    unit_by_pk = {unit["id"]: unit for unit in unit_rows}
-    claims: dict[str, ClaimInfo] = {}
-    claimed_gpus: dict[int, list[str]] = defaultdict(list)
+
+def _read_claims(r: _Reading) -> None:
+    """Step 2b: open repartition claims, with the GPU's last partition report, and a verdict for each (bind,
+    wait, give up); the GPU of a live claim is nobody else's."""
+    claim_rows = list(
+        Repartition.objects.filter(pool_id=r.pool_id, state=Repartition.State.WAITING)
+        .order_by("id")
+        .values(
+            "id",
+            "task_id",
+            "task__state",
+            "gpu_id",
+            "unit_id",
+            "generation",
+            "layout",
+            "created_at",
+            "gpu__partition__state",
+            "gpu__partition__generation",
+            "gpu__partition__instances",
+            "gpu__partition__reason",
+        )
+    )
+    gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
+    unit_by_pk = {unit["id"]: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
     for row in claim_rows:
         gpu = gpu_by_pk.get(row["gpu_id"])
         if gpu is None:  # the GPU left the pool: only the closing write remains
             continue
-        name = names[gpu["node_id"]]
-        gpu_name = f"GPU {gpu['index']} on {name}"
+        name = r.names[gpu["node_id"]]
         unit = unit_by_pk.get(row["unit_id"]) if row["unit_id"] is not None else None
-        layout = tuple(MigSlot(profile, start) for profile, start in row["layout"])
         facts = ClaimFacts(
             task_pending=row["task__state"] == Task.State.PENDING,
-            gpu_name=gpu_name,
-            layout=layout,
+            gpu_name=f"GPU {gpu['index']} on {name}",
+            layout=tuple(MigSlot(profile, start) for profile, start in row["layout"]),
             generation=row["generation"],
-            age_s=(now - row["created_at"]).total_seconds(),
-            node_schedulable=name not in excluded,
+            age_s=(r.now - row["created_at"]).total_seconds(),
+            node_schedulable=name not in r.excluded,
             gpu_healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
             unit_free=unit is not None and unit["task_id"] is None,
             reported_state=row["gpu__partition__state"],
@@ -383,7 +406,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         )
         verdict = claim_verdict(facts, timeout_s=timeout_s)
         key = str(row["task_id"])
-        claims[key] = ClaimInfo(
+        r.claims[key] = ClaimInfo(
             pk=row["id"],
             task_key=key,
             node=name,
@@ -391,154 +414,143 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             unit_id=row["unit_id"],
             slot=MigSlot(unit["mig_profile"], unit["mig_start"]) if unit is not None else None,
             verdict=verdict,
+            gpu_milli=unit["gpu_milli"] if unit is not None else 0,
         )
         if verdict.action is not ClaimAction.ABANDON:
-            claimed_gpus[gpu["id"]].append(key)
+            r.claimed_gpus[gpu["id"]].append(key)
 
-    nodes: list[NodeState] = []
-    free_units: dict[tuple[int, int], tuple[FreeUnit, ...]] = {}
-    node_models: dict[str, str | None] = {}
-    gpu_infos: dict[tuple[int, int], GpuInfo] = {}
-    idle_mig: dict[tuple[str, int], IdleMigGpu] = {}
-    for row in node_rows:
-        name = names[row["id"]]
-        gpus = gpus_of_node.get(row["id"], [])
-        # The engine wants one model per node; a mixed host offers only its first model's GPUs.
-        model = gpus[0]["model"] if gpus else None
-        node_models[name] = model
-        states: list[GpuState] = []
-        for gpu in gpus:
-            if gpu["model"] != model:
-                excluded.setdefault(name, f"GPU {gpu['index']} is a {gpu['model']} on a {model} node")
-                continue
-            units = units_of[gpu["id"]]
-            free = [u for u in units if u["task_id"] is None]
-            usable = gpu["health"] != Gpu.Health.UNHEALTHY
-            mode = _MODES[gpu["partition_mode"]]
-            claimed_by = tuple(claimed_gpus.get(gpu["id"], ()))
-            gpu_infos[(row["id"], gpu["index"])] = GpuInfo(
-                pk=gpu["id"],
-                unit_count=len(units),
-                view=GpuView(
-                    name=f"GPU {gpu['index']} on {name}",
-                    model=gpu["model"],
-                    mode=mode,
-                    units=tuple(
-                        CarvedUnit(u["mig_profile"], u["mig_start"], u["task_id"] is not None) for u in units
-                    ),
-                    healthy=usable,
-                    stopping=gpu["id"] in stopping,
-                    claimed_by=claimed_by,
-                ),
-            )
-            if claimed_by:
-                # Promised to the tasks of a repartition: full to the engine, so no one else plans it.
-                usable = False
-            if gpu["partition__state"] not in (None, PartitionState.OK):
-                # The agent could not put the planned layout in place (blocked, needs a reset …): a task
-                # bound to it now would be refused on the node. Its next "ok" report frees it.
-                usable = False
-            free_milli = sum(u["gpu_milli"] for u in free) if usable else 0
-            free_mem = sum(u["mem_mib"] for u in free) if usable else 0
-            used_slices = 0
-            if mode is PartitionMode.MIG:
-                # The engine sees the free carved instances only: slices outside them are unusable without
-                # a new layout. An idle GPU may still be re-carved, but only for tasks no present unit
-                # holds (`whalegen.placement.recarve`, the cycle's second pass).
-                open_slices = 0
-                if usable:
-                    profiles = {p.name: p for p in mig_profiles(gpu["model"])}
-                    for u in free:
-                        profile = profiles.get(u["mig_profile"])
-                        if profile is not None and u["mig_start"] is not None:
-                            open_slices |= profile.slice_mask(u["mig_start"])
-                used_slices = ALL_SLICES & ~open_slices
-                if used_slices == 0:
-                    # Carved instances need not add up to 1000 (two 3g on an H100 are 856 milli); a GPU
-                    # with every slice free is a fresh GPU to the engine.
-                    free_milli = WHOLE_GPU_MILLI
-                if usable and len(free) == len(units) and gpu["id"] not in stopping:
-                    idle_mig[(name, gpu["index"])] = IdleMigGpu(
-                        name,
-                        gpu["index"],
-                        tuple(
-                            FreeInstance(u["mig_profile"], u["mig_start"], u["gpu_milli"], u["mem_mib"])
-                            for u in free
-                        ),
-                    )
-            states.append(
-                GpuState(
-                    index=gpu["index"],
-                    model=gpu["model"],
-                    free_milli=min(free_milli, WHOLE_GPU_MILLI),
-                    free_mem_mib=free_mem,
-                    total_mem_mib=gpu["mem_mib"],
-                    mode=mode,
-                    mig_used_slices=used_slices,
-                )
-            )
-            free_units[(row["id"], gpu["index"])] = tuple(
-                FreeUnit(
+
+@dataclass
+class _Gpus:
+    """Step 2c's output: the engine's nodes and the unit-exact facts beside them."""
+
+    nodes: list[NodeState] = field(default_factory=list)
+    free_units: dict[tuple[str, int], tuple[FreeUnit, ...]] = field(default_factory=dict)
+    unit_versions: dict[int, int] = field(default_factory=dict)
+    node_models: dict[str, str | None] = field(default_factory=dict)
+    gpu_infos: dict[tuple[int, int], GpuInfo] = field(default_factory=dict)
+    gpu_views: dict[tuple[str, int], GpuView] = field(default_factory=dict)
+    idle_mig: dict[tuple[str, int], IdleMigGpu] = field(default_factory=dict)
+
+
+def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuState:
+    """One GPU as the engine sees it, with its free units, its view and (if idle MIG) re-carve facts."""
+    units = r.units_of[gpu["id"]]
+    picture = gpu_picture(
+        GpuFacts(
+            node=name,
+            index=gpu["index"],
+            model=gpu["model"],
+            mem_mib=gpu["mem_mib"],
+            mode=_MODES[gpu["partition_mode"]],
+            units=tuple(
+                UnitFact(
                     u["id"],
-                    u["version"],
                     u["kind"],
                     u["gpu_milli"],
                     u["mem_mib"],
+                    u["task_id"] is not None,
                     u["mig_profile"],
                     u["mig_start"],
                 )
-                for u in free
-            )
-        nodes.append(
+                for u in units
+            ),
+            healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
+            stopping=gpu["id"] in r.stopping,
+            claimed_by=tuple(r.claimed_gpus.get(gpu["id"], ())),
+            layout_ok=gpu["partition__state"] in (None, PartitionState.OK),
+        )
+    )
+    key = (name, gpu["index"])
+    out.gpu_infos[(gpu["node_id"], gpu["index"])] = GpuInfo(
+        pk=gpu["id"], unit_count=len(units), view=picture.view
+    )
+    out.gpu_views[key] = picture.view
+    if picture.free_units:
+        out.free_units[key] = picture.free_units
+    if picture.idle_mig is not None:
+        out.idle_mig[key] = picture.idle_mig
+    out.unit_versions.update((u["id"], u["version"]) for u in units if u["task_id"] is None)
+    return picture.state
+
+
+def _read_nodes_state(r: _Reading) -> _Gpus:
+    """Step 2c: every node's GPUs as the engine sees them, from units nobody holds."""
+    out = _Gpus()
+    for row in r.node_rows:
+        name = r.names[row["id"]]
+        gpus = r.gpus_of_node.get(row["id"], [])
+        # The engine wants one model per node; a mixed host offers only its first model's GPUs.
+        model = gpus[0]["model"] if gpus else None
+        out.node_models[name] = model
+        states: list[GpuState] = []
+        for gpu in gpus:
+            if gpu["model"] != model:
+                r.excluded.setdefault(name, f"GPU {gpu['index']} is a {gpu['model']} on a {model} node")
+                continue
+            states.append(_gpu_state(r, gpu, name, out))
+        out.nodes.append(
             NodeState(
                 name=name,
                 cpu_total_milli=row["cpu_milli"],
-                cpu_free_milli=max(row["cpu_milli"] - cpu_used[row["id"]], 0),
+                cpu_free_milli=max(row["cpu_milli"] - r.cpu_used[row["id"]], 0),
                 mem_total_mib=row["mem_mib"],
-                mem_free_mib=max(row["mem_mib"] - mem_used[row["id"]], 0),
+                mem_free_mib=max(row["mem_mib"] - r.mem_used[row["id"]], 0),
                 gpus=tuple(states),
-                schedulable=name not in excluded,
+                schedulable=name not in r.excluded,
             )
         )
+    return out
 
-    # 5. Pending tasks.
-    pending_rows = Task.objects.filter(pool_id=pool_id, state=Task.State.PENDING).values(
-        "id",
-        "version",
-        "tenant_id",
-        "tenant__slug",
-        "queue_id",
-        "queue__weight",
-        "cpu_milli",
-        "host_mem_mib",
-        "gpu_count",
-        "gpu_milli",
-        "gpu_mem_mib",
-        "allowed_gpu_models",
-        "gang_id",
-        "gang_size",
-        "priority",
-        "preemptible",
-        "isolation",
-        "sla_class",
-        "created_at",
-        "predicted_duration_p50_s",
-        "predicted_duration_p90_s",
-        "predicted_gpu_mem_peak_mib",
+
+def _read_pending(
+    r: _Reading, effective: Callable[[int, int, int], tuple[int, str]]
+) -> tuple[list[TaskRequest], list[TaskRequest], dict[str, PendingInfo], dict[str, float | None]]:
+    """Step 5: pending tasks; those an open claim binds or keeps waiting are set apart."""
+    pending_rows = (
+        Task.objects.filter(pool_id=r.pool_id, state=Task.State.PENDING)
+        .annotate(profile_p50_s=_profile_p50("tenant_id", "profile_key"))
+        .values(
+            "id",
+            "version",
+            "tenant_id",
+            "tenant__slug",
+            "queue_id",
+            "queue__weight",
+            "cpu_milli",
+            "host_mem_mib",
+            "gpu_count",
+            "gpu_milli",
+            "gpu_mem_mib",
+            "allowed_gpu_models",
+            "gang_id",
+            "gang_size",
+            "priority",
+            "preemptible",
+            "isolation",
+            "sla_class",
+            "created_at",
+            "predicted_duration_p50_s",
+            "predicted_duration_p90_s",
+            "predicted_gpu_mem_peak_mib",
+            "max_runtime_s",
+            "profile_p50_s",
+        )
     )
     pending: list[TaskRequest] = []
-    requests_held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
-    pending_info: dict[str, PendingInfo] = {}
+    held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
+    info: dict[str, PendingInfo] = {}
+    runtimes: dict[str, float | None] = {}
     for row in pending_rows:
         key = str(row["id"])
         slug = row["tenant__slug"]
-        tenant_ids[slug] = row["tenant_id"]
-        queues[key] = (row["queue_id"], row["queue__weight"])
+        r.tenant_ids[slug] = row["tenant_id"]
+        r.queues[key] = (row["queue_id"], row["queue__weight"])
         priority, source = effective(row["id"], row["queue_id"], row["priority"])
         has_prediction = row["predicted_duration_p50_s"] is not None or row["predicted_gpu_mem_peak_mib"]
-        claim = claims.get(key)
+        claim = r.claims.get(key)
         planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
-        (requests_held if planned else pending).append(
+        (held if planned else pending).append(
             TaskRequest(
                 task_id=key,
                 cpu_milli=row["cpu_milli"],
@@ -565,7 +577,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
                 else None,
             )
         )
-        pending_info[key] = PendingInfo(
+        info[key] = PendingInfo(
             pk=row["id"],
             version=row["version"],
             tenant_id=row["tenant_id"],
@@ -573,34 +585,81 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
             base_priority=row["priority"],
             priority_source=source,
         )
+        runtimes[key] = _expected_runtime_s(
+            row["predicted_duration_p50_s"], row["max_runtime_s"], row["profile_p50_s"]
+        )
+    return pending, held, info, runtimes
 
-    # 6. Quotas.
+
+def _read_quotas(r: _Reading) -> list[QuotaState]:
+    """Step 6: quotas of the pool."""
     quotas = []
-    for row in Quota.objects.filter(pool_id=pool_id).values(
+    for row in Quota.objects.filter(pool_id=r.pool_id).values(
         "tenant_id", "tenant__slug", "guaranteed_milli", "borrow_limit_milli"
     ):
-        tenant_ids[row["tenant__slug"]] = row["tenant_id"]
+        r.tenant_ids[row["tenant__slug"]] = row["tenant_id"]
         quotas.append(QuotaState(row["tenant__slug"], row["guaranteed_milli"], row["borrow_limit_milli"]))
+    return quotas
 
+
+def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
+    """An immutable picture of one pool for one cycle, in nine queries (see the readers for each step)."""
+    r = _Reading(pool_id=pool_id, now=now)
+    _read_nodes(r)
+    _read_gpus(r)
+    effective = _read_overrides(r)
+    running, running_info = _read_running(r, effective)
+    _read_claims(r)
+    gpus = _read_nodes_state(r)
+    pending, held, pending_info, runtimes = _read_pending(r, effective)
+    quotas = _read_quotas(r)
+    cluster = ClusterSnapshot(
+        nodes=tuple(gpus.nodes), pending=tuple(pending), running=tuple(running), quotas=tuple(quotas)
+    )
+    claimed_requests = MappingProxyType({t.task_id: t for t in held})
+    pure = Snapshot(
+        cluster=cluster,
+        free_units=MappingProxyType(gpus.free_units),
+        gpu_views=MappingProxyType(gpus.gpu_views),
+        idle_mig=MappingProxyType(gpus.idle_mig),
+        claims=MappingProxyType(
+            {
+                key: Claim(
+                    task_id=key,
+                    node=c.node,
+                    gpu_index=c.gpu_index,
+                    unit_id=c.unit_id,
+                    slot=c.slot,
+                    gpu_milli=c.gpu_milli,
+                    action=c.verdict.action,
+                    reason=c.verdict.reason,
+                )
+                for key, c in r.claims.items()
+            }
+        ),
+        claimed_requests=claimed_requests,
+        queues=MappingProxyType(r.queues),
+        expected_end_s=MappingProxyType({k: v.expected_end_s for k, v in running_info.items()}),
+        expected_runtime_s=MappingProxyType(runtimes),
+    )
     return PoolSnapshot(
         pool_id=pool_id,
         now=now,
-        cluster=ClusterSnapshot(
-            nodes=tuple(nodes), pending=tuple(pending), running=tuple(running), quotas=tuple(quotas)
-        ),
-        node_ids=MappingProxyType({names[row["id"]]: row["id"] for row in node_rows}),
-        node_versions=MappingProxyType({row["id"]: row["version"] for row in node_rows}),
-        node_models=MappingProxyType(node_models),
-        free_units=MappingProxyType(free_units),
+        cluster=cluster,
+        node_ids=MappingProxyType({r.names[row["id"]]: row["id"] for row in r.node_rows}),
+        node_versions=MappingProxyType({row["id"]: row["version"] for row in r.node_rows}),
+        node_models=MappingProxyType(gpus.node_models),
+        unit_versions=MappingProxyType(gpus.unit_versions),
         pending=MappingProxyType(pending_info),
         running=MappingProxyType(running_info),
-        tenant_ids=MappingProxyType(tenant_ids),
-        excluded_nodes=MappingProxyType(excluded),
-        gpus=MappingProxyType(gpu_infos),
-        claims=MappingProxyType(claims),
-        claimed_requests=MappingProxyType({t.task_id: t for t in requests_held}),
-        queues=MappingProxyType(queues),
-        idle_mig=MappingProxyType(idle_mig),
+        tenant_ids=MappingProxyType(r.tenant_ids),
+        excluded_nodes=MappingProxyType(r.excluded),
+        gpus=MappingProxyType(gpus.gpu_infos),
+        claims=MappingProxyType(r.claims),
+        claimed_requests=claimed_requests,
+        queues=MappingProxyType(r.queues),
+        idle_mig=MappingProxyType(gpus.idle_mig),
+        pure=pure,
     )
 
 

@@ -10,7 +10,6 @@ retries it.
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 import zlib
@@ -19,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-import numpy as np
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
@@ -30,45 +28,25 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
-from apps.scheduling.selectors import FreeUnit, PoolSnapshot, live_usage_milli, snapshot_for_pool
+from apps.scheduling.selectors import PoolSnapshot, live_usage_milli, snapshot_for_pool
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
 from whalegen.gpus.mig import profile_by_name
-from whalegen.placement.engine import Engine, EngineConfig
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
     cluster_fragmentation,
     shape_mix_from_tasks,
 )
-from whalegen.placement.recarve import solve_recarving_last
-from whalegen.placement.repartition import (
-    ClaimAction,
-    RepartitionPlan,
-    RepartitionRefusal,
-    WantedInstance,
-    plan_repartition,
-)
-from whalegen.placement.types import (
-    WHOLE_GPU_MILLI,
-    ClusterSnapshot,
-    CycleResult,
-    NodeState,
-    Outcome,
-    Placement,
-    Preemption,
-    TaskRequest,
-    UnitKind,
-)
-from whalegen.placement.types import ComputeUnit as PlacedUnit
+from whalegen.placement.repartition import ClaimAction, RepartitionPlan
+from whalegen.placement.types import ShapeMix, TaskRequest
+from whalegen.scheduling import Code, Config, Decisions, Snapshot, decide
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
 LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
-# Codes of our own, next to the engine's Outcome values, for tasks the commit had to hold back.
+# Codes of our own, next to `decide`'s, for tasks the commit had to hold back.
 LOST_RACE = "lost_race"
-NEEDS_LAYOUT = "needs_layout_change"
-VICTIM_CLAIMED = "victim_claimed"
-WAITING_FOR_LAYOUT = "waiting_for_layout"
+WAITING_FOR_LAYOUT = Code.WAITING_FOR_LAYOUT
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
@@ -91,327 +69,6 @@ class CycleReport:
     unplaced: int = 0
     conflicts: int = 0
     transaction_commit_ms: float | None = None  # the COMMIT itself, after the cycle's own writes
-
-
-@dataclass
-class _Decisions:
-    """What the engine decided over the ordered units of one cycle."""
-
-    placements: list[Placement] = field(default_factory=list)
-    preemptions: list[Preemption] = field(default_factory=list)
-    unplaced: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
-    nodes_after: tuple[NodeState, ...] = ()  # the engine's working copy after the cycle's placements
-
-
-# -- ordering ---------------------------------------------------------------------------------------
-
-
-def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
-    """Single tasks, and gangs as one unit (all members decided together)."""
-    gangs: dict[str, list[TaskRequest]] = defaultdict(list)
-    units: list[list[TaskRequest]] = []
-    for task in pending:
-        if task.gang_id is None:
-            units.append([task])
-        else:
-            if task.gang_id not in gangs:
-                units.append(gangs[task.gang_id])
-            gangs[task.gang_id].append(task)
-    return units
-
-
-def order_units(snapshot: PoolSnapshot) -> list[list[TaskRequest]]:
-    """The order the cycle offers work to the engine.
-
-    1. Within each tenant: effective priority (overrides included), highest first; within a priority,
-       weighted dominant-resource fair share between the tenant's queues (a queue's share divided by its
-       weight, so a queue of weight 2 gets twice the share of a queue of weight 1), recomputed as each
-       unit is offered; ties by age.
-    2. Guaranteed first: walking that order, the units that fit in what is left of the tenant's guarantee
-       (after what it runs) form the first pass; the rest borrow, in a second pass, up to the limit and
-       only where capacity is idle once every guarantee had its turn.
-    3. Within a pass: effective priority, highest first; within a priority, dominant-resource fair share
-       between tenants (GPU, CPU, host memory of the pool): the tenant with the smallest share goes next
-       with its next unit, recomputed as each unit is offered.
-    """
-    cluster = snapshot.cluster
-    guaranteed = {q.tenant: q.guaranteed_milli for q in cluster.quotas}
-    totals = (
-        max(sum(WHOLE_GPU_MILLI * len(n.gpus) for n in cluster.nodes), 1),
-        max(sum(n.cpu_total_milli for n in cluster.nodes), 1),
-        max(sum(n.mem_total_mib for n in cluster.nodes), 1),
-    )
-    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # tenant → GPU, CPU, memory
-    queue_held: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-    weight: dict[int, int] = {}
-    for task in cluster.running:
-        use = (task.gpu_milli * len(task.gpu_indexes), task.cpu_milli, task.mem_mib)
-        queue = snapshot.queues.get(task.task_id)
-        for i, amount in enumerate(use):
-            held[task.tenant][i] += amount
-            if queue is not None:
-                queue_held[queue[0]][i] += amount
-        if queue is not None:
-            weight[queue[0]] = max(queue[1], 1)
-
-    def share(use: list[float]) -> float:
-        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
-
-    def add(use: list[float], unit: list[TaskRequest]) -> None:
-        # Offered counts as held for fairness: the engine places most of what it is offered.
-        use[0] += sum(t.gpu_request_milli for t in unit)
-        use[1] += sum(t.cpu_milli for t in unit)
-        use[2] += sum(t.mem_mib for t in unit)
-
-    def age(unit: list[TaskRequest]) -> tuple[float, str]:
-        return min(t.submitted_at_s for t in unit), unit[0].task_id
-
-    def priority(unit: list[TaskRequest]) -> int:
-        return max(t.priority for t in unit)
-
-    def queue_of(unit: list[TaskRequest]) -> int:
-        queue = snapshot.queues.get(unit[0].task_id)
-        if queue is None:
-            return 0
-        weight.setdefault(queue[0], max(queue[1], 1))
-        return queue[0]
-
-    # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
-    by_tenant: dict[str, dict[int, dict[int, list[list[TaskRequest]]]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(list))
-    )
-    for unit in _units(cluster.pending):
-        by_tenant[unit[0].tenant][priority(unit)][queue_of(unit)].append(unit)
-    tenant_order: dict[str, list[list[TaskRequest]]] = {}
-    for tenant, levels in by_tenant.items():
-        mine: list[list[TaskRequest]] = []
-        for level in sorted(levels, reverse=True):
-            lines = {q: sorted(us, key=age, reverse=True) for q, us in levels[level].items()}
-            while lines:
-                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), age(lines[q][-1])))
-                unit = lines[q].pop()
-                mine.append(unit)
-                add(queue_held[q], unit)
-                if not lines[q]:
-                    del lines[q]
-        tenant_order[tenant] = mine
-
-    # 2. Split each tenant's order into within-guarantee and borrowing.
-    room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
-    passes: list[dict[int, dict[str, list[list[TaskRequest]]]]] = [
-        defaultdict(lambda: defaultdict(list)),
-        defaultdict(lambda: defaultdict(list)),
-    ]
-    for tenant, units in tenant_order.items():
-        for unit in units:
-            milli = sum(t.gpu_request_milli for t in unit)
-            if tenant not in room:
-                which = 0
-            elif milli <= room[tenant]:
-                room[tenant] -= milli
-                which = 0
-            else:
-                which = 1
-            passes[which][priority(unit)][tenant].append(unit)
-
-    # 3. Across tenants: pass, priority, then fair share (a heap of tenants by share, then oldest unit).
-    ordered: list[list[TaskRequest]] = []
-    for buckets in passes:
-        for level in sorted(buckets, reverse=True):
-            queues = {tenant: list(reversed(us)) for tenant, us in buckets[level].items()}
-            heap = [(share(held[t]), age(q[-1]), t) for t, q in queues.items()]
-            heapq.heapify(heap)
-            while heap:
-                _, _, tenant = heapq.heappop(heap)
-                unit = queues[tenant].pop()
-                ordered.append(unit)
-                add(held[tenant], unit)
-                if queues[tenant]:
-                    heapq.heappush(heap, (share(held[tenant]), age(queues[tenant][-1]), tenant))
-    return ordered
-
-
-# -- deciding ---------------------------------------------------------------------------------------
-
-
-def _decide(
-    engine: Engine, snapshot: PoolSnapshot, now_s: float, *, base: ClusterSnapshot, config: EngineConfig
-) -> _Decisions:
-    """Claims of earlier repartitions first, then the engine over every pending task in our order: on the
-    units GPUs have now, then, for what no present unit holds, with idle MIG GPUs open to a new layout
-    (`solve_recarving_last`; `base` and `config` are what `engine` was built from)."""
-    decisions = _Decisions()
-    # 1. GPUs re-carved by earlier cycles: bind the tasks whose layout is in place, the rest keep waiting.
-    # Their GPUs are full to the engine, so only the quota view needs to learn of these placements.
-    for task_id, claim in snapshot.claims.items():
-        request = snapshot.claimed_requests.get(task_id)
-        if request is None or claim.verdict.action is ClaimAction.ABANDON:
-            continue
-        if claim.verdict.action is ClaimAction.WAIT or claim.slot is None:
-            decisions.unplaced[task_id] = (WAITING_FOR_LAYOUT, claim.verdict.reason)
-            continue
-        node_id = snapshot.node_ids[claim.node]
-        model = snapshot.gpus[(node_id, claim.gpu_index)].view.model
-        profile = profile_by_name(model, claim.slot.mig_profile)
-        need = request.gpu_request_milli
-        problem, borrowed = engine.quota_check(request.tenant, need)
-        if problem is not None:
-            decisions.unplaced[task_id] = (Outcome.QUOTA_EXCEEDED.value, problem)
-            continue
-        engine.usage_milli[request.tenant] += need
-        decisions.placements.append(
-            Placement(
-                task_id,
-                claim.node,
-                (claim.gpu_index,),
-                PlacedUnit(UnitKind.MIG, profile.gpu_milli, profile.name, claim.slot.mig_start),
-                borrowed,
-            )
-        )
-    # 2. Everything else, through the engine: each task carries its place in our order. Present units
-    # first; a re-carve of an idle MIG GPU only for the tasks none of them holds.
-    ordered = [
-        replace(task, order_key=position)
-        for position, unit in enumerate(order_units(snapshot))
-        for task in unit
-    ]
-    passes = solve_recarving_last(engine, ordered, now_s, idle=snapshot.idle_mig, base=base, config=config)
-    result: CycleResult = passes.result
-    decisions.nodes_after = passes.nodes_after
-    decisions.placements += result.placements
-    for item in result.unplaced:
-        decisions.unplaced[item.task_id] = (item.outcome.value, item.message)
-    # The engine never promises a victim twice; it may propose one it placed earlier this very cycle,
-    # which is not running yet and cannot be stopped: such a proposal is dropped whole.
-    proposals: dict[str, list[Preemption]] = defaultdict(list)
-    for preemption in result.preemptions:
-        proposals[preemption.for_task_id].append(preemption)
-    for for_task, victims in proposals.items():
-        if all(v.victim_task_id in snapshot.running for v in victims):
-            decisions.preemptions += victims
-            continue
-        _, message = decisions.unplaced[for_task]
-        decisions.unplaced[for_task] = (
-            VICTIM_CLAIMED,
-            message.split("; waiting for")[0]
-            + "; the tasks it could displace were placed this cycle and are not running yet",
-        )
-    return decisions
-
-
-def _pick_units(
-    free: Sequence[FreeUnit], placement: Placement, gpu_mem_mib: int, taken: set[int]
-) -> list[FreeUnit] | None:
-    """The database units that carry one GPU of a placement, or None when no free unit matches it."""
-    available = [u for u in free if u.unit_id not in taken]
-    unit = placement.unit
-    if unit.kind is UnitKind.MIG:
-        exact = [
-            u for u in available if u.mig_profile == unit.mig_profile and u.mig_start == unit.mig_start_slice
-        ]
-        if exact:
-            return exact[:1]
-        # The engine chose an instance in free slices; any free instance at least that big serves it.
-        big_enough = [u for u in available if u.gpu_milli >= unit.gpu_milli and u.mem_mib >= gpu_mem_mib]
-        return [min(big_enough, key=lambda u: (u.gpu_milli, u.mem_mib))] if big_enough else None
-    need_milli = unit.gpu_milli if unit.kind is not UnitKind.NONE else 0
-    chosen: list[FreeUnit] = []
-    milli = mem = 0
-    for candidate in available:
-        if milli >= need_milli and mem >= gpu_mem_mib:
-            break
-        chosen.append(candidate)
-        milli += candidate.gpu_milli
-        mem += candidate.mem_mib
-    return chosen if milli >= need_milli and mem >= gpu_mem_mib else None
-
-
-def estimate_starts(
-    snapshot: PoolSnapshot,
-    unplaced: dict[str, tuple[str, str]],
-    now_s: float,
-    *,
-    nodes_after: Sequence[NodeState],
-    placements: Sequence[Placement],
-) -> dict[str, float | None]:
-    """When each unplaced task could start, from when running tasks are expected to finish.
-
-    Capacity view, not a replay: the first time at which the idle milli-GPU of the models a task may use,
-    plus what running tasks on those models free by then, covers what it asks for (a quota-bound task
-    waits for its own tenant's tasks instead). Running tasks without a P50 prediction or a max runtime
-    never count as freeing anything, so the estimate is None when they are needed.
-    """
-    cluster = snapshot.cluster
-    requests = {t.task_id: t for t in cluster.pending} | dict(snapshot.claimed_requests)
-    node_model = snapshot.node_models
-    idle_by_model: dict[str | None, int] = defaultdict(int)
-    # Idle after this cycle's placements; those placements finish like running tasks do.
-    for node in nodes_after:
-        if node.schedulable:
-            idle_by_model[node.model] += sum(g.free_milli for g in node.gpus)
-    ends_by_model: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
-    ends_by_tenant: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for task in cluster.running:
-        info = snapshot.running[task.task_id]
-        if info.expected_end_s is None:
-            continue
-        milli = task.gpu_milli * len(task.gpu_indexes)
-        ends_by_model[node_model.get(task.node)].append((info.expected_end_s, milli))
-        ends_by_tenant[task.tenant].append((info.expected_end_s, milli))
-    for placement in placements:
-        request = requests[placement.task_id]
-        p50 = request.prediction.runtime_p50_s if request.prediction else None
-        if p50 is not None:
-            milli = placement.unit.gpu_milli * len(placement.gpu_indexes)
-            ends_by_model[node_model.get(placement.node)].append((now_s + p50, milli))
-            ends_by_tenant[request.tenant].append((now_s + p50, milli))
-    models = [m for m in idle_by_model.keys() | ends_by_model.keys()]
-    curves: dict[frozenset[str], tuple[int, np.ndarray, np.ndarray]] = {}
-
-    def curve(ends: list[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
-        ends = sorted(ends)
-        return np.array([e for e, _ in ends], float), np.cumsum([m for _, m in ends])
-
-    def first_time(times: np.ndarray, freed: np.ndarray, short: int) -> float | None:
-        if short <= 0:
-            return now_s
-        k = int(np.searchsorted(freed, short, side="left"))
-        return max(float(times[k]), now_s) if k < len(times) else None
-
-    quota_of = {q.tenant: q for q in cluster.quotas}
-    usage: dict[str, int] = defaultdict(int)
-    for task in cluster.running:
-        usage[task.tenant] += task.gpu_milli * len(task.gpu_indexes)
-    tenant_curves = {tenant: curve(ends) for tenant, ends in ends_by_tenant.items()}
-    estimates: dict[str, float | None] = {}
-    for task_id, (code, _) in unplaced.items():
-        request = requests[task_id]
-        need = request.gpu_request_milli
-        # No running task's end makes these placeable: only a new member, model, GPU mode or layout does.
-        if code in (
-            Outcome.GANG_INCOMPLETE.value,
-            Outcome.NO_ALLOWED_MODEL.value,
-            Outcome.NO_ISOLATION.value,
-            NEEDS_LAYOUT,
-        ):
-            estimates[task_id] = None
-        elif code in (Outcome.WAITING_FOR_PREEMPTION.value, WAITING_FOR_LAYOUT):
-            estimates[task_id] = now_s
-        elif code == Outcome.QUOTA_EXCEEDED.value:
-            quota = quota_of[request.tenant]
-            short = usage[request.tenant] + need - quota.guaranteed_milli - quota.borrow_limit_milli
-            times, freed = tenant_curves.get(request.tenant, (np.array([]), np.array([])))
-            estimates[task_id] = first_time(times, freed, short)
-        else:
-            key = request.allowed_models
-            if key not in curves:
-                chosen = [m for m in models if not key or m in key]
-                idle = sum(idle_by_model[m] for m in chosen)
-                times, freed = curve([e for m in chosen for e in ends_by_model[m]])
-                curves[key] = (idle, times, freed)
-            idle, times, freed = curves[key]
-            estimates[task_id] = first_time(times, freed, need - idle)
-    return estimates
 
 
 # -- committing -------------------------------------------------------------------------------------
@@ -450,54 +107,23 @@ def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[i
         return {row[0]: dict(zip(fields, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
-def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: datetime) -> _Commit:
+def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: datetime) -> _Commit:
     """Write placements, then preemptions; what lost a race stays pending with a reason.
 
-    Steps: 1. map each placement to free units; 2. lock quotas, nodes and tasks (in that order, ids
-    ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep tenants
-    within their limit; 5. write tasks, units, nodes and assignments; 6. preempt.
+    Steps: 1. every placement names its units already (`decide` bound it); 2. lock quotas, nodes and tasks
+    (in that order, ids ascending) and compare with the snapshot; 3. drop whole gangs that lost any member;
+    4. keep tenants within their limit; 5. write tasks, units, nodes, assignments and new layouts;
+    6. preempt.
     """
     out = _Commit()
     clock = time.perf_counter()
     request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
     lost: dict[str, tuple[str, str]] = {}
 
-    # 1. Units for each placement; placements no unit matches are candidates for a new layout.
-    taken: set[int] = set()
-    units_for: dict[str, list[FreeUnit]] = {}
-    relayout: dict[tuple[int, int], list[Placement]] = defaultdict(list)
-    for placement in decisions.placements:
-        node_id = snapshot.node_ids[placement.node]
-        request = request_of[placement.task_id]
-        chosen: list[FreeUnit] = []
-        for index in placement.gpu_indexes:
-            picked = _pick_units(
-                snapshot.free_units.get((node_id, index), ()), placement, request.gpu_mem_mib, taken
-            )
-            if picked is None:
-                if placement.unit.kind is not UnitKind.MIG:
-                    why = "only MIG layouts are re-carved"
-                elif request.gang_id is not None:
-                    why = (
-                        "a GPU is not re-carved for a gang member (the gang binds in one cycle or not at all)"
-                    )
-                elif len(placement.gpu_indexes) > 1:
-                    why = "a GPU is not re-carved for a task on several GPUs"
-                else:
-                    relayout[(node_id, index)].append(placement)
-                    break
-                lost[placement.task_id] = (
-                    NEEDS_LAYOUT,
-                    f"its best place is {placement.node} GPU {index}, but no free compute unit there matches "
-                    f"({placement.unit.mig_profile or placement.unit.kind}); {why}",
-                )
-                break
-            chosen += picked
-            taken.update(u.unit_id for u in picked)
-        else:
-            units_for[placement.task_id] = chosen
-    plans = _plan_layouts(snapshot, relayout, taken, lost)
-
+    # 1. Units for each placement: named by the decision, with the version the snapshot saw.
+    units_for: dict[str, tuple[int, ...]] = {b.task_id: b.unit_ids for b in decisions.placements}
+    placements = [b.placement for b in decisions.placements]
+    plans = [((snapshot.node_ids[layout.gpu[0]], layout.gpu[1]), layout.plan) for layout in decisions.layouts]
     clock = out.lap("map_units", clock)
     # 2. Lock and compare.
     tenants = {snapshot.pending[t].tenant_id for t in units_for}
@@ -506,10 +132,10 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
         Quota.objects.filter(pool_id=snapshot.pool_id, tenant_id__in=tenants).values_list("pk", flat=True),
         ["tenant_id", "guaranteed_milli", "borrow_limit_milli"],
     )
-    nodes = {snapshot.node_ids[p.node] for p in decisions.placements if p.task_id in units_for}
-    nodes |= {key[0] for key, _, _ in plans}
+    nodes = {snapshot.node_ids[p.node] for p in placements}
+    nodes |= {key[0] for key, _ in plans}
     node_rows = _lock_rows(Node, nodes, ["version"])
-    planned_tasks = [p.task_id for _, _, placements in plans for p in placements]
+    planned_tasks = [task_id for _, plan in plans for task_id, _ in plan.for_tasks]
     task_rows = _lock_rows(
         Task, (snapshot.pending[t].pk for t in [*units_for, *planned_tasks]), ["state", "version"]
     )
@@ -517,7 +143,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     # lock above, so a unit taken since the snapshot shows as a moved node. `_write_placements` still
     # compares-and-sets each unit; a miss there means something changed units without raising the node's
     # version, and the whole cycle rolls back rather than double-book.
-    placement_of = {p.task_id: p for p in decisions.placements}
+    placement_of = {p.task_id: p for p in placements}
     for task_id in units_for:
         info = snapshot.pending[task_id]
         node_id = snapshot.node_ids[placement_of[task_id].node]
@@ -531,19 +157,22 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
             )
 
     # A new layout goes ahead only if its GPU's node and every task it is for are as the snapshot saw them.
-    kept_plans: list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]] = []
-    for key, plan, placements in plans:
+    kept_plans: list[tuple[tuple[int, int], RepartitionPlan]] = []
+    for key, plan in plans:
         moved = node_rows[key[0]]["version"] != snapshot.node_versions[key[0]] or any(
-            (row := task_rows.get(snapshot.pending[p.task_id].pk)) is None
+            (row := task_rows.get(snapshot.pending[t].pk)) is None
             or row["state"] != Task.State.PENDING
-            or row["version"] != snapshot.pending[p.task_id].version
-            for p in placements
+            or row["version"] != snapshot.pending[t].version
+            for t, _ in plan.for_tasks
         )
         if moved:
-            for p in placements:
-                lost[p.task_id] = (LOST_RACE, f"{p.node} or a task of its new layout changed; retried")
+            for t, _ in plan.for_tasks:
+                lost[t] = (
+                    LOST_RACE,
+                    f"{snapshot.gpus[key].view.name} or a task of its new layout changed; retried",
+                )
         else:
-            kept_plans.append((key, plan, placements))
+            kept_plans.append((key, plan))
 
     clock = out.lap("lock_and_compare", clock)
     # 3. A gang goes whole or not at all: one member lost holds back every member.
@@ -556,9 +185,9 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     # 4. Quota limits against what tenants hold now (not what the snapshot saw), under the quota row lock.
     usage = live_usage_milli(pool_id=snapshot.pool_id, tenant_ids=list(tenants))
     limits = {row["tenant_id"]: row for row in quota_rows.values()}
-    for placement in decisions.placements:
+    for placement in placements:
         task_id = placement.task_id
-        if task_id not in units_for or task_id in lost:
+        if task_id in lost:
             continue
         info = snapshot.pending[task_id]
         quota = limits.get(info.tenant_id)
@@ -574,7 +203,7 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
             lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")
 
     # 5. Write.
-    winners = [p for p in decisions.placements if p.task_id in units_for and p.task_id not in lost]
+    winners = [p for p in placements if p.task_id not in lost]
     reasons: dict[int, list[str]] = {}
     for placement in winners:
         info = snapshot.pending[placement.task_id]
@@ -601,11 +230,11 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     clock = out.lap("write_tasks_and_events", clock)
     _write_placements(
         binds=[
-            (unit.unit_id, snapshot.pending[placement.task_id].pk, unit.version)
+            (unit_id, snapshot.pending[placement.task_id].pk, snapshot.unit_versions[unit_id])
             for placement in winners
-            for unit in units_for[placement.task_id]
+            for unit_id in units_for[placement.task_id]
         ],
-        nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _, _ in kept_plans},
+        nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans},
         assignments=[
             (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
         ],
@@ -648,42 +277,9 @@ def _commit(snapshot: PoolSnapshot, decisions: _Decisions, cycle: Cycle, now: da
     return out
 
 
-def _plan_layouts(
-    snapshot: PoolSnapshot,
-    relayout: dict[tuple[int, int], list[Placement]],
-    taken: set[int],
-    lost: dict[str, tuple[str, str]],
-) -> list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]]:
-    """A new layout for each GPU whose placements no unit matched, where `plan_repartition` allows one;
-    the others are held back with its reason."""
-    plans: list[tuple[tuple[int, int], RepartitionPlan, list[Placement]]] = []
-    for key, placements in relayout.items():
-        gpu = snapshot.gpus[key]
-        if taken & {u.unit_id for u in snapshot.free_units.get(key, ())}:
-            result: RepartitionPlan | RepartitionRefusal = RepartitionRefusal(
-                f"{gpu.view.name} also takes another task on its present layout this cycle"
-            )
-        else:
-            wanted = [
-                WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
-                for p in placements
-            ]
-            result = plan_repartition(gpu.view, wanted)
-        if isinstance(result, RepartitionPlan):
-            plans.append((key, result, placements))
-            continue
-        for p in placements:
-            lost[p.task_id] = (
-                NEEDS_LAYOUT,
-                f"its best place is {gpu.view.name} as {p.unit.mig_profile}, which no free instance there "
-                f"matches, and the GPU cannot be re-carved: {result.reason}",
-            )
-    return plans
-
-
 def _write_layouts(
     snapshot: PoolSnapshot,
-    plans: Sequence[tuple[tuple[int, int], RepartitionPlan, list[Placement]]],
+    plans: Sequence[tuple[tuple[int, int], RepartitionPlan]],
     cycle: Cycle,
     now: datetime,
 ) -> dict[str, tuple[str, str]]:
@@ -697,8 +293,8 @@ def _write_layouts(
     held: dict[str, tuple[str, str]] = {}
     if not plans:
         return held
-    node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _, _ in plans})}
-    for key, plan, _ in plans:
+    node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _ in plans})}
+    for key, plan in plans:
         gpu = snapshot.gpus[key]
         _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk, task__isnull=True).delete()
         if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
@@ -891,6 +487,11 @@ def _write_why_pending(
     Task.objects.bulk_update(rows, ["why_pending", "why_pending_code", "predicted_start_at"], batch_size=500)
 
 
+def decision_input(snapshot: PoolSnapshot, mix: ShapeMix) -> Snapshot:
+    """What `decide` reads for a cycle: the pool's pure snapshot with the cycle's shape mix."""
+    return replace(snapshot.pure, cluster=replace(snapshot.pure.cluster, shape_mix=mix))
+
+
 def _try_lock(pool_id: int) -> bool:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -960,24 +561,23 @@ def cycle_run(
                     for t in snapshot.cluster.running
                 ]
             )
-            base = replace(snapshot.cluster, shape_mix=mix)
-            config = EngineConfig(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
-            engine = Engine(base, config)
+            config = Config(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
             before = cluster_fragmentation(snapshot.cluster.nodes, mix)
-            decisions = _decide(engine, snapshot, now_s, base=base, config=config)
+            decisions = decide(decision_input(snapshot, mix), config, now_s)
             after = cluster_fragmentation(decisions.nodes_after, mix)
             solve_ms = (time.perf_counter() - started) * 1000
             # 4. Commit.
             started = time.perf_counter()
             cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
             commit = _commit(snapshot, decisions, cycle, now)
-            # 5. Why pending, for everything the engine or the commit left behind.
+            # 5. Why pending, for everything `decide` or the commit left behind.
             clock = time.perf_counter()
-            reasons = dict(decisions.unplaced)
+            reasons = {t: (r.code, r.message) for t, r in decisions.unplaced.items()}
             reasons.update(commit.held_back)
-            estimates = estimate_starts(
-                snapshot, reasons, now_s, nodes_after=decisions.nodes_after, placements=decisions.placements
-            )
+            estimates = {t: decisions.estimates.get(t) for t in reasons}
+            for task_id, (code, _) in commit.held_back.items():
+                # Lost a race or waits for its new layout: it is retried (or binds) next cycle.
+                estimates[task_id] = now_s if code in (LOST_RACE, WAITING_FOR_LAYOUT) else None
             _write_why_pending(snapshot, reasons, estimates)
             commit.lap("why_pending", clock)
             commit_ms = (time.perf_counter() - started) * 1000

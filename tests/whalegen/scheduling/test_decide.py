@@ -1,0 +1,128 @@
+"""`decide` on hand-built unit-exact pools: present units first, whole GPUs before idle MIG GPUs, re-carve
+only for what no present unit holds, and every placement bound to free units."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.whalegen.placement.builders import task
+from tests.whalegen.scheduling.builders import Pool, mig, mps, whole
+from whalegen.placement.types import RunningTask
+from whalegen.scheduling import Config, Decisions, decide
+
+POLICIES = ["whalegen", "bestfit", "fgd"]
+THREE_G = ("3g.40gb", 0, False)
+
+
+def where(decisions: Decisions) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    return {
+        b.task_id: (
+            b.placement.node,
+            b.placement.gpu_indexes,
+            b.placement.unit.mig_profile or b.placement.unit.kind.value,
+        )
+        for b in decisions.placements
+    }
+
+
+def layouts(decisions: Decisions) -> dict[str, tuple[str, int, str]]:
+    return {
+        t: (plan.gpu[0], plan.gpu[1], slot.mig_profile)
+        for plan in decisions.layouts
+        for t, slot in plan.plan.for_tasks
+    }
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_two_gpu_whole_task_takes_free_whole_gpus_not_the_idle_mig_gpu_beside_them(policy: str) -> None:
+    # The demo's h200-train: GPU 0 of the first node in MIG (two free 3g), the rest whole and free.
+    pool = (
+        Pool()
+        .node("n1", mig(("3g.40gb", 0, False), ("3g.40gb", 4, False)), whole(), whole())
+        .node("n2", whole(), whole())
+    )
+    big = task("asr", gpus=2, milli=1000, gpu_mem_mib=60_000)
+    decisions = decide(pool.snapshot([big]), Config(policy=policy), 0.0)
+    placed = where(decisions)
+    node, indexes, unit = placed["asr"]
+    assert unit == "whole" and ("n1", 0) not in {(node, i) for i in indexes}
+    assert decisions.unplaced == {} and decisions.layouts == ()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_free_whole_gpu_takes_a_task_before_an_idle_mig_gpu_is_recarved(policy: str) -> None:
+    # 500 milli with 40 GB is a 4g.40gb on MIG: the free 3g.40gb cannot hold it, the whole GPU can.
+    pool = Pool().node("m", mig(THREE_G)).node("w", whole())
+    half = task("half", gpus=1, milli=500, gpu_mem_mib=40_000)
+    decisions = decide(pool.snapshot([half]), Config(policy=policy), 0.0)
+    assert where(decisions) == {"half": ("w", (0,), "whole")}
+    assert decisions.layouts == () and decisions.unplaced == {}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_an_idle_mig_gpu_is_recarved_for_the_task_no_present_unit_holds(policy: str) -> None:
+    pool = Pool().node("m", mig(THREE_G)).node("w", whole())
+    first, second = task("first", gpus=1), task("second", gpus=1)
+    decisions = decide(pool.snapshot([first, second]), Config(policy=policy), 0.0)
+    assert where(decisions) == {"first": ("w", (0,), "whole")}
+    assert layouts(decisions) == {"second": ("m", 0, "7g.80gb")}
+    assert decisions.unplaced["second"].code == "waiting_for_layout"
+
+
+def test_a_free_instance_that_fits_is_used_and_its_gpu_is_not_recarved_for_another_task() -> None:
+    pool = Pool().node("m", mig(THREE_G)).node("w", whole(held=True))
+    small = task("small", gpus=1, milli=300, gpu_mem_mib=20_000)
+    big = task("big", gpus=1, priority=9)
+    decisions = decide(pool.snapshot([big, small]), Config(policy="whalegen"), 0.0)
+    assert where(decisions) == {"small": ("m", (0,), "3g.40gb")}
+    assert decisions.layouts == () and set(decisions.unplaced) == {"big"}
+
+
+def test_a_recarve_comes_before_stopping_running_work() -> None:
+    victim = RunningTask("old", "w", (0,), 1000, 1000, 1024, priority=0, preemptible=True, started_at_s=-60)
+    urgent = task("urgent", gpus=1, priority=50)
+    pool = Pool().node("m", mig(THREE_G)).node("w", whole(held=True))
+    decisions = decide(pool.snapshot([urgent], running=[victim]), Config(), 0.0)
+    assert layouts(decisions) == {"urgent": ("m", 0, "7g.80gb")} and decisions.preemptions == ()
+    alone = Pool().node("w", whole(held=True))
+    decisions = decide(alone.snapshot([urgent], running=[victim]), Config(), 0.0)
+    assert [p.victim_task_id for p in decisions.preemptions] == ["old"]
+
+
+def test_single_tasks_are_recarved_for_before_a_gang_that_never_is() -> None:
+    pool = Pool().node("m", mig(THREE_G), mig(THREE_G))
+    gang = [task(f"g{i}", gpus=1, gang_id="job", gang_size=2, priority=9) for i in range(2)]
+    single = task("single", gpus=1)
+    decisions = decide(pool.snapshot([*gang, single]), Config(), 0.0)
+    assert layouts(decisions)["single"][2] == "7g.80gb"
+    assert {"g0", "g1"} <= set(decisions.unplaced) and not {"g0", "g1"} & set(where(decisions))
+
+
+def test_two_small_tasks_never_share_one_carved_instance() -> None:
+    # The engine's slice model could put two 1g requests in the slices of one free 3g; units say one each.
+    pool = Pool().node("m", mig(("3g.40gb", 0, False), ("3g.40gb", 4, True)))
+    a, b = task("a", gpus=1, milli=100), task("b", gpus=1, milli=100)
+    decisions = decide(pool.snapshot([a, b]), Config(), 0.0)
+    assert len(decisions.placements) == 1
+    (lone,) = decisions.placements
+    assert len(lone.unit_ids) == 1
+    assert set(decisions.unplaced) == {"a", "b"} - {lone.task_id}
+
+
+def test_mps_shares_add_up_to_what_a_task_asks() -> None:
+    pool = Pool().node("s", mps(shares=4, held=1))
+    t = task("t", gpus=1, milli=500)
+    decisions = decide(pool.snapshot([t]), Config(), 0.0)
+    (bound,) = decisions.placements
+    assert len(bound.unit_ids) == 2
+
+
+def test_a_start_estimate_comes_from_a_running_task_end_and_unknown_says_why() -> None:
+    running = RunningTask("r", "w", (0,), 1000, 1000, 1024, started_at_s=0.0)
+    pool = Pool().node("w", whole(held=True))
+    waiting = task("w1", gpus=1)
+    known = decide(pool.snapshot([waiting], running=[running], expected_end_s={"r": 600.0}), Config(), 100.0)
+    assert known.estimates["w1"] == 600.0
+    unknown = decide(pool.snapshot([waiting], running=[running]), Config(), 100.0)
+    assert unknown.estimates["w1"] is None
+    assert "held by tasks with no known end" in unknown.unplaced["w1"].message

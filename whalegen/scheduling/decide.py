@@ -1,0 +1,433 @@
+"""`decide(snapshot, config, now_s) -> Decisions`: one scheduling cycle's every decision, pure.
+
+The production cycle (`apps.scheduling.services.cycle_run`), the replays (`whalegen.sim`) and the
+benchmarks call this; Django code around it only reads the snapshot and commits what it returns.
+
+Steps of one decision (`Decider.step`):
+
+1. **Claims.** GPUs re-carved by earlier cycles: a task whose new instance is in place binds to it
+   (within its quota); one whose layout is not applied yet keeps waiting (`waiting_for_layout`).
+2. **Order.** Guarantees first, then borrowing; effective priority; weighted dominant-resource fair
+   share between queues and tenants; age (`whalegen.scheduling.order`). Gangs go as one unit.
+3. **Present units.** The engine places the ordered tasks on the units GPUs have now, with quotas, gangs
+   (all or nothing) and the online reserve checked inside it. A whole-GPU task first sees only GPUs
+   outside MIG mode (a free whole GPU beats an idle MIG GPU, whose layout would have to go); what is
+   left then tries every GPU, with preemption proposals where nothing fits.
+4. **Units.** Every placement is mapped onto the free units that carry it (`whalegen.scheduling.units`).
+   A placement no free units carry (the engine's slice model put it across or inside carved instances)
+   is taken back, its GPU closed to it, and it is tried again, until every placement left is bound.
+   So every decision names units the commit binds; none is handled later.
+5. **Re-carve.** Tasks still left for capacity that a MIG instance could serve try the idle MIG GPUs
+   nothing landed on, opened as fresh GPUs. A single one-GPU task placed there gets a layout plan
+   (`plan_repartition`) and waits for it; a gang member or a multi-GPU task only learns that a new
+   layout would be needed (`needs_layout_change`): it binds in one cycle or not at all. Re-carving comes
+   after present units, so a task only a re-carve can serve never holds up the tasks behind it.
+6. **Preemptions** proposed for tasks that were placed after all, or whose victims were placed this very
+   cycle (not running, so not stoppable), are dropped.
+7. **Reasons and estimates** for every task not placed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from whalegen.placement.engine import Engine
+from whalegen.placement.recarve import CAPACITY_OUTCOMES, can_use_mig, recarvable, with_gpus
+from whalegen.placement.repartition import (
+    ClaimAction,
+    RepartitionPlan,
+    WantedInstance,
+    plan_repartition,
+)
+from whalegen.placement.state import Request
+from whalegen.placement.types import (
+    WHOLE_GPU_MILLI,
+    ComputeUnit,
+    GpuState,
+    Isolation,
+    NodeState,
+    Outcome,
+    PartitionMode,
+    Placement,
+    Preemption,
+    RunningTask,
+    TaskRequest,
+    UnitKind,
+    Unplaced,
+)
+from whalegen.scheduling.estimate import estimate_starts
+from whalegen.scheduling.order import order_units
+from whalegen.scheduling.types import (
+    Bound,
+    Code,
+    Config,
+    Decisions,
+    GpuKey,
+    LayoutPlan,
+    Reason,
+    Snapshot,
+)
+from whalegen.scheduling.units import map_placement
+
+
+def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
+    """Every decision of one cycle over `snapshot` (see the module for the steps)."""
+    return Decider(snapshot, config).step(snapshot.cluster.pending, now_s, estimates=estimates)
+
+
+class Decider:
+    """`decide` as a session: the engine's working copy stays alive between steps.
+
+    The production cycle makes one step on a fresh snapshot. The replays keep one session and make a step
+    per arrival (`step`) and a release per departure (`release`): after a step the working copy is exactly
+    the snapshot the next cycle would read, so this is the same decision without rebuilding a thousand
+    nodes per task.
+    """
+
+    def __init__(self, snapshot: Snapshot, config: Config) -> None:
+        self.snapshot = snapshot
+        self.config = config
+        self.engine_config = config.engine()
+        self.engine = Engine(snapshot.cluster, self.engine_config)
+        self.has_mig = any(g.mode is PartitionMode.MIG for n in snapshot.cluster.nodes for g in n.gpus)
+        # Placements of earlier steps still running (an engine built later must carry them).
+        self.live: dict[str, Placement] = {}
+        self.requests: dict[str, TaskRequest] = {}
+        self._needs_layout: set[str] = set()
+
+    def release(self, task_id: str) -> None:
+        """A task placed by an earlier step finished: its resources go back to the working copy."""
+        self.engine.release(task_id)
+        self.live.pop(task_id, None)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self, pending: Sequence[TaskRequest], now_s: float, *, estimates: bool = True) -> Decisions:
+        snapshot = self.snapshot
+        requests = {t.task_id: t for t in pending} | dict(snapshot.claimed_requests)
+        self.requests.update(requests)
+        unplaced: dict[str, Reason] = {}
+        bound: list[Bound] = []
+        self._needs_layout = set()
+        # 1. Claims.
+        for task_id, claim in snapshot.claims.items():
+            request = snapshot.claimed_requests.get(task_id)
+            if request is None or claim.action is ClaimAction.ABANDON:
+                continue
+            if claim.action is ClaimAction.WAIT or claim.slot is None or claim.unit_id is None:
+                unplaced[task_id] = Reason(Code.WAITING_FOR_LAYOUT, claim.reason)
+                continue
+            need = request.gpu_request_milli
+            problem, borrowed = self.engine.quota_check(request.tenant, need)
+            if problem is not None:
+                unplaced[task_id] = Reason(Outcome.QUOTA_EXCEEDED.value, problem)
+                continue
+            self.engine.usage_milli[request.tenant] += need
+            unit = ComputeUnit(UnitKind.MIG, claim.gpu_milli, claim.slot.mig_profile, claim.slot.mig_start)
+            bound.append(
+                Bound(Placement(task_id, claim.node, (claim.gpu_index,), unit, borrowed), (claim.unit_id,))
+            )
+        # 2. Order: each task carries its place.
+        ordered = [
+            replace(task, order_key=position)
+            for position, unit in enumerate(
+                order_units(replace(snapshot.cluster, pending=tuple(pending)), snapshot.queues)
+            )
+            for task in unit
+        ]
+        # Later passes re-offer tasks in this order.
+        requests.update({t.task_id: t for t in ordered})
+        self.requests.update(requests)
+        # 3. Present units.
+        placements, left, preemptions = self._present(ordered, now_s)
+        # 4. Units.
+        closed: dict[GpuKey, GpuState] = {}
+        if snapshot.unit_exact:
+            placements, more = self._bind_units(placements, left, closed, now_s)
+            bound += more
+        else:
+            bound += [Bound(p, ()) for p in placements]
+        # 5. Re-carve.
+        layouts = self._recarve(bound, left, closed, requests, now_s)
+        for plan in layouts:
+            for task_id, slot in plan.plan.for_tasks:
+                view = snapshot.gpu_views[plan.gpu]
+                left[task_id] = Unplaced(
+                    task_id,
+                    Outcome.NO_CAPACITY,
+                    f"{view.name} is being repartitioned to {plan.plan.text} for it ({slot.mig_profile} at "
+                    "slice "
+                    f"{slot.mig_start}); it binds once the agent reports the layout applied",
+                )
+        layout_tasks = {t for plan in layouts for t, _ in plan.plan.for_tasks}
+        # 6. Preemptions.
+        placed_ids = {b.task_id for b in bound} | layout_tasks
+        running = {t.task_id for t in snapshot.cluster.running}
+        proposals: dict[str, list[Preemption]] = defaultdict(list)
+        for preemption in preemptions:
+            if preemption.for_task_id not in placed_ids:
+                proposals[preemption.for_task_id].append(preemption)
+        kept: list[Preemption] = []
+        for for_task, victims in proposals.items():
+            if all(v.victim_task_id in running for v in victims):
+                kept += victims
+                continue
+            message = left[for_task].message.split("; waiting for")[0]
+            left[for_task] = Unplaced(
+                for_task,
+                Outcome.WAITING_FOR_PREEMPTION,
+                message + "; the tasks it could displace were placed this cycle and are not running yet",
+            )
+            unplaced[for_task] = Reason(Code.VICTIM_CLAIMED, left[for_task].message)
+        # 7. Reasons and estimates.
+        for task_id, item in left.items():
+            if task_id in placed_ids and task_id not in layout_tasks:
+                continue
+            if task_id in unplaced:
+                continue
+            if task_id in layout_tasks:
+                code = Code.WAITING_FOR_LAYOUT
+            elif task_id in self._needs_layout:
+                code = Code.NEEDS_LAYOUT
+            else:
+                code = item.outcome.value
+            unplaced[task_id] = Reason(code, item.message)
+        nodes_after = self._nodes_after(bound, layouts, closed)
+        self.live.update({b.task_id: b.placement for b in bound})
+        starts: dict[str, float | None] = {}
+        if estimates and unplaced:
+            for task_id, estimate in estimate_starts(
+                snapshot, unplaced, now_s, nodes_after=nodes_after, placements=bound, requests=requests
+            ).items():
+                starts[task_id] = estimate.start_s
+                if estimate.start_s is None and estimate.why_unknown:
+                    reason = unplaced[task_id]
+                    unplaced[task_id] = Reason(
+                        reason.code, f"{reason.message}; estimated start unknown: {estimate.why_unknown}"
+                    )
+        return Decisions(
+            placements=tuple(bound),
+            preemptions=tuple(kept),
+            layouts=tuple(layouts),
+            unplaced=unplaced,
+            estimates=starts,
+            nodes_after=nodes_after,
+        )
+
+    # -- 3. present units --------------------------------------------------------------------------
+
+    def _present(
+        self, ordered: list[TaskRequest], now_s: float
+    ) -> tuple[list[Placement], dict[str, Unplaced], list[Preemption]]:
+        """Placements on present units; the tasks left with the engine's reason; preemption proposals."""
+        engine = self.engine
+        whole_first = self.has_mig and any(_whole_any(t) for t in ordered)
+        if not whole_first:
+            result = engine.solve(tuple(ordered), now_s)
+            return list(result.placements), {u.task_id: u for u in result.unplaced}, list(result.preemptions)
+        # A whole-GPU task first sees whole GPUs outside MIG mode only (EXCLUSIVE asks exactly that of a
+        # request of 1000 milli per GPU), and nobody proposes victims yet: a task that fits on an idle MIG
+        # GPU's 7g instance must not displace work first.
+        engine.config = replace(self.engine_config, preemption=False)
+        first = engine.solve(
+            tuple(replace(t, isolation=Isolation.EXCLUSIVE) if _whole_any(t) else t for t in ordered), now_s
+        )
+        engine.config = self.engine_config
+        by_id = {t.task_id: t for t in ordered}
+        # Tried again: what lacked capacity, and every whole task whatever its first answer (that answer
+        # spoke of GPUs outside MIG mode only).
+        retried = [
+            u for u in first.unplaced if u.outcome in CAPACITY_OUTCOMES or _whole_any(by_id[u.task_id])
+        ]
+        again = tuple(by_id[u.task_id] for u in retried)
+        done = {u.task_id: u for u in first.unplaced if u not in retried}
+        second = engine.solve(_whole_gangs(again, ordered), now_s)
+        placements = list(first.placements) + list(second.placements)
+        done.update({u.task_id: u for u in second.unplaced})
+        return placements, done, list(second.preemptions)
+
+    # -- 4. units ----------------------------------------------------------------------------------
+
+    def _bind_units(
+        self,
+        placements: list[Placement],
+        left: dict[str, Unplaced],
+        closed: dict[GpuKey, GpuState],
+        now_s: float,
+    ) -> tuple[list[Placement], list[Bound]]:
+        snapshot = self.snapshot
+        requests = self.requests
+        taken: set[int] = set()
+        bound: list[Bound] = []
+        todo = placements
+        while todo:
+            failed: list[Placement] = []
+            failed_gpus: set[GpuKey] = set()
+            for placement in todo:
+                req = Request.of(requests[placement.task_id])
+                ids, gpu = map_placement(placement, req, snapshot.free_units, taken)
+                if ids is None:
+                    assert gpu is not None
+                    failed.append(placement)
+                    failed_gpus.add(gpu)
+                else:
+                    bound.append(Bound(placement, ids))
+            if not failed:
+                break
+            # A gang goes whole or not at all: its bound members come back too.
+            gangs = {requests[p.task_id].gang_id for p in failed} - {None}
+            back = [b for b in bound if requests[b.task_id].gang_id in gangs]
+            for b in back:
+                taken.difference_update(b.unit_ids)
+            bound = [b for b in bound if requests[b.task_id].gang_id not in gangs]
+            retry_ids = [p.task_id for p in failed] + [b.task_id for b in back]
+            for task_id in retry_ids:
+                self.engine.release(task_id)
+            for node in self.engine.state.nodes():
+                for g in node.gpus:
+                    if (node.name, g.index) in failed_gpus and (node.name, g.index) not in closed:
+                        closed[(node.name, g.index)] = g
+            self._rebuild({key: "close" for key in failed_gpus}, [b.placement for b in bound], now_s)
+            # Tried again in their order, on present units only (no victims: they were placed once).
+            self.engine.config = replace(self.engine_config, preemption=False)
+            retry = self.engine.solve(
+                tuple(sorted((requests[t] for t in retry_ids), key=lambda t: t.order_key or 0)), now_s
+            )
+            self.engine.config = self.engine_config
+            left.update({u.task_id: u for u in retry.unplaced})
+            todo = list(retry.placements)
+        return [b.placement for b in bound], bound
+
+    def _rebuild(
+        self, change: dict[GpuKey, GpuState | str], placed: Iterable[Placement], now_s: float
+    ) -> None:
+        """A new engine on the working copy with some GPUs opened or closed; quota use carried over."""
+        base = self.snapshot.cluster
+        placed = [*self.live.values(), *placed]
+        running = base.running + tuple(_as_running(p, self.requests[p.task_id], now_s) for p in placed)
+        nodes = with_gpus(self.engine.state.nodes(), change)
+        engine = Engine(replace(base, nodes=nodes, pending=(), running=running), self.engine_config)
+        engine.usage_milli = defaultdict(int, self.engine.usage_milli)
+        self.engine = engine
+
+    # -- 5. re-carve -------------------------------------------------------------------------------
+
+    def _recarve(
+        self,
+        bound: list[Bound],
+        left: dict[str, Unplaced],
+        closed: dict[GpuKey, GpuState],
+        requests: dict[str, TaskRequest],
+        now_s: float,
+    ) -> list[LayoutPlan]:
+        snapshot = self.snapshot
+        touched = {(b.placement.node, i) for b in bound for i in b.placement.gpu_indexes}
+        opened = [key for key in snapshot.idle_mig if key not in touched]
+        candidates = [
+            requests[t]
+            for t, u in left.items()
+            if u.outcome in CAPACITY_OUTCOMES
+            and can_use_mig(requests[t])
+            # A multi-GPU task or a gang member with victims proposed keeps them: never re-carved for.
+            and (recarvable(requests[t]) or u.outcome is not Outcome.WAITING_FOR_PREEMPTION)
+        ]
+        ids = {t.task_id for t in candidates}
+        gangs_out = {t.gang_id for t in requests.values() if t.gang_id is not None and t.task_id not in ids}
+        candidates = [t for t in candidates if t.gang_id is None or t.gang_id not in gangs_out]
+        if not opened or not candidates:
+            return []
+        change: dict[GpuKey, GpuState | str] = {k: g for k, g in closed.items() if k in touched}
+        change.update(dict.fromkeys(opened, "open"))
+        self._rebuild(change, [b.placement for b in bound], now_s)
+        offset = 1 + max((t.order_key or 0 for t in requests.values()), default=0)
+        # Single one-GPU tasks first: gangs and multi-GPU tasks are never re-carved for, so they must not
+        # take an opened GPU from one that can be.
+        ordered = tuple(
+            t if recarvable(t) else replace(t, order_key=offset + (t.order_key or 0)) for t in candidates
+        )
+        self.engine.config = replace(self.engine_config, preemption=False)
+        result = self.engine.solve(ordered, now_s)
+        self.engine.config = self.engine_config
+        wanted: dict[GpuKey, list[Placement]] = defaultdict(list)
+        for placement in result.placements:
+            request = requests[placement.task_id]
+            key = (placement.node, placement.gpu_indexes[0])
+            if recarvable(request) and placement.unit.kind is UnitKind.MIG and key in snapshot.gpu_views:
+                wanted[key].append(placement)
+                continue
+            why = (
+                "a GPU is not re-carved for a gang member (the gang binds in one cycle or not at all)"
+                if request.gang_id is not None
+                else "a GPU is not re-carved for a task on several GPUs"
+            )
+            left[placement.task_id] = Unplaced(
+                placement.task_id,
+                Outcome.NO_CAPACITY,
+                f"only a new MIG layout on {placement.node} GPU "
+                f"{','.join(map(str, placement.gpu_indexes))} would hold it; {why}",
+            )
+            self._needs_layout.add(placement.task_id)
+        plans: list[LayoutPlan] = []
+        for key, placements in wanted.items():
+            plan = plan_repartition(
+                snapshot.gpu_views[key],
+                [
+                    WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
+                    for p in placements
+                ],
+            )
+            if isinstance(plan, RepartitionPlan):
+                plans.append(LayoutPlan(key, plan))
+                continue
+            for p in placements:
+                left[p.task_id] = Unplaced(
+                    p.task_id,
+                    Outcome.NO_CAPACITY,
+                    f"only a new layout on {snapshot.gpu_views[key].name} ({p.unit.mig_profile}) would hold "
+                    f"it, and the GPU cannot be re-carved: {plan.reason}",
+                )
+                self._needs_layout.add(p.task_id)
+        return plans
+
+    def _nodes_after(
+        self, bound: list[Bound], layouts: list[LayoutPlan], closed: dict[GpuKey, GpuState]
+    ) -> tuple[NodeState, ...]:
+        """The pool after this step: closed GPUs as they were, idle MIG GPUs nothing landed on open."""
+        touched = {(b.placement.node, i) for b in bound for i in b.placement.gpu_indexes}
+        touched |= {plan.gpu for plan in layouts}
+        change: dict[GpuKey, GpuState | str] = {k: g for k, g in closed.items() if k in touched}
+        change.update({k: "open" for k in self.snapshot.idle_mig if k not in touched})
+        return with_gpus(self.engine.state.nodes(), change)
+
+
+def _whole_any(task: TaskRequest) -> bool:
+    return task.num_gpu > 0 and task.gpu_milli >= WHOLE_GPU_MILLI and task.isolation is Isolation.ANY
+
+
+def _whole_gangs(tasks: tuple[TaskRequest, ...], ordered: list[TaskRequest]) -> tuple[TaskRequest, ...]:
+    """`tasks`, with every gang either complete (as ordered) or absent."""
+    gangs = {t.gang_id for t in tasks if t.gang_id is not None}
+    singles = [t for t in tasks if t.gang_id is None]
+    members = [t for t in ordered if t.gang_id in gangs]
+    return tuple(sorted(singles + members, key=lambda t: t.order_key or 0))
+
+
+def _as_running(placement: Placement, request: TaskRequest, now_s: float) -> RunningTask:
+    return RunningTask(
+        task_id=placement.task_id,
+        node=placement.node,
+        gpu_indexes=placement.gpu_indexes,
+        gpu_milli=placement.unit.gpu_milli,
+        cpu_milli=request.cpu_milli,
+        mem_mib=request.mem_mib,
+        gpu_mem_mib=request.gpu_mem_mib,
+        priority=request.priority,
+        tenant=request.tenant,
+        preemptible=request.preemptible,
+        started_at_s=now_s,
+        borrowed=placement.borrowed,
+        mig_profile=placement.unit.mig_profile if placement.unit.kind is UnitKind.MIG else None,
+        mig_start_slice=placement.unit.mig_start_slice if placement.unit.kind is UnitKind.MIG else None,
+    )

@@ -1,0 +1,134 @@
+"""The order a cycle offers work to the engine: guarantees first, then borrowing; effective priority;
+weighted dominant-resource fair share between a tenant's queues and between tenants; then age."""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, TaskRequest
+
+
+def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
+    """Single tasks, and gangs as one unit (all members decided together)."""
+    gangs: dict[str, list[TaskRequest]] = defaultdict(list)
+    units: list[list[TaskRequest]] = []
+    for task in pending:
+        if task.gang_id is None:
+            units.append([task])
+        else:
+            if task.gang_id not in gangs:
+                units.append(gangs[task.gang_id])
+            gangs[task.gang_id].append(task)
+    return units
+
+
+def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]]) -> list[list[TaskRequest]]:
+    """The order the cycle offers work to the engine.
+
+    1. Within each tenant: effective priority (overrides included), highest first; within a priority,
+       weighted dominant-resource fair share between the tenant's queues (a queue's share divided by its
+       weight, so a queue of weight 2 gets twice the share of a queue of weight 1), recomputed as each
+       unit is offered; ties by age.
+    2. Guaranteed first: walking that order, the units that fit in what is left of the tenant's guarantee
+       (after what it runs) form the first pass; the rest borrow, in a second pass, up to the limit and
+       only where capacity is idle once every guarantee had its turn.
+    3. Within a pass: effective priority, highest first; within a priority, dominant-resource fair share
+       between tenants (GPU, CPU, host memory of the pool): the tenant with the smallest share goes next
+       with its next unit, recomputed as each unit is offered.
+    """
+    guaranteed = {q.tenant: q.guaranteed_milli for q in cluster.quotas}
+    totals = (
+        max(sum(WHOLE_GPU_MILLI * len(n.gpus) for n in cluster.nodes), 1),
+        max(sum(n.cpu_total_milli for n in cluster.nodes), 1),
+        max(sum(n.mem_total_mib for n in cluster.nodes), 1),
+    )
+    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # tenant → GPU, CPU, memory
+    queue_held: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    weight: dict[int, int] = {}
+    for task in cluster.running:
+        use = (task.gpu_milli * len(task.gpu_indexes), task.cpu_milli, task.mem_mib)
+        queue = queues.get(task.task_id)
+        for i, amount in enumerate(use):
+            held[task.tenant][i] += amount
+            if queue is not None:
+                queue_held[queue[0]][i] += amount
+        if queue is not None:
+            weight[queue[0]] = max(queue[1], 1)
+
+    def share(use: list[float]) -> float:
+        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
+
+    def add(use: list[float], unit: list[TaskRequest]) -> None:
+        # Offered counts as held for fairness: the engine places most of what it is offered.
+        use[0] += sum(t.gpu_request_milli for t in unit)
+        use[1] += sum(t.cpu_milli for t in unit)
+        use[2] += sum(t.mem_mib for t in unit)
+
+    def age(unit: list[TaskRequest]) -> tuple[float, str]:
+        return min(t.submitted_at_s for t in unit), unit[0].task_id
+
+    def priority(unit: list[TaskRequest]) -> int:
+        return max(t.priority for t in unit)
+
+    def queue_of(unit: list[TaskRequest]) -> int:
+        queue = queues.get(unit[0].task_id)
+        if queue is None:
+            return 0
+        weight.setdefault(queue[0], max(queue[1], 1))
+        return queue[0]
+
+    # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
+    by_tenant: dict[str, dict[int, dict[int, list[list[TaskRequest]]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for unit in _units(cluster.pending):
+        by_tenant[unit[0].tenant][priority(unit)][queue_of(unit)].append(unit)
+    tenant_order: dict[str, list[list[TaskRequest]]] = {}
+    for tenant, levels in by_tenant.items():
+        mine: list[list[TaskRequest]] = []
+        for level in sorted(levels, reverse=True):
+            lines = {q: sorted(us, key=age, reverse=True) for q, us in levels[level].items()}
+            while lines:
+                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), age(lines[q][-1])))
+                unit = lines[q].pop()
+                mine.append(unit)
+                add(queue_held[q], unit)
+                if not lines[q]:
+                    del lines[q]
+        tenant_order[tenant] = mine
+
+    # 2. Split each tenant's order into within-guarantee and borrowing.
+    room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
+    passes: list[dict[int, dict[str, list[list[TaskRequest]]]]] = [
+        defaultdict(lambda: defaultdict(list)),
+        defaultdict(lambda: defaultdict(list)),
+    ]
+    for tenant, units in tenant_order.items():
+        for unit in units:
+            milli = sum(t.gpu_request_milli for t in unit)
+            if tenant not in room:
+                which = 0
+            elif milli <= room[tenant]:
+                room[tenant] -= milli
+                which = 0
+            else:
+                which = 1
+            passes[which][priority(unit)][tenant].append(unit)
+
+    # 3. Across tenants: pass, priority, then fair share (a heap of tenants by share, then oldest unit).
+    ordered: list[list[TaskRequest]] = []
+    for buckets in passes:
+        for level in sorted(buckets, reverse=True):
+            lines_of = {tenant: list(reversed(us)) for tenant, us in buckets[level].items()}
+            heap = [(share(held[t]), age(q[-1]), t) for t, q in lines_of.items()]
+            heapq.heapify(heap)
+            while heap:
+                _, _, tenant = heapq.heappop(heap)
+                unit = lines_of[tenant].pop()
+                ordered.append(unit)
+                add(held[tenant], unit)
+                if lines_of[tenant]:
+                    heapq.heappush(heap, (share(held[tenant]), age(lines_of[tenant][-1]), tenant))
+    return ordered
