@@ -35,11 +35,12 @@ def layouts(decisions: Decisions) -> dict[str, tuple[str, int, str]]:
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_two_gpu_whole_task_takes_free_whole_gpus_not_the_idle_mig_gpu_beside_them(policy: str) -> None:
-    # The demo's h200-train: GPU 0 of the first node in MIG (two free 3g), the rest whole and free.
+    # The demo's h200-train: GPU 0 of the first node in MIG (two free 3g), the rest whole and free. The
+    # engine alone puts the task on GPUs 0 and 1 of the first node, which no unit there can carry.
     pool = (
         Pool()
-        .node("n1", mig(("3g.40gb", 0, False), ("3g.40gb", 4, False)), whole(), whole())
-        .node("n2", whole(), whole())
+        .node("n1", mig(("3g.40gb", 0, False), ("3g.40gb", 4, False)), *[whole() for _ in range(7)])
+        .node("n2", *[whole() for _ in range(8)])
     )
     big = task("asr", gpus=2, milli=1000, gpu_mem_mib=60_000)
     decisions = decide(pool.snapshot([big]), Config(policy=policy), 0.0)
