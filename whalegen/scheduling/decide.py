@@ -59,6 +59,7 @@ from whalegen.placement.types import (
 )
 from whalegen.scheduling.estimate import estimate_starts
 from whalegen.scheduling.order import order_units
+from whalegen.scheduling.snapshot import engine_gpu
 from whalegen.scheduling.types import (
     Bound,
     Code,
@@ -96,6 +97,7 @@ class Decider:
         self.live: dict[str, Placement] = {}
         self.requests: dict[str, TaskRequest] = {}
         self._needs_layout: set[str] = set()
+        self._before_recarve: dict[GpuKey, GpuState] = {}
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -111,6 +113,7 @@ class Decider:
         unplaced: dict[str, Reason] = {}
         bound: list[Bound] = []
         self._needs_layout = set()
+        self._before_recarve = {}
         # 1. Claims.
         for task_id, claim in snapshot.claims.items():
             request = snapshot.claimed_requests.get(task_id)
@@ -143,14 +146,12 @@ class Decider:
         # 3. Present units.
         placements, left, preemptions = self._present(ordered, now_s)
         # 4. Units.
-        closed: dict[GpuKey, GpuState] = {}
         if snapshot.unit_exact:
-            placements, more = self._bind_units(placements, left, closed, now_s)
-            bound += more
+            bound += self._bind_units(placements, left, now_s)
         else:
             bound += [Bound(p, ()) for p in placements]
         # 5. Re-carve.
-        layouts = self._recarve(bound, left, closed, requests, now_s)
+        layouts = self._recarve(bound, left, requests, now_s)
         for plan in layouts:
             for task_id, slot in plan.plan.for_tasks:
                 view = snapshot.gpu_views[plan.gpu]
@@ -194,7 +195,7 @@ class Decider:
             else:
                 code = item.outcome.value
             unplaced[task_id] = Reason(code, item.message)
-        nodes_after = self._nodes_after(bound, layouts, closed)
+        nodes_after = self._nodes_after(bound, layouts)
         self.live.update({b.task_id: b.placement for b in bound})
         starts: dict[str, float | None] = {}
         if estimates and unplaced:
@@ -219,22 +220,24 @@ class Decider:
     # -- 3. present units --------------------------------------------------------------------------
 
     def _present(
-        self, ordered: list[TaskRequest], now_s: float
+        self, ordered: Sequence[TaskRequest], now_s: float, *, preemption: bool = True
     ) -> tuple[list[Placement], dict[str, Unplaced], list[Preemption]]:
         """Placements on present units; the tasks left with the engine's reason; preemption proposals."""
         engine = self.engine
+        config = replace(self.engine_config, preemption=self.engine_config.preemption and preemption)
+        engine.config = config
         whole_first = self.has_mig and any(_whole_any(t) for t in ordered)
         if not whole_first:
             result = engine.solve(tuple(ordered), now_s)
+            engine.config = self.engine_config
             return list(result.placements), {u.task_id: u for u in result.unplaced}, list(result.preemptions)
         # A whole-GPU task first sees whole GPUs outside MIG mode only (EXCLUSIVE asks exactly that of a
         # request of 1000 milli per GPU), and nobody proposes victims yet: a task that fits on an idle MIG
         # GPU's 7g instance must not displace work first.
-        engine.config = replace(self.engine_config, preemption=False)
+        engine.config = replace(config, preemption=False)
         first = engine.solve(
             tuple(replace(t, isolation=Isolation.EXCLUSIVE) if _whole_any(t) else t for t in ordered), now_s
         )
-        engine.config = self.engine_config
         by_id = {t.task_id: t for t in ordered}
         # Tried again: what lacked capacity, and every whole task whatever its first answer (that answer
         # spoke of GPUs outside MIG mode only).
@@ -243,7 +246,9 @@ class Decider:
         ]
         again = tuple(by_id[u.task_id] for u in retried)
         done = {u.task_id: u for u in first.unplaced if u not in retried}
-        second = engine.solve(_whole_gangs(again, ordered), now_s)
+        engine.config = config
+        second = engine.solve(_whole_gangs(again, list(ordered)), now_s)
+        engine.config = self.engine_config
         placements = list(first.placements) + list(second.placements)
         done.update({u.task_id: u for u in second.unplaced})
         return placements, done, list(second.preemptions)
@@ -251,54 +256,121 @@ class Decider:
     # -- 4. units ----------------------------------------------------------------------------------
 
     def _bind_units(
-        self,
-        placements: list[Placement],
-        left: dict[str, Unplaced],
-        closed: dict[GpuKey, GpuState],
-        now_s: float,
-    ) -> tuple[list[Placement], list[Bound]]:
-        snapshot = self.snapshot
-        requests = self.requests
+        self, placements: list[Placement], left: dict[str, Unplaced], now_s: float
+    ) -> list[Bound]:
+        """Map every placement onto free units; retry the ones no units carry until all are bound.
+
+        A. The tasks whose placement no units carry (and their gang mates) are taken back and tried again
+           with those GPUs closed to them, until each is bound or left waiting.
+        B. Then every task that found no room before tries again with every GPU as its free units are
+           (the exact view); a miss there goes through A. A task that misses a third time is not offered
+           again (every round counts at least one miss), so the loop ends.
+        """
         taken: set[int] = set()
         bound: list[Bound] = []
+        misses: dict[str, int] = defaultdict(int)
         todo = placements
-        while todo:
-            failed: list[Placement] = []
-            failed_gpus: set[GpuKey] = set()
-            for placement in todo:
-                req = Request.of(requests[placement.task_id])
-                ids, gpu = map_placement(placement, req, snapshot.free_units, taken)
-                if ids is None:
-                    assert gpu is not None
-                    failed.append(placement)
-                    failed_gpus.add(gpu)
-                else:
-                    bound.append(Bound(placement, ids))
+        while True:
+            failed = self._map(todo, bound, taken)
+            closing: set[GpuKey] = set()  # GPUs closed to some task in A: opened again for B
             if not failed:
-                break
-            # A gang goes whole or not at all: its bound members come back too.
-            gangs = {requests[p.task_id].gang_id for p in failed} - {None}
-            back = [b for b in bound if requests[b.task_id].gang_id in gangs]
-            for b in back:
-                taken.difference_update(b.unit_ids)
-            bound = [b for b in bound if requests[b.task_id].gang_id not in gangs]
-            retry_ids = [p.task_id for p in failed] + [b.task_id for b in back]
-            for task_id in retry_ids:
-                self.engine.release(task_id)
-            for node in self.engine.state.nodes():
-                for g in node.gpus:
-                    if (node.name, g.index) in failed_gpus and (node.name, g.index) not in closed:
-                        closed[(node.name, g.index)] = g
-            self._rebuild({key: "close" for key in failed_gpus}, [b.placement for b in bound], now_s)
-            # Tried again in their order, on present units only (no victims: they were placed once).
-            self.engine.config = replace(self.engine_config, preemption=False)
-            retry = self.engine.solve(
-                tuple(sorted((requests[t] for t in retry_ids), key=lambda t: t.order_key or 0)), now_s
+                # Bound, but perhaps on bigger units than the engine chose (a 1g request on a free 3g): the
+                # engine then thinks room is left that is not, or misses room that is. Tasks left for room
+                # try again on the exact view while that view differs from the engine's.
+                if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
+                    return bound
+                exact = self._exact(touched_keys(bound), taken)
+                if all(self._engine_gpu(key) == g for key, g in exact.items()):
+                    return bound
+            # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
+            # where its own placements missed closed to it, until it is bound or left waiting.
+            for placement, _ in failed:
+                misses[placement.task_id] += 1
+            released = self._take_back(failed, bound, taken)
+            groups: dict[str, list[str]] = defaultdict(list)
+            own: dict[str, set[GpuKey]] = defaultdict(set)
+            for task_id in released:
+                request = self.requests[task_id]
+                groups[request.gang_id or task_id].append(task_id)
+            for placement, gpu in failed:
+                request = self.requests[placement.task_id]
+                own[request.gang_id or request.task_id].add(gpu)
+            for key, members in groups.items():
+                while True:
+                    closing |= own[key]
+                    change: dict[GpuKey, GpuState | str] = dict(self._exact(touched_keys(bound), taken))
+                    change.update(dict.fromkeys(own[key], "close"))
+                    self._rebuild(change, [b.placement for b in bound], now_s)
+                    again = sorted((self.requests[t] for t in members), key=lambda t: t.order_key or 0)
+                    placed, unplaced, _ = self._present(again, now_s, preemption=False)
+                    left.update(unplaced)
+                    missed = self._map(placed, bound, taken)
+                    if not missed:
+                        break
+                    members = self._take_back(missed, bound, taken)
+                    own[key] |= {gpu for _, gpu in missed}
+            # B. Closed GPUs open again, as their free units are.
+            self._rebuild(
+                dict(self._exact(touched_keys(bound) | closing, taken)), [b.placement for b in bound], now_s
             )
-            self.engine.config = self.engine_config
-            left.update({u.task_id: u for u in retry.unplaced})
-            todo = list(retry.placements)
-        return [b.placement for b in bound], bound
+            retry = [
+                self.requests[t] for t, u in left.items() if u.outcome in CAPACITY_OUTCOMES and misses[t] < 3
+            ]
+            placed, unplaced, _ = self._present(
+                sorted(retry, key=lambda t: t.order_key or 0), now_s, preemption=False
+            )
+            for placement in placed:
+                left.pop(placement.task_id, None)
+            for task_id, item in unplaced.items():
+                # A task that had victims proposed and still finds no room keeps its proposal.
+                if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
+                    left[task_id] = item
+            todo = placed
+
+    def _map(
+        self, todo: Iterable[Placement], bound: list[Bound], taken: set[int]
+    ) -> list[tuple[Placement, GpuKey]]:
+        """Bind what free units carry (appended to `bound`); the rest with the GPU that could not."""
+        failed: list[tuple[Placement, GpuKey]] = []
+        for placement in todo:
+            req = Request.of(self.requests[placement.task_id])
+            ids, gpu = map_placement(placement, req, self.snapshot.free_units, taken)
+            if ids is None:
+                assert gpu is not None
+                failed.append((placement, gpu))
+            else:
+                bound.append(Bound(placement, ids))
+        return failed
+
+    def _take_back(
+        self, failed: list[tuple[Placement, GpuKey]], bound: list[Bound], taken: set[int]
+    ) -> list[str]:
+        """Release failed placements and, a gang going whole or not at all, their bound gang mates."""
+        gangs = {self.requests[p.task_id].gang_id for p, _ in failed} - {None}
+        back = [b for b in bound if self.requests[b.task_id].gang_id in gangs]
+        for b in back:
+            taken.difference_update(b.unit_ids)
+        bound[:] = [b for b in bound if self.requests[b.task_id].gang_id not in gangs]
+        released = [p.task_id for p, _ in failed] + [b.task_id for b in back]
+        for task_id in released:
+            self.engine.release(task_id)
+        return released
+
+    def _engine_gpu(self, key: GpuKey) -> GpuState:
+        state = self.engine.state
+        n = state.index[key[0]]
+        return state.node_state(n).gpus[state.gpu_index[n].index(key[1])]
+
+    def _exact(self, keys: set[GpuKey], taken: set[int]) -> dict[GpuKey, GpuState]:
+        """These GPUs as the engine should see them: their free units, less those bound this step."""
+        out: dict[GpuKey, GpuState] = {}
+        for node in self.engine.state.nodes():
+            for g in node.gpus:
+                key = (node.name, g.index)
+                if key in keys:
+                    free = [u for u in self.snapshot.free_units.get(key, ()) if u.unit_id not in taken]
+                    out[key] = engine_gpu(g, free)
+        return out
 
     def _rebuild(
         self, change: dict[GpuKey, GpuState | str], placed: Iterable[Placement], now_s: float
@@ -318,7 +390,6 @@ class Decider:
         self,
         bound: list[Bound],
         left: dict[str, Unplaced],
-        closed: dict[GpuKey, GpuState],
         requests: dict[str, TaskRequest],
         now_s: float,
     ) -> list[LayoutPlan]:
@@ -338,7 +409,13 @@ class Decider:
         candidates = [t for t in candidates if t.gang_id is None or t.gang_id not in gangs_out]
         if not opened or not candidates:
             return []
-        change: dict[GpuKey, GpuState | str] = {k: g for k, g in closed.items() if k in touched}
+        # Only the opened GPUs: present units had their turn in steps 3 and 4, so a placement here is a
+        # re-carve and nothing else.
+        change: dict[GpuKey, GpuState | str] = {}
+        for node in self.engine.state.nodes():
+            for g in node.gpus:
+                self._before_recarve[(node.name, g.index)] = g
+                change[(node.name, g.index)] = "close"
         change.update(dict.fromkeys(opened, "open"))
         self._rebuild(change, [b.placement for b in bound], now_s)
         offset = 1 + max((t.order_key or 0 for t in requests.values()), default=0)
@@ -391,15 +468,20 @@ class Decider:
                 self._needs_layout.add(p.task_id)
         return plans
 
-    def _nodes_after(
-        self, bound: list[Bound], layouts: list[LayoutPlan], closed: dict[GpuKey, GpuState]
-    ) -> tuple[NodeState, ...]:
-        """The pool after this step: closed GPUs as they were, idle MIG GPUs nothing landed on open."""
+    def _nodes_after(self, bound: list[Bound], layouts: list[LayoutPlan]) -> tuple[NodeState, ...]:
+        """The pool after this step: GPUs the re-carve pass closed as they were, re-carved GPUs taken, idle
+        MIG GPUs nothing landed on open."""
         touched = {(b.placement.node, i) for b in bound for i in b.placement.gpu_indexes}
         touched |= {plan.gpu for plan in layouts}
-        change: dict[GpuKey, GpuState | str] = {k: g for k, g in closed.items() if k in touched}
+        change: dict[GpuKey, GpuState | str] = {
+            k: g for k, g in self._before_recarve.items() if k not in self.snapshot.idle_mig
+        }
         change.update({k: "open" for k in self.snapshot.idle_mig if k not in touched})
         return with_gpus(self.engine.state.nodes(), change)
+
+
+def touched_keys(bound: Iterable[Bound]) -> set[GpuKey]:
+    return {(b.placement.node, i) for b in bound for i in b.placement.gpu_indexes}
 
 
 def _whole_any(task: TaskRequest) -> bool:

@@ -3,7 +3,8 @@ snapshot reader and by every test that builds a pool by hand."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from whalegen.gpus.mig import MEMORY_SLICES, mig_profiles
 from whalegen.placement.recarve import FreeInstance, IdleMigGpu
@@ -45,6 +46,29 @@ class GpuPicture:
     free_units: tuple[FreeUnit, ...]  # empty when the GPU takes nothing new
     view: GpuView
     idle_mig: IdleMigGpu | None
+
+
+def engine_gpu(gpu: GpuState, free: Sequence[FreeUnit]) -> GpuState:
+    """`gpu` as the engine should see it when exactly `free` are its free units (the rule of
+    `gpu_picture`, for a GPU some of whose units a cycle has just bound)."""
+    free_milli = sum(u.gpu_milli for u in free)
+    used_slices = 0
+    if gpu.mode is PartitionMode.MIG:
+        profiles = {p.name: p for p in mig_profiles(gpu.model)}
+        open_slices = 0
+        for u in free:
+            profile = profiles.get(u.mig_profile)
+            if profile is not None and u.mig_start is not None:
+                open_slices |= profile.slice_mask(u.mig_start)
+        used_slices = ALL_SLICES & ~open_slices
+        if used_slices == 0:
+            free_milli = WHOLE_GPU_MILLI
+    return replace(
+        gpu,
+        free_milli=min(free_milli, WHOLE_GPU_MILLI),
+        free_mem_mib=sum(u.mem_mib for u in free),
+        mig_used_slices=used_slices,
+    )
 
 
 def gpu_picture(g: GpuFacts) -> GpuPicture:
