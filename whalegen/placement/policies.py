@@ -37,13 +37,17 @@ class ScoreCache:
     current); other policies keep one choice per node.
     """
 
-    __slots__ = ("class_devices", "classes", "devices", "scores", "versions")
+    __slots__ = ("class_devices", "class_scores", "classes", "devices", "scores", "versions")
 
     def __init__(self, size: int) -> None:
         self.scores = np.full(size, NEG_INF)
         self.versions = np.full(size, -1, np.int64)
         self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
         self.classes = np.full(size, -1, np.int64)
+        # The request's memo over node state classes, kept across cycles: the score of every class
+        # scored so far (NaN: not yet) and its device choice. An array, so that a sweep over stale
+        # nodes looks up all their classes in one numpy gather.
+        self.class_scores = np.full(0, np.nan)
         self.class_devices: dict[int, tuple[int, ...]] = {}
 
     def devices_of(self, n: int) -> tuple[int, ...]:
