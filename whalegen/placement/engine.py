@@ -139,7 +139,7 @@ class Engine:
         stale = stale[possible]
         # 3. Score the rest. A node-pure policy scores each distinct node state once (one node stands
         #    for its class, through the request's memo kept across cycles) and numpy spreads the score.
-        score_node = self._score_node
+        score_node = self.policy.score_node
         if not self.policy.node_pure:
             scored: list[float] = []
             devices_of = cache.devices
@@ -179,12 +179,6 @@ class Engine:
             if other is not keep:
                 del self.caches[req]
         self.memo_entries = len(keep.class_scores)
-
-    def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
-        devices = self.state.eligible_devices(n, req)
-        if devices is None:
-            return NEG_INF, ()
-        return self.policy.score(n, req, devices)
 
     def choose(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
         """The node (position) and devices the policy picks for `req`, or None when nothing fits.

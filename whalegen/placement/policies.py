@@ -70,6 +70,15 @@ class Policy:
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         raise NotImplementedError
 
+    def score_node(self, n: int, req: Request) -> Choice:
+        """Node n's score and devices for `req`; NEG_INF where it cannot host it (what the engine caches).
+
+        A policy may answer common cases directly, as long as it answers what this does."""
+        devices = self.state.eligible_devices(n, req)
+        if devices is None:
+            return NEG_INF, ()
+        return self.score(n, req, devices)
+
     def device_threshold(self, req: Request) -> int:
         """Free milli a device of a shared-mode node needs before `score` can give the node a finite
         score (the engine's numpy pre-filter drops the other nodes without scoring them)."""
