@@ -36,7 +36,9 @@ from whalegen.placement.types import (
     Unplaced,
 )
 
-MEMO_LIMIT = 1_000_000  # entries; cleared when exceeded so a long-lived engine stays bounded
+# Class scores kept over all requests (8 bytes each); dropped when exceeded so a long-lived engine stays
+# bounded (about the memory the earlier dict memo of a million entries took).
+MEMO_LIMIT = 16_000_000
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,16 @@ class Engine:
         self.rng = random.Random(config.seed)
         self.policy.attach(self.state, mix, self.rng)
         self.caches: dict[Request, ScoreCache] = {}
-        self.request_ids: dict[Request, int] = {}
         self.allowed: dict[Request, npt.NDArray[np.bool_]] = {}
+        # Per request that found no place: the working copy's release count then (see `choose`).
+        self.failed_at: dict[Request, int] = {}
+        # Per request, the last explanation and the working copy's change count it was counted at.
+        self.explained: dict[Request, tuple[int, tuple[Outcome, str]]] = {}
         # Nodes in the same state score a request the same way (for policies whose score reads only the
-        # node): (node state class, request id) -> (score, devices). Identical nodes are common in real
-        # fleets, and a filling cluster keeps revisiting the same states.
-        self.memo: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
+        # node), so each request's cache keeps a score per node state class (`ScoreCache.class_scores`):
+        # identical nodes are common in real fleets, and a filling cluster keeps revisiting the same
+        # states. Their total size is bounded by MEMO_LIMIT.
+        self.memo_entries = 0
         self.quotas: dict[str, Quota] = {q.tenant: q for q in snapshot.quotas}
         self.usage_milli: dict[str, int] = defaultdict(int)
         self.records: dict[str, _Record] = {}
@@ -112,7 +118,6 @@ class Engine:
         if cache is None:
             cache = ScoreCache(len(state))
             self.caches[req] = cache
-            self.request_ids[req] = len(self.request_ids)
             self.allowed[req] = state.allowed_mask(req)
         # 1. Only nodes that changed since this request was last scored need a look.
         stale = np.flatnonzero(cache.versions != state.version)
@@ -133,46 +138,63 @@ class Engine:
         cache.scores[stale[~possible]] = NEG_INF
         stale = stale[possible]
         # 3. Score the rest. A node-pure policy scores each distinct node state once (one node stands
-        #    for its class, through a memo kept across requests and cycles) and numpy spreads the score.
-        score_node = self._score_node
+        #    for its class, through the request's memo kept across cycles) and numpy spreads the score.
+        score_node = self.policy.score_node
         if not self.policy.node_pure:
-            values: list[float] = []
+            scored: list[float] = []
             devices_of = cache.devices
             for n in stale.tolist():
                 value, devices_of[n] = score_node(n, req)
-                values.append(value)
-            cache.scores[stale] = values
+                scored.append(value)
+            cache.scores[stale] = scored
             return cache
-        memo = self.memo
-        if len(memo) > MEMO_LIMIT:
-            memo.clear()
-        rid = self.request_ids[req]
+        # 4. Classes this request has met before are one gather; only new ones are scored, each once.
         classes = state.class_id[stale]
-        unique, first, inverse = np.unique(classes, return_index=True, return_inverse=True)
-        class_values = np.empty(len(unique))
-        class_devices = cache.class_devices
-        lookup = memo.get
-        for j, (cls, n) in enumerate(zip(unique.tolist(), stale[first].tolist(), strict=True)):
-            key = (cls, rid)
-            hit = lookup(key)
-            if hit is None:
-                hit = score_node(n, req)
-                memo[key] = hit
-            class_values[j] = hit[0]
-            class_devices[cls] = hit[1]
-        cache.scores[stale] = class_values[inverse]
+        known = cache.class_scores
+        if len(known) < state.class_count:
+            grown = np.full(state.class_count + max(1024, state.class_count // 4), np.nan)
+            grown[: len(known)] = known
+            self.memo_entries += len(grown) - len(known)
+            known = cache.class_scores = grown
+            if self.memo_entries > MEMO_LIMIT:
+                # Scores are a pure function of the class: forgetting them changes no decision.
+                self._forget_memos(keep=cache)
+        values = known[classes]
+        missing = np.flatnonzero(np.isnan(values))
+        if len(missing):
+            class_devices = cache.class_devices
+            for cls, n in zip(classes[missing].tolist(), stale[missing].tolist(), strict=True):
+                if known[cls] == known[cls]:  # scored already in this sweep (a NaN is unequal to itself)
+                    continue
+                value, class_devices[cls] = score_node(n, req)
+                known[cls] = value
+            values = known[classes]
+        cache.scores[stale] = values
         cache.classes[stale] = classes
         return cache
 
-    def _score_node(self, n: int, req: Request) -> tuple[float, tuple[int, ...]]:
-        devices = self.state.eligible_devices(n, req)
-        if devices is None:
-            return NEG_INF, ()
-        return self.policy.score(n, req, devices)
+    def _forget_memos(self, keep: ScoreCache) -> None:
+        """Drop every request's class memo but `keep`'s; their nodes are rescored when next asked."""
+        for req, other in list(self.caches.items()):
+            if other is not keep:
+                del self.caches[req]
+        self.memo_entries = len(keep.class_scores)
 
     def choose(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
-        """The node (position) and devices the policy picks for `req`, or None when nothing fits."""
-        return self.policy.select(req, lambda: self._cache_for(req))
+        """The node (position) and devices the policy picks for `req`, or None when nothing fits.
+
+        A policy answers None only when no node and device can take the request, and binding only takes
+        CPU, memory, GPU milli and MIG slices away: a request that found nothing finds nothing again
+        until something is released. A saturated pool sees the same requests fail over and over (the
+        5,000-node bench: a third of its tasks), so they are answered without scoring a node.
+        """
+        releases = self.state.releases
+        if self.failed_at.get(req) == releases:
+            return None
+        pick = self.policy.select(req, lambda: self._cache_for(req))
+        if pick is None:
+            self.failed_at[req] = releases
+        return pick
 
     # -- the cycle ---------------------------------------------------------------------------------
 
@@ -322,7 +344,18 @@ class Engine:
     # -- explanations ------------------------------------------------------------------------------
 
     def explain(self, req: Request) -> tuple[Outcome, str]:
-        """Why no node takes `req`, counted over all nodes with numpy (cheap even for failures en masse)."""
+        """Why no node takes `req`, counted over all nodes with numpy (cheap even for failures en masse).
+
+        The counts read only the working copy, so the sentence is kept until the copy changes: a
+        saturated pool explains the same failing request many times between two placements."""
+        kept = self.explained.get(req)
+        if kept is not None and kept[0] == self.state.changes:
+            return kept[1]
+        answer = self._explain(req)
+        self.explained[req] = (self.state.changes, answer)
+        return answer
+
+    def _explain(self, req: Request) -> tuple[Outcome, str]:
         s = self.state
         allowed = s.allowed_mask(req)
         models = "/".join(sorted(req.allowed_models)) if req.allowed_models and req.num_gpu else ""

@@ -37,13 +37,17 @@ class ScoreCache:
     current); other policies keep one choice per node.
     """
 
-    __slots__ = ("class_devices", "classes", "devices", "scores", "versions")
+    __slots__ = ("class_devices", "class_scores", "classes", "devices", "scores", "versions")
 
     def __init__(self, size: int) -> None:
         self.scores = np.full(size, NEG_INF)
         self.versions = np.full(size, -1, np.int64)
         self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
         self.classes = np.full(size, -1, np.int64)
+        # The request's memo over node state classes, kept across cycles: the score of every class
+        # scored so far (NaN: not yet) and its device choice. An array, so that a sweep over stale
+        # nodes looks up all their classes in one numpy gather.
+        self.class_scores = np.full(0, np.nan)
         self.class_devices: dict[int, tuple[int, ...]] = {}
 
     def devices_of(self, n: int) -> tuple[int, ...]:
@@ -65,6 +69,15 @@ class Policy:
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         raise NotImplementedError
+
+    def score_node(self, n: int, req: Request) -> Choice:
+        """Node n's score and devices for `req`; NEG_INF where it cannot host it (what the engine caches).
+
+        A policy may answer common cases directly, as long as it answers what this does."""
+        devices = self.state.eligible_devices(n, req)
+        if devices is None:
+            return NEG_INF, ()
+        return self.score(n, req, devices)
 
     def device_threshold(self, req: Request) -> int:
         """Free milli a device of a shared-mode node needs before `score` can give the node a finite

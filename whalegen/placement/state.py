@@ -159,6 +159,10 @@ class ClusterState:
         # Which task classes each node hosts (count per class): the clustering policy reads it.
         self.classes: list[dict[int, int]] = [{} for _ in nodes]
         self.bindings: dict[str, Binding] = {}
+        # Releases so far: binding only takes resources away, so what could not be placed stays
+        # unplaceable until this moves (the engine skips re-asking the policy in between).
+        self.releases = 0
+        self.changes = 0  # binds, releases and restores so far: what whole-cluster counts depend on
         # Called with a node position after every change to it (policies that keep their own indexes).
         self.listeners: list[Callable[[int], None]] = []
         count = len(nodes)
@@ -214,6 +218,11 @@ class ClusterState:
             cls = len(self.key_ids)
             self.key_ids[key] = cls
         return cls
+
+    @property
+    def class_count(self) -> int:
+        """State classes met so far (ids are 0 … class_count − 1)."""
+        return len(self.key_ids)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -327,6 +336,7 @@ class ClusterState:
 
     def release(self, task_id: str) -> Binding:
         binding = self.bindings[task_id]
+        self.releases += 1
         n = binding.node
         for d, milli, mem, slices in zip(
             binding.gpu_indexes,
@@ -377,6 +387,7 @@ class ClusterState:
         else:
             del self.bindings[binding.task_id]
         self.version[n] += 1
+        self.changes += 1
         key = self._key(n)
         self.node_key[n] = key
         self.class_id[n] = self._class_of(key)

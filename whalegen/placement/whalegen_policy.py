@@ -244,21 +244,59 @@ class WhalegenPolicy(Policy):
         delta += self.pressure.get(model, 0.0) * req.num_gpu * req.gpu_milli
         return float(fgd_score(delta))
 
+    def _before(self, n: int) -> float:
+        """The node's measure as it is: the same for every request until the node changes (per version)."""
+        version = int(self.state.version[n])
+        if self.before_version[n] == version:
+            return self.before_value[n]
+        s = self.state
+        before = self.frag(s.models[n], s.cpu_free[n], s.mem_free[n], s.gpu_free[n])
+        self.before_version[n] = version
+        self.before_value[n] = before
+        return before
+
+    def score_node(self, n: int, req: Request) -> Choice:
+        """`score` after the engine's filter, in one step for the common case: a node of shared-mode
+        GPUs and no GPU-memory bound (every node of the trace clusters), where feasibility is CPU,
+        memory, model and free milli, and the candidate device is fixed (see `score`)."""
+        s = self.state
+        if not s.plain[n] or req.gpu_mem_mib or (req.is_share and not self.sumsq):
+            return super().score_node(n, req)
+        cpu_after = s.cpu_free[n] - req.cpu_milli
+        mem_after = s.mem_free[n] - req.mem_mib
+        if not s.schedulable[n] or cpu_after < 0 or mem_after < 0 or not s.model_allowed(n, req):
+            return NEG_INF, ()
+        gpus = s.gpu_free[n]
+        chosen: tuple[int, ...] = ()
+        if req.num_gpu:
+            if req.isolation is Isolation.MIG:
+                return NEG_INF, ()
+            if req.is_share:
+                # Partly used GPUs are offered through the gap index: per node only the first fresh one.
+                if WHOLE_GPU_MILLI not in gpus:
+                    return NEG_INF, ()
+                chosen = (gpus.index(WHOLE_GPU_MILLI),)
+            else:
+                milli = req.gpu_milli
+                chosen = tuple([d for d, free in enumerate(gpus) if free >= milli][: req.num_gpu])
+                if len(chosen) < req.num_gpu:
+                    return NEG_INF, ()
+            after = list(gpus)
+            for d in chosen:
+                after[d] -= req.gpu_milli
+            gpus = after
+        model = s.models[n]
+        delta = self.frag(model, cpu_after, mem_after, gpus) - self._before(n)
+        return self._value(delta, req, model), chosen
+
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         s = self.state
         model = s.models[n]
         cpu = s.cpu_free[n]
         mem = s.mem_free[n]
         gpus = s.gpu_free[n]
-        # No memo of the choice here: the engine memoises scores on the whole node state. The node's
-        # current measure is the same for every request until the node changes, so it is kept per version.
-        version = int(s.version[n])
-        if self.before_version[n] == version:
-            before = self.before_value[n]
-        else:
-            before = self.frag(model, cpu, mem, gpus)
-            self.before_version[n] = version
-            self.before_value[n] = before
+        # No memo of the choice here: the engine memoises scores on the whole node state.
+        before = self._before(n)
         cpu_after = cpu - req.cpu_milli
         mem_after = mem - req.mem_mib
         choice: Choice

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.whalegen.placement.builders import node, snapshot, task
+from whalegen.placement import engine as engine_module
 from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.types import (
@@ -204,3 +205,45 @@ def test_the_engines_fgd_decides_exactly_like_a_plain_per_node_loop() -> None:
             else None
         )
         assert got == expected, f"task {i} {t}"
+
+
+@pytest.mark.parametrize("policy", ["fgd", "whalegen", "random"])
+def test_a_request_that_found_no_place_is_placed_once_a_task_leaves(policy: str) -> None:
+    """A kept engine answers a request that failed without asking the policy again, until a release."""
+    engine = Engine(ClusterSnapshot((node("a", gpus=1),)), EngineConfig(policy=policy))
+    assert engine.solve((task("first", gpus=1),), 0.0).placements
+    for i in range(3):
+        (unplaced,) = engine.solve((task(f"again{i}", gpus=1),), 1.0).unplaced
+        assert unplaced.outcome is Outcome.NO_CAPACITY
+    engine.release("first")
+    (placement,) = engine.solve((task("after", gpus=1),), 2.0).placements
+    assert placement.node == "a"
+
+
+def test_a_failure_is_explained_with_the_counts_of_the_moment() -> None:
+    """The sentence of a failing request is kept only while nothing changes in between."""
+    engine = Engine(ClusterSnapshot((node("a", gpus=1), node("b", gpus=1))), EngineConfig(policy="fgd"))
+    big = task("big", cpu=40, gpus=1)
+    (before,) = engine.solve((big,), 0.0).unplaced
+    assert before.message.startswith("2 of 2 GPU nodes have 1000 milli free")
+    assert engine.solve((task("small", gpus=1),), 1.0).placements
+    (after,) = engine.solve((big,), 2.0).unplaced
+    assert after.message.startswith("1 of 2 GPU nodes have 1000 milli free")
+
+
+@pytest.mark.parametrize("policy", ["fgd", "whalegen"])
+def test_forgetting_the_score_memos_changes_no_decision(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived engine drops its per-request class scores past MEMO_LIMIT; they are only a memo."""
+    nodes = tuple(node(f"n{i}", gpus=4, cpu=48) for i in range(6))
+    stream = [
+        task(f"t{i}", cpu=1 + i % 5, gpus=int(i % 7 > 0), milli=(230, 470, 1000)[i % 3]) for i in range(60)
+    ]
+    mix = shape_mix_from_tasks(stream)
+
+    def decisions() -> list[object]:
+        engine = Engine(ClusterSnapshot(nodes, shape_mix=mix), EngineConfig(policy=policy))
+        return [engine.solve((t,), float(i)) for i, t in enumerate(stream)]
+
+    remembered = decisions()
+    monkeypatch.setattr(engine_module, "MEMO_LIMIT", 1)
+    assert decisions() == remembered

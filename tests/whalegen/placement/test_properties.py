@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from whalegen.placement.engine import EngineConfig, solve_cycle
+from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
+from whalegen.placement.fragmentation import shape_mix_from_tasks
+from whalegen.placement.policies import Policy
 from whalegen.placement.registry import POLICY_NAMES
+from whalegen.placement.state import Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
@@ -138,3 +142,43 @@ def test_the_same_seed_gives_the_same_result(
     snapshot = ClusterSnapshot(cluster, pending)
     config = EngineConfig(policy=policy, seed=seed)
     assert solve_cycle(snapshot, config, now=1.0) == solve_cycle(snapshot, config, now=1.0)
+
+
+@st.composite
+def shared_nodes(draw: st.DrawFn) -> tuple[NodeState, ...]:
+    """Nodes of shared-mode GPUs, mostly roomy, with a few MIG or whole-mode ones among them."""
+    out = []
+    for i in range(draw(st.integers(1, 6))):
+        model = draw(st.sampled_from(MODELS))
+        mode = draw(st.sampled_from([PartitionMode.SHARED] * 4 + [PartitionMode.WHOLE]))
+        frees = draw(st.lists(st.sampled_from([0, 150, 400, 1000, 1000]), min_size=1, max_size=4))
+        if mode is PartitionMode.WHOLE:
+            frees = [0 if free < 1000 else 1000 for free in frees]
+        gpus = tuple(GpuState(d, model, free, 16_384, 16_384, mode) for d, free in enumerate(frees))
+        cpu, mem = 32_000, 64 * 1024
+        cpu_free = draw(st.sampled_from([cpu, cpu, 4000, 0]))
+        mem_free = draw(st.sampled_from([mem, mem, 8 * 1024, 0]))
+        out.append(NodeState(f"n{i}", cpu, cpu_free, mem, mem_free, gpus))
+    return tuple(out)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster=shared_nodes(),
+    pending=tasks(),
+    options=st.sampled_from(["", ":sumsq=0", ":strand=0", ":memory=0"]),
+)
+def test_whalegens_one_step_node_score_answers_like_filter_then_score(
+    cluster: tuple[NodeState, ...], pending: tuple[TaskRequest, ...], options: str
+) -> None:
+    """`WhalegenPolicy.score_node` skips the engine's generic filter on shared-mode nodes; it must
+    give the same score and devices as `eligible_devices` followed by `score`, on every node."""
+    mix = shape_mix_from_tasks(pending)
+    engine = Engine(ClusterSnapshot(cluster, shape_mix=mix), EngineConfig(policy=f"whalegen{options}"))
+    policy = engine.policy
+    for t in pending:
+        # Without a GPU-memory bound, as the one-step path needs (with one it defers to the generic).
+        req = Request.of(replace(t, gpu_mem_mib=0))
+        for n in range(len(engine.state)):
+            assert policy.score_node(n, req) == Policy.score_node(policy, n, req)
+        engine.solve((t,), 0.0)  # the next request meets a changed cluster

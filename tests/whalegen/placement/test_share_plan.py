@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linprog
 
 from tests.whalegen.placement.builders import mix, node, snapshot, task
 from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
@@ -81,6 +84,45 @@ def test_fewest_bins_reaches_the_hand_computed_optimum() -> None:
     assert x.sum() == pytest.approx(0.45)
     used = {patterns[j] for j in np.flatnonzero(x > 1e-9)}
     assert used == {(650, 320), (550, 230, 220), (470, 470)}
+
+
+def test_the_plans_objective_is_the_hand_computed_optimum_of_a_small_mix() -> None:
+    # Shares of 500 (half the arrivals), 300 and 200 (a quarter each) bring 0.5·500 + 0.25·300 +
+    # 0.25·200 = 375 milli per share on average, so no packing uses fewer than 0.375 GPUs per share;
+    # 500+500 and 500+300+200 fill GPUs exactly, at 0.125 and 0.25 GPUs per share: the bound is met.
+    plan = share_plan(mix(share(500, 2), share(300, 1), share(200, 1)))
+    gpus_per_share = {plan.patterns[j]: rate / plan.patterns[j].count(500) for j, rate in plan.by_size[500]}
+    assert sum(gpus_per_share.values()) == pytest.approx(0.375)
+    assert all(sum(pattern) == 1000 for pattern in plan.patterns)
+
+
+def highs_optimum(counts: np.ndarray, rates: np.ndarray) -> float:
+    """An independent solver's optimum of the same LP (SciPy's HiGHS, a dev dependency)."""
+    result = linprog(np.ones(counts.shape[1]), A_eq=counts, b_eq=rates, bounds=(0, None), method="highs")
+    assert result.status == 0, result.message
+    return float(result.fun)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    demand=st.dictionaries(
+        st.integers(1, 99).map(lambda tenth: tenth * 10), st.integers(1, 20), min_size=1, max_size=7
+    )
+)
+def test_fewest_bins_gives_a_feasible_plan_as_good_as_highs(demand: dict[int, int]) -> None:
+    sizes = sorted(demand)
+    while pattern_count(sizes) > MAX_PATTERNS:
+        sizes = sizes[1:]  # `share_plan` drops the smallest sizes the same way
+    patterns = share_patterns(sizes)
+    counts = np.array([[p.count(size) for p in patterns] for size in sizes], dtype=float)
+    rates = np.array([demand[size] for size in sizes], dtype=float)
+    rates /= rates.sum()
+    x = fewest_bins(counts, rates)
+    # Feasible: no negative GPU counts, and every size's arrivals get exactly their rate of slots.
+    assert (x >= 0).all()
+    assert counts @ x == pytest.approx(rates, abs=1e-9)
+    # Optimal: as few GPUs per share as an independent solver finds.
+    assert x.sum() == pytest.approx(highs_optimum(counts, rates), abs=1e-9)
 
 
 @dataclass(frozen=True)
