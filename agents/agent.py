@@ -95,7 +95,9 @@ class Agent:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.client = PlaneClient(config.server, config.token)
         self.poll_client = PlaneClient(config.server, config.token)
-        self.runner = Runner(config.state_dir / "tasks", log_max_bytes=config.log_max_bytes)
+        self.runner = Runner(
+            config.state_dir / "tasks", log_max_bytes=config.log_max_bytes, node_name=config.node_name
+        )
         self.mps = MpsManager(config.state_dir / "mps")
         self.state_file = StateFile(config.state_dir)
         self.outbox = Outbox(config.state_dir / "outbox")
@@ -159,6 +161,19 @@ class Agent:
                 )
             else:
                 self._on_finished(ended, now)
+        # Launchers no record names: the state directory was wiped, or the agent died between starting a
+        # run and saving its state. Starting the plane's list again would run them twice.
+        for proc in self.runner.scan():
+            log.warning("run %s (pid %d) found by its marker, not in the state file", proc.key, proc.pid)
+            self._task_report(
+                proc.task_id,
+                proc.attempt,
+                TaskState.RUNNING,
+                now,
+                pid=proc.pid,
+                device_uuid=proc.device_uuid,
+                reason="re-adopted after agent restart (found by its run marker)",
+            )
         log.info("agent started: %d GPUs, %d tasks re-adopted", len(self.inventory), len(self.runner.tasks))
 
     def run(self) -> None:
@@ -379,6 +394,12 @@ class Agent:
                 why = "stopped by the plane" if spec is not None else "no longer in the desired state"
                 self.stop_reasons.setdefault(key, (TaskState.STOPPED, why))
                 self.runner.stop(key, why, now)
+        for key in self.runner.tasks.keys() - self.specs.keys():
+            spec = wanted.get(key)
+            if spec is not None:
+                # Adopted by its marker: the desired state is where its unit and limits come from.
+                self.specs[key] = spec
+                self.runner.set_limits(key, max_runtime_s=spec.max_runtime_s, stop_grace_s=spec.stop_grace_s)
         for key, task in wanted.items():
             running_or_done = key in self.runner.tasks or key in self.finished
             if task.desired is DesiredTaskState.RUN and not running_or_done:

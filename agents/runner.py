@@ -7,6 +7,11 @@ truncate, which works on files the task keeps open in append mode.
 
 Stopping is SIGTERM to the group → `stop_grace_s` → SIGKILL to the group, driven by `poll()` so the
 agent's loop never blocks on a slow task.
+
+Every launcher carries `WHALEGEN_RUN=<node>/<task>/<attempt>` in its environment. The state file is the
+first way back to running work after a restart, the marker the second: an agent whose state directory
+was wiped (or whose state file lags the last start) finds its own launchers in `/proc` (`scan`), so it
+neither starts a run that is still going nor leaves one it no longer wants running unsupervised.
 """
 
 from __future__ import annotations
@@ -26,6 +31,19 @@ from typing import Any
 from whalegen.protocol import run_key
 
 LAUNCHER = Path(__file__).with_name("launch.py")
+RUN_MARKER = "WHALEGEN_RUN"
+
+
+def run_marker(node_name: str, task_id: str, attempt: int) -> str:
+    return f"{node_name}/{task_id}/{attempt}"
+
+
+def parse_marker(value: str) -> tuple[str, str, int] | None:
+    """(node, task, attempt) from a marker; node names may hold '/', task ids and attempts do not."""
+    parts = value.rsplit("/", 2)
+    if len(parts) != 3 or not parts[2].isdigit() or not parts[1]:
+        return None
+    return parts[0], parts[1], int(parts[2])
 
 
 @dataclass
@@ -77,13 +95,66 @@ def proc_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
+def _boot_time_s() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
+
+
+@dataclass(frozen=True)
+class FoundLauncher:
+    """A launcher process on this host, read from /proc."""
+
+    pid: int
+    marker: tuple[str, str, int]  # node, task, attempt
+    exit_file: str
+    start_ticks: int
+    env: dict[str, str]
+
+
+def find_launchers() -> list[FoundLauncher]:
+    """Every live task launcher on the host that carries a run marker. A launcher is its session's leader
+    (started with `start_new_session`) running `launch.py EXIT_FILE -- …`; the task's own processes
+    inherit the marker but are never leaders of a session running the launcher, so they are not taken
+    for it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if os.getsid(pid) != pid:
+                continue
+            raw_env = Path(f"/proc/{pid}/environ").read_bytes()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile, or another user's
+        if stat[0] == "Z":
+            continue
+        env = dict(
+            item.decode(errors="replace").split("=", 1) for item in raw_env.split(b"\0") if b"=" in item
+        )
+        marker = parse_marker(env.get(RUN_MARKER, ""))
+        args = [a.decode(errors="replace") for a in argv]
+        at = next((i for i, a in enumerate(args) if Path(a).name == LAUNCHER.name), None)
+        if marker is None or at is None or len(args) < at + 3 or args[at + 2] != "--":
+            continue
+        found.append(FoundLauncher(pid, marker, args[at + 1], int(stat[19]), env))
+    return found
+
+
 def _safe_name(task_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", task_id)[:120] or "task"
 
 
 class Runner:
-    def __init__(self, tasks_dir: Path, *, log_max_bytes: int = 10 << 20, log_keep: int = 3) -> None:
+    def __init__(
+        self, tasks_dir: Path, *, log_max_bytes: int = 10 << 20, log_keep: int = 3, node_name: str = ""
+    ) -> None:
         self.tasks_dir = tasks_dir
+        self.node_name = node_name
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         self.log_max_bytes = log_max_bytes
         self.log_keep = log_keep
@@ -107,6 +178,7 @@ class Runner:
         task_dir = self.tasks_dir / _safe_name(run_key(task_id, attempt))
         task_dir.mkdir(parents=True, exist_ok=True)
         (task_dir / "exit.json").unlink(missing_ok=True)
+        env = {**env, RUN_MARKER: run_marker(self.node_name, task_id, attempt)}
         with (task_dir / "stdout.log").open("ab") as out, (task_dir / "stderr.log").open("ab") as err:
             popen = subprocess.Popen(
                 [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json"), "--", *command],
@@ -139,6 +211,43 @@ class Runner:
             self.tasks[proc.key] = proc
             return None
         return self._finished(proc)
+
+    def scan(self) -> list[TaskProcess]:
+        """Adopt this node's launchers that no record named (a wiped state directory, a state file older
+        than the last start); returns them. Their limits are unknown until the desired state names the
+        run again (`set_limits`); a run it does not name is stopped like any other."""
+        known = {proc.pid for proc in self.tasks.values()}
+        adopted = []
+        boot_s = _boot_time_s()
+        ticks_per_s = os.sysconf("SC_CLK_TCK")
+        for found in find_launchers():
+            node, task_id, attempt = found.marker
+            if node != self.node_name or found.pid in known or run_key(task_id, attempt) in self.tasks:
+                continue
+            task_dir = Path(found.exit_file).parent
+            # The launcher writes its exit file here when the task ends: the directory must exist again.
+            task_dir.mkdir(parents=True, exist_ok=True)
+            devices = found.env.get("CUDA_VISIBLE_DEVICES", "")
+            proc = TaskProcess(
+                task_id=task_id,
+                pid=found.pid,
+                started_at_s=boot_s + found.start_ticks / ticks_per_s,
+                device_uuid=devices.split(",")[0] or None,
+                task_dir=str(task_dir),
+                max_runtime_s=None,
+                stop_grace_s=10.0,
+                proc_start_ticks=found.start_ticks,
+                attempt=attempt,
+            )
+            self.tasks[proc.key] = proc
+            adopted.append(proc)
+        return adopted
+
+    def set_limits(self, key: str, *, max_runtime_s: float | None, stop_grace_s: float) -> None:
+        """The limits of a run adopted by `scan`, once the desired state names it."""
+        proc = self.tasks.get(key)
+        if proc is not None:
+            proc.max_runtime_s, proc.stop_grace_s = max_runtime_s, stop_grace_s
 
     # ---- stop and watch ------------------------------------------------------------------------------
     def stop(self, key: str, reason: str, now_s: float) -> None:

@@ -1,13 +1,62 @@
-"""The Celery app. Workers: `celery -A whalegen.config worker`; beat: `celery -A whalegen.config beat`."""
+"""The Celery app. Workers: `celery -A whalegen.config worker`; beat: `celery -A whalegen.config beat`.
+
+A worker must outlive its broker: a Redis restart (SIGTERM or SIGKILL, a failover, a network cut) is
+an outage to wait out, never a reason to exit, because nothing else runs the cycles and health checks.
+What that takes here (docs/faults.md tells the story):
+- retry the broker connection forever, at start-up too (Celery's default gives up after 100 tries);
+- no gossip, mingle or worker heartbeats: WhaleGen never asks workers about each other (cycles take a
+  PostgreSQL advisory lock), and these steps are the ones that touched a connection already gone while
+  the consumer restarted (`Error on restarting Gossip: AttributeError(... 'connection_errors')`, the
+  stale-connection family of celery/kombu#582 behind the fatal `'NoneType' object has no attribute
+  'hostname'`). `PlaneConsumer` turns them off for every command line, not only the ones that pass
+  `--without-gossip --without-mingle --without-heartbeat`;
+- a running task whose message cannot be acknowledged (the connection is gone) is cancelled: with
+  late acks the message comes back and runs again, and it must not run twice at once;
+- TCP keepalive and a periodic health check on broker and result connections, so a Redis that vanished
+  without closing its sockets (SIGKILL of a host, a dropped network) is noticed, not waited on.
+A supervisor restarts a worker that dies anyway: `restart: unless-stopped` in docker/compose.yaml.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.worker.consumer import Consumer
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
 
+# Seconds between PING health checks on an idle Redis connection; below Redis' own idle timeout.
+REDIS_HEALTH_CHECK_S = 10
+
+
+class PlaneConsumer(Consumer):
+    """The worker's consumer without the worker-to-worker steps (gossip, mingle, event heartbeats)."""
+
+    def __init__(self, *args: Any, worker_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        options = dict(worker_options or {}, without_gossip=True, without_mingle=True, without_heartbeat=True)
+        super().__init__(*args, worker_options=options, **kwargs)
+
+
 app = Celery("whalegen")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    worker_consumer="whalegen.config.celery:PlaneConsumer",
+    broker_connection_retry=True,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    worker_cancel_long_running_tasks_on_connection_loss=True,
+    broker_transport_options={
+        "socket_keepalive": True,
+        "health_check_interval": REDIS_HEALTH_CHECK_S,
+        "retry_on_timeout": True,
+    },
+    redis_socket_keepalive=True,
+    redis_backend_health_check_interval=REDIS_HEALTH_CHECK_S,
+    redis_retry_on_timeout=True,
+    # A result write that meets a restarting Redis is retried instead of failing the task.
+    result_backend_always_retry=True,
+    result_backend_max_retries=20,
+)
 app.autodiscover_tasks()
