@@ -53,6 +53,8 @@ class Client:
             )
         except requests.ConnectionError as exc:
             raise ApiError(0, f"cannot reach {self.base}: {exc}") from exc
+        except requests.RequestException as exc:  # a timeout, a malformed URL: a message, not a traceback
+            raise ApiError(0, f"request to {self.base}{path} failed: {exc}") from exc
         try:
             body = response.json() if response.content else None
         except ValueError:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError as DrfValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -26,13 +26,35 @@ from apps.workloads.services import TaskRequest
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "maxLength": 200},
     OpenApiParameter.HEADER,
     description=(
         "A retry with the same key returns the task the first call created (200 instead of 201); "
         "the same key with a different request is refused (409)."
     ),
 )
+
+
+IDEMPOTENCY_KEY_MAX = 200  # Task.idempotency_key's column
+
+
+def _idempotency_key(request: Request) -> str | None:
+    key = request.headers.get("Idempotency-Key") or None
+    if key is not None and len(key) > IDEMPOTENCY_KEY_MAX:
+        raise ValidationError(
+            {"Idempotency-Key": [f"at most {IDEMPOTENCY_KEY_MAX} characters; this one has {len(key)}"]}
+        )
+    return key
+
+
+def _bulk_errors_as_list(errors: dict[str, Any], body: Any) -> dict[str, Any]:
+    """Per-task field errors as a list that lines up with the submitted one (`{}` for a task that was
+    fine), the shape a refusal of the service has too; DRF keys them by index."""
+    items = errors.get("tasks")
+    submitted = body.get("tasks") if isinstance(body, dict) else None
+    if isinstance(items, dict) and isinstance(submitted, list) and all(isinstance(k, int) for k in items):
+        errors = {**errors, "tasks": [items.get(index, {}) for index in range(len(submitted))]}
+    return errors
 
 
 def _task_request(data: dict[str, Any]) -> TaskRequest:
@@ -54,6 +76,7 @@ class TaskListSubmitApi(generics.ListAPIView):
         responses={201: s.TaskOutputSerializer, 200: s.TaskOutputSerializer},
     )
     def post(self, request: Request) -> Response:
+        key = _idempotency_key(request)
         data = s.TaskInputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tenant = resolve_tenant(
@@ -63,7 +86,7 @@ class TaskListSubmitApi(generics.ListAPIView):
             tenant=tenant,
             request=_task_request(data.validated_data),
             submitted_by=request.user,
-            idempotency_key=request.headers.get("Idempotency-Key") or None,
+            idempotency_key=key,
         )
         return Response(
             s.TaskOutputSerializer(task).data,
@@ -79,7 +102,8 @@ class TaskBulkSubmitApi(APIView):
     )
     def post(self, request: Request) -> Response:
         data = s.BulkSubmitInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        if not data.is_valid():
+            raise DrfValidationError(_bulk_errors_as_list(data.errors, request.data))
         tenant = resolve_tenant(
             request, data.validated_data.get("tenant"), role=Membership.Role.MEMBER, action="submitting tasks"
         )
