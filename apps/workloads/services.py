@@ -12,7 +12,8 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
@@ -150,6 +151,10 @@ def _validate_shape(request: TaskRequest) -> list[str]:
 
 
 def _validate_against_pool(*, pool: Pool, request: TaskRequest, models: list[str]) -> None:
+    # Only a request that names models or asks for MIG depends on what the pool holds; the rest (most
+    # submissions) skip the query.
+    if not models and request.isolation != Task.Isolation.MIG:
+        return
     # One query: which GPU models this pool has, and whether any of each is MIG capable.
     present: dict[str, bool] = {}
     for model, mig_capable in (
@@ -177,20 +182,21 @@ def _validate_against_pool(*, pool: Pool, request: TaskRequest, models: list[str
         )
 
 
-def _charge_quota(
-    *, tenant: Tenant, pool: Pool, charge_milli: int, charge_mem_mib: int, mem_stated: bool
-) -> None:
-    """Add a task's charge to the tenant's quota in the pool, or refuse. Must run inside a transaction.
-
-    The quota row is locked (SELECT … FOR UPDATE) so concurrent submitters queue on it: each sees the
-    charge the previous one committed, and the limit can never be crossed by a race.
-    """
-    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+def _quota_refusal(
+    *,
+    quota: Quota | None,
+    tenant: Tenant,
+    pool: Pool,
+    charge_milli: int,
+    charge_mem_mib: int,
+    mem_stated: bool,
+) -> ValidationError | None:
+    """Why `quota` cannot take the charge (a 400 naming the field), or None when it can."""
     if quota is None:
-        raise ValidationError({"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}"]})
+        return ValidationError({"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}"]})
     if quota.charged_milli + charge_milli > quota.limit_milli:
         free = max(quota.limit_milli - quota.charged_milli, 0)
-        raise ValidationError(
+        return ValidationError(
             {
                 "gpu_milli": [
                     f"request of {charge_milli} milli-GPUs is above what tenant {tenant.slug!r} has left "
@@ -201,12 +207,12 @@ def _charge_quota(
         )
     if quota.gpu_mem_limit_mib is not None:
         if not mem_stated:
-            raise ValidationError(
+            return ValidationError(
                 {"gpu_mem_mib": [f"pool {pool.name!r} bounds this tenant's GPU memory; state gpu_mem_mib"]}
             )
         if quota.charged_mem_mib + charge_mem_mib > quota.gpu_mem_limit_mib:
             free_mem = max(quota.gpu_mem_limit_mib - quota.charged_mem_mib, 0)
-            raise ValidationError(
+            return ValidationError(
                 {
                     "gpu_mem_mib": [
                         f"request of {charge_mem_mib} MiB GPU memory is above the {free_mem} MiB "
@@ -214,7 +220,47 @@ def _charge_quota(
                     ]
                 }
             )
-    Quota.objects.filter(pk=quota.pk).update(
+    return None
+
+
+def _charge_quota(
+    *, tenant: Tenant, pool: Pool, charge_milli: int, charge_mem_mib: int, mem_stated: bool
+) -> None:
+    """Add a task's charge to the tenant's quota in the pool, or refuse. Must run inside a transaction.
+
+    One conditional UPDATE: it adds the charge only where the row still has room, so it takes the
+    row lock and checks under it in one statement. Concurrent submitters queue on that lock; PostgreSQL
+    re-checks the condition against the row the previous one committed (READ COMMITTED re-evaluation),
+    so the limit can never be crossed by a race. Only a refusal reads the row again, for its message.
+    """
+    # In int8: guaranteed + borrow (two int4 columns) can pass 2^31.
+    limit_milli = Cast(F("guaranteed_milli"), BigIntegerField()) + F("borrow_limit_milli")
+    room = Q(charged_milli__lte=limit_milli - charge_milli)
+    if mem_stated:
+        room &= Q(gpu_mem_limit_mib__isnull=True) | Q(
+            charged_mem_mib__lte=F("gpu_mem_limit_mib") - charge_mem_mib
+        )
+    else:
+        room &= Q(gpu_mem_limit_mib__isnull=True)
+    charged = Quota.objects.filter(room, tenant=tenant, pool=pool).update(
+        charged_milli=F("charged_milli") + charge_milli,
+        charged_mem_mib=F("charged_mem_mib") + charge_mem_mib,
+    )
+    if charged == 1:
+        return
+    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+    refusal = _quota_refusal(
+        quota=quota,
+        tenant=tenant,
+        pool=pool,
+        charge_milli=charge_milli,
+        charge_mem_mib=charge_mem_mib,
+        mem_stated=mem_stated,
+    )
+    if refusal is not None:
+        raise refusal
+    # A charge was given back between the two statements; the row is locked now, so the check holds.
+    Quota.objects.filter(pk=quota.pk).update(  # type: ignore[union-attr]
         charged_milli=F("charged_milli") + charge_milli, charged_mem_mib=F("charged_mem_mib") + charge_mem_mib
     )
 
@@ -299,7 +345,14 @@ def _submit_one(
         actor=user_actor(submitted_by),
         reason="submitted",
     )
+    _no_forecast_yet(task)
     return task, True
+
+
+def _no_forecast_yet(task: Task) -> None:
+    """A task just stored has no forecast (it is attached after commit): say so to the ORM, so showing
+    the new task does not read the forecast table for nothing."""
+    task._state.fields_cache[Task.forecast.related.cache_name] = None  # type: ignore[attr-defined]
 
 
 def task_submit(

@@ -69,7 +69,10 @@ def print_error(exc: ApiError) -> int:
     body = exc.body
     print(f"whalegen: the server refused (HTTP {exc.status})", file=sys.stderr)
     if isinstance(body, dict):
-        for key, value in body.items():
+        fields = {key: value for key, value in body.items() if key != "detail"}
+        if not fields:  # a refusal without field messages: its sentence is the message
+            fields = {"detail": body.get("detail")}
+        for key, value in fields.items():
             messages = value if isinstance(value, list) else [value]
             for message in messages:
                 print(f"  {key}: {message}", file=sys.stderr)

@@ -37,6 +37,13 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 
 IDEMPOTENCY_KEY_MAX = 200  # Task.idempotency_key's column
 
+# The submission path's serializers, built once per process: a serializer builds (deep-copies) its
+# fields on every instantiation, which was a fifth of a submission's CPU. `run_validation` and
+# `to_representation` keep nothing of a call on the serializer, so one instance serves every request.
+_TASK_INPUT = s.TaskInputSerializer()
+_TASK_OUTPUT = s.TaskOutputSerializer()
+_TASKS_OUTPUT = s.TaskOutputSerializer(many=True)
+
 
 def _idempotency_key(request: Request) -> str | None:
     key = request.headers.get("Idempotency-Key") or None
@@ -77,19 +84,18 @@ class TaskListSubmitApi(generics.ListAPIView):
     )
     def post(self, request: Request) -> Response:
         key = _idempotency_key(request)
-        data = s.TaskInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
+        values = _TASK_INPUT.run_validation(request.data)
         tenant = resolve_tenant(
-            request, data.validated_data.get("tenant"), role=Membership.Role.MEMBER, action="submitting tasks"
+            request, values.get("tenant"), role=Membership.Role.MEMBER, action="submitting tasks"
         )
         task, created = services.task_submit(
             tenant=tenant,
-            request=_task_request(data.validated_data),
+            request=_task_request(values),
             submitted_by=request.user,
             idempotency_key=key,
         )
         return Response(
-            s.TaskOutputSerializer(task).data,
+            _TASK_OUTPUT.to_representation(task),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
@@ -109,7 +115,7 @@ class TaskBulkSubmitApi(APIView):
         )
         items = [(_task_request(item), item.get("idempotency_key")) for item in data.validated_data["tasks"]]
         tasks = services.tasks_submit_bulk(tenant=tenant, items=items, submitted_by=request.user)
-        return Response(s.TaskOutputSerializer(tasks, many=True).data, status=status.HTTP_201_CREATED)
+        return Response(_TASKS_OUTPUT.to_representation(tasks), status=status.HTTP_201_CREATED)
 
 
 class TaskDetailApi(APIView):
