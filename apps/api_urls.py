@@ -2,7 +2,10 @@
 
 from django.urls import include, path
 
+from apps.common.views import ApiIndexApi
+
 urlpatterns = [
+    path("", ApiIndexApi.as_view(), name="api-index"),
     path("", include("apps.tenants.api.urls")),
     path("", include("apps.inventory.api.urls")),
     path("", include("apps.workloads.api.urls")),

@@ -3,10 +3,10 @@ nodes and GPUs behind those pools; platform admins see everything."""
 
 from __future__ import annotations
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, F, Prefetch, QuerySet
 from django.http import Http404
 
-from apps.inventory.models import Cluster, Gpu, Node, Pool
+from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from apps.tenants.selectors import Access
 
 
@@ -38,7 +38,10 @@ def node_list(*, access: Access) -> QuerySet[Node]:
 
 
 def gpu_list(*, access: Access) -> QuerySet[Gpu]:
-    queryset = Gpu.objects.select_related("node", "node__cluster", "node__pool").prefetch_related("units")
+    # Each unit carries its task's tenant (same prefetch query, one join): the API shows a task id only
+    # to whoever may see the task, and "in use" to everyone else.
+    units = Prefetch("units", queryset=ComputeUnit.objects.annotate(task_tenant_id=F("task__tenant_id")))
+    queryset = Gpu.objects.select_related("node", "node__cluster", "node__pool").prefetch_related(units)
     if not access.platform_admin:
         queryset = queryset.filter(node__pool__in=_pool_ids(access))
     return queryset

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
+from apps.common.filters import UtcIsoDateTimeFilter
 from apps.workloads.models import Queue, Quota, Task
 
 
@@ -18,8 +19,8 @@ class TaskFilter(django_filters.FilterSet):
     gang_id = django_filters.CharFilter()
     profile_key = django_filters.CharFilter()
     idempotency_key = django_filters.CharFilter()
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Task

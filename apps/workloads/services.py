@@ -12,7 +12,8 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
@@ -149,13 +150,31 @@ def _validate_shape(request: TaskRequest) -> list[str]:
     return canonical
 
 
-def _validate_against_pool(*, pool: Pool, request: TaskRequest, models: list[str]) -> None:
-    # One query: which GPU models this pool has, and whether any of each is MIG capable.
+def _pool_models(pool: Pool) -> dict[str, bool]:
+    """One query: which GPU models the pool has, and whether any GPU of each is MIG capable."""
     present: dict[str, bool] = {}
     for model, mig_capable in (
         Gpu.objects.filter(node__pool=pool).values_list("model", "mig_capable").distinct()
     ):
         present[model] = present.get(model, False) or mig_capable
+    return present
+
+
+def _validate_against_pool(
+    *, pool: Pool, request: TaskRequest, models: list[str], known: dict[int, dict[str, bool]] | None = None
+) -> None:
+    """Check the request against what the pool holds. `known` caches `_pool_models` by pool id (a bulk
+    submission reads each pool once)."""
+    # Only a request that names models or asks for MIG depends on what the pool holds; the rest (most
+    # submissions) skip the query.
+    if not models and request.isolation != Task.Isolation.MIG:
+        return
+    if known is None:
+        present = _pool_models(pool)
+    elif pool.pk in known:
+        present = known[pool.pk]
+    else:
+        present = known[pool.pk] = _pool_models(pool)
     candidates = {m: cap for m, cap in present.items() if not models or m in models}
     if models and present and not candidates:
         raise ValidationError(
@@ -177,20 +196,21 @@ def _validate_against_pool(*, pool: Pool, request: TaskRequest, models: list[str
         )
 
 
-def _charge_quota(
-    *, tenant: Tenant, pool: Pool, charge_milli: int, charge_mem_mib: int, mem_stated: bool
-) -> None:
-    """Add a task's charge to the tenant's quota in the pool, or refuse. Must run inside a transaction.
-
-    The quota row is locked (SELECT … FOR UPDATE) so concurrent submitters queue on it: each sees the
-    charge the previous one committed, and the limit can never be crossed by a race.
-    """
-    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+def _quota_refusal(
+    *,
+    quota: Quota | None,
+    tenant: Tenant,
+    pool: Pool,
+    charge_milli: int,
+    charge_mem_mib: int,
+    mem_stated: bool,
+) -> ValidationError | None:
+    """Why `quota` cannot take the charge (a 400 naming the field), or None when it can."""
     if quota is None:
-        raise ValidationError({"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}"]})
+        return ValidationError({"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}"]})
     if quota.charged_milli + charge_milli > quota.limit_milli:
         free = max(quota.limit_milli - quota.charged_milli, 0)
-        raise ValidationError(
+        return ValidationError(
             {
                 "gpu_milli": [
                     f"request of {charge_milli} milli-GPUs is above what tenant {tenant.slug!r} has left "
@@ -201,12 +221,12 @@ def _charge_quota(
         )
     if quota.gpu_mem_limit_mib is not None:
         if not mem_stated:
-            raise ValidationError(
+            return ValidationError(
                 {"gpu_mem_mib": [f"pool {pool.name!r} bounds this tenant's GPU memory; state gpu_mem_mib"]}
             )
         if quota.charged_mem_mib + charge_mem_mib > quota.gpu_mem_limit_mib:
             free_mem = max(quota.gpu_mem_limit_mib - quota.charged_mem_mib, 0)
-            raise ValidationError(
+            return ValidationError(
                 {
                     "gpu_mem_mib": [
                         f"request of {charge_mem_mib} MiB GPU memory is above the {free_mem} MiB "
@@ -214,7 +234,47 @@ def _charge_quota(
                     ]
                 }
             )
-    Quota.objects.filter(pk=quota.pk).update(
+    return None
+
+
+def _charge_quota(
+    *, tenant: Tenant, pool: Pool, charge_milli: int, charge_mem_mib: int, mem_stated: bool
+) -> None:
+    """Add a task's charge to the tenant's quota in the pool, or refuse. Must run inside a transaction.
+
+    One conditional UPDATE: it adds the charge only where the row still has room, so it takes the
+    row lock and checks under it in one statement. Concurrent submitters queue on that lock; PostgreSQL
+    re-checks the condition against the row the previous one committed (READ COMMITTED re-evaluation),
+    so the limit can never be crossed by a race. Only a refusal reads the row again, for its message.
+    """
+    # In int8: guaranteed + borrow (two int4 columns) can pass 2^31.
+    limit_milli = Cast(F("guaranteed_milli"), BigIntegerField()) + F("borrow_limit_milli")
+    room = Q(charged_milli__lte=limit_milli - charge_milli)
+    if mem_stated:
+        room &= Q(gpu_mem_limit_mib__isnull=True) | Q(
+            charged_mem_mib__lte=F("gpu_mem_limit_mib") - charge_mem_mib
+        )
+    else:
+        room &= Q(gpu_mem_limit_mib__isnull=True)
+    charged = Quota.objects.filter(room, tenant=tenant, pool=pool).update(
+        charged_milli=F("charged_milli") + charge_milli,
+        charged_mem_mib=F("charged_mem_mib") + charge_mem_mib,
+    )
+    if charged == 1:
+        return
+    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
+    refusal = _quota_refusal(
+        quota=quota,
+        tenant=tenant,
+        pool=pool,
+        charge_milli=charge_milli,
+        charge_mem_mib=charge_mem_mib,
+        mem_stated=mem_stated,
+    )
+    if refusal is not None:
+        raise refusal
+    # A charge was given back between the two statements; the row is locked now, so the check holds.
+    Quota.objects.filter(pk=quota.pk).update(  # type: ignore[union-attr]
         charged_milli=F("charged_milli") + charge_milli, charged_mem_mib=F("charged_mem_mib") + charge_mem_mib
     )
 
@@ -250,6 +310,42 @@ def _same_request_or_conflict(task: Task, request: TaskRequest, idempotency_key:
     return task
 
 
+def _new_task(
+    *,
+    tenant: Tenant,
+    queue: Queue,
+    request: TaskRequest,
+    models: list[str],
+    submitted_by: AbstractBaseUser | None,
+    key: str | None,
+) -> Task:
+    """The unsaved task a valid request becomes (priority left to the queue filled in)."""
+    values = asdict(request)
+    values.pop("queue")
+    values["allowed_gpu_models"] = models
+    if values["priority"] is None:
+        values["priority"] = queue.default_priority
+    return Task(
+        tenant=tenant,
+        queue=queue,
+        pool=queue.pool,
+        submitted_by=submitted_by,
+        idempotency_key=key or "",
+        why_pending="waiting for the first scheduling cycle",
+        **values,
+    )
+
+
+def _first_event(task: Task, submitted_by: AbstractBaseUser | None) -> TaskEvent:
+    return TaskEvent(
+        task=task,
+        from_state="",
+        to_state=Task.State.PENDING,
+        actor=user_actor(submitted_by),
+        reason="submitted",
+    )
+
+
 def _submit_one(
     *,
     tenant: Tenant,
@@ -269,19 +365,13 @@ def _submit_one(
     if queue is None:
         raise ValidationError({"queue": [f"tenant {tenant.slug!r} has no queue named {request.queue!r}"]})
     _validate_against_pool(pool=queue.pool, request=request, models=models)
-    values = asdict(request)
-    values.pop("queue")
-    values["allowed_gpu_models"] = models
-    if values["priority"] is None:
-        values["priority"] = queue.default_priority
-    task = Task(
+    task = _new_task(
         tenant=tenant,
         queue=queue,
-        pool=queue.pool,
+        request=request,
+        models=models,
         submitted_by=submitted_by,
-        idempotency_key=idempotency_key or "",
-        why_pending="waiting for the first scheduling cycle",
-        **values,
+        key=idempotency_key,
     )
     # 3. Charge the quota under its row lock, then store the task and its first event.
     _charge_quota(
@@ -292,14 +382,15 @@ def _submit_one(
         mem_stated=request.gpu_mem_mib is not None,
     )
     task.save()
-    TaskEvent.objects.create(
-        task=task,
-        from_state="",
-        to_state=Task.State.PENDING,
-        actor=user_actor(submitted_by),
-        reason="submitted",
-    )
+    _first_event(task, submitted_by).save()
+    _no_forecast_yet(task)
     return task, True
+
+
+def _no_forecast_yet(task: Task) -> None:
+    """A task just stored has no forecast (it is attached after commit): say so to the ORM, so showing
+    the new task does not read the forecast table for nothing."""
+    task._state.fields_cache[Task.forecast.related.cache_name] = None  # type: ignore[attr-defined]
 
 
 def task_submit(
@@ -349,21 +440,105 @@ def tasks_submit_bulk(
     items: list[tuple[TaskRequest, str | None]],
     submitted_by: AbstractBaseUser | None,
 ) -> list[Task]:
-    """Submit several tasks (e.g. a gang) in one transaction: all are stored or none is."""
-    tasks, created_ids = [], []
+    """Submit several tasks (e.g. a gang) in one transaction: all are stored or none is.
+
+    Set-based, so a batch costs a fixed number of queries whatever its size: its idempotency keys in
+    one read, its queues in one, each pool's models once (only where a task names models or MIG), each
+    quota row locked once, then one INSERT for the tasks and one for their events. The rules are those
+    of a single submission, checked in order; the first refused task is reported at its index.
+    """
+    count = len(items)
+
+    def refuse(index: int, error: ValidationError) -> BulkItemError:
+        return BulkItemError(index=index, count=count, error=error)
+
+    # 1. Keys seen before (a retried batch) and the queues named, one query each.
+    keys = {key for _, key in items if key}
+    seen = (
+        {
+            t.idempotency_key: t
+            for t in Task.objects.select_related("queue").filter(tenant=tenant, idempotency_key__in=keys)
+        }
+        if keys
+        else {}
+    )
+    names = {request.queue for request, _ in items}
+    queues = {q.name: q for q in Queue.objects.select_related("pool").filter(tenant=tenant, name__in=names)}
+
+    # 2. Each request on its own and against its pool; a key repeated within the batch means one task.
+    known: dict[int, dict[str, bool]] = {}
+    tasks: list[Task] = []
+    fresh: list[tuple[int, Task, bool]] = []  # (index, unsaved task, whether it states gpu_mem_mib)
+    by_key: dict[str, Task] = {}
     for index, (request, key) in enumerate(items):
+        if key and key in seen:
+            tasks.append(_same_request_or_conflict(seen[key], request, key))
+            continue
+        if key and key in by_key:
+            tasks.append(_same_request_or_conflict(by_key[key], request, key))
+            continue
         try:
-            with transaction.atomic():
-                task, created = _submit_one(
-                    tenant=tenant, request=request, submitted_by=submitted_by, idempotency_key=key
+            models = _validate_shape(request)
+            queue = queues.get(request.queue)
+            if queue is None:
+                raise ValidationError(
+                    {"queue": [f"tenant {tenant.slug!r} has no queue named {request.queue!r}"]}
                 )
+            _validate_against_pool(pool=queue.pool, request=request, models=models, known=known)
         except ValidationError as exc:
-            raise BulkItemError(index=index, count=len(items), error=exc) from exc
+            raise refuse(index, exc) from exc
+        task = _new_task(
+            tenant=tenant, queue=queue, request=request, models=models, submitted_by=submitted_by, key=key
+        )
         tasks.append(task)
-        if created:
-            created_ids.append(task.pk)
+        fresh.append((index, task, request.gpu_mem_mib is not None))
+        if key:
+            by_key[key] = task
+
+    # 3. Quotas: each pool's row locked once, in pool order (two batches never wait on each other in a
+    #    cycle); the batch is admitted task by task against it, the first that does not fit is refused.
+    for pool_id in sorted({task.pool_id for _, task, _ in fresh}):
+        in_pool = [(index, task, stated) for index, task, stated in fresh if task.pool_id == pool_id]
+        pool = in_pool[0][1].pool
+        quota = Quota.objects.select_for_update().filter(tenant=tenant, pool_id=pool_id).first()
+        added_milli = added_mem_mib = 0
+        for index, task, stated in in_pool:
+            refusal = _quota_refusal(
+                quota=quota,
+                tenant=tenant,
+                pool=pool,
+                charge_milli=task.charge_milli,
+                charge_mem_mib=task.charge_mem_mib,
+                mem_stated=stated,
+            )
+            if refusal is not None:
+                raise refuse(index, refusal)
+            assert quota is not None
+            quota.charged_milli += task.charge_milli  # our locked copy: the next task sees this one
+            quota.charged_mem_mib += task.charge_mem_mib
+            added_milli += task.charge_milli
+            added_mem_mib += task.charge_mem_mib
+        Quota.objects.filter(pk=quota.pk).update(  # type: ignore[union-attr]
+            charged_milli=F("charged_milli") + added_milli,
+            charged_mem_mib=F("charged_mem_mib") + added_mem_mib,
+        )
+
+    # 4. Store the tasks (PostgreSQL returns their ids) and their first events.
+    new_tasks = [task for _, task, _ in fresh]
+    try:
+        with transaction.atomic():
+            Task.objects.bulk_create(new_tasks)
+    except IntegrityError as exc:
+        # Another request stored one of the batch's keys meanwhile; the batch's view of its keys is stale.
+        raise Conflict(
+            "an Idempotency-Key of this batch was used by a concurrent request; submit the batch again "
+            "to get the tasks that request created"
+        ) from exc
+    TaskEvent.objects.bulk_create([_first_event(task, submitted_by) for task in new_tasks])
+    for task in new_tasks:
+        _no_forecast_yet(task)
     # One forecast job for the whole batch, after it is committed (a refused batch gets none).
-    tasks_forecast_attach_on_commit(task_ids=created_ids)
+    tasks_forecast_attach_on_commit(task_ids=[task.pk for task in new_tasks])
     return tasks
 
 

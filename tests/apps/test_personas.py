@@ -51,14 +51,17 @@ CASES = [
         "post",
         lambda w: "/api/v1/tasks/",
         CREATE_IN_A,
-        lambda w: {"tenant": "vision", "queue": "train", "gpu_milli": 500},
+        lambda w: {"tenant": "vision", "queue": "train", "command": ["true"], "gpu_milli": 500},
     ),
     Case(
         "bulk submit",
         "post",
         lambda w: "/api/v1/tasks/bulk/",
         CREATE_IN_A,
-        lambda w: {"tenant": "vision", "tasks": [{"queue": "train", "gpu_milli": 250}] * 2},
+        lambda w: {
+            "tenant": "vision",
+            "tasks": [{"queue": "train", "command": ["true"], "gpu_milli": 250}] * 2,
+        },
     ),
     Case("cancel a task", "post", lambda w: f"/api/v1/tasks/{w.task_a.pk}/cancel/", OWN),
     Case("list queues", "get", lambda w: "/api/v1/queues/", LIST),
@@ -188,7 +191,9 @@ def test_tenant_lists_hold_the_tenants_a_persona_belongs_to(world, api, persona:
 def test_viewer_reads_but_cannot_submit_or_cancel(world, api) -> None:
     client = api(world.vic)
     assert client.get(f"/api/v1/tasks/{world.task_a.pk}/").status_code == 200
-    submit = client.post("/api/v1/tasks/", {"tenant": "vision", "queue": "train"}, format="json")
+    submit = client.post(
+        "/api/v1/tasks/", {"tenant": "vision", "queue": "train", "command": ["true"]}, format="json"
+    )
     assert submit.status_code == 403
     assert "member role" in submit.json()["detail"]
     assert client.post(f"/api/v1/tasks/{world.task_a.pk}/cancel/", {}, format="json").status_code == 403

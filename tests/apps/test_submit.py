@@ -9,7 +9,7 @@ from apps.workloads.models import Quota, Task, TaskEvent
 
 
 def _submit(api, user, **fields):
-    body = {"tenant": "vision", "queue": "train", **fields}
+    body = {"tenant": "vision", "queue": "train", "command": ["python", "train.py"], **fields}
     return api(user).post("/api/v1/tasks/", body, format="json")
 
 
@@ -21,7 +21,11 @@ def _submit(api, user, **fields):
         ({"gpu_milli": 1001}, "gpu_milli", "less than or equal to 1000"),
         ({"gpu_count": 2, "gpu_milli": 500}, "gpu_milli", "is for one GPU; gpu_count is 2"),
         ({"isolation": "mig", "allowed_gpu_models": ["L4"]}, "allowed_gpu_models", "has none of L4"),
-        ({"queue": "infer", "isolation": "mig", "gpu_milli": 250}, "isolation", "has no MIG-capable GPU"),
+        (
+            {"queue": "infer", "command": ["true"], "isolation": "mig", "gpu_milli": 250},
+            "isolation",
+            "has no MIG-capable GPU",
+        ),
         ({"gang_size": 0}, "gang_size", "greater than or equal to 1"),
         ({"gang_size": 4}, "gang_id", "needs a gang_id"),
         ({"cpu_milli": -1}, "cpu_milli", "greater than or equal to 0"),
@@ -68,7 +72,7 @@ def test_a_good_request_is_stored_pending_charged_and_explained(world, api) -> N
 
 def test_a_retry_with_the_same_idempotency_key_returns_the_same_task_and_charges_once(world, api) -> None:
     client = api(world.alice)
-    body = {"tenant": "vision", "queue": "train", "gpu_count": 2}
+    body = {"tenant": "vision", "queue": "train", "command": ["true"], "gpu_count": 2}
     first = client.post("/api/v1/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY="ci-run-77")
     again = client.post("/api/v1/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY="ci-run-77")
     assert (first.status_code, again.status_code) == (201, 200)
@@ -81,13 +85,13 @@ def test_a_retry_may_spell_models_differently_and_leave_the_priority_to_the_queu
     client = api(world.alice)
     first = client.post(
         "/api/v1/tasks/",
-        {"tenant": "vision", "queue": "train", "allowed_gpu_models": ["H100-80GB"]},
+        {"tenant": "vision", "queue": "train", "command": ["true"], "allowed_gpu_models": ["H100-80GB"]},
         format="json",
         HTTP_IDEMPOTENCY_KEY="ci-run-78",
     )
     again = client.post(
         "/api/v1/tasks/",
-        {"tenant": "vision", "queue": "train", "allowed_gpu_models": ["h100"]},
+        {"tenant": "vision", "queue": "train", "command": ["true"], "allowed_gpu_models": ["h100"]},
         format="json",
         HTTP_IDEMPOTENCY_KEY="ci-run-78",
     )
@@ -97,7 +101,7 @@ def test_a_retry_may_spell_models_differently_and_leave_the_priority_to_the_queu
 
 def test_the_same_idempotency_key_with_another_request_is_a_409_and_stores_nothing(world, api) -> None:
     client = api(world.alice)
-    body = {"tenant": "vision", "queue": "train", "gpu_count": 2}
+    body = {"tenant": "vision", "queue": "train", "command": ["true"], "gpu_count": 2}
     first = client.post("/api/v1/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY="ci-run-79")
     charged = Quota.objects.get(pk=world.quota_a.pk).charged_milli
     tasks = Task.objects.count()
@@ -118,15 +122,19 @@ def test_the_same_idempotency_key_with_another_request_is_a_409_and_stores_nothi
 
 def test_idempotency_keys_belong_to_their_tenant(world, api) -> None:
     key = {"HTTP_IDEMPOTENCY_KEY": "shared"}
-    a = api(world.alice).post("/api/v1/tasks/", {"tenant": "vision", "queue": "train"}, format="json", **key)
-    b = api(world.bob).post("/api/v1/tasks/", {"tenant": "speech", "queue": "train"}, format="json", **key)
+    a = api(world.alice).post(
+        "/api/v1/tasks/", {"tenant": "vision", "queue": "train", "command": ["true"]}, format="json", **key
+    )
+    b = api(world.bob).post(
+        "/api/v1/tasks/", {"tenant": "speech", "queue": "train", "command": ["true"]}, format="json", **key
+    )
     assert (a.status_code, b.status_code) == (201, 201)
     assert a.json()["id"] != b.json()["id"]
 
 
 def test_bulk_submit_stores_all_or_nothing(world, api) -> None:
     client = api(world.alice)
-    good = {"queue": "train", "gpu_milli": 100, "gang_id": "g1", "gang_size": 2}
+    good = {"queue": "train", "command": ["true"], "gpu_milli": 100, "gang_id": "g1", "gang_size": 2}
     bad = {**good, "allowed_gpu_models": ["H900"]}
     before = Task.objects.count()
     refused = client.post("/api/v1/tasks/bulk/", {"tenant": "vision", "tasks": [good, bad]}, format="json")
@@ -141,7 +149,7 @@ def test_bulk_submit_stores_all_or_nothing(world, api) -> None:
 
 def test_bulk_submit_refuses_a_batch_that_overflows_the_quota_as_a_whole(world, api) -> None:
     # A has 6000 milli in h100 and 1000 charged: five whole GPUs fit, six do not.
-    one = {"queue": "train", "gpu_count": 1}
+    one = {"queue": "train", "command": ["true"], "gpu_count": 1}
     response = api(world.alice).post(
         "/api/v1/tasks/bulk/", {"tenant": "vision", "tasks": [one] * 6}, format="json"
     )
@@ -158,7 +166,10 @@ def test_a_token_submits_into_its_own_tenant_without_naming_it(world, api) -> No
     _, raw = token_create(user=world.alice, tenant=world.tenant_a, name="ci")
     client = APIClient()
     response = client.post(
-        "/api/v1/tasks/", {"queue": "train"}, format="json", HTTP_AUTHORIZATION=f"Bearer {raw}"
+        "/api/v1/tasks/",
+        {"queue": "train", "command": ["true"]},
+        format="json",
+        HTTP_AUTHORIZATION=f"Bearer {raw}",
     )
     assert response.status_code == 201
     assert response.json()["tenant"] == "vision"
@@ -178,7 +189,7 @@ def test_task_lists_filter_by_state_and_queue(world, api) -> None:
     client.post(f"/api/v1/tasks/{world.task_a.pk}/cancel/", {}, format="json")
     pending = client.get("/api/v1/tasks/", {"state": "pending"}).json()
     assert [t["queue"] for t in pending["results"]] == ["infer"]
-    in_train = client.get("/api/v1/tasks/", {"queue": "train"}).json()
+    in_train = client.get("/api/v1/tasks/", {"queue": "train", "command": ["true"]}).json()
     assert [t["id"] for t in in_train["results"]] == [world.task_a.pk]
     bad = client.get("/api/v1/tasks/", {"state": "sleeping"})
     assert bad.status_code == 400 and "state" in bad.json()

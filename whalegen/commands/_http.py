@@ -53,6 +53,8 @@ class Client:
             )
         except requests.ConnectionError as exc:
             raise ApiError(0, f"cannot reach {self.base}: {exc}") from exc
+        except requests.RequestException as exc:  # a timeout, a malformed URL: a message, not a traceback
+            raise ApiError(0, f"request to {self.base}{path} failed: {exc}") from exc
         try:
             body = response.json() if response.content else None
         except ValueError:
@@ -67,7 +69,10 @@ def print_error(exc: ApiError) -> int:
     body = exc.body
     print(f"whalegen: the server refused (HTTP {exc.status})", file=sys.stderr)
     if isinstance(body, dict):
-        for key, value in body.items():
+        fields = {key: value for key, value in body.items() if key != "detail"}
+        if not fields:  # a refusal without field messages: its sentence is the message
+            fields = {"detail": body.get("detail")}
+        for key, value in fields.items():
             messages = value if isinstance(value, list) else [value]
             for message in messages:
                 print(f"  {key}: {message}", file=sys.stderr)

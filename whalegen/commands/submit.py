@@ -10,6 +10,7 @@ exit code when it failed with one (1 when it failed without one, or was cancelle
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -35,13 +36,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between polls (2)")
 
 
+class _TaskFileLoader(yaml.SafeLoader):
+    """YAML as the API reads JSON: `name: 2026-01-01` is the string the user typed, not a date (which
+    JSON cannot carry). Every other implicit type (numbers, booleans, null) is kept."""
+
+
+_TaskFileLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def _load(path: Path) -> dict[str, Any]:
     try:
-        document = yaml.safe_load(path.read_text())
+        document = yaml.load(path.read_bytes().decode("utf-8"), Loader=_TaskFileLoader)
+    except UnicodeDecodeError as exc:
+        raise SystemExit(
+            f"whalegen: {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); "
+            "save it as UTF-8"
+        ) from exc
     except (OSError, yaml.YAMLError) as exc:
         raise SystemExit(f"whalegen: cannot read {path}: {exc}") from exc
     if not isinstance(document, dict):
         raise SystemExit(f"whalegen: {path} must hold a mapping of task fields (or `tasks: [...]`)")
+    try:
+        json.dumps(document, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # !!binary, !!set, .nan: nothing JSON (or the API) can carry
+        raise SystemExit(f"whalegen: {path} holds a value the API cannot take: {exc}") from exc
     return document
 
 

@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from here (no CDN)
     "apps.tenants",
     "apps.inventory",
     "apps.workloads",
@@ -67,6 +68,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Under /api/: a body above the upload limit is a 413 before it is read; Django's own error pages
+    # (404 for an unmatched URL, 400, 500) are answered in the API's JSON error shape.
+    "apps.common.exceptions.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -128,11 +132,16 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "apps.common.pagination.CheckedLimitOffsetPagination",
     "PAGE_SIZE": envint("WHALEGEN_API_PAGE_SIZE", 50),
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.common.schema.WhaleGenAutoSchema",
     "EXCEPTION_HANDLER": "apps.common.exceptions.exception_handler",
+    # JSON in, JSON out: a form-encoded body is a 415 (it used to create a task with `command: []`),
+    # and every answer is JSON whatever the client's Accept header says.
+    "DEFAULT_PARSER_CLASSES": ["apps.common.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "apps.common.negotiation.JsonFirstContentNegotiation",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -140,6 +149,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit, inspect and cancel GPU tasks; read pools, quotas and usage.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from drf-spectacular-sidecar's static files: /api/docs/ works without internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     # Operation ids read `tasks_list`, not `v1_tasks_list`.
     "SCHEMA_PATH_PREFIX": "/api/v1",

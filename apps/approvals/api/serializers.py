@@ -3,14 +3,19 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from apps.approvals.models import OverrideAuditEntry, PriorityOverride
+from apps.common.fields import INT64_MAX, StrictCharField, StrictInputSerializer, StrictIntegerField
 
 
-class OverrideRequestInputSerializer(serializers.Serializer):
-    task = serializers.IntegerField(required=False, help_text="Task id; name a task or a queue.")
-    queue = serializers.IntegerField(required=False, help_text="Queue id; name a task or a queue.")
-    wanted_priority = serializers.IntegerField(min_value=-1000, max_value=1000)
-    reason = serializers.CharField(max_length=500)
-    ttl_hours = serializers.IntegerField(min_value=1, max_value=24 * 30, required=False)
+class OverrideRequestInputSerializer(StrictInputSerializer):
+    task = StrictIntegerField(
+        min_value=1, max_value=INT64_MAX, required=False, help_text="Task id; name a task or a queue."
+    )
+    queue = StrictIntegerField(
+        min_value=1, max_value=INT64_MAX, required=False, help_text="Queue id; name a task or a queue."
+    )
+    wanted_priority = StrictIntegerField(min_value=-1000, max_value=1000)
+    reason = StrictCharField(max_length=500)
+    ttl_hours = StrictIntegerField(min_value=1, max_value=24 * 30, required=False)
 
     def validate(self, attrs: dict) -> dict:
         if ("task" in attrs) == ("queue" in attrs):
@@ -18,8 +23,8 @@ class OverrideRequestInputSerializer(serializers.Serializer):
         return attrs
 
 
-class OverrideDecisionInputSerializer(serializers.Serializer):
-    comment = serializers.CharField(max_length=500, required=False, allow_blank=True)
+class OverrideDecisionInputSerializer(StrictInputSerializer):
+    comment = StrictCharField(max_length=500, required=False, allow_blank=True)
 
 
 class OverrideAuditOutputSerializer(serializers.ModelSerializer):
@@ -32,7 +37,9 @@ class OverrideAuditOutputSerializer(serializers.ModelSerializer):
 class OverrideOutputSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    decided_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    decided_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Null until decided."
+    )
 
     class Meta:
         model = PriorityOverride

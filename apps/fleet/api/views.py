@@ -3,6 +3,9 @@ service, answer."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -25,6 +28,31 @@ from apps.inventory.selectors import node_get
 from apps.workloads.services import user_actor
 from whalegen import protocol as p
 
+_VERSION = re.compile(r"\d{1,9}(\.[0-9A-Za-z.+-]*)?")
+_INT64_MAX = 2**63 - 1
+
+
+def _wire_problem(data: Any, message: p.Message) -> str | None:
+    """What the plane could not store or compare although the message decoded: an integer beyond the
+    64-bit columns (a report's `seq`, a generation), or a protocol version without a numeric major."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{index}]", value) for index, value in enumerate(item))
+        elif (
+            isinstance(item, int) and not isinstance(item, bool) and not -_INT64_MAX - 1 <= item <= _INT64_MAX
+        ):
+            return f"{where}: {item} is outside the 64-bit range the plane stores"
+    if isinstance(message, p.Report) and message.seq < 0:
+        return f"seq {message.seq} is negative"
+    version = getattr(message, "protocol_version", None)
+    if isinstance(version, str) and not _VERSION.fullmatch(version):
+        return f"protocol_version {version[:40]!r} is not MAJOR.MINOR (e.g. {p.PROTOCOL_VERSION!r})"
+    return None
+
 
 class _AgentApi(APIView):
     """Base of the agent endpoints: node credential only; wire messages, not serializers."""
@@ -40,9 +68,13 @@ class _AgentApi(APIView):
 
     def message(self, request: Request, kind: type[p.T]) -> p.T | Response:
         try:
-            return kind.from_dict(request.data)
+            message = kind.from_dict(request.data)
         except p.ProtocolError as error:
             return Response({"detail": str(error)}, status=status.HTTP_400_BAD_REQUEST)
+        problem = _wire_problem(request.data, message)
+        if problem is not None:
+            return Response({"detail": f"{kind.__name__}: {problem}"}, status=status.HTTP_400_BAD_REQUEST)
+        return message
 
 
 class RegisterApi(_AgentApi):

@@ -39,10 +39,32 @@ class NodeOutputSerializer(serializers.ModelSerializer):
 
 
 class ComputeUnitOutputSerializer(serializers.ModelSerializer):
+    in_use = serializers.SerializerMethodField(help_text="Whether a task holds this unit, whoever's it is.")
+    task = serializers.SerializerMethodField(
+        help_text="The id of the task holding the unit when you may see that task; null when the unit is "
+        "free or holds another tenant's task (then only `in_use` says it is taken)."
+    )
+
     class Meta:
         model = ComputeUnit
-        fields = ["id", "kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "task"]
+        fields = [
+            "id", "kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "in_use",
+            "task",
+        ]  # fmt: skip
         read_only_fields = fields
+
+    def get_in_use(self, unit: ComputeUnit) -> bool:
+        return unit.task_id is not None
+
+    def get_task(self, unit: ComputeUnit) -> int | None:
+        if unit.task_id is None:
+            return None
+        access = self.context.get("access")
+        tenant_id = getattr(unit, "task_tenant_id", None)
+        # Without the caller's access (no request), show nothing rather than another tenant's id.
+        if access is None or tenant_id is None or not access.can_see(tenant_id):
+            return None
+        return unit.task_id
 
 
 class GpuOutputSerializer(serializers.ModelSerializer):

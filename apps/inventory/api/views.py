@@ -68,10 +68,13 @@ class GpuListApi(generics.ListAPIView):
     def get_queryset(self):
         return selectors.gpu_list(access=request_access(self.request))
 
+    def get_serializer_context(self) -> dict:
+        return {**super().get_serializer_context(), "access": request_access(self.request)}
+
 
 class GpuDetailApi(APIView):
     @extend_schema(responses=s.GpuOutputSerializer)
     def get(self, request: Request, gpu_id: int) -> Response:
-        return Response(
-            s.GpuOutputSerializer(selectors.gpu_get(access=request_access(request), gpu_id=gpu_id)).data
-        )
+        access = request_access(request)
+        gpu = selectors.gpu_get(access=access, gpu_id=gpu_id)
+        return Response(s.GpuOutputSerializer(gpu, context={"access": access}).data)

@@ -4,41 +4,69 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from apps.common.fields import (
+    INT64_MAX,
+    StrictBooleanField,
+    StrictCharField,
+    StrictChoiceField,
+    StrictInputSerializer,
+    StrictIntegerField,
+    StrictSlugField,
+)
 from apps.forecasting.api.serializers import TaskForecastOutputSerializer
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
 
 
-class TaskInputSerializer(serializers.Serializer):
-    tenant = serializers.SlugField(required=False, help_text="Tenant slug; defaults to the token's tenant.")
-    queue = serializers.SlugField()
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    gpu_count = serializers.IntegerField(min_value=1, max_value=1024, default=1)
-    gpu_milli = serializers.IntegerField(
+class TaskInputSerializer(StrictInputSerializer):
+    # Ranges are the columns' (PostgreSQL int2 / int4 / int8): anything outside is a 400 here, never a
+    # DataError at INSERT.
+    tenant = StrictSlugField(required=False, help_text="Tenant slug; defaults to the token's tenant.")
+    queue = StrictSlugField()
+    name = StrictCharField(max_length=200, required=False, allow_blank=True)
+    gpu_count = StrictIntegerField(min_value=1, max_value=1024, default=1)
+    gpu_milli = StrictIntegerField(
         min_value=1, max_value=1000, default=1000, help_text="Share of each GPU in thousandths; 1000 = whole."
     )
-    gpu_mem_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True, help_text="Per GPU.")
-    cpu_milli = serializers.IntegerField(min_value=0, default=1000)
-    host_mem_mib = serializers.IntegerField(min_value=0, default=4096)
-    allowed_gpu_models = serializers.ListField(child=serializers.CharField(max_length=32), required=False)
-    isolation = serializers.ChoiceField(choices=Task.Isolation.choices, default=Task.Isolation.ANY)
-    kind = serializers.ChoiceField(choices=Task.Kind.choices, default=Task.Kind.BATCH)
-    sla_class = serializers.ChoiceField(choices=Task.SlaClass.choices, default=Task.SlaClass.BATCH)
-    priority = serializers.IntegerField(required=False, allow_null=True, help_text="Defaults to the queue's.")
-    preemptible = serializers.BooleanField(default=True)
-    gang_id = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    gang_size = serializers.IntegerField(min_value=1, max_value=4096, default=1)
-    command = serializers.ListField(child=serializers.CharField(), required=False, help_text="argv")
-    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
-    max_runtime_s = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    profile_key = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    gpu_mem_mib = StrictIntegerField(min_value=1, required=False, allow_null=True, help_text="Per GPU.")
+    cpu_milli = StrictIntegerField(min_value=0, default=1000)
+    host_mem_mib = StrictIntegerField(min_value=0, max_value=INT64_MAX, default=4096)
+    allowed_gpu_models = serializers.ListField(
+        child=StrictCharField(max_length=32), required=False, max_length=64
+    )
+    isolation = StrictChoiceField(choices=Task.Isolation.choices, default=Task.Isolation.ANY)
+    kind = StrictChoiceField(choices=Task.Kind.choices, default=Task.Kind.BATCH)
+    sla_class = StrictChoiceField(choices=Task.SlaClass.choices, default=Task.SlaClass.BATCH)
+    priority = StrictIntegerField(required=False, allow_null=True, help_text="Defaults to the queue's.")
+    preemptible = StrictBooleanField(default=True)
+    gang_id = StrictCharField(max_length=100, required=False, allow_blank=True)
+    gang_size = StrictIntegerField(min_value=1, max_value=4096, default=1)
+    # A task needs something to run: an empty argv used to be accepted, launched, and lost on every
+    # attempt (the launcher refuses it). argv[0] is the executable, so it cannot be blank either.
+    command = serializers.ListField(
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
+        allow_empty=False,
+        help_text="argv: the executable, then its arguments (not a shell string).",
+    )
+    env = serializers.DictField(
+        child=StrictCharField(allow_blank=True, trim_whitespace=False), required=False
+    )
+    max_runtime_s = StrictIntegerField(min_value=1, required=False, allow_null=True)
+    profile_key = StrictCharField(max_length=200, required=False, allow_blank=True)
+
+    def validate_command(self, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise serializers.ValidationError("the first item is the executable; it cannot be blank")
+        return value
 
 
 class BulkTaskItemSerializer(TaskInputSerializer):
-    idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
+    # The batch has one tenant (the body's `tenant`); a per-task tenant would be refused as unknown.
+    tenant = None  # type: ignore[assignment]
+    idempotency_key = StrictCharField(max_length=200, required=False, allow_blank=False)
 
 
-class BulkSubmitInputSerializer(serializers.Serializer):
-    tenant = serializers.SlugField(required=False)
+class BulkSubmitInputSerializer(StrictInputSerializer):
+    tenant = StrictSlugField(required=False)
     tasks = BulkTaskItemSerializer(many=True, allow_empty=False, max_length=1000)
 
 
@@ -66,29 +94,34 @@ class TaskOutputSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TaskCancelInputSerializer(serializers.Serializer):
-    reason = serializers.CharField(max_length=400, required=False, allow_blank=True)
+class TaskCancelInputSerializer(StrictInputSerializer):
+    reason = StrictCharField(max_length=200, required=False, allow_blank=True)
 
 
 class TaskEventOutputSerializer(serializers.ModelSerializer):
+    # Blank on the first event (submission: from nowhere); the enum says so.
+    from_state = serializers.ChoiceField(
+        choices=[("", "none (submitted)"), *Task.State.choices], read_only=True
+    )
+
     class Meta:
         model = TaskEvent
         fields = ["id", "created_at", "from_state", "to_state", "actor", "reason"]
         read_only_fields = fields
 
 
-class QueueInputSerializer(serializers.Serializer):
-    tenant = serializers.SlugField(required=False)
-    pool = serializers.SlugField()
-    name = serializers.SlugField(max_length=64)
-    default_priority = serializers.IntegerField(default=0, min_value=-1000, max_value=1000)
-    weight = serializers.IntegerField(default=1, min_value=1, max_value=1000)
+class QueueInputSerializer(StrictInputSerializer):
+    tenant = StrictSlugField(required=False)
+    pool = StrictSlugField()
+    name = StrictSlugField(max_length=64)
+    default_priority = StrictIntegerField(default=0, min_value=-1000, max_value=1000)
+    weight = StrictIntegerField(default=1, min_value=1, max_value=1000)
 
 
-class QueueUpdateInputSerializer(serializers.Serializer):
-    name = serializers.SlugField(max_length=64, required=False)
-    default_priority = serializers.IntegerField(required=False, min_value=-1000, max_value=1000)
-    weight = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+class QueueUpdateInputSerializer(StrictInputSerializer):
+    name = StrictSlugField(max_length=64, required=False)
+    default_priority = StrictIntegerField(required=False, min_value=-1000, max_value=1000)
+    weight = StrictIntegerField(required=False, min_value=1, max_value=1000)
 
 
 class QueueOutputSerializer(serializers.ModelSerializer):
@@ -101,18 +134,18 @@ class QueueOutputSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class QuotaInputSerializer(serializers.Serializer):
-    tenant = serializers.SlugField()
-    pool = serializers.SlugField()
-    guaranteed_milli = serializers.IntegerField(min_value=0)
-    borrow_limit_milli = serializers.IntegerField(min_value=0, default=0)
-    gpu_mem_limit_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+class QuotaInputSerializer(StrictInputSerializer):
+    tenant = StrictSlugField()
+    pool = StrictSlugField()
+    guaranteed_milli = StrictIntegerField(min_value=0)
+    borrow_limit_milli = StrictIntegerField(min_value=0, default=0)
+    gpu_mem_limit_mib = StrictIntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True)
 
 
-class QuotaUpdateInputSerializer(serializers.Serializer):
-    guaranteed_milli = serializers.IntegerField(min_value=0, required=False)
-    borrow_limit_milli = serializers.IntegerField(min_value=0, required=False)
-    gpu_mem_limit_mib = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+class QuotaUpdateInputSerializer(StrictInputSerializer):
+    guaranteed_milli = StrictIntegerField(min_value=0, required=False)
+    borrow_limit_milli = StrictIntegerField(min_value=0, required=False)
+    gpu_mem_limit_mib = StrictIntegerField(min_value=1, max_value=INT64_MAX, required=False, allow_null=True)
 
 
 class QuotaOutputSerializer(serializers.ModelSerializer):

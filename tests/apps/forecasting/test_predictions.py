@@ -24,7 +24,9 @@ def _inline(settings) -> None:
 def _submit(api, user, captured, **body):
     with captured(execute=True):
         response = api(user).post(
-            "/api/v1/tasks/", {"tenant": "vision", "queue": "train", **body}, format="json"
+            "/api/v1/tasks/",
+            {"tenant": "vision", "queue": "train", "command": ["true"], **body},
+            format="json",
         )
     assert response.status_code == 201, response.json()
     return response.json()["id"]
@@ -107,8 +109,8 @@ def test_a_bulk_submission_is_forecast_in_one_batch_and_a_refused_one_not_at_all
     make_runs(world.queue_a, 300, now=timezone.now())
     assert forecast_model_train(kind="duration").promoted
     items = [
-        {"queue": "train", "profile_key": "tiny"},
-        {"queue": "train", "profile_key": "llama", "gpu_count": 2},
+        {"queue": "train", "command": ["true"], "profile_key": "tiny"},
+        {"queue": "train", "command": ["true"], "profile_key": "llama", "gpu_count": 2},
     ]
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         response = api(world.alice).post(
@@ -120,7 +122,13 @@ def test_a_bulk_submission_is_forecast_in_one_batch_and_a_refused_one_not_at_all
     assert 60 / 1.5 < p50[0] < 60 * 1.5 and 7_200 / 1.5 < p50[1] < 7_200 * 1.5
     TaskForecast.objects.all().delete()
 
-    body = {"tenant": "vision", "tasks": [{"queue": "train"}, {"queue": "train", "gpu_count": 64}]}
+    body = {
+        "tenant": "vision",
+        "tasks": [
+            {"queue": "train", "command": ["true"]},
+            {"queue": "train", "command": ["true"], "gpu_count": 64},
+        ],
+    }
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         response = api(world.alice).post("/api/v1/tasks/bulk/", body, format="json")
     assert response.status_code == 400 and callbacks == []

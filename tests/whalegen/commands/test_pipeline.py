@@ -61,7 +61,7 @@ def test_wait_gives_up_honestly_when_nothing_moves_the_task(
     demo: Demo, token: str, tmp_path: Path, capsys
 ) -> None:
     spec = tmp_path / "task.yaml"
-    spec.write_text("queue: serve\ngpu_milli: 100\n")
+    spec.write_text("queue: serve\ngpu_milli: 100\ncommand: [python, serve.py]\n")
     code, out, err = _cli(
         capsys, demo, token, "submit", str(spec), "--wait", "--timeout", "1", "--interval", "0.2"
     )
@@ -71,7 +71,9 @@ def test_wait_gives_up_honestly_when_nothing_moves_the_task(
 
 def test_bad_input_comes_back_as_field_messages(demo: Demo, token: str, tmp_path: Path, capsys) -> None:
     spec = tmp_path / "bad.yaml"
-    spec.write_text("queue: train\ngpu_count: 3\ngpu_milli: 500\nallowed_gpu_models: [H900]\n")
+    spec.write_text(
+        "queue: train\ngpu_count: 3\ngpu_milli: 500\nallowed_gpu_models: [H900]\ncommand: [python, x.py]\n"
+    )
     code, _, err = _cli(capsys, demo, token, "submit", str(spec))
     assert code == 1
     assert "allowed_gpu_models: unknown GPU model 'H900'" in err

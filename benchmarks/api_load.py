@@ -1,0 +1,255 @@
+"""Submission speed of the REST API: gunicorn + PostgreSQL + Redis, driven by locust.
+
+    python benchmarks/api_load.py [--code DIR] [--workers 4] [--duration-s 20] [--users 8]
+                                  [--database wg_api_bench] [--port 18500] [--redis-url URL]
+
+Runs, against one gunicorn (sync workers) serving the code in DIR (default: this checkout; point it
+at an export of another commit to measure "before" with the same command):
+- baseline: `GET /api/v1/` (token auth + a JSON answer, no task work) with 8 concurrent clients: the
+  floor the framework and the machine set, measured in the same run;
+- single POST /api/v1/tasks/, 1 client (sequential) and --users concurrent clients;
+- POST /api/v1/tasks/bulk/ with 100 tasks per request (--users clients) and one request of 1,000.
+For each: requests/s, tasks/s, p50/p99 latency (locust), and the server's CPU per task (utime+stime
+of the gunicorn workers, which is the figure the noisy machine distorts least), plus the ratio of the
+submission's throughput to the baseline's. The database is a scratch one, created, migrated and seeded
+here (one tenant with a quota large enough for every scenario). Figures only; nothing fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCUSTFILE = Path(__file__).resolve().parent / "api_locustfile.py"
+
+
+def progress(message: str) -> None:
+    print(f"[bench api] {message}", file=sys.stderr, flush=True)
+
+
+def _prepare_database(env: dict[str, str], code: Path) -> str:
+    """Create (if needed), migrate and seed the scratch database; return a member's API token."""
+    import psycopg
+
+    url = env["DATABASE_URL"]
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=code, env=env, check=True)
+    seed = (
+        "from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create\n"
+        "from apps.tenants.models import Membership\n"
+        "from apps.tenants.services import membership_set, tenant_create, token_create\n"
+        "from apps.workloads.services import queue_create, quota_set\n"
+        "from django.contrib.auth import get_user_model\n"
+        "tenant = tenant_create(slug='bench', name='Bench')\n"
+        "user = get_user_model().objects.create_user(username='ci')\n"
+        "membership_set(user=user, tenant=tenant, role=Membership.Role.MEMBER)\n"
+        "pool = pool_create(name='h100-bench')\n"
+        "node, _ = node_register(cluster=cluster_create(name='c', region='r'), pool=pool, name='n1',"
+        " cpu_milli=96000, mem_mib=1048576)\n"
+        "[gpu_add(node=node, index=i, model='H100-80GB') for i in range(8)]\n"
+        "quota_set(tenant=tenant, pool=pool, guaranteed_milli=2_000_000_000)\n"
+        "queue_create(tenant=tenant, pool=pool, name='bench')\n"
+        "print(token_create(user=user, tenant=tenant, name='bench')[1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", seed],
+        cwd=code,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class Figures:
+    name: str
+    requests: int
+    failures: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    batch: int
+    cpu_s: float
+
+    @property
+    def tasks_per_s(self) -> float:
+        return self.rps * self.batch
+
+    @property
+    def cpu_ms_per_task(self) -> float:
+        done = max(self.requests - self.failures, 1) * self.batch
+        return 1000 * self.cpu_s / done
+
+
+def _server_cpu_s(master: psutil.Process) -> float:
+    total = 0.0
+    for process in [master, *master.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def _locust(
+    name: str, *, host: str, token: str, scenario: str, batch: int, users: int, duration_s: float,
+    master: psutil.Process, out: Path,
+) -> Figures:  # fmt: skip
+    env = {
+        **os.environ,
+        "WG_BENCH_TOKEN": token,
+        "WG_BENCH_SCENARIO": scenario,
+        "WG_BENCH_BATCH": str(batch),
+    }
+    prefix = out / name
+    argv = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
+        "-u", str(users), "-r", str(users), "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING",
+        "-t", f"{int(duration_s)}s",
+    ]  # fmt: skip
+    before = _server_cpu_s(master)
+    subprocess.run(argv, env=env, check=False, capture_output=True, text=True, timeout=duration_s + 600)
+    cpu = _server_cpu_s(master) - before
+    with open(f"{prefix}_stats.csv") as handle:
+        row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    return Figures(
+        name=name,
+        requests=int(row["Request Count"]),
+        failures=int(row["Failure Count"]),
+        rps=float(row["Requests/s"]),
+        p50_ms=float(row["50%"] or "nan"),
+        p99_ms=float(row["99%"] or "nan"),
+        batch=batch,
+        cpu_s=cpu,
+    )
+
+
+def _one_big_request(*, host: str, token: str, master: psutil.Process, batch: int, repeats: int) -> Figures:
+    """A pipeline's one big submission, timed end to end (a closed-loop load tool adds nothing here)."""
+    body = {
+        "tasks": [{"queue": "bench", "gpu_milli": 1, "cpu_milli": 500, "command": ["python", "x.py"]}] * batch
+    }
+    headers = {"Authorization": f"Bearer {token}"}
+    latencies, failures = [], 0
+    before = _server_cpu_s(master)
+    for _ in range(repeats):
+        started = time.perf_counter()
+        response = requests.post(host + "/api/v1/tasks/bulk/", json=body, headers=headers, timeout=120)
+        latencies.append(time.perf_counter() - started)
+        failures += response.status_code != 201
+    cpu = _server_cpu_s(master) - before
+    latencies.sort()
+    return Figures(
+        name=f"bulk of {batch}, 1 request at a time",
+        requests=repeats,
+        failures=failures,
+        rps=repeats / sum(latencies),
+        p50_ms=1000 * latencies[len(latencies) // 2],
+        p99_ms=1000 * latencies[-1],
+        batch=batch,
+        cpu_s=cpu,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--code", type=Path, default=ROOT, help="checkout whose server to measure")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers (4)")
+    parser.add_argument("--users", type=int, default=8, help="concurrent clients (8)")
+    parser.add_argument("--duration-s", type=float, default=20.0, help="seconds per timed scenario (20)")
+    parser.add_argument("--database", default="wg_api_bench", help="scratch database, dropped and re-created")
+    parser.add_argument("--db-host", default="postgres://postgres@127.0.0.1:5432")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/5"))
+    parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument("--forecast-inline", action="store_true", help="forecast in the request (no broker)")
+    args = parser.parse_args()
+    code = args.code.resolve()
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"{args.db_host}/{args.database}",
+        "REDIS_URL": args.redis_url,
+        "SECRET_KEY": "bench-only",
+        "WHALEGEN_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(code),
+    }
+    if args.forecast_inline:
+        env["WHALEGEN_FORECAST_INLINE"] = "true"
+    progress(f"preparing {args.database} for {code}")
+    token = _prepare_database(env, code)
+    host = f"http://127.0.0.1:{args.port}"
+    server = subprocess.Popen(
+        [
+            sys.executable, "-m", "gunicorn", "whalegen.config.wsgi", "-w", str(args.workers),
+            "-b", f"127.0.0.1:{args.port}", "--log-level", "warning", "--timeout", "120",
+        ],
+        cwd=code, env=env,
+    )  # fmt: skip
+    master = psutil.Process(server.pid)
+    try:
+        for _ in range(120):
+            try:
+                if requests.get(host + "/api/v1/tasks/", timeout=10).status_code in (200, 401, 403):
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        out = Path(tempfile.mkdtemp(prefix="whalegen-bench-api-"))
+        common = {"host": host, "token": token, "master": master, "out": out, "duration_s": args.duration_s}
+        progress("warming up")
+        _locust("warmup", scenario="single", batch=1, users=args.users, **{**common, "duration_s": 5})
+        runs = [
+            ("baseline GET /api/v1/", "index", 1, args.users),
+            ("single POST, 1 client", "single", 1, 1),
+            (f"single POST, {args.users} clients", "single", 1, args.users),
+            (f"bulk of 100, {args.users} clients", "bulk", 100, args.users),
+        ]
+        results = []
+        for index, (name, scenario, batch, users) in enumerate(runs):
+            progress(name)
+            figures = _locust(f"run{index}", scenario=scenario, batch=batch, users=users, **common)
+            figures.name = name
+            results.append(figures)
+        progress("bulk of 1000, one request at a time")
+        results.append(_one_big_request(host=host, token=token, master=master, batch=1000, repeats=3))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    baseline = results[0]
+    print(f"API load — code {code}, gunicorn {args.workers} sync workers, PostgreSQL {args.database}, "
+          f"broker {args.redis_url}{' (forecasts inline)' if args.forecast_inline else ''}, "
+          f"{args.duration_s:g} s per timed scenario, locust closed loop without think time")  # fmt: skip
+    print(f"{'scenario':34} {'req':>6} {'fail':>5} {'req/s':>8} {'tasks/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'srv CPU ms/task':>16} {'vs baseline':>12}")  # fmt: skip
+    for r in results:
+        ratio = r.rps / baseline.rps if baseline.rps else float("nan")
+        print(f"{r.name:34} {r.requests:6d} {r.failures:5d} {r.rps:8.1f} {r.tasks_per_s:9.1f} "
+              f"{r.p50_ms:8.0f} {r.p99_ms:8.0f} {r.cpu_ms_per_task:16.2f} {ratio:11.2f}x")  # fmt: skip
+    single = results[2]
+    bulk = max(results[3].tasks_per_s, results[4].tasks_per_s)
+    print(f"goals: >=300 single submissions/s with p99 <=100 ms under {args.users} clients: "
+          f"{single.rps:.0f}/s, p99 {single.p99_ms:.0f} ms; "
+          f">=5000 tasks/s in bulk: {bulk:.0f}/s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
