@@ -502,7 +502,10 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         )
 
     # 5. Pending tasks.
-    pending_rows = Task.objects.filter(pool_id=pool_id, state=Task.State.PENDING).values(
+    # A requeued task backing off (Task.not_before_at, set by workloads' requeue) is not placed before then.
+    pending_rows = Task.objects.filter(
+        Q(not_before_at__isnull=True) | Q(not_before_at__lte=now), pool_id=pool_id, state=Task.State.PENDING
+    ).values(
         "id",
         "version",
         "tenant_id",
