@@ -15,7 +15,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Count, Exists, F, FloatField, Max, OuterRef, Q, Value, When
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    FloatField,
+    Max,
+    OuterRef,
+    PositiveBigIntegerField,
+    Q,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from apps.common.errors import Conflict, NotAllowed
@@ -73,8 +85,9 @@ def _check_version(version: str) -> None:
 
 def _sync_inventory(
     *, node: Node, inventory: tuple[p.GpuInventory, ...], lost: set[str], now: datetime
-) -> None:
-    """Match reported GPUs to ours by NVML index; the agent's UUID is the truth (ours may be seeded)."""
+) -> dict[str, Gpu]:
+    """Match reported GPUs to ours by NVML index; the agent's UUID is the truth (ours may be seeded).
+    Returns the node's GPUs by (adopted) UUID."""
     gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
     for item in inventory:
         gpu = gpus.get(item.index)
@@ -89,6 +102,7 @@ def _sync_inventory(
                 gpu.uuid = item.uuid
         if item.lost or item.uuid in lost:
             _gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
+    return {gpu.uuid: gpu for gpu in gpus.values()}
 
 
 def _gpu_unhealthy(*, gpu: Gpu, kind: str, xid: int | None, now: datetime) -> None:
@@ -103,18 +117,35 @@ def _gpu_unhealthy(*, gpu: Gpu, kind: str, xid: int | None, now: datetime) -> No
 
 
 def _seen(*, node: Node, now: datetime, agent_version: str) -> None:
-    """A sign of life: record it, and bring a lost node back (its orphans are stopped via desired state)."""
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, agent_version=agent_version[:32])
+    """A sign of life: record it, and bring a lost node back (its orphans are stopped via desired state).
+
+    One UPDATE whatever the node's state (the heartbeat path stays cheap): the return from `lost` is
+    decided in SQL on the row as it is, never on a copy read earlier.
+    """
     # Back to what it was lost from: a node an operator cordoned (or was draining: its tasks were requeued
     # when it was lost, so the drain is done) stays out of placement until uncordoned.
     held = [Node.State.CORDONED, Node.State.DRAINING]
-    lost = Node.objects.filter(pk=node.pk, state=Node.State.LOST)
-    back = lost.filter(state_before_lost__in=held).update(
-        state=Node.State.CORDONED, state_before_lost="", version=F("version") + 1
-    ) or lost.update(state=Node.State.READY, state_before_lost="", version=F("version") + 1)
-    if back:
-        log.info("node %s is back after being lost", node.name)
-    node.refresh_from_db()
+    was_lost = Q(state=Node.State.LOST)
+    Node.objects.filter(pk=node.pk).update(
+        last_heartbeat_at=now,
+        agent_version=agent_version[:32],
+        state=Case(
+            When(was_lost & Q(state_before_lost__in=held), then=Value(Node.State.CORDONED)),
+            When(was_lost, then=Value(Node.State.READY)),
+            default=F("state"),
+        ),
+        state_before_lost=Case(When(was_lost, then=Value("")), default=F("state_before_lost")),
+        version=Case(
+            When(was_lost, then=F("version") + 1),
+            default=F("version"),
+            output_field=PositiveBigIntegerField(),
+        ),
+    )
+    if node.state == Node.State.LOST:
+        node.refresh_from_db()
+        log.info("node %s is back after being lost (now %s)", node.name, node.state)
+    else:
+        node.last_heartbeat_at = now
 
 
 @transaction.atomic
@@ -160,8 +191,7 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
             ):
                 break
             NodeAgent.objects.get_or_create(node=node)
-        _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
-        gpus = {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
+        gpus = _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
         # 1. Events: Xid 79 (fatal) or a double-bit ECC error takes the GPU out of placement.
         for event in message.events:
             gpu = gpus.get(event.gpu_uuid)

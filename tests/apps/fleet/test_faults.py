@@ -232,7 +232,7 @@ def test_the_heartbeat_path_costs_a_fixed_number_of_queries(
     report(fleet.node, 1, p.TaskReport(str(fleet.task_a.pk), p.TaskState.RUNNING, 0.0, pid=7))
     running = (p.RunningTask(str(fleet.task_a.pk), 0, 7),)
     heartbeat(fleet.node, now, running=running)
-    with django_assert_num_queries(17):
+    with django_assert_num_queries(13):
         heartbeat(fleet.node, now + timedelta(seconds=10), running=running)
 
 
