@@ -754,11 +754,17 @@ def node_drain(*, node: Node, actor: str) -> Node:
     let the others finish. The node stays `draining` until it holds no task, then becomes `cordoned`."""
     if node.state == Node.State.LOST:
         raise Conflict(f"node {node.name} is lost; there is nothing on it to drain")
-    Node.objects.filter(pk=node.pk).update(state=Node.State.DRAINING, version=F("version") + 1)
+    with transaction.atomic():
+        # Quotas before the node (the cycle's order): a task out of attempts fails here and gives its
+        # charge back.
+        _lock_quotas([task.pk for task in _live_tasks(node)])
+        Node.objects.filter(pk=node.pk).update(state=Node.State.DRAINING, version=F("version") + 1)
     reason = f"node {node.name} drained by {actor}"
     for task in _live_tasks(node):
         if task.preemptible and task.state in LIVE_TASK_STATES:
-            _requeue(task, via=Task.State.PREEMPTED, actor=actor, reason=reason)
+            with transaction.atomic():
+                _lock_quotas([task.pk])
+                _requeue(task, via=Task.State.PREEMPTED, actor=actor, reason=reason)
     drains_complete()
     node.refresh_from_db()
     return node

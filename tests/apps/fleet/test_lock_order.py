@@ -92,3 +92,28 @@ def test_a_cycle_and_a_report_that_ends_a_task_do_not_deadlock(fleet: Any) -> No
     errors = race(cycle, lambda: report(fleet.node, 1, done))
     assert errors == []
     assert Task.objects.get(pk=fleet.task_a.pk).state == "succeeded"
+
+
+def test_two_health_checks_at_once_requeue_a_lost_nodes_task_once(fleet: Any) -> None:
+    """Two workers run the beat task at the same moment (a duplicated beat, a restarted worker)."""
+    from datetime import timedelta
+
+    from apps.fleet.services import nodes_mark_lost
+    from apps.workloads.models import Task, TaskEvent
+
+    now = timezone.now()
+    heartbeat(fleet.node, now)
+    assign(fleet.task_a, fleet.node, [fleet.whole_unit])
+    later = now + timedelta(seconds=31)
+    results: list[list[int]] = []
+
+    def check(holding: threading.Event) -> None:
+        holding.set()
+        results.append(nodes_mark_lost(now=later))
+
+    errors = race(check, lambda: results.append(nodes_mark_lost(now=later)))
+    assert errors == []
+    assert sum(fleet.node.pk in found for found in results) == 1
+    task = Task.objects.get(pk=fleet.task_a.pk)
+    assert (task.state, task.attempts) == ("pending", 1)
+    assert TaskEvent.objects.filter(task=task, to_state="lost").count() == 1
