@@ -99,7 +99,9 @@ DATABASES = {"default": database_from_url(_database_url)}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(str(DATABASES["default"]["NAME"])).parent.mkdir(parents=True, exist_ok=True)
     # The embedded default serves agents, cycles and the API at once: a transaction takes the write lock
-    # when it begins and waits for it (up to 20 s) instead of failing "database is locked" mid-way.
+    # when it begins and waits for it (up to 20 s) instead of failing "database is locked" mid-way, and
+    # the process's writers queue in arrival order before asking SQLite (whalegen/config/sqlite/base.py).
+    DATABASES["default"]["ENGINE"] = "whalegen.config.sqlite"
     DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
