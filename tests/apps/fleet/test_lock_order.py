@@ -72,10 +72,10 @@ def test_a_cycle_and_a_heartbeat_on_the_same_node_do_not_deadlock(fleet: Any) ->
     assert errors == []
 
 
-def test_a_cycle_and_a_report_that_ends_a_task_do_not_deadlock(fleet: Any) -> None:
-    """A report that ends a task gives its quota charge back: it takes the quota before the node, as the
-    cycle does. (A guard: this interleaving did not deadlock on main either.)"""
-    from apps.inventory.models import Node
+def test_a_cycle_preempting_a_task_and_its_report_that_it_ended_do_not_deadlock(fleet: Any) -> None:
+    """The cycle locks the victim's quota, then the victim (to preempt it) while its agent reports it
+    finished. Before: the report wrote the task row, then waited for the quota (to give the charge
+    back) that the cycle held while the cycle waited for the task row."""
     from apps.workloads.models import Quota, Task
 
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])
@@ -87,7 +87,7 @@ def test_a_cycle_and_a_report_that_ends_a_task_do_not_deadlock(fleet: Any) -> No
             Quota.objects.select_for_update().filter(pk=quota.pk).values_list("pk").first()
             holding.set()
             time.sleep(1.5)  # the report gets as far as it can
-            Node.objects.select_for_update().filter(pk=fleet.node.pk).values_list("pk").first()
+            Task.objects.select_for_update().filter(pk=fleet.task_a.pk).values_list("pk").first()
 
     errors = race(cycle, lambda: report(fleet.node, 1, done))
     assert errors == []
