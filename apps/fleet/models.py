@@ -22,9 +22,34 @@ class NodeAgent(models.Model):
     desired_digest = models.CharField(max_length=64, blank=True)  # SHA-256 of the content last served
     generation_applied = models.PositiveBigIntegerField(default=0)  # what the agent last said it applied
     stored_seq = models.PositiveBigIntegerField(default=0)  # highest report seq stored
+    # The agent's pace as the plane receives it (docs/fleet.md, "Node health"): the agent's own clock at
+    # its latest heartbeat (`sent_at_s`), the gap between its last two heartbeats on that clock, the
+    # lowest receive-minus-send difference seen (clock offset plus the quickest delivery), and how much
+    # later than that the latest heartbeat arrived (the plane's intake delay, in seconds).
+    last_sent_s = models.FloatField(null=True, blank=True)
+    heartbeat_gap_s = models.FloatField(null=True, blank=True)
+    clock_offset_s = models.FloatField(null=True, blank=True)
+    heartbeat_lag_s = models.FloatField(default=0.0)
 
     def __str__(self) -> str:
         return f"agent of node {self.node_id}"
+
+
+class FleetIngestion(models.Model):
+    """One row: whether the plane itself hears its agents. Written only by the node-health check.
+
+    When no node at all has heartbeated for a while, the likelier story is that the plane's own intake is
+    down (web tier stopped, a proxy gone), not that every node died at once: the check then declares no
+    node lost (`deaf_since`), and once heartbeats arrive again every node gets a full loss threshold
+    counted from `resumed_at` before its silence can count against it.
+    """
+
+    deaf_since = models.DateTimeField(null=True, blank=True)  # the last heartbeat heard before the gap
+    resumed_at = models.DateTimeField(null=True, blank=True)  # when the check first heard again
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"fleet ingestion (deaf since {self.deaf_since})" if self.deaf_since else "fleet ingestion"
 
 
 class AgentReport(models.Model):

@@ -105,7 +105,8 @@ def desired_state_build(
     Tasks: every live assignment of a runnable task is `run`; a task whose assignment here was released
     (cancelled, preempted, requeued) while the agent last said it was alive is `stop`. A `run` whose
     units a still-stopping task holds is held back until that task has ended, so two processes never
-    share a unit. Stops are listed for a bounded time; after it the agent still stops the process,
+    share a unit — unless the agent already reported that run started: then it is never taken back.
+    Stops are listed for a bounded time; after it the agent still stops the process,
     because a task the desired state no longer lists is stopped. Runs are named for the agent's
     protocol (`agent_protocol`): a 1.0 agent gets the attempt folded into the task id.
     """
@@ -124,13 +125,15 @@ def desired_state_build(
     # requeued (perhaps handed back to this very node as a new attempt). Their units come from the
     # task's latest released assignment here (two or three queries).
     live_runs = {(a.task_id, a.task.attempts) for a in live}
-    alive = [
-        (task_id, attempt)
-        for task_id, attempt in TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE)
+    alive_runs = list(
+        TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE)
         .values_list("task_id", "attempt")
         .order_by("task_id", "attempt")
-        if (task_id, attempt) not in live_runs
-    ]
+    )
+    alive = [run for run in alive_runs if run not in live_runs]
+    # Live runs the agent already said it started: never held back (below), whatever a late report says
+    # about an older run on their units — leaving one out would make the agent stop it.
+    started = live_runs.intersection(alive_runs)
     horizon = now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
     released: dict[int, Assignment] = {}
     for assignment in (
@@ -155,9 +158,9 @@ def desired_state_build(
         busy_unit_ids |= {u.pk for u in units}
     for assignment in live:
         units = list(assignment.units.all())
-        if not units or busy_unit_ids & {u.pk for u in units}:
-            continue
         key = (assignment.task_id, assignment.task.attempts)
+        if not units or (key not in started and busy_unit_ids & {u.pk for u in units}):
+            continue
         specs[key] = _spec(
             assignment.task, assignment.task.attempts, units, p.DesiredTaskState.RUN, legacy=legacy
         )

@@ -9,17 +9,31 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Q
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    FloatField,
+    Max,
+    OuterRef,
+    PositiveBigIntegerField,
+    Q,
+    Value,
+    When,
+)
 from django.utils import timezone
 
 from apps.common.errors import Conflict, NotAllowed
 from apps.fleet.models import (
     AgentReport,
+    FleetIngestion,
     GpuEvent,
     GpuPartition,
     GpuSample,
@@ -30,7 +44,7 @@ from apps.fleet.models import (
 from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run
 from apps.inventory.models import Gpu, Node
 from apps.scheduling.models import Assignment
-from apps.workloads.models import Task
+from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition
 from whalegen import protocol as p
 
@@ -71,8 +85,9 @@ def _check_version(version: str) -> None:
 
 def _sync_inventory(
     *, node: Node, inventory: tuple[p.GpuInventory, ...], lost: set[str], now: datetime
-) -> None:
-    """Match reported GPUs to ours by NVML index; the agent's UUID is the truth (ours may be seeded)."""
+) -> dict[str, Gpu]:
+    """Match reported GPUs to ours by NVML index; the agent's UUID is the truth (ours may be seeded).
+    Returns the node's GPUs by (adopted) UUID."""
     gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
     for item in inventory:
         gpu = gpus.get(item.index)
@@ -87,6 +102,7 @@ def _sync_inventory(
                 gpu.uuid = item.uuid
         if item.lost or item.uuid in lost:
             _gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
+    return {gpu.uuid: gpu for gpu in gpus.values()}
 
 
 def _gpu_unhealthy(*, gpu: Gpu, kind: str, xid: int | None, now: datetime) -> None:
@@ -101,30 +117,48 @@ def _gpu_unhealthy(*, gpu: Gpu, kind: str, xid: int | None, now: datetime) -> No
 
 
 def _seen(*, node: Node, now: datetime, agent_version: str) -> None:
-    """A sign of life: record it, and bring a lost node back (its orphans are stopped via desired state)."""
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=now, agent_version=agent_version[:32])
+    """A sign of life: record it, and bring a lost node back (its orphans are stopped via desired state).
+
+    One UPDATE whatever the node's state (the heartbeat path stays cheap): the return from `lost` is
+    decided in SQL on the row as it is, never on a copy read earlier.
+    """
     # Back to what it was lost from: a node an operator cordoned (or was draining: its tasks were requeued
     # when it was lost, so the drain is done) stays out of placement until uncordoned.
     held = [Node.State.CORDONED, Node.State.DRAINING]
-    lost = Node.objects.filter(pk=node.pk, state=Node.State.LOST)
-    back = lost.filter(state_before_lost__in=held).update(
-        state=Node.State.CORDONED, state_before_lost="", version=F("version") + 1
-    ) or lost.update(state=Node.State.READY, state_before_lost="", version=F("version") + 1)
-    if back:
-        log.info("node %s is back after being lost", node.name)
-    node.refresh_from_db()
+    was_lost = Q(state=Node.State.LOST)
+    Node.objects.filter(pk=node.pk).update(
+        last_heartbeat_at=now,
+        agent_version=agent_version[:32],
+        state=Case(
+            When(was_lost & Q(state_before_lost__in=held), then=Value(Node.State.CORDONED)),
+            When(was_lost, then=Value(Node.State.READY)),
+            default=F("state"),
+        ),
+        state_before_lost=Case(When(was_lost, then=Value("")), default=F("state_before_lost")),
+        version=Case(
+            When(was_lost, then=F("version") + 1),
+            default=F("version"),
+            output_field=PositiveBigIntegerField(),
+        ),
+    )
+    if node.state == Node.State.LOST:
+        node.refresh_from_db()
+        log.info("node %s is back after being lost (now %s)", node.name, node.state)
+    else:
+        node.last_heartbeat_at = now
 
 
 @transaction.atomic
 def agent_register(*, node: Node, message: p.Register, now: datetime | None = None) -> p.Registered:
     now = now or timezone.now()
     _check_version(message.protocol_version)
+    # The node row first, the agent row after: the scheduling cycle's lock order (no deadlock with it).
+    _seen(node=node, now=now, agent_version=message.agent_version)
     agent, _ = NodeAgent.objects.get_or_create(node=node)
     NodeAgent.objects.filter(pk=agent.pk).update(
         hostname=message.hostname[:255], protocol_version=message.protocol_version[:16], registered_at=now
     )
     _sync_inventory(node=node, inventory=message.inventory, lost=set(), now=now)
-    _seen(node=node, now=now, agent_version=message.agent_version)
     return p.Registered(
         node_id=str(node.pk),
         heartbeat_interval_s=float(settings.WHALEGEN_AGENT_HEARTBEAT_S),
@@ -144,13 +178,20 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
     now = now or timezone.now()
     _check_node(node, message.node_id)
     _check_version(message.protocol_version)
+    declared: list[TaskRun] = []
     with transaction.atomic():
-        agent, _ = NodeAgent.objects.get_or_create(node=node)
-        NodeAgent.objects.filter(pk=agent.pk).update(
-            generation_applied=message.generation_applied, protocol_version=message.protocol_version[:16]
-        )
-        _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
-        gpus = {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
+        # 0. The node row first, the agent row after: the scheduling cycle locks them in that order (and
+        # quotas before both, which a heartbeat never touches here), so the two can never deadlock.
+        _seen(node=node, now=now, agent_version=message.agent_version)
+        for _ in range(2):  # one UPDATE in the steady state; the first heartbeat creates the row first
+            if NodeAgent.objects.filter(pk=node.pk).update(
+                generation_applied=message.generation_applied,
+                protocol_version=message.protocol_version[:16],
+                **_pace_updates(sent_at_s=message.sent_at_s, received_s=now.timestamp()),
+            ):
+                break
+            NodeAgent.objects.get_or_create(node=node)
+        gpus = _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
         # 1. Events: Xid 79 (fatal) or a double-bit ECC error takes the GPU out of placement.
         for event in message.events:
             gpu = gpus.get(event.gpu_uuid)
@@ -166,11 +207,53 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
         last = GpuSample.objects.filter(gpu__node=node).aggregate(at=Max("at"))["at"]
         if last is None or now - last >= timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
             _store_telemetry(node=node, message=message, gpus=gpus, now=now)
-        _seen(node=node, now=now, agent_version=message.agent_version)
         # 3. Runs the agent no longer supervises but never reported ended (1.1 agents list them).
         if message.running is not None:
-            _runs_missing(node=node, running=message.running, now=now)
+            declared = _runs_missing(node=node, running=message.running, now=now)
+    # 4. Runs missing past the grace are declared lost, each in its own transaction with quotas locked
+    # first (the cycle's order). A crash before one commits leaves it alive and missing: the next
+    # heartbeat declares it again.
+    for run in declared:
+        _run_lose(node=node, run=run, now=now)
     return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+
+
+# How fast the recorded clock offset follows a receive-minus-send difference above it: slow enough that
+# a minute of plane congestion still shows as lag, fast enough to follow an agent clock that drifts or
+# steps (2 % a heartbeat: half of a step is absorbed after ~35 heartbeats).
+_OFFSET_CREEP = 0.02
+
+
+def _pace_updates(*, sent_at_s: float, received_s: float) -> dict[str, Any]:
+    """Column updates that record one heartbeat's pace (SQL expressions over the old values: no read).
+
+    `raw` = receive time − the agent's send time = the agents' clock offset + delivery delay. The lowest
+    `raw` seen (`clock_offset_s`) stands for the offset; how far this heartbeat is above it is the delay
+    the plane added (`heartbeat_lag_s`). The agent's own send gap (its clock only, so skew-free) shows a
+    loop slowed down by a slow plane.
+    """
+    raw = received_s - sent_at_s
+    fresh = Q(clock_offset_s__isnull=True) | Q(clock_offset_s__gte=raw)
+    newer = Q(last_sent_s__isnull=True) | Q(last_sent_s__lt=sent_at_s)
+    return {
+        "last_sent_s": Case(When(newer, then=Value(sent_at_s)), default=F("last_sent_s")),
+        "heartbeat_gap_s": Case(
+            When(last_sent_s__isnull=True, then=Value(None)),
+            When(last_sent_s__lt=sent_at_s, then=Value(sent_at_s) - F("last_sent_s")),
+            default=F("heartbeat_gap_s"),
+            output_field=FloatField(),
+        ),
+        "clock_offset_s": Case(
+            When(fresh, then=Value(raw)),
+            default=F("clock_offset_s") + _OFFSET_CREEP * (Value(raw) - F("clock_offset_s")),
+            output_field=FloatField(),
+        ),
+        "heartbeat_lag_s": Case(
+            When(fresh, then=Value(0.0)),
+            default=(1 - _OFFSET_CREEP) * (Value(raw) - F("clock_offset_s")),
+            output_field=FloatField(),
+        ),
+    }
 
 
 def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], now: datetime) -> None:
@@ -202,19 +285,18 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
     )
 
 
-def _runs_missing(*, node: Node, running: tuple[p.RunningTask, ...], now: datetime) -> list[tuple[int, int]]:
+def _runs_missing(*, node: Node, running: tuple[p.RunningTask, ...], now: datetime) -> list[TaskRun]:
     """Runs the plane believes alive here (`TaskRun` starting/running) that the heartbeat does not list.
 
     A run first missing is stamped `missing_since`; listed again, the stamp clears. Missing for the grace
     period (as long as a node must be silent to be lost: `WHALEGEN_NODE_LOST_HEARTBEATS` ×
-    `WHALEGEN_AGENT_HEARTBEAT_S`) it is `lost`: the agent dropped it without a report (a report still on
-    its way would have landed within the grace). The task, if this run is its live attempt here, goes
-    `lost → pending` with the reason. Returns the (task, attempt) pairs declared lost.
+    `WHALEGEN_AGENT_HEARTBEAT_S`) it is to be declared `lost` (`_run_lose`): the agent dropped it without
+    a report (a report still on its way would have landed within the grace). Returns those runs.
     """
     listed = {run for item in running if (run := parse_run(item.task_id, item.attempt)) is not None}
     grace = timedelta(seconds=settings.WHALEGEN_NODE_LOST_HEARTBEATS * settings.WHALEGEN_AGENT_HEARTBEAT_S)
-    declared: list[tuple[int, int]] = []
-    for run in TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE).select_related("task"):
+    declared: list[TaskRun] = []
+    for run in TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE):
         if (run.task_id, run.attempt) in listed:
             if run.missing_since is not None:
                 TaskRun.objects.filter(pk=run.pk).update(missing_since=None)
@@ -224,18 +306,27 @@ def _runs_missing(*, node: Node, running: tuple[p.RunningTask, ...], now: dateti
             continue
         if now - run.missing_since < grace:
             continue
-        reason = (
-            f"task {run.task_id} attempt {run.attempt} lost on {node.name}: the agent stopped listing it "
-            f"{(now - run.missing_since).total_seconds():.0f} s ago and never reported how it ended"
-        )
+        declared.append(run)
+    return declared
+
+
+def _run_lose(*, node: Node, run: TaskRun, now: datetime) -> None:
+    """Declare a dropped run lost and, if it is its task's live attempt here, requeue the task: one
+    transaction, quotas locked first (the cycle's lock order)."""
+    assert run.missing_since is not None
+    reason = (
+        f"task {run.task_id} attempt {run.attempt} lost on {node.name}: the agent stopped listing it "
+        f"{(now - run.missing_since).total_seconds():.0f} s ago and never reported how it ended"
+    )
+    with transaction.atomic():
+        _lock_quotas([run.task_id])
         # Compare-and-set on the state: a report of its end landing meanwhile wins.
         if not TaskRun.objects.filter(pk=run.pk, state=run.state).update(
             state=TaskRun.State.LOST, reason=reason[:500]
         ):
-            continue
-        declared.append((run.task_id, run.attempt))
+            return
         log.warning(reason)
-        task = run.task
+        task = Task.objects.get(pk=run.task_id)
         live = (
             run.attempt == task.attempts
             and task.state in LIVE_TASK_STATES
@@ -243,7 +334,14 @@ def _runs_missing(*, node: Node, running: tuple[p.RunningTask, ...], now: dateti
         )
         if live:
             _requeue(task, via=Task.State.LOST, actor=f"agent:{node.name}", reason=reason)
-    return declared
+
+
+def _lock_quotas(task_ids: list[int]) -> None:
+    """Lock the quota rows of these tasks, ids ascending: the first lock of every transaction that may
+    give a quota charge back while it also touches nodes, as the scheduling cycle locks quotas, then
+    nodes, then tasks."""
+    tasks = Task.objects.filter(pk__in=task_ids, tenant_id=OuterRef("tenant_id"), pool_id=OuterRef("pool_id"))
+    list(Quota.objects.select_for_update().filter(Exists(tasks)).order_by("pk").values_list("pk", flat=True))
 
 
 # ------------------------------------------------------------------------------------- desired state
@@ -308,14 +406,29 @@ def _move(task: Task, to_state: str, *, actor: str, reason: str, **fields: Any) 
 
 
 def _requeue(task: Task, *, via: str, actor: str, reason: str) -> None:
-    """assigned/running → lost|preempted → pending: the attempt is counted, the assignment released."""
-    if task.state in LIVE_TASK_STATES and not _move(task, via, actor=actor, reason=reason):
-        return
-    if task.state in (Task.State.LOST, Task.State.PREEMPTED):
-        _move(task, Task.State.PENDING, actor=actor, reason=reason, why_pending=f"requeued: {reason}"[:500])
+    """assigned/running → lost|preempted → pending in one transaction: the attempt is counted, the
+    assignment released (a crash between the two steps would leave the task lost, in no queue)."""
+    with transaction.atomic():
+        if task.state in LIVE_TASK_STATES and not _move(task, via, actor=actor, reason=reason):
+            return
+        if task.state in (Task.State.LOST, Task.State.PREEMPTED):
+            _move(
+                task, Task.State.PENDING, actor=actor, reason=reason, why_pending=f"requeued: {reason}"[:500]
+            )
 
 
-def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bool) -> None:
+def _late_result_stands(*, node: Node, task: Task, attempt: int) -> bool:
+    """Whether the end of a run the plane gave up on becomes the task's result (docs/fleet.md, "Late
+    results"): the run is the attempt just before the task's current one, the task was requeued from
+    this node and is still pending (no later attempt was placed), and it is in no gang (a gang's ranks
+    run together; one rank's result cannot stand for a gang that was requeued whole)."""
+    if task.state != Task.State.PENDING or task.gang_id or attempt != task.attempts - 1:
+        return False
+    latest = Assignment.objects.filter(task=task).order_by("-pk").values_list("node_id", flat=True).first()
+    return latest == node.pk
+
+
+def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bool, attempt: int) -> None:
     actor = f"agent:{node.name}"
     what = report.reason or report.state.value
     if report.state in (p.TaskState.STARTING, p.TaskState.RUNNING):
@@ -324,6 +437,16 @@ def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bo
             _move(task, Task.State.RUNNING, actor=actor, reason=f"{what} (pid {report.pid}{where})")
         return
     if report.state in (p.TaskState.SUCCEEDED, p.TaskState.FAILED):
+        if not live and _late_result_stands(node=node, task=task, attempt=attempt):
+            to_state = Task.State.SUCCEEDED if report.state is p.TaskState.SUCCEEDED else Task.State.FAILED
+            reason = (
+                f"attempt {attempt} ended on {node.name} after the plane had requeued it, and nothing "
+                f"had taken its place: {what}"
+            )
+            if report.exit_code is not None:
+                reason += f" (exit code {report.exit_code})"
+            _move(task, to_state, actor=actor, reason=reason, exit_code=report.exit_code)
+            return
         if not live or task.state not in LIVE_TASK_STATES:
             return
         # It ran and ended between two reports: record the start the plane never saw.
@@ -394,6 +517,11 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
     # 2. Store and apply in one transaction; the unique (node, seq) makes a concurrent repeat fail here.
     try:
         with transaction.atomic():
+            # The scheduling cycle's lock order: quotas (a report may end a task and give its charge
+            # back), then the node, then tasks. Rows of this node written below (reports, runs) take a
+            # share lock on the node row, which must not be held while waiting for a quota.
+            _lock_quotas(sorted(existing))
+            Node.objects.select_for_update().filter(pk=node.pk).values_list("pk").first()
             if AgentReport.objects.filter(node=node, seq=message.seq).exists():
                 raise _Repeat
             AgentReport.objects.create(node=node, seq=message.seq, payload=message.to_dict())
@@ -429,7 +557,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                     attempt == task.attempts
                     and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
                 )
-                _apply_task_report(node=node, task=task, report=item, live=live)
+                _apply_task_report(node=node, task=task, report=item, live=live, attempt=attempt)
             applied = dict(GpuPartition.objects.filter(gpu__node=node).values_list("gpu__uuid", "generation"))
             for part in message.partitions:
                 gpu = gpus.get(part.gpu_uuid)
@@ -469,31 +597,137 @@ def _live_tasks(node: Node) -> list[Task]:
     return list(Task.objects.filter(pk__in=task_ids).order_by("pk"))
 
 
+@dataclass(frozen=True)
+class FleetPace:
+    """How the plane hears its agents right now (docs/fleet.md, "Node health").
+
+    `interval_s`: the heartbeat interval that counts, at least `WHALEGEN_AGENT_HEARTBEAT_S`, stretched to
+    the slowest send gap agents heard lately report (a plane slow to answer slows the agents' loops),
+    at most twice it. `lag_s`: the largest intake delay of those heartbeats (how much later than its
+    quickest a heartbeat arrives), at most the loss threshold. Silence counts only past
+    `NODE_LOST_HEARTBEATS × interval_s + lag_s`: what the plane failed to receive, not its own slowness.
+    """
+
+    interval_s: float
+    lag_s: float
+    lost_after_s: float
+    deaf_after_s: float
+
+
+def fleet_pace(*, now: datetime) -> FleetPace:
+    """One aggregate over the agents heard within the loss threshold."""
+    beat_s = float(settings.WHALEGEN_AGENT_HEARTBEAT_S)
+    count = settings.WHALEGEN_NODE_LOST_HEARTBEATS
+    recent = NodeAgent.objects.filter(node__last_heartbeat_at__gte=now - timedelta(seconds=count * beat_s))
+    seen = recent.aggregate(gap=Max("heartbeat_gap_s"), lag=Max("heartbeat_lag_s"))
+    interval_s = min(max(beat_s, seen["gap"] or 0.0), 2 * beat_s)
+    lag_s = min(max(seen["lag"] or 0.0, 0.0), count * beat_s)
+    return FleetPace(
+        interval_s=interval_s,
+        lag_s=lag_s,
+        lost_after_s=count * interval_s + lag_s,
+        # Deaf sooner than any healthy node could be lost: a healthy node's last heartbeat is at most one
+        # interval older than the fleet's latest, so `(count − 1) intervals` of total silence comes first.
+        deaf_after_s=max(count - 1, 1) * interval_s + lag_s,
+    )
+
+
+def _ingestion_check(*, now: datetime, pace: FleetPace) -> datetime | None:
+    """Whether the plane hears its fleet; records deafness and its end on the one FleetIngestion row
+    (locked: concurrent checks take turns). Returns None while deaf (declare nobody lost), else the
+    instant silence may be counted from (when hearing last resumed; the epoch if never deaf)."""
+    epoch = datetime.fromtimestamp(0, tz=UTC)
+    with transaction.atomic():
+        FleetIngestion.objects.get_or_create(pk=1)
+        ingestion = FleetIngestion.objects.select_for_update().get(pk=1)
+        # With one node heard, "all silent" is that node's own silence: the plane cannot tell, and a node
+        # that stops must be found. From two up, all of them falling silent at once is the plane's fault.
+        heard = Node.objects.exclude(state=Node.State.LOST).filter(last_heartbeat_at__isnull=False)
+        seen = heard.aggregate(at=Max("last_heartbeat_at"), nodes=Count("pk"))
+        latest = seen["at"]
+        deaf = seen["nodes"] >= 2 and (now - latest).total_seconds() > pace.deaf_after_s
+        if deaf and ingestion.deaf_since is None:
+            ingestion.deaf_since = latest
+            log.warning(
+                "no heartbeat from any node since %s: the plane's own intake looks down (web tier, proxy); "
+                "no node is declared lost until heartbeats arrive again",
+                latest.isoformat(timespec="seconds") if latest else "never",
+            )
+        elif not deaf and ingestion.deaf_since is not None:
+            log.warning(
+                "heartbeats arrive again after a gap since %s: every node gets %.0f s from now",
+                ingestion.deaf_since.isoformat(timespec="seconds"),
+                pace.lost_after_s,
+            )
+            ingestion.deaf_since = None
+            ingestion.resumed_at = now
+        ingestion.checked_at = now
+        ingestion.save()
+    if deaf:
+        return None
+    return ingestion.resumed_at or epoch
+
+
 def nodes_mark_lost(*, now: datetime | None = None) -> list[int]:
-    """Mark lost every node silent for `WHALEGEN_NODE_LOST_HEARTBEATS` heartbeat intervals and requeue its
-    tasks. A node that never heartbeated counts from when it was created. Returns the node ids."""
+    """Mark lost every node the plane failed to hear from, and requeue its tasks. Returns the node ids.
+
+    Steps: 1. finish what an earlier check started (live work on a node already lost is requeued:
+    a crash mid-way never strands it); 2. if no node at all was heard lately, the plane is deaf, not the
+    fleet dead: nobody is lost; 3. a node is lost once silent past `FleetPace.lost_after_s`, counted
+    from its last heartbeat or from when the plane heard again after being deaf, whichever is later
+    (a node that never heartbeated counts from its creation). Each node is lost and its tasks requeued
+    in one transaction (quotas, then the node, then its tasks: the cycle's lock order).
+    """
     now = now or timezone.now()
-    silence = timedelta(seconds=settings.WHALEGEN_NODE_LOST_HEARTBEATS * settings.WHALEGEN_AGENT_HEARTBEAT_S)
-    deadline = now - silence
+    stranded = Assignment.objects.filter(released_at__isnull=True, node__state=Node.State.LOST)
+    for node in Node.objects.filter(pk__in=stranded.values("node_id")).order_by("pk"):
+        _node_lose(node=node, now=now, reason=f"node {node.name} is lost (requeued by a later check)")
+    pace = fleet_pace(now=now)
+    heard_from = _ingestion_check(now=now, pace=pace)
+    if heard_from is None:
+        return []
+    deadline = now - timedelta(seconds=pace.lost_after_s)
+    if heard_from > deadline:
+        return []  # hearing again only lately: every node still has its full threshold
     candidates = Node.objects.exclude(state=Node.State.LOST).filter(
         Q(last_heartbeat_at__lt=deadline) | Q(last_heartbeat_at__isnull=True, created_at__lt=deadline)
     )
     lost: list[int] = []
-    for node in candidates:
-        # Compare-and-set: a heartbeat that lands meanwhile keeps the node.
-        unchanged = Node.objects.filter(
-            pk=node.pk, state=node.state, last_heartbeat_at=node.last_heartbeat_at
-        )
-        went = unchanged.update(state=Node.State.LOST, state_before_lost=node.state, version=F("version") + 1)
-        if not went:
-            continue
-        lost.append(node.pk)
+    for node in candidates.order_by("pk"):
         seen = node.last_heartbeat_at.isoformat(timespec="seconds") if node.last_heartbeat_at else "never"
-        reason = f"node {node.name} lost: no heartbeat for {silence.total_seconds():.0f} s (last {seen})"
-        log.warning(reason)
-        for task in _live_tasks(node):
-            _requeue(task, via=Task.State.LOST, actor="system:node-health", reason=reason)
+        reason = (
+            f"node {node.name} lost: no heartbeat for {pace.lost_after_s:.0f} s "
+            f"({settings.WHALEGEN_NODE_LOST_HEARTBEATS} × {pace.interval_s:.0f} s"
+            f"{f' + {pace.lag_s:.1f} s intake delay' if pace.lag_s >= 0.1 else ''}; last {seen})"
+        )
+        if _node_lose(node=node, now=now, reason=reason, expect=node):
+            lost.append(node.pk)
     return lost
+
+
+def _node_lose(*, node: Node, now: datetime, reason: str, expect: Node | None = None) -> bool:
+    """In one transaction: lock the quotas of the node's live tasks, mark the node lost (compare-and-set
+    on what the check saw, `expect`, so a heartbeat landing meanwhile keeps it; without `expect` the node
+    must still be lost), requeue its live tasks. A failure rolls all of it back for the next check."""
+    try:
+        with transaction.atomic():
+            _lock_quotas([task.pk for task in _live_tasks(node)])
+            if expect is not None:
+                went = Node.objects.filter(
+                    pk=node.pk, state=expect.state, last_heartbeat_at=expect.last_heartbeat_at
+                ).update(state=Node.State.LOST, state_before_lost=expect.state, version=F("version") + 1)
+                if not went:
+                    return False
+                log.warning(reason)
+            elif not Node.objects.select_for_update().filter(pk=node.pk, state=Node.State.LOST).exists():
+                return False  # its agent came back meanwhile: its work is its own again
+            for task in _live_tasks(node):
+                _requeue(task, via=Task.State.LOST, actor="system:node-health", reason=reason)
+    except Exception:
+        # One node's failure must not stop the others' checks; nothing of this node was kept.
+        log.exception("node %s: marking it lost failed; the next check retries", node.name)
+        return False
+    return True
 
 
 def node_cordon(*, node: Node, actor: str) -> Node:
@@ -520,11 +754,17 @@ def node_drain(*, node: Node, actor: str) -> Node:
     let the others finish. The node stays `draining` until it holds no task, then becomes `cordoned`."""
     if node.state == Node.State.LOST:
         raise Conflict(f"node {node.name} is lost; there is nothing on it to drain")
-    Node.objects.filter(pk=node.pk).update(state=Node.State.DRAINING, version=F("version") + 1)
+    with transaction.atomic():
+        # Quotas before the node (the cycle's order): a task out of attempts fails here and gives its
+        # charge back.
+        _lock_quotas([task.pk for task in _live_tasks(node)])
+        Node.objects.filter(pk=node.pk).update(state=Node.State.DRAINING, version=F("version") + 1)
     reason = f"node {node.name} drained by {actor}"
     for task in _live_tasks(node):
         if task.preemptible and task.state in LIVE_TASK_STATES:
-            _requeue(task, via=Task.State.PREEMPTED, actor=actor, reason=reason)
+            with transaction.atomic():
+                _lock_quotas([task.pk])
+                _requeue(task, via=Task.State.PREEMPTED, actor=actor, reason=reason)
     drains_complete()
     node.refresh_from_db()
     return node

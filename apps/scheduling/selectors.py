@@ -507,8 +507,13 @@ def _read_pending(
     r: _Reading, effective: Callable[[int, int, int], tuple[int, str]]
 ) -> tuple[list[TaskRequest], list[TaskRequest], dict[str, PendingInfo], dict[str, float | None]]:
     """Step 5: pending tasks; those an open claim binds or keeps waiting are set apart."""
+    # A requeued task backing off (Task.not_before_at, set by workloads' requeue) is not placed before then.
     pending_rows = (
-        Task.objects.filter(pool_id=r.pool_id, state=Task.State.PENDING)
+        Task.objects.filter(
+            Q(not_before_at__isnull=True) | Q(not_before_at__lte=r.now),
+            pool_id=r.pool_id,
+            state=Task.State.PENDING,
+        )
         .annotate(profile_p50_s=_profile_p50("tenant_id", "profile_key"))
         .values(
             "id",

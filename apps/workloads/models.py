@@ -120,6 +120,8 @@ class Task(TimestampedModel):
 
     # Life.
     attempts = models.PositiveIntegerField(default=0)
+    # A requeued task (lost, preempted) backs off: no cycle places it before this instant.
+    not_before_at = models.DateTimeField(null=True, blank=True)
     why_pending = models.CharField(max_length=500, blank=True)
     # The solver's machine code for why_pending (whalegen.placement.types.Outcome values).
     why_pending_code = models.CharField(max_length=32, blank=True)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
@@ -571,8 +572,11 @@ def task_transition(
     with transaction.atomic():
         if to_state == Task.State.PENDING and task.state in RETRY_FROM:
             ended = _gang_ended_member(task)
+            exhausted = _attempts_exhausted(task)
             if ended is not None:
                 to_state, reason, why_pending = Task.State.FAILED, _cannot_run_whole(ended), None
+            elif exhausted is not None:
+                to_state, reason, why_pending = Task.State.FAILED, exhausted, None
         moved = _transition(
             task=task,
             to_state=to_state,
@@ -591,6 +595,9 @@ def task_transition(
             _gang_cancel(member=moved, actor=actor, reason=reason, now=now)
     return moved
 
+
+# why_pending_code of a requeued task waiting out its back-off (the cycle does not see it until then).
+BACKING_OFF = "backing_off"
 
 # A task in one of these holds (or is about to hold) a place on a node.
 PLACED: frozenset[str] = frozenset({Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING})
@@ -624,6 +631,28 @@ def _gang_ended_member(task: Task) -> Task | None:
         return None
     ended: Task | None = _gang_siblings(member).filter(state__in=FINAL).order_by("finished_at", "pk").first()
     return ended
+
+
+def requeue_backoff_s(*, attempt: int, base_s: float, cap_s: float) -> float:
+    """How long a task requeued after its `attempt`-th run (1 = the first) waits: base, then doubling,
+    capped. A task that keeps getting lost (a command that cannot start, a node that keeps dying) costs
+    the fleet less each time, and a fleet-wide blip does not send every task back at once, every cycle."""
+    return float(min(cap_s, base_s * 2 ** max(attempt - 1, 0)))
+
+
+def _attempts_exhausted(task: Task) -> str | None:
+    """The failure reason of a task that has used its `WHALEGEN_MAX_ATTEMPTS` runs, with each run's end;
+    None while it may run again. Reads the attempt count back (a caller may hold a partial row)."""
+    attempts = Task.objects.filter(pk=task.pk).values_list("attempts", flat=True).first() or 0
+    runs = attempts + 1  # the run that just ended is number attempts + 1
+    limit = settings.WHALEGEN_MAX_ATTEMPTS
+    if runs < limit:
+        return None
+    ends = TaskEvent.objects.filter(task_id=task.pk, to_state__in=RETRY_FROM).order_by("pk")
+    history = "; ".join(
+        f"{number}: {event.to_state} ({event.reason[:70]})" for number, event in enumerate(ends, start=1)
+    )
+    return f"gave up after {runs} attempts (WHALEGEN_MAX_ATTEMPTS={limit}): {history}"[:500]
 
 
 def _cannot_run_whole(ended: Task) -> str:
@@ -714,6 +743,22 @@ def _transition(
         updates["exit_code"] = exit_code
     if to_state == Task.State.PENDING and task.state in RETRY_FROM:
         updates["attempts"] = F("attempts") + 1
+        # Back off before the next run (the snapshot skips the task until then); say so where users look.
+        attempt = task.attempts + 1
+        delay_s = requeue_backoff_s(
+            attempt=attempt,
+            base_s=settings.WHALEGEN_REQUEUE_BACKOFF_S,
+            cap_s=settings.WHALEGEN_REQUEUE_BACKOFF_MAX_S,
+        )
+        if delay_s > 0:  # WHALEGEN_REQUEUE_BACKOFF_S=0 turns back-off off
+            not_before = now + timedelta(seconds=delay_s)
+            updates["not_before_at"] = not_before
+            updates["why_pending_code"] = BACKING_OFF
+            backing_off = (
+                f"backing off after attempt {attempt} until {not_before.isoformat(timespec='seconds')}"
+            )
+            # The cause first (what users and tests read), the back-off kept whole at the end.
+            why_pending = f"{(why_pending or reason)[: 500 - len(backing_off) - 2]}; {backing_off}"
     if why_pending is not None:
         updates["why_pending"] = why_pending
     elif to_state != Task.State.PENDING:
@@ -731,7 +776,7 @@ def _transition(
         )
         if to_state in FINAL or to_state in RETRY_FROM:
             Assignment.objects.filter(task=task, released_at__isnull=True).update(
-                released_at=now, release_reason=reason
+                released_at=now, release_reason=reason[:200]
             )
             ComputeUnit.objects.filter(task=task).update(task=None, version=F("version") + 1)
         if to_state in FINAL:

@@ -2,7 +2,8 @@
 
     pending → admitted → assigned → running → succeeded | failed | cancelled
     preempted and lost return the task to pending, with its attempt count raised (or end it as failed:
-    a gang member whose gang can never be whole again).
+    a gang member whose gang can never be whole again, or a task out of attempts). A requeued task that
+    nothing has placed again ends with the late result of the run it was requeued from.
 
 `task_transition` (services.py) is the only writer of `Task.state`; it asks `check_transition` first.
 """
@@ -17,7 +18,9 @@ S = Task.State
 FINAL: frozenset[str] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
-    S.PENDING: frozenset({S.ADMITTED, S.CANCELLED}),
+    # A pending task may also end with the result of the run the plane had given up on (its node was
+    # declared lost, it was requeued, and nothing has taken its place yet): docs/fleet.md, "Late results".
+    S.PENDING: frozenset({S.ADMITTED, S.CANCELLED, S.SUCCEEDED, S.FAILED}),
     # Admission can be undone by preemption (an owner reclaims borrowed quota) before placement.
     S.ADMITTED: frozenset({S.ASSIGNED, S.PREEMPTED, S.CANCELLED}),
     S.ASSIGNED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),

@@ -14,6 +14,8 @@ from apps.workloads.state_machine import FINAL, TRANSITIONS, IllegalTransition, 
 S = Task.State
 LEGAL = {
     (S.PENDING, S.ADMITTED), (S.PENDING, S.CANCELLED),
+    # A requeued task nothing has placed again takes the late result of the run it was requeued from.
+    (S.PENDING, S.SUCCEEDED), (S.PENDING, S.FAILED),
     (S.ADMITTED, S.ASSIGNED), (S.ADMITTED, S.PREEMPTED), (S.ADMITTED, S.CANCELLED),
     (S.ASSIGNED, S.RUNNING), (S.ASSIGNED, S.FAILED), (S.ASSIGNED, S.CANCELLED), (S.ASSIGNED, S.PREEMPTED),
     (S.ASSIGNED, S.LOST),

@@ -103,7 +103,9 @@ DATABASES = {"default": database_from_url(_database_url)}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(str(DATABASES["default"]["NAME"])).parent.mkdir(parents=True, exist_ok=True)
     # The embedded default serves agents, cycles and the API at once: a transaction takes the write lock
-    # when it begins and waits for it (up to 20 s) instead of failing "database is locked" mid-way.
+    # when it begins and waits for it (up to 20 s) instead of failing "database is locked" mid-way, and
+    # the process's writers queue in arrival order before asking SQLite (whalegen/config/sqlite/base.py).
+    DATABASES["default"]["ENGINE"] = "whalegen.config.sqlite"
     DATABASES["default"].setdefault("OPTIONS", {}).update({"transaction_mode": "IMMEDIATE", "timeout": 20})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -243,6 +245,12 @@ WHALEGEN_NODE_LOST_HEARTBEATS = envint("WHALEGEN_NODE_LOST_HEARTBEATS", 3)
 WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
 # How long a released task the agent still runs is listed as `stop` (afterwards omission stops it).
 WHALEGEN_AGENT_STOP_LIST_S = envfloat("WHALEGEN_AGENT_STOP_LIST_S", 600.0)
+# Requeues (a task lost with its node or run, or preempted) back off exponentially: the first waits
+# WHALEGEN_REQUEUE_BACKOFF_S, each next one twice as long, at most WHALEGEN_REQUEUE_BACKOFF_MAX_S. A task
+# that has run WHALEGEN_MAX_ATTEMPTS times and is requeued again ends `failed` with its attempt history.
+WHALEGEN_REQUEUE_BACKOFF_S = envfloat("WHALEGEN_REQUEUE_BACKOFF_S", 5.0)
+WHALEGEN_REQUEUE_BACKOFF_MAX_S = envfloat("WHALEGEN_REQUEUE_BACKOFF_MAX_S", 300.0)
+WHALEGEN_MAX_ATTEMPTS = envint("WHALEGEN_MAX_ATTEMPTS", 5)
 # Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
 WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
 # `GET /metrics` (Prometheus): with a token set, a scraper must send it as a bearer token and nothing

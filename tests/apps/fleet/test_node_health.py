@@ -24,16 +24,21 @@ def beat(client: Any, node: Any) -> Any:
 def test_a_node_silent_for_three_heartbeats_is_lost_and_its_task_requeued(
     fleet: Any, agent_client: Any
 ) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.services import agent_heartbeat, nodes_mark_lost
     from apps.scheduling.models import Assignment
 
     client = agent_client(fleet.token_a)
     assert beat(client, fleet.node).status_code == 200
-    beat(agent_client(fleet.token_b), fleet.node_b)
     assignment = assign(fleet.task_a, fleet.node, [fleet.whole_unit])
     now = timezone.now()
+    # Node B keeps heartbeating: the plane hears its fleet, so node A's silence is node A's.
+    for after_s in (0, 10, 20, 30):
+        message = p.Heartbeat(
+            node_id=str(fleet.node_b.pk), agent_version="0.1", sent_at_s=now.timestamp() + after_s
+        )
+        agent_heartbeat(node=fleet.node_b, message=message, now=now + timedelta(seconds=after_s))
     assert nodes_mark_lost(now=now + timedelta(seconds=29)) == []  # 3 × 10 s not yet over
-    assert nodes_mark_lost(now=now + timedelta(seconds=31)) == sorted([fleet.node.pk, fleet.node_b.pk])
+    assert nodes_mark_lost(now=now + timedelta(seconds=31)) == [fleet.node.pk]
     fleet.node.refresh_from_db()
     fleet.task_a.refresh_from_db()
     assignment.refresh_from_db()

@@ -17,8 +17,10 @@ def _states(*tasks: Task) -> list[str]:
     return [Task.objects.get(pk=t.pk).state for t in tasks]
 
 
-def test_a_drained_gang_member_requeues_its_siblings_and_the_gang_runs_again_whole(fleet) -> None:
+def test_a_drained_gang_member_requeues_its_siblings_and_the_gang_runs_again_whole(fleet, settings) -> None:
     from apps.fleet.services import node_drain, node_uncordon
+
+    settings.WHALEGEN_REQUEUE_BACKOFF_S = 0  # the drain runs on the wall clock, the cycles on NOW
     from apps.scheduling.models import Assignment
 
     first, second = fleet.node(), fleet.node()
@@ -239,9 +241,10 @@ def test_a_gang_whose_members_all_succeed_is_left_alone(fleet) -> None:
     _all_ended_and_charge_free(fleet, gang)
 
 
-def test_a_reused_gang_id_is_a_new_gang(fleet) -> None:
+def test_a_reused_gang_id_is_a_new_gang(fleet, settings) -> None:
     """A gang id may be used again once its earlier gang ended: that gang's ended members do not keep
     the new one from being requeued."""
+    settings.WHALEGEN_REQUEUE_BACKOFF_S = 0  # the drain runs on the wall clock, the cycles on NOW
     from apps.fleet.services import node_drain, node_uncordon
     from apps.workloads.services import task_transition
 
