@@ -9,4 +9,5 @@ urlpatterns = [
     path("", include("apps.approvals.api.urls")),
     path("", include("apps.forecasting.api.urls")),
     path("", include("apps.fleet.api.urls")),
+    path("", include("apps.logs.api.urls")),
 ]
