@@ -3,6 +3,7 @@ can still come."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -12,7 +13,7 @@ from django.utils import timezone
 
 from apps.fleet.models import TaskRun
 from apps.logs.models import LogChunk, LogStream
-from apps.workloads.models import Task
+from apps.workloads.models import Task, TaskEvent
 from apps.workloads.state_machine import FINAL
 
 # A final task whose run never said "that is all" (its node was lost) stops being followed after this.
@@ -80,6 +81,17 @@ def task_log_page(*, task: Task, attempt: int | None, offset: int, limit: int, t
     )
 
 
+def task_end_reasons(*, task_ids: list[int]) -> dict[int, str]:
+    """Why each of these tasks ended failed or cancelled: the reason of its last such event (one query
+    for a whole page of tasks)."""
+    ended = [Task.State.FAILED, Task.State.CANCELLED]
+    events = TaskEvent.objects.filter(task_id__in=task_ids, to_state__in=ended)
+    reasons: dict[int, str] = {}
+    for task_id, reason in events.order_by("created_at", "id").values_list("task_id", "reason"):
+        reasons[task_id] = reason
+    return reasons
+
+
 def _tail_offset(stream: LogStream, tail: int) -> int:
     """The line number `tail` lines before the end (over stored chunks; a gap counts as nothing)."""
     wanted = tail
@@ -114,4 +126,7 @@ def task_log_wait(
         if page.lines or page.complete or time.monotonic() >= deadline:
             return page
         time.sleep(min(step_s, max(0.0, deadline - time.monotonic())))
-        task.refresh_from_db()
+        fresh = Task.objects.filter(pk=task.pk).first()
+        if fresh is None:  # deleted meanwhile: there is nothing more to wait for
+            return dataclasses.replace(page, complete=True)
+        task = fresh
