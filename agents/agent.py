@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from agents.backend import BackendError, GpuBackend
+from agents.capture import Batch
 from agents.client import Backoff, PlaneClient, PlaneRejected, PlaneUnavailable
 from agents.enforce.mig import reconcile_mig
 from agents.enforce.mps import MpsError, MpsManager
 from agents.enforce.timeslice import find_overruns
-from agents.runner import Finished, Runner, visible_devices
+from agents.runner import Finished, Runner, TaskProcess, remaining_output, visible_devices
 from agents.state import Outbox, StateFile
 from whalegen import __version__
 from whalegen.protocol import (
@@ -40,6 +41,9 @@ from whalegen.protocol import (
     GpuInventory,
     GpuLayout,
     Heartbeat,
+    LogChunk,
+    LogLine,
+    LogStreamName,
     MigInstance,
     MpsSpec,
     PartitionMode,
@@ -62,6 +66,11 @@ log = logging.getLogger("whalegen.agent")
 
 EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, what MPS wants (reference §6.1)
 MAX_QUEUED_EVENTS = 200
+# Output shipping. A report carries about this much captured text, so one POST stays small; while more
+# than LOG_BACKLOG_REPORTS reports wait (the plane is slow or down), live runs' output stays in their
+# capture on disk, where the launcher's cap bounds it, instead of piling up in the outbox.
+LOG_REPORT_BYTES = 512 << 10
+LOG_BACKLOG_REPORTS = 4
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ class AgentConfig:
     poll_wait_s: float = 20.0
     tick_s: float = 1.0
     reconcile_s: float = 30.0
-    log_max_bytes: int = 10 << 20
+    log_cap_bytes: int = 10 << 20  # per run: the head and the tail of a bigger output are kept
 
 
 class Agent:
@@ -96,7 +105,7 @@ class Agent:
         self.client = PlaneClient(config.server, config.token)
         self.poll_client = PlaneClient(config.server, config.token)
         self.runner = Runner(
-            config.state_dir / "tasks", log_max_bytes=config.log_max_bytes, node_name=config.node_name
+            config.state_dir / "tasks", log_cap_bytes=config.log_cap_bytes, node_name=config.node_name
         )
         self.mps = MpsManager(config.state_dir / "mps")
         self.state_file = StateFile(config.state_dir)
@@ -121,6 +130,7 @@ class Agent:
         self.events: list[GpuEvent] = []
         self.pending_tasks: list[TaskReport] = []
         self.pending_partitions: list[PartitionReport] = []
+        self.pending_logs: list[LogChunk] = []
         self.seq = 0
         self._backoff = {name: Backoff(rng=self.rng) for name in ("register", "heartbeat", "report")}
         self._next_heartbeat_s = 0.0
@@ -249,7 +259,8 @@ class Agent:
             and self._backoff["heartbeat"].ready(now)
         ):
             self._heartbeat(now)
-        # 6. Reports.
+        # 6. Reports (with the output captured since the last pass).
+        self._collect_output()
         self._queue_reports(now)
         if self.node_id is not None and self._backoff["report"].ready(now):
             self._flush_reports(now)
@@ -451,7 +462,19 @@ class Agent:
                 attempt=task.attempt,
             )
         except OSError as error:
-            self._reject(task, now, f"cannot start: {error}")
+            # The launcher could not be started: the run failed to launch (not a missing unit, which
+            # another node may have), so it ends failed with the reason rather than being retried.
+            key = run_key(task.task_id, task.attempt)
+            self.finished.add(key)
+            why = f"launch failed: cannot start the launcher: {error}"
+            self.pending_logs.append(
+                LogChunk(
+                    task.task_id, task.attempt, 0, (LogLine(now, LogStreamName.LAUNCHER, why),), eof=True
+                )
+            )
+            self._task_report(
+                task.task_id, task.attempt, TaskState.FAILED, now, reason=why, finished_at_s=now
+            )
             return
         self.specs[proc.key] = task
         self._task_report(
@@ -517,7 +540,16 @@ class Agent:
             self._on_finished(ended, now)
 
     def _on_finished(self, ended: Finished, now: float) -> None:
+        # Its output first: the plane has all of it by the time it learns the run ended.
+        if ended.task_dir:
+            batches = remaining_output(ended, max_bytes=LOG_REPORT_BYTES)
+            for batch in batches:
+                self.pending_logs.append(_chunk(ended.task_id, ended.attempt, batch))
+            last = batches[-1].cursor.line if batches else int(ended.log_cursor[2])
+            self.pending_logs.append(LogChunk(ended.task_id, ended.attempt, last, eof=True))
         state, reason = self.stop_reasons.pop(ended.key, (None, ended.reason))
+        if state is None and ended.launch_error:
+            state, reason = TaskState.FAILED, f"launch failed: {ended.launch_error}"
         if state is None:
             if ended.lost:
                 state = TaskState.LOST
@@ -611,19 +643,45 @@ class Agent:
             return
         self.pending_partitions.append(report)
 
-    def _queue_reports(self, now: float) -> None:
-        if not self.pending_tasks and not self.pending_partitions:
+    def _collect_output(self) -> None:
+        """Read what live runs wrote since the last pass, unless reports are already backing up."""
+        if self.outbox.count() >= LOG_BACKLOG_REPORTS:
             return
-        self.seq += 1
-        report = Report(
-            node_id=self.node_id or "",
-            seq=self.seq,
-            sent_at_s=now,
-            tasks=tuple(self.pending_tasks),
-            partitions=tuple(self.pending_partitions),
-        )
-        self.outbox.put(self.seq, report.to_dict())
-        self.pending_tasks, self.pending_partitions = [], []
+        for proc in self.runner.tasks.values():
+            self._read_run(proc)
+
+    def _read_run(self, proc: TaskProcess) -> None:
+        batch = self.runner.read_output(proc, max_bytes=LOG_REPORT_BYTES)
+        if batch.lines or batch.dropped_lines:
+            self.pending_logs.append(_chunk(proc.task_id, proc.attempt, batch))
+
+    def _queue_reports(self, now: float) -> None:
+        """Into the outbox, in order: output chunks in reports of about LOG_REPORT_BYTES, the task and
+        partition reports in the last one (so a run's output is stored before its end is)."""
+        if not self.pending_tasks and not self.pending_partitions and not self.pending_logs:
+            return
+        groups: list[list[LogChunk]] = [[]]
+        size = 0
+        for chunk in self.pending_logs:
+            chunk_bytes = sum(len(line.text) + 48 for line in chunk.lines)
+            if groups[-1] and size + chunk_bytes > LOG_REPORT_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(chunk)
+            size += chunk_bytes
+        for i, logs in enumerate(groups):
+            last = i == len(groups) - 1
+            self.seq += 1
+            report = Report(
+                node_id=self.node_id or "",
+                seq=self.seq,
+                sent_at_s=now,
+                tasks=tuple(self.pending_tasks) if last else (),
+                partitions=tuple(self.pending_partitions) if last else (),
+                logs=tuple(logs),
+            )
+            self.outbox.put(self.seq, report.to_dict())
+        self.pending_tasks, self.pending_partitions, self.pending_logs = [], [], []
 
     def _flush_reports(self, now: float) -> None:
         for seq, data in self.outbox.pending():
@@ -659,6 +717,19 @@ class Agent:
                 "finished": sorted(self.finished),
             }
         )
+
+
+def _chunk(task_id: str, attempt: int, batch: Batch) -> LogChunk:
+    return LogChunk(
+        task_id=task_id,
+        attempt=attempt,
+        first_line=batch.first_line,
+        lines=tuple(
+            LogLine(line.at_s, LogStreamName(line.stream), line.text, line.partial) for line in batch.lines
+        ),
+        dropped_lines=batch.dropped_lines,
+        dropped_bytes=batch.dropped_bytes,
+    )
 
 
 def refused_for_good(status: int) -> bool:

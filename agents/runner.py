@@ -1,9 +1,11 @@
-"""Start, watch and stop task processes; re-adopt them after an agent restart.
+"""Start, watch and stop task processes; re-adopt them after an agent restart; read their output.
 
-Each task runs under `agents/launch.py` in its own session (process group = launcher PID), with
-stdout/stderr appended to files in its task directory. Files, not pipes: a task must survive an
-agent restart, and a pipe to a dead agent would kill it with SIGPIPE. Logs rotate by copy-and-
-truncate, which works on files the task keeps open in append mode.
+Each task runs under `agents/launch.py` in its own session (process group = launcher PID). The
+launcher captures stdout and stderr into `<task dir>/output/` under the cap (`agents.capture`); the
+agent reads that capture from a cursor kept with the run (and in the state file), so output survives
+an agent restart and a plane outage. Not a pipe to the agent: a task must survive an agent restart,
+and a pipe to a dead agent would kill it with SIGPIPE. The launcher's own stdout/stderr (its crash, if
+it ever crashes) go to `<task dir>/launcher.log`.
 
 Stopping is SIGTERM to the group → `stop_grace_s` → SIGKILL to the group, driven by `poll()` so the
 agent's loop never blocks on a slow task.
@@ -17,10 +19,10 @@ neither starts a run that is still going nor leaves one it no longer wants runni
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agents import capture
 from whalegen.protocol import run_key
 
 LAUNCHER = Path(__file__).with_name("launch.py")
@@ -60,6 +63,9 @@ class TaskProcess:
     stop_reason: str = ""
     killed: bool = False
     attempt: int = 0  # which run of the task; records of agents before protocol 1.1 lack it (0)
+    # Where the agent's reading of the capture stands (`capture.Cursor`); older records lack it and
+    # read from the start again (the plane keeps each line once).
+    log_cursor: list[Any] = field(default_factory=lambda: [capture.HEAD, 0, 0, 0])
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -68,6 +74,11 @@ class TaskProcess:
 
     def record(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
+
+    @property
+    def cursor(self) -> capture.Cursor:
+        segment, pos, line, byte = self.log_cursor
+        return capture.Cursor(str(segment), int(pos), int(line), int(byte))
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,9 @@ class Finished:
     reason: str  # "" for a natural end, else why the agent stopped it or lost track of it
     lost: bool = False  # the exit status could not be learned
     attempt: int = 0
+    launch_error: str = ""  # the command never ran: the launcher's message (exit code 126/127)
+    task_dir: str = ""
+    log_cursor: tuple[Any, ...] = (capture.HEAD, 0, 0, 0)
 
     @property
     def key(self) -> str:
@@ -115,7 +129,7 @@ class FoundLauncher:
 
 def find_launchers() -> list[FoundLauncher]:
     """Every live task launcher on the host that carries a run marker. A launcher is its session's leader
-    (started with `start_new_session`) running `launch.py EXIT_FILE -- …`; the task's own processes
+    (started with `start_new_session`) running `launch.py EXIT_FILE … -- …`; the task's own processes
     inherit the marker but are never leaders of a session running the launcher, so they are not taken
     for it."""
     found = []
@@ -139,7 +153,8 @@ def find_launchers() -> list[FoundLauncher]:
         marker = parse_marker(env.get(RUN_MARKER, ""))
         args = [a.decode(errors="replace") for a in argv]
         at = next((i for i, a in enumerate(args) if Path(a).name == LAUNCHER.name), None)
-        if marker is None or at is None or len(args) < at + 3 or args[at + 2] != "--":
+        # `launch.py EXIT_FILE [--output DIR --cap-bytes N] -- COMMAND…`
+        if marker is None or at is None or len(args) < at + 3 or "--" not in args[at + 2 :]:
             continue
         found.append(FoundLauncher(pid, marker, args[at + 1], int(stat[19]), env))
     return found
@@ -150,14 +165,11 @@ def _safe_name(task_id: str) -> str:
 
 
 class Runner:
-    def __init__(
-        self, tasks_dir: Path, *, log_max_bytes: int = 10 << 20, log_keep: int = 3, node_name: str = ""
-    ) -> None:
+    def __init__(self, tasks_dir: Path, *, log_cap_bytes: int = 10 << 20, node_name: str = "") -> None:
         self.tasks_dir = tasks_dir
         self.node_name = node_name
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
-        self.log_max_bytes = log_max_bytes
-        self.log_keep = log_keep
+        self.log_cap_bytes = log_cap_bytes  # per run: head and tail kept, the middle dropped
         self.tasks: dict[str, TaskProcess] = {}  # by run key (`protocol.run_key`)
 
     # ---- start and adopt ---------------------------------------------------------------------------
@@ -179,12 +191,14 @@ class Runner:
         task_dir.mkdir(parents=True, exist_ok=True)
         (task_dir / "exit.json").unlink(missing_ok=True)
         env = {**env, RUN_MARKER: run_marker(self.node_name, task_id, attempt)}
-        with (task_dir / "stdout.log").open("ab") as out, (task_dir / "stderr.log").open("ab") as err:
+        launch = [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json")]
+        launch += ["--output", str(task_dir / "output"), "--cap-bytes", str(self.log_cap_bytes)]
+        with (task_dir / "launcher.log").open("ab") as own:
             popen = subprocess.Popen(
-                [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json"), "--", *command],
+                [*launch, "--", *command],
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
+                stdout=own,
+                stderr=own,
                 env=env,
                 cwd=task_dir,
                 start_new_session=True,
@@ -276,6 +290,10 @@ class Runner:
         return state != "Z"
 
     def _finished(self, proc: TaskProcess) -> Finished:
+        ended = self._how_it_ended(proc)
+        return dataclasses.replace(ended, task_dir=proc.task_dir, log_cursor=tuple(proc.log_cursor))
+
+    def _how_it_ended(self, proc: TaskProcess) -> Finished:
         exit_file = Path(proc.task_dir) / "exit.json"
         reason = proc.stop_reason
         try:
@@ -287,6 +305,7 @@ class Runner:
                 data.get("signal"),
                 reason,
                 attempt=proc.attempt,
+                launch_error=str(data.get("launch_error") or ""),
             )
         except (OSError, ValueError):
             pass
@@ -296,6 +315,12 @@ class Runner:
             return Finished(
                 proc.task_id, proc.pid, None, -proc.popen.returncode, reason, attempt=proc.attempt
             )
+        crash = _last_words(Path(proc.task_dir) / "launcher.log")
+        if crash and not reason:
+            # The launcher itself failed (it writes nothing there otherwise): the run cannot have
+            # worked, and running it elsewhere would fail the same way.
+            error = f"launcher: {crash}"
+            return Finished(proc.task_id, proc.pid, None, None, "", attempt=proc.attempt, launch_error=error)
         return Finished(
             proc.task_id,
             proc.pid,
@@ -307,7 +332,7 @@ class Runner:
         )
 
     def poll(self, now_s: float) -> list[Finished]:
-        """Reap ended tasks, enforce max runtime and stop escalation, rotate logs."""
+        """Reap ended tasks, enforce max runtime and stop escalation."""
         done = []
         for key, proc in list(self.tasks.items()):
             if not self._alive(proc):
@@ -323,23 +348,13 @@ class Runner:
             ):
                 proc.killed = True
                 self._signal(proc, signal.SIGKILL)
-            self._rotate(Path(proc.task_dir))
         return done
 
-    def _rotate(self, task_dir: Path) -> None:
-        for name in ("stdout.log", "stderr.log"):
-            path = task_dir / name
-            try:
-                if path.stat().st_size <= self.log_max_bytes:
-                    continue
-            except OSError:
-                continue
-            for n in range(self.log_keep - 1, 0, -1):
-                older = task_dir / f"{name}.{n}"
-                if older.exists():
-                    older.replace(task_dir / f"{name}.{n + 1}")
-            shutil.copyfile(path, task_dir / f"{name}.1")
-            os.truncate(path, 0)
+    def read_output(self, proc: TaskProcess, *, max_bytes: int) -> capture.Batch:
+        """The next captured lines of a live run; its cursor moves past them."""
+        batch = capture.read(Path(proc.task_dir) / "output", proc.cursor, max_bytes=max_bytes)
+        proc.log_cursor = list(dataclasses.astuple(batch.cursor))
+        return batch
 
     def records(self) -> list[dict[str, Any]]:
         return [proc.record() for proc in self.tasks.values()]
@@ -354,6 +369,27 @@ class Runner:
             if proc.pid == pgid:
                 return proc.key
         return None
+
+
+def remaining_output(ended: Finished, *, max_bytes: int) -> list[capture.Batch]:
+    """Everything a finished run's capture holds past where the agent had read (bounded by the cap)."""
+    segment, pos, line, byte = ended.log_cursor
+    cursor = capture.Cursor(str(segment), int(pos), int(line), int(byte))
+    batches: list[capture.Batch] = []
+    while True:
+        batch = capture.read(Path(ended.task_dir) / "output", cursor, max_bytes=max_bytes)
+        if batch.cursor == cursor:
+            return batches
+        batches.append(batch)
+        cursor = batch.cursor
+
+
+def _last_words(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return text.splitlines()[-1][:400] if text else ""
 
 
 def visible_devices(devices: tuple[str, ...]) -> str:

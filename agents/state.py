@@ -71,6 +71,10 @@ class Outbox:
     def done(self, seq: int) -> None:
         (self.directory / f"{seq:012d}.json").unlink(missing_ok=True)
 
+    def count(self) -> int:
+        """Reports waiting (cheap: names only; the agent asks every tick before reading more output)."""
+        return sum(1 for _ in self.directory.glob("*.json"))
+
     def last_seq(self) -> int:
         seqs = [int(p.stem) for p in self.directory.glob("*.json") if p.stem.isdigit()]
         return max(seqs, default=0)

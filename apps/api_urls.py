@@ -12,4 +12,5 @@ urlpatterns = [
     path("", include("apps.approvals.api.urls")),
     path("", include("apps.forecasting.api.urls")),
     path("", include("apps.fleet.api.urls")),
+    path("", include("apps.logs.api.urls")),
 ]

@@ -19,7 +19,10 @@ Versions: 1.0 first release. 1.1 adds `TaskSpec.attempt` and `TaskReport.attempt
 0 first, n after the n-th requeue), `TaskSpec.gpu_uuids` (every GPU of a multi-GPU task, in order),
 `Heartbeat.running` (the runs the agent supervises) and `ProcessSample.attempt`. A 1.1 plane talking to
 a 1.0 agent (which ignores `attempt`) folds the attempt into the task id instead (`<task>.<n>`, see
-`legacy_run_id`), which is what 1.0 did.
+`legacy_run_id`), which is what 1.0 did. 1.2 adds `Report.logs`: the captured output of runs in
+ordered `LogChunk`s (line numbers per run, dropped-line counts at the cap, an end-of-output mark). They
+ride the report's outbox and its (node, seq) idempotency; a 1.1 agent simply sends none, and a 1.1 plane
+ignores the field (unknown fields are ignored).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, TypeVar, Union, get_args, get_origin
 
-PROTOCOL_VERSION = "1.1"  # major.minor: the major must match, minors only add optional fields
+PROTOCOL_VERSION = "1.2"  # major.minor: the major must match, minors only add optional fields
 
 API_PREFIX = "/api/v1/agent"
 REGISTER_PATH = f"{API_PREFIX}/register/"
@@ -418,6 +421,36 @@ class PartitionReport(Message):
     reason: str = ""
 
 
+class LogStreamName(StrEnum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    LAUNCHER = "launcher"  # the launcher's own words: a command that cannot start, how the run ended
+
+
+@dataclass(frozen=True)
+class LogLine(Message):
+    at_s: float  # agent wall clock when the launcher read the line
+    stream: LogStreamName
+    text: str  # without its newline; `partial` when the process wrote none (yet)
+    partial: bool = False
+
+
+@dataclass(frozen=True)
+class LogChunk(Message):
+    """Consecutive captured lines of one run, `first_line` the number (0-based) of its first line in
+    the run's output. The plane stores a chunk once per (run, first_line), so a resent chunk is a
+    no-op. `dropped_lines`/`dropped_bytes`: output the cap dropped just before this chunk (the middle
+    of a run that printed more than the cap: its head and tail are kept). `eof`: nothing follows."""
+
+    task_id: str
+    attempt: int
+    first_line: int
+    lines: tuple[LogLine, ...] = ()
+    dropped_lines: int = 0
+    dropped_bytes: int = 0
+    eof: bool = False
+
+
 @dataclass(frozen=True)
 class Report(Message):
     node_id: str
@@ -426,6 +459,7 @@ class Report(Message):
     tasks: tuple[TaskReport, ...] = ()
     partitions: tuple[PartitionReport, ...] = ()
     protocol_version: str = PROTOCOL_VERSION
+    logs: tuple[LogChunk, ...] = ()  # 1.2
 
 
 @dataclass(frozen=True)

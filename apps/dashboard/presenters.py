@@ -1,5 +1,6 @@
-"""Figures the templates draw: quota bars and the GPU heat-map. They take what selectors returned and
-compute sizes and positions, so templates only place them and hold no arithmetic."""
+"""Figures the templates draw: quota bars, the GPU heat-map and a task's run (command, output tail).
+They take what selectors returned and compute sizes and positions, so templates only place them and
+hold no arithmetic."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from math import ceil
+from shlex import join as shell_join
+from typing import Any
 
 from apps.inventory.models import ComputeUnit, Gpu
 from apps.scheduling.selectors import QuotaUsage
@@ -236,3 +239,41 @@ def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMa
         gpus=sum(len(g) for g in by_node.values()),
         allocated_milli=total,
     )
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a person debugging a task wants first: what ran, how it ended, why, and its last output.
+    Environment values are left out on purpose (they often hold secrets); their keys are shown."""
+
+    command: str
+    env_keys: list[str]
+    exit_code: int | None
+    failure_reason: str
+    attempt: int
+    attempts: list[int]
+    tail: list[dict[str, Any]]
+    next_offset: int
+    complete: bool
+
+
+def run_view(
+    *, command: list[str], env: dict[str, str], exit_code: int | None, failure_reason: str, page: Any
+) -> RunView:
+    return RunView(
+        command=shell_join(command) if command else "",
+        env_keys=sorted(env),
+        exit_code=exit_code,
+        failure_reason=failure_reason,
+        attempt=page.attempt,
+        attempts=page.attempts,
+        tail=page.lines,
+        next_offset=page.next_offset,
+        complete=page.complete,
+    )
+
+
+def one_line(reason: str, limit: int = 120) -> str:
+    """A reason as one line of a table cell: the first line, shortened with an ellipsis."""
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    return first if len(first) <= limit else first[: limit - 1] + "…"

@@ -26,16 +26,19 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.presenters import age_s, heat_map, quota_bars
+from apps.dashboard.presenters import age_s, heat_map, one_line, quota_bars, run_view
 from apps.inventory import selectors as inventory
+from apps.logs import selectors as logs
 from apps.scheduling.selectors import cycle_list, quota_usage
 from apps.tenants.models import Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
 from apps.workloads import selectors as workloads
 from apps.workloads import services as workload_services
+from apps.workloads.models import Task
 from apps.workloads.state_machine import FINAL
 
 TASKS_PER_PAGE = 50
+LOG_TAIL_LINES = 200  # the task page's tail; the rest through the API or `whalegen tasks logs`
 RECENT_OVERRIDES = 50
 MEMBER = Membership.Role.MEMBER
 
@@ -104,7 +107,16 @@ def task_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(tasks, TASKS_PER_PAGE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    context = {"form": form, "page": page, "query": query.urlencode(), "access": access}
+    ended = [task.pk for task in page if task.state in (Task.State.FAILED, Task.State.CANCELLED)]
+    reasons = logs.task_end_reasons(task_ids=ended)
+    for task in page:
+        task.end_reason = one_line(reasons.get(task.pk, ""))  # the list says why a task failed
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "access": access,
+    }
     return render(request, "dashboard/task_list.html", context, status=status)
 
 
@@ -119,8 +131,18 @@ def _task_page(
     # A task without a forecast raises RelatedObjectDoesNotExist, an AttributeError: getattr's default.
     forecast = getattr(task, "forecast", None)
     may_act = access.has(task.tenant_id, MEMBER)
+    attempt = _attempt_param(request.GET.get("attempt"))
+    output = logs.task_log_page(
+        task=task, attempt=attempt, offset=0, limit=LOG_TAIL_LINES, tail=LOG_TAIL_LINES
+    )
+    ended = task.state in (Task.State.FAILED, Task.State.CANCELLED)
+    why = logs.task_end_reasons(task_ids=[task.pk]).get(task.pk, "") if ended else ""
+    run = run_view(
+        command=task.command, env=task.env, exit_code=task.exit_code, failure_reason=why, page=output
+    )
     context = {
         "task": task,
+        "run": run,
         "events": workloads.task_events(task=task),
         "forecast": forecast,
         "overrides": approvals.override_list(access=access).filter(task=task),
@@ -129,6 +151,11 @@ def _task_page(
         "cancel_form": cancel_form or CancelForm(),
     }
     return render(request, "dashboard/task_detail.html", context, status=status)
+
+
+def _attempt_param(value: str | None) -> int | None:
+    """`?attempt=N` picks a run; anything else shows the current one."""
+    return int(value) if value is not None and value.isdigit() else None
 
 
 @login_required

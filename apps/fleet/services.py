@@ -43,6 +43,7 @@ from apps.fleet.models import (
 )
 from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run
 from apps.inventory.models import Gpu, Node
+from apps.logs.services import log_chunks_check, log_chunks_store
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition
@@ -492,8 +493,9 @@ _ALIVE_REPORTS = frozenset({p.TaskState.STARTING, p.TaskState.RUNNING})
 def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) -> p.ReportAck:
     """Store a report once per (node, seq) and apply it; a repeat is acknowledged and ignored.
 
-    Every task and GPU named must be this node's (a task it was ever assigned, a GPU it holds),
-    otherwise nothing is applied (403).
+    Every task and GPU named must be this node's (a task it was ever assigned, a GPU it holds), and
+    every output chunk a run of this node's, otherwise nothing is applied (403). Output chunks are
+    stored after the task reports (a run's first report creates its TaskRun) in the same transaction.
     """
     now = now or timezone.now()
     _check_node(node, message.node_id)
@@ -513,6 +515,8 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
     foreign = {item.gpu_uuid for item in message.partitions} - set(gpus)
     if foreign & set(Gpu.objects.filter(uuid__in=foreign).values_list("uuid", flat=True)):
         raise NotAllowed(f"GPUs {sorted(foreign)} are not on node {node.pk}")
+    reported = {run for item in message.tasks if (run := parse_run(item.task_id, item.attempt)) is not None}
+    log_chunks_check(node=node, chunks=message.logs, reported=reported)
     agent, _ = NodeAgent.objects.get_or_create(node=node)
     # 2. Store and apply in one transaction; the unique (node, seq) makes a concurrent repeat fail here.
     try:
@@ -578,6 +582,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
                 )
                 if part.state is p.PartitionState.GPU_LOST:
                     _gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
+            log_chunks_store(node=node, chunks=message.logs)
     except (_Repeat, IntegrityError):
         pass
     stored = AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0

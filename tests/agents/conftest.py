@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agents.capture import stream_text
 from agents.sim import shim
 from agents.sim.tools import install_fake_tools
 from tests.agents.plane_double import PlaneDouble
@@ -134,7 +135,11 @@ class AgentProcess:
         return [c["function"] for c in self.calls() if c["function"] in MUTATING and c["code"] == 0]
 
     def task_file(self, task_id: str, name: str) -> str:
-        path = self.state_dir / "tasks" / task_id / name
+        """A file of the run's task directory; `stdout.log`/`stderr.log` name that stream of the capture."""
+        task_dir = self.state_dir / "tasks" / task_id
+        if name in ("stdout.log", "stderr.log"):
+            return stream_text(task_dir / "output", name.removesuffix(".log"))
+        path = task_dir / name
         return path.read_text() if path.exists() else ""
 
     def log(self) -> str:

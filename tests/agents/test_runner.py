@@ -1,4 +1,5 @@
-"""Task processes: exit codes, stop escalation, max runtime, log rotation, re-adoption."""
+"""Task processes: exit codes, launch failures, output capture and its cap, stop escalation, max runtime,
+re-adoption."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.runner import Finished, Runner, proc_start_ticks
+from agents import capture
+from agents.runner import Finished, Runner, proc_start_ticks, remaining_output
 
 
 def wait_done(runner: Runner, timeout_s: float = 10.0) -> list[Finished]:
@@ -30,7 +32,7 @@ def py(code: str) -> list[str]:
 
 @pytest.fixture
 def runner(tmp_path: Path):  # type: ignore[no-untyped-def]
-    made = Runner(tmp_path / "tasks", log_max_bytes=2000, log_keep=2)
+    made = Runner(tmp_path / "tasks", log_cap_bytes=8192)
     yield made
     for proc in made.tasks.values():
         with contextlib.suppress(ProcessLookupError):
@@ -39,7 +41,7 @@ def runner(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def test_exit_code_environment_and_logs(runner: Runner) -> None:
     code = (
-        "import os, sys; print(os.environ['CUDA_VISIBLE_DEVICES']); "
+        "import os, sys; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
         "print('oops', file=sys.stderr); sys.exit(7)"
     )
     proc = runner.start(
@@ -51,15 +53,36 @@ def test_exit_code_environment_and_logs(runner: Runner) -> None:
     )
     (done,) = wait_done(runner)
     assert (done.task_id, done.exit_code, done.signal, done.lost) == ("t1", 7, None, False)
-    task_dir = Path(proc.task_dir)
-    assert (task_dir / "stdout.log").read_text() == "MIG-x\n"
-    assert (task_dir / "stderr.log").read_text() == "oops\n"
+    lines = capture.read_all(Path(proc.task_dir) / "output")
+    assert [(line.stream, line.text) for line in lines] == [
+        ("stdout", "MIG-x"),
+        ("stderr", "oops"),
+        ("launcher", "exited with code 7"),
+    ]
+    assert all(line.at_s > time.time() - 60 for line in lines)
 
 
-def test_a_missing_command_exits_127(runner: Runner) -> None:
-    runner.start("t2", ["/no/such/binary"], {}, device_uuid=None, now_s=time.time())
+@pytest.mark.parametrize(
+    ("command", "code", "words"),
+    [
+        (["/no/such/binary"], 127, "cannot run '/no/such/binary': No such file or directory"),
+        (["/tmp"], 126, "cannot run '/tmp': Permission denied"),  # a directory, even for root
+        ([], 127, "the task has no command to run"),
+    ],
+    ids=[
+        "a missing executable exits 127",
+        "a program that cannot be executed exits 126",
+        "no command at all",
+    ],
+)
+def test_a_command_that_cannot_start_ends_with_the_launchers_message(
+    runner: Runner, command: list[str], code: int, words: str
+) -> None:
+    proc = runner.start("t2", command, {}, device_uuid=None, now_s=time.time())
     (done,) = wait_done(runner)
-    assert done.exit_code == 127
+    assert done.exit_code == code and words in done.launch_error and not done.lost
+    said = capture.read_all(Path(proc.task_dir) / "output")
+    assert [(line.stream, words in line.text) for line in said] == [("launcher", True)]
 
 
 def test_stop_sends_sigterm_then_sigkill_after_the_grace(runner: Runner) -> None:
@@ -69,7 +92,10 @@ def test_stop_sends_sigterm_then_sigkill_after_the_grace(runner: Runner) -> None
     )
     proc = runner.start("t3", py(stubborn), {}, device_uuid=None, now_s=time.time(), stop_grace_s=0.5)
     deadline = time.monotonic() + 5
-    while "up" not in (Path(proc.task_dir) / "stdout.log").read_text() and time.monotonic() < deadline:
+    while (
+        "up" not in capture.stream_text(Path(proc.task_dir) / "output", "stdout")
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.02)
     runner.stop("t3", "stopped by the plane", time.time())
     (done,) = wait_done(runner)
@@ -94,14 +120,28 @@ def test_max_runtime_is_enforced(runner: Runner) -> None:
     assert done.reason.startswith("max_runtime_exceeded") and done.signal == signal.SIGTERM
 
 
-def test_logs_rotate_by_copy_and_truncate_while_the_task_writes(runner: Runner) -> None:
-    code = "import time\nfor i in range(40):\n    print('x' * 99, flush=True); time.sleep(0.02)"
+def test_the_cap_keeps_the_head_and_the_tail_and_counts_what_it_dropped(runner: Runner) -> None:
+    code = (
+        "import sys\nfor i in range(2000):\n"
+        "    print(f'line {i:05d}', file=sys.stderr if i % 50 == 7 else sys.stdout, flush=True)"
+    )
     proc = runner.start("t6", py(code), {}, device_uuid=None, now_s=time.time())
-    wait_done(runner)
-    task_dir = Path(proc.task_dir)
-    sizes = [(task_dir / n).stat().st_size for n in ("stdout.log", "stdout.log.1") if (task_dir / n).exists()]
-    assert len(sizes) == 2 and sum(sizes) <= 4000
-    assert not (task_dir / "stdout.log.3").exists()  # keeps log_keep rotated files
+    (done,) = wait_done(runner)
+    output = Path(proc.task_dir) / "output"
+    on_disk = sum(path.stat().st_size for path in output.iterdir())
+    assert on_disk <= 8192 + 2048  # the cap and at most one segment of a quarter of its tail half
+    batches = remaining_output(done, max_bytes=1 << 20)
+    head, tail = batches[0], batches[-1]
+    assert head.first_line == 0 and head.dropped_lines == 0
+    assert [line.text for line in head.lines[:3]] == ["line 00000", "line 00001", "line 00002"]
+    assert tail.lines[-1].text == "line 01999" and tail.dropped_lines > 0
+    # Each stream keeps its order (across the two pipes, order is only as fine as one 4 KiB read).
+    numbers = [int(line.text[5:]) for b in batches for line in b.lines if line.stream == "stdout"]
+    assert numbers == sorted(numbers)
+    kept = sum(len(batch.lines) for batch in batches)
+    dropped = sum(batch.dropped_lines for batch in batches)
+    assert kept + dropped == 2000  # every line is either shipped or counted as dropped
+    assert sum(batch.dropped_bytes for batch in batches) == dropped * len(b"1234567890.123456 o line 00000\n")
 
 
 def test_a_new_runner_adopts_a_live_task_and_learns_its_exit_code_from_the_launcher(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agents.capture import stream_text
 from agents.sim.tools import install_fake_tools
 from tests.apps.fleet.conftest import fleet  # noqa: F401  (the world with node credentials)
 
@@ -100,8 +101,7 @@ class AgentProcess:
         return None
 
     def task_output(self, task_id: int) -> str:
-        path = self.state_dir / "tasks" / str(task_id) / "stdout.log"
-        return path.read_text() if path.exists() else ""
+        return stream_text(self.state_dir / "tasks" / str(task_id) / "output", "stdout")
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

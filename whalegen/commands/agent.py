@@ -45,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-wait-s", type=float, default=20.0)
     parser.add_argument("--tick-s", type=float, default=1.0)
     parser.add_argument("--reconcile-s", type=float, default=30.0)
+    parser.add_argument(
+        "--log-cap-mib",
+        type=float,
+        default=float(os.environ.get("WHALEGEN_AGENT_LOG_CAP_MIB", "10")),
+        help="captured output kept per run: its first and last halves of this (10)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("WHALEGEN_LOG_LEVEL", "INFO"))
 
 
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         poll_wait_s=args.poll_wait_s,
         tick_s=args.tick_s,
         reconcile_s=args.reconcile_s,
+        log_cap_bytes=int(args.log_cap_mib * (1 << 20)),
     )
     args.state_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(config, _backend(args, args.state_dir / "sim"))

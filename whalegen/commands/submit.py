@@ -2,9 +2,11 @@
 
 The YAML holds the request fields of the API (`queue`, `gpu_count`, `gpu_milli`, `command`, …).
 With `--wait` it polls until the task reaches a final state and prints every state change (and every
-new why-pending reason); it exits with the task's own exit code: 0 when it succeeded, the command's
-exit code when it failed with one (1 when it failed without one, or was cancelled), 124 when
-`--timeout` ran out first. With several tasks: the first non-zero of those, in submission order.
+new why-pending reason) on stdout, and streams the task's output as it arrives: its stdout to stdout,
+its stderr to stderr (`--quiet`: state changes only). A failed task's reason follows on stderr. It
+exits with the task's own exit code: 0 when it succeeded, the command's exit code when it failed with
+one (1 when it failed without one, or was cancelled), 124 when `--timeout` ran out first. With several
+tasks: the first non-zero of those, in submission order.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from typing import Any
 import yaml
 
 from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
+from whalegen.commands._logs import Follower, failure_reason
 
 FINAL = {"succeeded", "failed", "cancelled"}
 EXIT_TIMEOUT = 124
+# Output still on its way when the task is seen final (a cancelled run's last lines) is waited for
+# this long at most.
+DRAIN_S = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="poll until the task finishes")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait gives up after (3600)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between polls (2)")
+    parser.add_argument(
+        "--quiet", action="store_true", help="with --wait: only state changes, not the task's output"
+    )
 
 
 class _TaskFileLoader(yaml.SafeLoader):
@@ -74,29 +83,65 @@ def _exit_status(task: dict[str, Any]) -> int:
     return code if task["state"] == "failed" and isinstance(code, int) and 0 < code < 256 else 1
 
 
-def wait_for(client: Client, task_ids: list[int], *, timeout_s: float, interval_s: float) -> int:
-    """Poll tasks until all are final; print each state change and each new why-pending reason.
-    Returns the exit status (see the module's docstring)."""
+def wait_for(
+    client: Client, task_ids: list[int], *, timeout_s: float, interval_s: float, quiet: bool = False
+) -> int:
+    """Poll tasks until all are final; print each state change and each new why-pending reason, and
+    (unless `quiet`) stream their output. Returns the exit status (see the module's docstring)."""
     deadline = time.monotonic() + timeout_s
     seen: dict[int, tuple[str, str]] = {}
     last: dict[int, dict[str, Any]] = {}
+    followers = {} if quiet else {task_id: Follower(task_id) for task_id in task_ids}
     while True:
+        waited = False
         for task_id in task_ids:
             task = client.call("GET", f"/tasks/{task_id}/")
             last[task_id] = task
+            follower = followers.get(task_id)
+            if follower is not None:
+                # One task: the output long poll paces the loop; several: a quick look at each.
+                waited |= _stream(client, follower, task, wait_s=interval_s if len(task_ids) == 1 else 0)
             now = (task["state"], task.get("why_pending") or "")
             if seen.get(task_id) != now:
                 seen[task_id] = now
                 why = f" ({now[1]})" if now[1] else ""
                 extra = f" exit code {task['exit_code']}" if task.get("exit_code") is not None else ""
                 print(f"task {task_id}: {now[0]}{why}{extra}", flush=True)
+                if now[0] == "failed":
+                    print(
+                        f"whalegen: task {task_id} failed: {failure_reason(client, task_id)}", file=sys.stderr
+                    )
         if all(state in FINAL for state, _ in seen.values()):
             return next((code for tid in task_ids if (code := _exit_status(last[tid])) != 0), 0)
         if time.monotonic() >= deadline:
             waiting = ", ".join(f"{tid} {state}" for tid, (state, _) in seen.items() if state not in FINAL)
             print(f"whalegen: gave up after {timeout_s:g} s; still not finished: {waiting}", file=sys.stderr)
             return EXIT_TIMEOUT
-        time.sleep(interval_s)
+        if not waited:
+            time.sleep(interval_s)
+
+
+def _stream(client: Client, follower: Follower, task: dict[str, Any], *, wait_s: float) -> bool:
+    """Print what the task's current run wrote since the last look; for a final task, all of it (up to
+    DRAIN_S) before its final state is printed. True if it long-polled (the caller need not sleep)."""
+    if follower.attempt is not None and task["attempts"] != follower.attempt:
+        follower.next_attempt(task["attempts"])
+    if task["state"] in ("pending", "admitted", "assigned") and task["attempts"] == (follower.attempt or 0):
+        return False  # nothing runs yet
+    try:
+        if task["state"] not in FINAL:
+            follower.step(client, wait_s=wait_s)
+            return wait_s > 0
+        drain_until = time.monotonic() + DRAIN_S
+        while not follower.complete and time.monotonic() < drain_until:
+            page = follower.step(client, wait_s=min(2.0, DRAIN_S))
+            if not page["lines"] and page["complete"]:
+                break
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        follower.complete = True  # a plane without the logs endpoint: state changes only
+    return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,7 +166,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.wait:
             return 0
         return wait_for(
-            client, [task["id"] for task in tasks], timeout_s=args.timeout, interval_s=args.interval
+            client,
+            [task["id"] for task in tasks],
+            timeout_s=args.timeout,
+            interval_s=args.interval,
+            quiet=args.quiet,
         )
     except ApiError as exc:
         return print_error(exc)

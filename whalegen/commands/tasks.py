@@ -1,11 +1,15 @@
-"""`whalegen tasks ls|show|cancel`: read and cancel tasks through the API."""
+"""`whalegen tasks ls|show|logs|cancel`: read, follow and cancel tasks through the API."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
 from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
+from whalegen.commands._logs import Follower, print_lines
+
+FOLLOW_WAIT_S = 20.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,10 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser("show", help="one task with its events")
     show.add_argument("task_id", type=int)
     show.add_argument("--json", action="store_true", help="print the raw JSON")
+    logs = sub.add_parser("logs", help="a task's output (stdout to stdout, stderr to stderr)")
+    logs.add_argument("task_id", type=int)
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the task has ended")
+    logs.add_argument("--attempt", type=int, help="which run (0 first; default the current one)")
+    logs.add_argument("--tail", type=int, help="start with the last N lines")
     cancel = sub.add_parser("cancel", help="cancel a task")
     cancel.add_argument("task_id", type=int)
     cancel.add_argument("--reason", default="")
-    for command in (ls, show, cancel):
+    for command in (ls, show, logs, cancel):
         add_connection_arguments(command)
 
 
@@ -57,12 +66,45 @@ def _show(client: Client, args: argparse.Namespace) -> int:
     print(
         f"{'request':>16}: {task['gpu_count']} GPU x {task['gpu_milli']} milli, isolation {task['isolation']}"
     )
-    print(f"{'command':>16}: {' '.join(task['command'])}")
+    print(f"{'command':>16}: {_argv(task['command']) or '(none)'}")
+    print(f"{'env keys':>16}: {', '.join(sorted(task['env'])) or '(none)'}")
+    print(f"{'exit code':>16}: {'-' if task['exit_code'] is None else task['exit_code']}")
+    ended = [event for event in events if event["to_state"] in ("failed", "cancelled")]
+    if task["state"] in ("failed", "cancelled") and ended:
+        print(f"{'failure reason':>16}: {ended[-1]['reason']}")
     print("events:")
     for event in events:
         print(f"  {event['created_at']}  {event['from_state'] or '-':>9} -> {event['to_state']:<9} "
               f"{event['actor']}: {event['reason']}")  # fmt: skip
     return 0
+
+
+def _argv(command: list[str]) -> str:
+    """The argv as a shell would take it back (so a person can paste it)."""
+    return shlex.join(command)
+
+
+def _logs(client: Client, args: argparse.Namespace) -> int:
+    follower = Follower(args.task_id, attempt=args.attempt)
+    if args.tail:
+        params: dict[str, object] = {"tail": args.tail}
+        if args.attempt is not None:
+            params["attempt"] = args.attempt
+        page = client.call("GET", f"/tasks/{args.task_id}/logs/", params=params)
+        print_lines(page["lines"])
+        follower.attempt, follower.offset = page["attempt"], page["next_offset"]
+        follower.complete = page["complete"]
+    while True:
+        page = follower.step(client, wait_s=FOLLOW_WAIT_S if args.follow else 0)
+        if not args.follow:
+            if not page["lines"]:
+                return 0
+            continue
+        pinned = args.attempt is not None
+        if not pinned and page["task_attempt"] > page["attempt"] and (follower.complete or not page["lines"]):
+            follower.next_attempt(page["task_attempt"])
+        elif follower.complete:
+            return 0
 
 
 def _cancel(client: Client, args: argparse.Namespace) -> int:
@@ -74,6 +116,6 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     client = Client.from_args(args)
     try:
-        return {"ls": _ls, "show": _show, "cancel": _cancel}[args.action](client, args)
+        return {"ls": _ls, "show": _show, "logs": _logs, "cancel": _cancel}[args.action](client, args)
     except ApiError as exc:
         return print_error(exc)

@@ -63,6 +63,7 @@ INSTALLED_APPS = [
     "apps.scheduling",
     "apps.forecasting",
     "apps.fleet",
+    "apps.logs",
     "apps.dashboard",
 ]
 
@@ -211,6 +212,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.fleet.tasks.nodes_check_health",
         "schedule": envfloat("WHALEGEN_NODE_HEALTH_INTERVAL_S", 5.0),
     },
+    # Run output of tasks that ended more than WHALEGEN_LOG_RETENTION_DAYS ago is deleted.
+    "logs-expire": {
+        "task": "apps.logs.tasks.logs_expire",
+        "schedule": envfloat("WHALEGEN_LOG_RETENTION_INTERVAL_S", 3_600.0),
+    },
 }
 
 # WhaleGen's own knobs.
@@ -253,6 +259,10 @@ WHALEGEN_REQUEUE_BACKOFF_MAX_S = envfloat("WHALEGEN_REQUEUE_BACKOFF_MAX_S", 300.
 WHALEGEN_MAX_ATTEMPTS = envint("WHALEGEN_MAX_ATTEMPTS", 5)
 # Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
 WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
+# Run output (apps.logs): what the plane keeps per run (the first half of the cap and the latest rest;
+# agents cap their side with --log-cap-mib) and for how long after the task ended.
+WHALEGEN_LOG_CAP_MIB = envfloat("WHALEGEN_LOG_CAP_MIB", 10.0)
+WHALEGEN_LOG_RETENTION_DAYS = envint("WHALEGEN_LOG_RETENTION_DAYS", 30)
 # `GET /metrics` (Prometheus): with a token set, a scraper must send it as a bearer token and nothing
 # else is let in; unset, platform admins only (docs/metrics.md).
 WHALEGEN_METRICS_TOKEN = envstr("WHALEGEN_METRICS_TOKEN")

@@ -99,3 +99,69 @@ def test_admin_approves_an_override(live_server: Any, scene: Any, browser: Any) 
     override.refresh_from_db()
     scene.waiting.refresh_from_db()
     assert (override.state, scene.waiting.priority) == (PriorityOverride.State.APPROVED, 40)
+
+
+def test_task_page_shows_the_run_and_its_output_tail_live(live_server: Any, scene: Any, browser: Any) -> None:
+    import time
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from apps.fleet.services import agent_report
+    from whalegen import protocol as p
+
+    task = scene.placed
+    Task.objects.filter(pk=task.pk).update(
+        command=["python", "train.py", "--epochs", "3"], env={"HF_TOKEN": "s3cret-value", "SEED": "7"}
+    )
+    node = task.assignments.get().node
+    out, err = p.LogStreamName.STDOUT, p.LogStreamName.STDERR
+
+    def send(seq: int, chunk: p.LogChunk, *tasks: p.TaskReport) -> None:
+        agent_report(node=node, message=p.Report(str(node.pk), seq, time.time(), tasks=tasks, logs=(chunk,)))
+
+    running = p.TaskReport(str(task.pk), p.TaskState.RUNNING, time.time(), pid=7)
+    first = tuple(p.LogLine(time.time(), out, f"epoch 1 step {i}") for i in range(300))
+    send(
+        1,
+        p.LogChunk(str(task.pk), 0, 0, (*first, p.LogLine(time.time(), err, "warning: slow disk"))),
+        running,
+    )
+
+    log_in(browser, live_server, scene.world.alice, "alice-browser-pass")
+    browser.get(f"{live_server.url}/tasks/{task.pk}/")
+    assert browser.find_element(By.ID, "task-command").text == "python train.py --epochs 3"
+    env_keys = browser.find_element(By.ID, "task-env-keys").text
+    assert "HF_TOKEN" in env_keys and "SEED" in env_keys and "s3cret-value" not in browser.page_source
+    tail = browser.find_element(By.ID, "log-tail")
+    lines = tail.find_elements(By.CSS_SELECTOR, ".line")
+    assert len(lines) == 200  # the tail, not the head
+    assert lines[-2].text == "epoch 1 step 299"
+    assert lines[-1].text == "warning: slow disk" and "stderr" in lines[-1].get_attribute("class")
+
+    # The page follows the run: a line the agent ships now appears without a reload.
+    send(2, p.LogChunk(str(task.pk), 0, 301, (p.LogLine(time.time(), out, "epoch 2 done"),)))
+    WebDriverWait(browser, WAIT_S).until(lambda b: "epoch 2 done" in b.find_element(By.ID, "log-tail").text)
+
+    # It ends failed: the page says why, and the failed task's row in the list says it in one line.
+    ended = p.TaskReport(str(task.pk), p.TaskState.FAILED, time.time(), exit_code=3)
+    send(
+        3,
+        p.LogChunk(
+            str(task.pk),
+            0,
+            302,
+            (p.LogLine(time.time(), p.LogStreamName.LAUNCHER, "exited with code 3"),),
+            eof=True,
+        ),
+        ended,
+    )
+    browser.get(f"{live_server.url}/tasks/{task.pk}/")
+    assert browser.find_element(By.ID, "task-exit-code").text == "3"
+    assert browser.find_element(By.ID, "task-failure-reason").text == "exit code 3"
+    assert (
+        browser.find_elements(By.CSS_SELECTOR, "#log-tail .line")[-1].text == "[whalegen] exited with code 3"
+    )
+    browser.find_element(By.LINK_TEXT, "Tasks").click()
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-task="{task.pk}"]')
+    assert row.find_element(By.CSS_SELECTOR, "td.why").text == "exit code 3"
