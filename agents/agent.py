@@ -71,6 +71,7 @@ MAX_QUEUED_EVENTS = 200
 # capture on disk, where the launcher's cap bounds it, instead of piling up in the outbox.
 LOG_REPORT_BYTES = 512 << 10
 LOG_BACKLOG_REPORTS = 4
+LOG_TICK_BYTES = 2 << 20  # read per run per pass at most (then the next pass follows at once)
 
 
 @dataclass(frozen=True)
@@ -651,9 +652,12 @@ class Agent:
             self._read_run(proc)
 
     def _read_run(self, proc: TaskProcess) -> None:
-        batch = self.runner.read_output(proc, max_bytes=LOG_REPORT_BYTES)
-        if batch.lines or batch.dropped_lines:
+        for _ in range(LOG_TICK_BYTES // LOG_REPORT_BYTES):
+            batch = self.runner.read_output(proc, max_bytes=LOG_REPORT_BYTES)
+            if not batch.lines and not batch.dropped_lines:
+                return
             self.pending_logs.append(_chunk(proc.task_id, proc.attempt, batch))
+        self.wake.set()  # a loud run: read on in the next pass without waiting a tick
 
     def _queue_reports(self, now: float) -> None:
         """Into the outbox, in order: output chunks in reports of about LOG_REPORT_BYTES, the task and

@@ -28,6 +28,7 @@ ignores the field (unknown fields are ignored).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -90,6 +91,8 @@ T = TypeVar("T", bound="Message")
 def _encode(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, LogChunk):
+        return value.wire()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple | list):
@@ -150,14 +153,24 @@ class Message:
         where = where or cls.__name__
         if not isinstance(data, dict):
             raise ProtocolError(f"{where}: expected an object")
-        hints = typing.get_type_hints(cls)
         kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name in data:
-                kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{where}: missing {f.name}")
+        for name, hint, required in _schema(cls):  # type: ignore[arg-type]
+            if name in data:
+                kwargs[name] = _decode(hint, data[name], f"{where}.{name}")
+            elif required:
+                raise ProtocolError(f"{where}: missing {name}")
         return cls(**kwargs)
+
+
+@functools.cache
+def _schema(cls: type[Message]) -> tuple[tuple[str, Any, bool], ...]:
+    """(field, type, required) of a message class, worked out once: `typing.get_type_hints` is slow,
+    and a report carries thousands of output lines."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+    )
 
 
 # ---- what the agent observes ----------------------------------------------------------------------
@@ -440,7 +453,10 @@ class LogChunk(Message):
     """Consecutive captured lines of one run, `first_line` the number (0-based) of its first line in
     the run's output. The plane stores a chunk once per (run, first_line), so a resent chunk is a
     no-op. `dropped_lines`/`dropped_bytes`: output the cap dropped just before this chunk (the middle
-    of a run that printed more than the cap: its head and tail are kept). `eof`: nothing follows."""
+    of a run that printed more than the cap: its head and tail are kept). `eof`: nothing follows.
+
+    On the wire each line is an array `[at_s, stream, text, partial]`, not an object: a chunk carries
+    thousands of lines, and the generic object codec costs tens of microseconds a line."""
 
     task_id: str
     attempt: int
@@ -449,6 +465,48 @@ class LogChunk(Message):
     dropped_lines: int = 0
     dropped_bytes: int = 0
     eof: bool = False
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "attempt": self.attempt,
+            "first_line": self.first_line,
+            "lines": [[line.at_s, line.stream.value, line.text, line.partial] for line in self.lines],
+            "dropped_lines": self.dropped_lines,
+            "dropped_bytes": self.dropped_bytes,
+            "eof": self.eof,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.wire()
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "") -> LogChunk:
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        raw = data.get("lines", [])
+        if not isinstance(raw, list):
+            raise ProtocolError(f"{where}.lines: expected a list")
+        lines = tuple(_log_line(item, f"{where}.lines[{i}]") for i, item in enumerate(raw))
+        head = super().from_dict({k: v for k, v in data.items() if k != "lines"}, where)
+        return dataclasses.replace(head, lines=lines)
+
+
+_STREAMS = {stream.value: stream for stream in LogStreamName}
+
+
+def _log_line(item: Any, where: str) -> LogLine:
+    if not isinstance(item, list) or len(item) != 4:
+        raise ProtocolError(f"{where}: expected [at_s, stream, text, partial]")
+    at_s, stream, text, partial = item
+    if isinstance(at_s, bool) or not isinstance(at_s, int | float):
+        raise ProtocolError(f"{where}: at_s must be a number")
+    if stream not in _STREAMS:
+        raise ProtocolError(f"{where}: {stream!r} is not one of {sorted(_STREAMS)}")
+    if not isinstance(text, str) or not isinstance(partial, bool):
+        raise ProtocolError(f"{where}: text must be a string and partial a boolean")
+    return LogLine(float(at_s), _STREAMS[stream], text, partial)
 
 
 @dataclass(frozen=True)

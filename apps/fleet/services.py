@@ -528,7 +528,10 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
             Node.objects.select_for_update().filter(pk=node.pk).values_list("pk").first()
             if AgentReport.objects.filter(node=node, seq=message.seq).exists():
                 raise _Repeat
-            AgentReport.objects.create(node=node, seq=message.seq, payload=message.to_dict())
+            # The output itself is stored once, in apps.logs (capped there); the report keeps its outline.
+            payload = message.to_dict()
+            payload["logs"] = [{**chunk, "lines": len(chunk["lines"])} for chunk in payload.get("logs", [])]
+            AgentReport.objects.create(node=node, seq=message.seq, payload=payload)
             ended_runs = set(
                 TaskRun.objects.filter(node=node, task_id__in=named, state__in=_ENDED_BY_AGENT).values_list(
                     "task_id", "attempt"

@@ -178,3 +178,28 @@ def test_runs_are_named_the_same_whichever_protocol_named_them() -> None:
     assert protocol.run_key("42", 0) == "42" and protocol.run_key("42", 3) != protocol.run_key("42", 0)
     assert protocol.speaks_attempts("1.1") and protocol.speaks_attempts("1.12")
     assert not protocol.speaks_attempts("1.0") and not protocol.speaks_attempts("2.1")
+
+
+def test_log_chunks_travel_as_compact_arrays_and_decode_to_the_same_chunk() -> None:
+    line = protocol.LogLine(1.5, protocol.LogStreamName.STDERR, "boom", partial=True)
+    chunk = protocol.LogChunk("7", 1, 40, (line,), dropped_lines=3, dropped_bytes=90, eof=True)
+    report = protocol.Report("n", 2, 0.0, logs=(chunk,))
+    wire = report.to_dict()
+    assert wire["logs"][0]["lines"] == [[1.5, "stderr", "boom", True]]
+    assert protocol.Report.from_dict(json.loads(json.dumps(wire))) == report
+
+
+def test_a_report_from_a_1_1_agent_has_no_output_and_still_decodes() -> None:
+    old = {"node_id": "n", "seq": 1, "sent_at_s": 0.0, "tasks": [], "protocol_version": "1.1"}
+    assert protocol.Report.from_dict(old).logs == ()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [[1.0, "video", "x", False], [1.0, "stdout", 5, False], ["soon", "stdout", "x", False], {"text": "x"}],
+    ids=["an unknown stream", "text that is not a string", "a time that is not a number", "an object"],
+)
+def test_a_malformed_output_line_is_refused_with_where_it_is(line: object) -> None:
+    data = {"task_id": "7", "attempt": 0, "first_line": 0, "lines": [line]}
+    with pytest.raises(protocol.ProtocolError, match=r"LogChunk\.lines\[0\]"):
+        protocol.LogChunk.from_dict(data)

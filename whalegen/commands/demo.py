@@ -212,6 +212,16 @@ def logins() -> tuple[str, str, list[tuple[str, str, str]]]:
     return password, member_password, tokens
 
 
+def _queues_by_tenant() -> list[tuple[str, str]]:
+    """Each team's queues with their pools, as the announcement lists them."""
+    from apps.workloads.models import Queue
+
+    listed: dict[str, list[str]] = {}
+    for queue in Queue.objects.select_related("tenant", "pool").order_by("tenant__slug", "name"):
+        listed.setdefault(queue.tenant.slug, []).append(f"{queue.name} (pool {queue.pool.name})")
+    return [(slug, ", ".join(names)) for slug, names in listed.items()]
+
+
 def _beat_thread(stop: threading.Event) -> threading.Thread:
     """The embedded stand-in for `celery beat`: fire each schedule entry at its interval, in-process."""
     from django.conf import settings
@@ -339,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
         "seeding the fleet, tenants, quotas and queues" if seed() else "already seeded; keeping the data"
     )
     password, member_password, tokens = logins()
+    queues = _queues_by_tenant()
 
     def announce(port: int) -> Any:
         shown_host = f"[{args.host}]" if ":" in args.host else args.host
@@ -352,6 +363,8 @@ def run(args: argparse.Namespace) -> int:
             "  tokens (shown once; each scoped to one tenant):",
         ]
         lines += [f"    {slug:<8} {member:<5} {raw}" for slug, member, raw in tokens]
+        lines.append("  queues (submit with a tenant's token to one of its queues):")
+        lines += [f"    {slug:<8} {names}" for slug, names in queues]
         lines += [
             "  try:",
             f"    curl -H 'Authorization: Bearer {tokens[0][2]}' {url}/api/v1/tasks/",

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 
 from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
@@ -138,9 +139,15 @@ def _stream(client: Client, follower: Follower, task: dict[str, Any], *, wait_s:
             if not page["lines"] and page["complete"]:
                 break
     except ApiError as exc:
-        if exc.status != 404:
+        if exc.status == 404:
+            follower.complete = True  # a plane without the logs endpoint: state changes only
+        elif exc.status != 0 and exc.status < 500:
             raise
-        follower.complete = True  # a plane without the logs endpoint: state changes only
+    except requests.RequestException as exc:
+        # A slow or dropped read of the output must not end the wait: the next round reads on from
+        # the same line, so nothing is lost or repeated.
+        why = exc.__class__.__name__
+        print(f"whalegen: reading task {follower.task_id}'s output failed ({why}); retrying", file=sys.stderr)
     return False
 
 
