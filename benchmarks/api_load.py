@@ -98,6 +98,13 @@ class Figures:
         return 1000 * self.cpu_s / done
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:  # "N/A" when nothing was sent
+        return float("nan")
+
+
 def _server_cpu_s(master: psutil.Process) -> float:
     total = 0.0
     for process in [master, *master.children(recursive=True)]:
@@ -126,17 +133,21 @@ def _locust(
         "-t", f"{int(duration_s)}s",
     ]  # fmt: skip
     before = _server_cpu_s(master)
-    subprocess.run(argv, env=env, check=False, capture_output=True, text=True, timeout=duration_s + 600)
+    done = subprocess.run(
+        argv, env=env, check=False, capture_output=True, text=True, timeout=duration_s + 600
+    )
     cpu = _server_cpu_s(master) - before
     with open(f"{prefix}_stats.csv") as handle:
         row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    if int(row["Request Count"]) == 0:
+        progress(f"{name}: locust sent nothing:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return Figures(
         name=name,
         requests=int(row["Request Count"]),
         failures=int(row["Failure Count"]),
         rps=float(row["Requests/s"]),
-        p50_ms=float(row["50%"] or "nan"),
-        p99_ms=float(row["99%"] or "nan"),
+        p50_ms=_number(row["50%"]),
+        p99_ms=_number(row["99%"]),
         batch=batch,
         cpu_s=cpu,
     )
