@@ -5,8 +5,8 @@
 
 Runs, against one gunicorn (sync workers) serving the code in DIR (default: this checkout; point it
 at an export of another commit to measure "before" with the same command):
-- baseline: `GET /api/v1/` (token auth + a JSON answer, no task work) with 8 concurrent clients: the
-  floor the framework and the machine set, measured in the same run;
+- baseline: `GET /api/v1/tenants/` (token auth, the caller's access, one small list; no task work)
+  with --users concurrent clients: the floor the framework and the machine set, in the same run;
 - single POST /api/v1/tasks/, 1 client (sequential) and --users concurrent clients;
 - POST /api/v1/tasks/bulk/ with 100 tasks per request (--users clients) and one request of 1,000.
 For each: requests/s, tasks/s, p50/p99 latency (locust), and the server's CPU per task (utime+stime
@@ -228,7 +228,7 @@ def main() -> int:
         progress("warming up")
         _locust("warmup", scenario="single", batch=1, users=args.users, **{**common, "duration_s": 5})
         runs = [
-            ("baseline GET /api/v1/", "index", 1, args.users),
+            ("baseline GET /api/v1/tenants/", "baseline", 1, args.users),
             ("single POST, 1 client", "single", 1, 1),
             (f"single POST, {args.users} clients", "single", 1, args.users),
             (f"bulk of 100, {args.users} clients", "bulk", 100, args.users),
