@@ -5,8 +5,8 @@
 
 Runs, against one gunicorn (sync workers) serving the code in DIR (default: this checkout; point it
 at an export of another commit to measure "before" with the same command):
-- baseline: `GET /api/v1/` (token auth + a JSON answer, no task work) with 8 concurrent clients: the
-  floor the framework and the machine set, measured in the same run;
+- baseline: `GET /api/v1/tenants/` (token auth, the caller's access, one small list; no task work)
+  with --users concurrent clients: the floor the framework and the machine set, in the same run;
 - single POST /api/v1/tasks/, 1 client (sequential) and --users concurrent clients;
 - POST /api/v1/tasks/bulk/ with 100 tasks per request (--users clients) and one request of 1,000.
 For each: requests/s, tasks/s, p50/p99 latency (locust), and the server's CPU per task (utime+stime
@@ -98,6 +98,13 @@ class Figures:
         return 1000 * self.cpu_s / done
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:  # "N/A" when nothing was sent
+        return float("nan")
+
+
 def _server_cpu_s(master: psutil.Process) -> float:
     total = 0.0
     for process in [master, *master.children(recursive=True)]:
@@ -126,17 +133,21 @@ def _locust(
         "-t", f"{int(duration_s)}s",
     ]  # fmt: skip
     before = _server_cpu_s(master)
-    subprocess.run(argv, env=env, check=False, capture_output=True, text=True, timeout=duration_s + 600)
+    done = subprocess.run(
+        argv, env=env, check=False, capture_output=True, text=True, timeout=duration_s + 600
+    )
     cpu = _server_cpu_s(master) - before
     with open(f"{prefix}_stats.csv") as handle:
         row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    if int(row["Request Count"]) == 0:
+        progress(f"{name}: locust sent nothing:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return Figures(
         name=name,
         requests=int(row["Request Count"]),
         failures=int(row["Failure Count"]),
         rps=float(row["Requests/s"]),
-        p50_ms=float(row["50%"] or "nan"),
-        p99_ms=float(row["99%"] or "nan"),
+        p50_ms=_number(row["50%"]),
+        p99_ms=_number(row["99%"]),
         batch=batch,
         cpu_s=cpu,
     )
@@ -217,7 +228,7 @@ def main() -> int:
         progress("warming up")
         _locust("warmup", scenario="single", batch=1, users=args.users, **{**common, "duration_s": 5})
         runs = [
-            ("baseline GET /api/v1/", "index", 1, args.users),
+            ("baseline GET /api/v1/tenants/", "baseline", 1, args.users),
             ("single POST, 1 client", "single", 1, 1),
             (f"single POST, {args.users} clients", "single", 1, args.users),
             (f"bulk of 100, {args.users} clients", "bulk", 100, args.users),

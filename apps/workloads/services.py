@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
@@ -120,6 +120,9 @@ class TaskRequest:
     env: dict[str, str] = field(default_factory=dict)
     max_runtime_s: int | None = None
     profile_key: str = ""
+
+
+_REQUEST_FIELDS = tuple(f.name for f in fields(TaskRequest) if f.name != "queue")
 
 
 def _validate_shape(request: TaskRequest) -> list[str]:
@@ -321,8 +324,9 @@ def _new_task(
     key: str | None,
 ) -> Task:
     """The unsaved task a valid request becomes (priority left to the queue filled in)."""
-    values = asdict(request)
-    values.pop("queue")
+    # Shallow (asdict deep-copies, a tenth of a bulk submission's CPU): the request's lists and dicts
+    # were built for this request by the serializer and are not shared.
+    values = {name: getattr(request, name) for name in _REQUEST_FIELDS}
     values["allowed_gpu_models"] = models
     if values["priority"] is None:
         values["priority"] = queue.default_priority

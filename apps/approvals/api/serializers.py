@@ -36,7 +36,9 @@ class OverrideAuditOutputSerializer(serializers.ModelSerializer):
 
 class OverrideOutputSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    requested_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    requested_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Null once the user is deleted."
+    )
     decided_by = serializers.SlugRelatedField(
         slug_field="username", read_only=True, allow_null=True, help_text="Null until decided."
     )

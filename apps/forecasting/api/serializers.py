@@ -27,8 +27,9 @@ class TaskForecastOutputSerializer(serializers.ModelSerializer):
 
 
 class ForecastModelOutputSerializer(serializers.ModelSerializer):
-    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    # Null for a plane-wide model.
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
 
     class Meta:
         model = ForecastModel

@@ -6,7 +6,9 @@ from apps.tenants.models import Tenant
 
 
 class TenantOutputSerializer(serializers.ModelSerializer):
-    parent = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    parent = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True, help_text="Null for a top-level tenant."
+    )
     role = serializers.SerializerMethodField(
         help_text="The caller's role here; null for platform admins without one."
     )

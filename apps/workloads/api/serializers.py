@@ -74,7 +74,9 @@ class TaskOutputSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     queue = serializers.SlugRelatedField(slug_field="name", read_only=True)
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    submitted_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    submitted_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Null once the user is deleted."
+    )
     forecast = TaskForecastOutputSerializer(
         read_only=True, allow_null=True, help_text="Predictions made at submission; null until made."
     )
