@@ -53,7 +53,8 @@ class WhaleGenAutoSchema(AutoSchema):
     def _error_codes(self) -> list[str]:
         codes = ["401", "403"]
         has_body = self.method in {"POST", "PUT", "PATCH"}
-        if has_body or self.get_filter_backends() or self._is_list_view():
+        # Query parameters declared on the operation (`extend_schema(parameters=…)`) are validated too.
+        if has_body or self.get_filter_backends() or self._is_list_view() or self.get_override_parameters():
             codes.append("400")
         if "{" in self.path:
             codes.append("404")
