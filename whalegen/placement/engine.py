@@ -133,7 +133,7 @@ class Engine:
         )
         if req.num_gpu:
             threshold = self.policy.device_threshold(req)
-            devices_ok = (state.np_gpu_free[stale] >= threshold).sum(axis=1) >= req.num_gpu
+            devices_ok = state.has_devices(stale, req.num_gpu, threshold)
             possible &= devices_ok | ~state.np_plain[stale]
         cache.scores[stale[~possible]] = NEG_INF
         stale = stale[possible]
@@ -376,8 +376,12 @@ class Engine:
         parts: list[str] = []
         if req.num_gpu:
             threshold = WHOLE_GPU_MILLI if self.policy.whole_gpus_only else req.gpu_milli
-            fits = (s.np_gpu_free >= threshold) & mode_ok
-            has_gpu: npt.NDArray[np.bool_] = fits.sum(axis=1) >= req.num_gpu
+            has_gpu: npt.NDArray[np.bool_]
+            if isolated:
+                fits = (s.np_gpu_free >= threshold) & mode_ok
+                has_gpu = fits.sum(axis=1) >= req.num_gpu
+            else:
+                has_gpu = s.has_devices(slice(None), req.num_gpu, threshold)  # every mode is accepted
             with_gpu = int((allowed & has_gpu).sum())
             where = models or "GPU"
             amount = f"{req.gpu_milli} milli" if req.num_gpu == 1 else f"{req.num_gpu}×{req.gpu_milli} milli"
