@@ -106,7 +106,19 @@ class Decider:
 
     # -- one step ----------------------------------------------------------------------------------
 
-    def step(self, pending: Sequence[TaskRequest], now_s: float, *, estimates: bool = True) -> Decisions:
+    def step(
+        self,
+        pending: Sequence[TaskRequest],
+        now_s: float,
+        *,
+        estimates: bool = True,
+        nodes_after: bool = True,
+    ) -> Decisions:
+        """One decision over `pending` on the working copy (which keeps what it places).
+
+        `estimates` and `nodes_after` cost a sweep over the pool; a replay that steps once per arriving
+        task and reads neither turns them off.
+        """
         snapshot = self.snapshot
         requests = {t.task_id: t for t in pending} | dict(snapshot.claimed_requests)
         self.requests.update(requests)
@@ -133,13 +145,16 @@ class Decider:
                 Bound(Placement(task_id, claim.node, (claim.gpu_index,), unit, borrowed), (claim.unit_id,))
             )
         # 2. Order: each task carries its place.
-        ordered = [
-            replace(task, order_key=position)
-            for position, unit in enumerate(
-                order_units(replace(snapshot.cluster, pending=tuple(pending)), snapshot.queues)
-            )
-            for task in unit
-        ]
+        if len(pending) == 1:
+            ordered = [replace(pending[0], order_key=0)]  # one task is its own order
+        else:
+            ordered = [
+                replace(task, order_key=position)
+                for position, unit in enumerate(
+                    order_units(replace(snapshot.cluster, pending=tuple(pending)), snapshot.queues)
+                )
+                for task in unit
+            ]
         # Later passes re-offer tasks in this order.
         requests.update({t.task_id: t for t in ordered})
         self.requests.update(requests)
@@ -195,12 +210,12 @@ class Decider:
             else:
                 code = item.outcome.value
             unplaced[task_id] = Reason(code, item.message)
-        nodes_after = self._nodes_after(bound, layouts)
+        after = self._nodes_after(bound, layouts) if nodes_after or estimates else ()
         self.live.update({b.task_id: b.placement for b in bound})
         starts: dict[str, float | None] = {}
         if estimates and unplaced:
             for task_id, estimate in estimate_starts(
-                snapshot, unplaced, now_s, nodes_after=nodes_after, placements=bound, requests=requests
+                snapshot, unplaced, now_s, nodes_after=after, placements=bound, requests=requests
             ).items():
                 starts[task_id] = estimate.start_s
                 if estimate.start_s is None and estimate.why_unknown:
@@ -214,7 +229,7 @@ class Decider:
             layouts=tuple(layouts),
             unplaced=unplaced,
             estimates=starts,
-            nodes_after=nodes_after,
+            nodes_after=after,
         )
 
     # -- 3. present units --------------------------------------------------------------------------
