@@ -294,8 +294,7 @@ class Decider:
                 # try again on the exact view while that view differs from the engine's.
                 if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
                     return bound
-                exact = self._exact(touched_keys(bound), taken)
-                if all(self._engine_gpu(key) == g for key, g in exact.items()):
+                if not self._room_missed(touched_keys(bound), taken):
                     return bound
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
@@ -372,20 +371,41 @@ class Decider:
         return released
 
     def _engine_gpu(self, key: GpuKey) -> GpuState:
+        """One GPU of the working copy, read without building the node."""
         state = self.engine.state
         n = state.index[key[0]]
-        return state.node_state(n).gpus[state.gpu_index[n].index(key[1])]
+        d = state.gpu_index[n].index(key[1])
+        return GpuState(
+            key[1],
+            state.models[n] or "",
+            state.gpu_free[n][d],
+            state.gpu_mem_free[n][d],
+            state.gpu_mem_total[n][d],
+            state.modes[n][d],
+            state.mig_used[n][d],
+        )
 
     def _exact(self, keys: set[GpuKey], taken: set[int]) -> dict[GpuKey, GpuState]:
         """These GPUs as the engine should see them: their free units, less those bound this step."""
         out: dict[GpuKey, GpuState] = {}
-        for node in self.engine.state.nodes():
-            for g in node.gpus:
-                key = (node.name, g.index)
-                if key in keys:
-                    free = [u for u in self.snapshot.free_units.get(key, ()) if u.unit_id not in taken]
-                    out[key] = engine_gpu(g, free)
+        for key in keys:
+            free = [u for u in self.snapshot.free_units.get(key, ()) if u.unit_id not in taken]
+            out[key] = engine_gpu(self._engine_gpu(key), free)
         return out
+
+    def _room_missed(self, keys: set[GpuKey], taken: set[int]) -> bool:
+        """Whether the units left on these GPUs offer room the engine's picture does not show (more milli,
+        more memory on a GPU with milli left, or MIG slices it counts as used). Room it shows and the
+        units lack does no harm now: nothing more is placed on present units after step 4."""
+        for key, exact in self._exact(keys, taken).items():
+            seen = self._engine_gpu(key)
+            if exact.free_milli > seen.free_milli:
+                return True
+            if exact.free_milli and exact.free_mem_mib > seen.free_mem_mib:
+                return True
+            if seen.mig_used_slices & ~exact.mig_used_slices:
+                return True
+        return False
 
     def _rebuild(
         self, change: dict[GpuKey, GpuState | str], placed: Iterable[Placement], now_s: float
