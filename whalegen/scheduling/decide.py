@@ -98,6 +98,7 @@ class Decider:
         self.requests: dict[str, TaskRequest] = {}
         self._needs_layout: set[str] = set()
         self._before_recarve: dict[GpuKey, GpuState] = {}
+        self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -126,6 +127,7 @@ class Decider:
         bound: list[Bound] = []
         self._needs_layout = set()
         self._before_recarve = {}
+        self._diverged = set()
         # 1. Claims.
         for task_id, claim in snapshot.claims.items():
             request = snapshot.claimed_requests.get(task_id)
@@ -294,7 +296,7 @@ class Decider:
                 # try again on the exact view while that view differs from the engine's.
                 if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
                     return bound
-                if not self._room_missed(touched_keys(bound), taken):
+                if not self._room_missed(self._diverged & touched_keys(bound), taken):
                     return bound
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
@@ -352,8 +354,17 @@ class Decider:
             if ids is None:
                 assert gpu is not None
                 failed.append((placement, gpu))
-            else:
-                bound.append(Bound(placement, ids))
+                continue
+            bound.append(Bound(placement, ids))
+            # Units that hold more (or other slices) than the engine took leave its picture wrong there.
+            held = self.engine.state.bindings[placement.task_id].held_milli
+            milli = {
+                u.unit_id: u.gpu_milli
+                for i in placement.gpu_indexes
+                for u in self.snapshot.free_units.get((placement.node, i), ())
+            }
+            if sum(milli[u] for u in ids) != sum(held) or placement.unit.kind is UnitKind.MIG:
+                self._diverged.update((placement.node, i) for i in placement.gpu_indexes)
         return failed
 
     def _take_back(
