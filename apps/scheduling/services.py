@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from apps.common.errors import Conflict
 from apps.fleet.services import desired_state_current
-from apps.forecasting.selectors import pool_shape_mix
+from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.selectors import PoolSnapshot, live_usage_milli, snapshot_for_pool
@@ -487,6 +487,20 @@ def _write_why_pending(
     Task.objects.bulk_update(rows, ["why_pending", "why_pending_code", "predicted_start_at"], batch_size=500)
 
 
+def cycle_mix(snapshot: PoolSnapshot, now: datetime) -> tuple[PoolShapeMix, ShapeMix]:
+    """The forecast shape mix of the pool's next hour (active arrivals model), else the mix of the tasks
+    the snapshot knows; the engine's policy and the fragmentation figures use it."""
+    steer = pool_shape_mix(pool_id=snapshot.pool_id, now=now)
+    mix = steer.mix or shape_mix_from_tasks(
+        list(snapshot.cluster.pending)
+        + [
+            TaskRequest(t.task_id, t.cpu_milli, t.mem_mib, len(t.gpu_indexes), t.gpu_milli)
+            for t in snapshot.cluster.running
+        ]
+    )
+    return steer, mix
+
+
 def decision_input(snapshot: PoolSnapshot, mix: ShapeMix) -> Snapshot:
     """What `decide` reads for a cycle: the pool's pure snapshot with the cycle's shape mix."""
     return replace(snapshot.pure, cluster=replace(snapshot.pure.cluster, shape_mix=mix))
@@ -551,16 +565,7 @@ def cycle_run(
             # 3. Decide.
             started = time.perf_counter()
             now_s = now.timestamp()
-            # The forecast shape mix of the pool's next hour (active arrivals model), else the mix of
-            # the tasks the snapshot knows; the engine's policy and the fragmentation figures use it.
-            steer = pool_shape_mix(pool_id=pool_id, now=now)
-            mix = steer.mix or shape_mix_from_tasks(
-                list(snapshot.cluster.pending)
-                + [
-                    TaskRequest(t.task_id, t.cpu_milli, t.mem_mib, len(t.gpu_indexes), t.gpu_milli)
-                    for t in snapshot.cluster.running
-                ]
-            )
+            steer, mix = cycle_mix(snapshot, now)
             config = Config(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
             before = cluster_fragmentation(snapshot.cluster.nodes, mix)
             decisions = decide(decision_input(snapshot, mix), config, now_s)

@@ -98,6 +98,7 @@ class Decider:
         self.requests: dict[str, TaskRequest] = {}
         self._needs_layout: set[str] = set()
         self._before_recarve: dict[GpuKey, GpuState] = {}
+        self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -106,7 +107,19 @@ class Decider:
 
     # -- one step ----------------------------------------------------------------------------------
 
-    def step(self, pending: Sequence[TaskRequest], now_s: float, *, estimates: bool = True) -> Decisions:
+    def step(
+        self,
+        pending: Sequence[TaskRequest],
+        now_s: float,
+        *,
+        estimates: bool = True,
+        nodes_after: bool = True,
+    ) -> Decisions:
+        """One decision over `pending` on the working copy (which keeps what it places).
+
+        `estimates` and `nodes_after` cost a sweep over the pool; a replay that steps once per arriving
+        task and reads neither turns them off.
+        """
         snapshot = self.snapshot
         requests = {t.task_id: t for t in pending} | dict(snapshot.claimed_requests)
         self.requests.update(requests)
@@ -114,6 +127,7 @@ class Decider:
         bound: list[Bound] = []
         self._needs_layout = set()
         self._before_recarve = {}
+        self._diverged = set()
         # 1. Claims.
         for task_id, claim in snapshot.claims.items():
             request = snapshot.claimed_requests.get(task_id)
@@ -133,13 +147,16 @@ class Decider:
                 Bound(Placement(task_id, claim.node, (claim.gpu_index,), unit, borrowed), (claim.unit_id,))
             )
         # 2. Order: each task carries its place.
-        ordered = [
-            replace(task, order_key=position)
-            for position, unit in enumerate(
-                order_units(replace(snapshot.cluster, pending=tuple(pending)), snapshot.queues)
-            )
-            for task in unit
-        ]
+        if len(pending) == 1:
+            ordered = [replace(pending[0], order_key=0)]  # one task is its own order
+        else:
+            ordered = [
+                replace(task, order_key=position)
+                for position, unit in enumerate(
+                    order_units(replace(snapshot.cluster, pending=tuple(pending)), snapshot.queues)
+                )
+                for task in unit
+            ]
         # Later passes re-offer tasks in this order.
         requests.update({t.task_id: t for t in ordered})
         self.requests.update(requests)
@@ -195,12 +212,12 @@ class Decider:
             else:
                 code = item.outcome.value
             unplaced[task_id] = Reason(code, item.message)
-        nodes_after = self._nodes_after(bound, layouts)
+        after = self._nodes_after(bound, layouts) if nodes_after or estimates else ()
         self.live.update({b.task_id: b.placement for b in bound})
         starts: dict[str, float | None] = {}
         if estimates and unplaced:
             for task_id, estimate in estimate_starts(
-                snapshot, unplaced, now_s, nodes_after=nodes_after, placements=bound, requests=requests
+                snapshot, unplaced, now_s, nodes_after=after, placements=bound, requests=requests
             ).items():
                 starts[task_id] = estimate.start_s
                 if estimate.start_s is None and estimate.why_unknown:
@@ -214,7 +231,7 @@ class Decider:
             layouts=tuple(layouts),
             unplaced=unplaced,
             estimates=starts,
-            nodes_after=nodes_after,
+            nodes_after=after,
         )
 
     # -- 3. present units --------------------------------------------------------------------------
@@ -279,8 +296,7 @@ class Decider:
                 # try again on the exact view while that view differs from the engine's.
                 if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
                     return bound
-                exact = self._exact(touched_keys(bound), taken)
-                if all(self._engine_gpu(key) == g for key, g in exact.items()):
+                if not self._room_missed(self._diverged & touched_keys(bound), taken):
                     return bound
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
@@ -338,8 +354,17 @@ class Decider:
             if ids is None:
                 assert gpu is not None
                 failed.append((placement, gpu))
-            else:
-                bound.append(Bound(placement, ids))
+                continue
+            bound.append(Bound(placement, ids))
+            # Units that hold more (or other slices) than the engine took leave its picture wrong there.
+            held = self.engine.state.bindings[placement.task_id].held_milli
+            milli = {
+                u.unit_id: u.gpu_milli
+                for i in placement.gpu_indexes
+                for u in self.snapshot.free_units.get((placement.node, i), ())
+            }
+            if sum(milli[u] for u in ids) != sum(held) or placement.unit.kind is UnitKind.MIG:
+                self._diverged.update((placement.node, i) for i in placement.gpu_indexes)
         return failed
 
     def _take_back(
@@ -357,20 +382,41 @@ class Decider:
         return released
 
     def _engine_gpu(self, key: GpuKey) -> GpuState:
+        """One GPU of the working copy, read without building the node."""
         state = self.engine.state
         n = state.index[key[0]]
-        return state.node_state(n).gpus[state.gpu_index[n].index(key[1])]
+        d = state.gpu_index[n].index(key[1])
+        return GpuState(
+            key[1],
+            state.models[n] or "",
+            state.gpu_free[n][d],
+            state.gpu_mem_free[n][d],
+            state.gpu_mem_total[n][d],
+            state.modes[n][d],
+            state.mig_used[n][d],
+        )
 
     def _exact(self, keys: set[GpuKey], taken: set[int]) -> dict[GpuKey, GpuState]:
         """These GPUs as the engine should see them: their free units, less those bound this step."""
         out: dict[GpuKey, GpuState] = {}
-        for node in self.engine.state.nodes():
-            for g in node.gpus:
-                key = (node.name, g.index)
-                if key in keys:
-                    free = [u for u in self.snapshot.free_units.get(key, ()) if u.unit_id not in taken]
-                    out[key] = engine_gpu(g, free)
+        for key in keys:
+            free = [u for u in self.snapshot.free_units.get(key, ()) if u.unit_id not in taken]
+            out[key] = engine_gpu(self._engine_gpu(key), free)
         return out
+
+    def _room_missed(self, keys: set[GpuKey], taken: set[int]) -> bool:
+        """Whether the units left on these GPUs offer room the engine's picture does not show (more milli,
+        more memory on a GPU with milli left, or MIG slices it counts as used). Room it shows and the
+        units lack does no harm now: nothing more is placed on present units after step 4."""
+        for key, exact in self._exact(keys, taken).items():
+            seen = self._engine_gpu(key)
+            if exact.free_milli > seen.free_milli:
+                return True
+            if exact.free_milli and exact.free_mem_mib > seen.free_mem_mib:
+                return True
+            if seen.mig_used_slices & ~exact.mig_used_slices:
+                return True
+        return False
 
     def _rebuild(
         self, change: dict[GpuKey, GpuState | str], placed: Iterable[Placement], now_s: float

@@ -9,7 +9,8 @@ The static replay (`replay.py`) follows the FGD paper: nothing departs. Here tim
   rejected on arrival and counted as never started). After every departure, and on every arrival, the first
   `queue_window` queued tasks are tried in order (a later one may start before an earlier one that still
   does not fit: backfill inside the window, no reservations). The window bounds the work per event.
-* Every try goes through the production `Engine` (`choose` to test, `solve` to commit; one code path).
+* Every try goes through the production decision (`whalegen.scheduling.Decider.step`; `Engine.choose`
+  only tests whether a task could fit before it is offered). One code path.
 * Metrics over the fixed trace horizon (first arrival → last trace deletion, the same for every policy):
   time-averaged GPU allocation, queueing delay of started tasks, tasks not started by the horizon's end;
   the simulation then drains the queue to report the makespan.
@@ -39,6 +40,7 @@ from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
 from whalegen.placement.state import Request
 from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState, ShapeMix, TaskRequest
+from whalegen.scheduling import Config, Decider, Snapshot
 from whalegen.sim.replay import shuffled_nodes
 from whalegen.sim.trace import load_tasks
 
@@ -226,9 +228,13 @@ def run_dynamic(
     requests = [t.request for t in tasks]
     if mix is None:
         mix = shape_mix_from_tasks(requests, with_memory=base.startswith("whalegen"))
-    engine = Engine(
-        ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy=base, seed=seed, preemption=False)
+    # Every placement goes through the production decision (`Decider.step`); the trace has no tenants or
+    # units, so one tenant without a quota and nothing to map.
+    decider = Decider(
+        Snapshot(ClusterSnapshot(tuple(nodes), shape_mix=mix), unit_exact=False),
+        Config(policy=base, seed=seed, preemption=False),
     )
+    engine = decider.engine
     wrapper: ForecastAligned | None = None
     if aligned:
         wrapper = ForecastAligned(engine.policy, align_slack)
@@ -279,10 +285,10 @@ def run_dynamic(
             wrapper.expect(end_s, now_s)
         if engine.choose(Request.of(req)) is None:
             return False
-        result = engine.solve((req,), now_s)
+        result = decider.step((req,), now_s, estimates=False, nodes_after=False)
         if not result.placements:
             return False
-        placement = result.placements[0]
+        placement = result.placements[0].placement
         binding = engine.state.bindings[req.task_id]
         if len(binding.gpu_indexes) != req.num_gpu:
             # Allocation is counted from the request, so a binding short of devices would inflate it.
@@ -314,7 +320,7 @@ def run_dynamic(
         while departures and departures[0][0] <= to_s:
             when, task_id = heapq.heappop(departures)
             advance(when)
-            engine.release(task_id)
+            decider.release(task_id)
             if wrapper is not None:
                 wrapper.departed(task_id)
             allocated -= by_id[task_id].request.gpu_request_milli

@@ -2,7 +2,8 @@
 
 Per seed: shuffle the node order (the simulator's random node-name prefixes, which decide ties) and the
 tasks; resample tasks with replacement until their GPU request reaches 130 % of capacity; submit them one
-at a time through the production engine (`Engine.solve`, one cycle per arrival); a task that fits nowhere
+at a time through the production decision (`whalegen.scheduling.Decider.step`, one cycle per arrival, on
+the engine's working copy); a task that fits nowhere
 fails and later tasks still arrive; nothing departs. After every task: allocated GPU milli, arrived GPU
 milli, fragmentation. Curves are binned like the authors' analysis scripts: arrived % rounded to an
 integer, the mean of the records in each bin (neighbouring bins when one is empty).
@@ -16,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from whalegen.placement.engine import Engine, EngineConfig
 from whalegen.placement.fragmentation import (
     ModelMix,
     model_mix,
@@ -25,6 +25,7 @@ from whalegen.placement.fragmentation import (
 )
 from whalegen.placement.state import ClusterState
 from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState, ShapeMix, TaskRequest
+from whalegen.scheduling import Config, Decider, Snapshot
 
 INFLATION = 1.30
 MAX_PCT = 130
@@ -140,7 +141,13 @@ def run_replay(
     cluster = shuffled_nodes(nodes, seed)
     capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in cluster)
     stream = arrivals(tasks, capacity, seed)
-    engine = Engine(ClusterSnapshot(cluster, shape_mix=shape_mix), EngineConfig(policy=policy, seed=seed))
+    # A trace has no tenants, quotas or units: one tenant without a quota, and GPUs whose free milli is
+    # their capacity (nothing to map).
+    decider = Decider(
+        Snapshot(ClusterSnapshot(cluster, shape_mix=shape_mix), unit_exact=False),
+        Config(policy=policy, seed=seed),
+    )
+    engine = decider.engine
     # The reported fragmentation is always the paper's measure over the paper's mix.
     tracker = _FragTracker(engine.state, shape_mix_from_tasks(tasks))
     index = engine.state.index
@@ -155,9 +162,9 @@ def run_replay(
     frag_ratio: list[float] = []
     for i, task in enumerate(stream):
         arrived += task.gpu_request_milli
-        result = engine.solve((task,), float(i))
+        result = decider.step((task,), float(i), estimates=False, nodes_after=False)
         if result.placements:
-            placement = result.placements[0]
+            placement = result.placements[0].placement
             allocated += task.gpu_request_milli
             n = index[placement.node]
             idle += sum(engine.state.gpu_free[n]) - node_idle[n]
