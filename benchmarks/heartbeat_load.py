@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,8 +257,8 @@ def main() -> int:
     try:
         tokens = plane.start(args.agents, args.gpus, args.interval_s)
         agents = [SimAgent(name, token, args.gpus) for name, token in tokens.items()]
-        for agent in agents:  # registration is not what is measured
-            agent.register()
+        with ThreadPoolExecutor(max_workers=args.senders) as pool:  # registration is not what is measured
+            list(pool.map(SimAgent.register, agents))
         # Same-run baseline: the plane idle (worker and beat running, no heartbeats), for two intervals
         # (below the loss threshold of three, so no node is lost by the pause itself).
         idle_s = min(args.duration_s, 2 * args.interval_s)
@@ -267,8 +268,8 @@ def main() -> int:
         idle_cpu = cpu_s(plane.plane_pids()) - before
         lost_before = plane.lost_nodes()
         # Every node has beaten once (registration): restart the clock of the measured window.
-        for agent in agents:
-            agent.heartbeat()
+        with ThreadPoolExecutor(max_workers=args.senders) as pool:
+            list(pool.map(SimAgent.heartbeat, agents))
         pids = plane.plane_pids()
         before, wall = cpu_s(pids), time.monotonic()
         latencies, failures = drive(agents, args.interval_s, args.duration_s, args.senders)

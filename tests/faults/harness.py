@@ -129,7 +129,7 @@ class Stack:
         self.wait(
             lambda: self._nodes_heard() == len(self.agents), 90, "every agent to register and heartbeat"
         )
-        self.workers[0].wait_ready()
+        self.workers[0].wait_ready(timeout_s=240)
 
     def stop(self) -> None:
         for agent in self.agents.values():
