@@ -20,6 +20,7 @@ is not counted. Nothing here fails on timing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import json
 import os
@@ -177,10 +178,8 @@ class SimAgent:
 
     def warm_up(self) -> None:
         """One heartbeat before the measured window; an overloaded plane may time it out (not counted)."""
-        try:
+        with contextlib.suppress(PlaneUnavailable, PlaneRejected):
             self.heartbeat()
-        except (PlaneUnavailable, PlaneRejected):
-            pass
 
     def heartbeat(self) -> None:
         assert self.node_id is not None
