@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,21 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Any]:
+    """One production-shaped stack for a module of scenarios (starting one costs ~30 s of migrations);
+    each scenario leaves it whole again (processes restarted, nodes back)."""
+    from tests.faults.harness import Stack
+
+    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-stack-"))
+    path.chmod(0o755)
+    made = Stack(path)
+    try:
+        made.start()
+        yield made
+    finally:
+        made.stop()
+        if not os.environ.get("WHALEGEN_FAULTS_KEEP"):
+            shutil.rmtree(path, ignore_errors=True)
