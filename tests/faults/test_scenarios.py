@@ -107,7 +107,6 @@ def stack_post(stack: Stack, path: str, body: dict[str, object], headers: dict[s
     return requests.post(f"{stack.url}{path}", json=body, headers=headers, timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on branch plane")
 def test_web_stopped_past_the_loss_threshold(stack: Stack) -> None:
     ids = stack.submit(6, sleep_s=6.0)
     stack.wait_running(ids, at_least=4)
@@ -117,7 +116,6 @@ def test_web_stopped_past_the_loss_threshold(stack: Stack) -> None:
     stack.assert_clean(ids)
 
 
-@pytest.mark.xfail(strict=True, reason="fixed on branch plane")
 def test_kill_9_of_the_worker_mid_node_loss(stack: Stack) -> None:
     ids = stack.submit(6, sleep_s=10.0)
     stack.wait_running(ids, at_least=4)
