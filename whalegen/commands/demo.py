@@ -17,6 +17,7 @@ import argparse
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -269,6 +270,22 @@ def _status_thread(stop: threading.Event, interval_s: float = 10.0) -> threading
     return thread
 
 
+def _port_problem(host: str, port: int) -> str | None:
+    """Why the demo cannot listen on host:port, asked before migrating and seeding so that a port taken by
+    another demo (or anything else) is one clear line, not a traceback after a minute of set-up."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # The server sets SO_REUSEADDR too: a port left in TIME_WAIT by an earlier demo is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return f"cannot listen on {host}:{port}: {error.strerror} (another demo running? pass --port N)"
+    return None
+
+
 def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> None:
     from django.contrib.staticfiles.handlers import StaticFilesHandler
     from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
@@ -340,6 +357,10 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in {"127.0.0.1", "localhost", "::1"} and "ALLOWED_HOSTS" not in os.environ:
         # Reached by another name or address than loopback: accept whatever Host the browser sends.
         os.environ["ALLOWED_HOSTS"] = "*"
+    problem = None if args.no_serve else _port_problem(args.host, args.port)
+    if problem is not None:
+        print(f"demo: {problem}", file=sys.stderr)
+        return 2
     import django
 
     django.setup()
