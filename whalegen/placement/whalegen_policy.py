@@ -292,22 +292,7 @@ class WhalegenPolicy(Policy):
             gpus = list(gpus)
             for d in chosen:
                 gpus[d] -= req.gpu_milli
-        # `frag(model, cpu, mem, gpus)`:
-        ordered = tuple(sorted(gpus))
-        idle = sum(ordered)
-        cpu_cuts, mem_cuts = self.cuts[model]
-        key = (model, bisect_right(cpu_cuts, cpu), bisect_right(mem_cuts, mem), ordered)
-        after = self.frag_memo.get(key)
-        if after is None:
-            after = self._shape_part(model, cpu, mem, ordered, idle)
-            self.frag_memo[key] = after
-        if self.strand and idle:
-            reachable = float(idle)
-            if self.cpu_per_milli:
-                reachable = min(reachable, cpu / self.cpu_per_milli)
-            if self.mem_per_milli:
-                reachable = min(reachable, mem / self.mem_per_milli)
-            after += idle - reachable
+        after = self.frag(model, cpu, mem, gpus)
         # `_value(after − before, req, model)`:
         delta = after - self._before(n)
         delta += self.pressure.get(model, 0.0) * num_gpu * req.gpu_milli
