@@ -36,6 +36,7 @@ from typing import Any
 import psycopg
 import requests
 
+from agents.runner import find_launchers
 from tests.e2e.conftest import AgentProcess
 from tests.faults.conftest import ROOT, Worker
 from tests.faults.services import PostgresServer, RedisServer
@@ -293,6 +294,14 @@ class Stack:
         time.sleep(down_s)
         agent.start()
 
+    def kill_host(self, name: str) -> None:
+        """The host dies: its agent and every run it started are killed at once (SIGKILL, no word)."""
+        self.agents[name].kill()
+        for launcher in find_launchers():
+            if launcher.marker[0] == name:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(launcher.pid, signal.SIGKILL)
+
     # ---- the checker ---------------------------------------------------------------------------------
     def check(self, ids: list[int], *, timeout_s: float = 120) -> Counts:
         self.wait_final(ids, timeout_s)
@@ -328,6 +337,18 @@ class Stack:
                         f"task {task_id} attempt {attempt} (pid {pid}) finished, then ran again"
                     )
         return counts
+
+    def running_on(self, node: str) -> list[str]:
+        """The executions recorded on `node` that have not ended (their `.start` file names)."""
+        found = []
+        for start in self.records.glob("*.start"):
+            try:
+                on = json.loads(start.read_text())["node"]
+            except (OSError, ValueError):
+                continue  # being written this instant: the next look reads it
+            if on == node and not start.with_suffix(".end").exists():
+                found.append(start.name)
+        return found
 
     def _runs(self) -> dict[tuple[int, int], list[tuple[float, float | None, int]]]:
         runs: dict[tuple[int, int], list[tuple[float, float | None, int]]] = {}
