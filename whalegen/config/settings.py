@@ -177,7 +177,8 @@ CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = envstr("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_ALWAYS_EAGER = CELERY_BROKER_URL is None
 if CELERY_BROKER_URL is None:
-    CELERY_BROKER_URL = "memory://"
+    # With a host named: kombu warns "No hostname was supplied" at every start-up for a bare memory://.
+    CELERY_BROKER_URL = "memory://localhost/"
     CELERY_RESULT_BACKEND = "cache+memory://"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_SERIALIZER = "json"
