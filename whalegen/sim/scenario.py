@@ -646,6 +646,7 @@ class ScenarioResult:
     priorities: tuple[PriorityResult, ...]
     series_t_s: tuple[float, ...]
     series_tenant_milli: Mapping[str, tuple[float, ...]]  # time-averaged held milli per bin and tenant
+    starts_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # task id → each start time
     # Invariants the replay checked at every cycle (it raises on a breach; the counts prove it looked).
     checks: Mapping[str, int] = field(default_factory=dict)
 
@@ -689,6 +690,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
     waiting: dict[str, _Waiting] = {}
     running: dict[str, _Running] = {}
     waits: dict[str, list[float]] = defaultdict(list)  # task id → each wait before a start
+    starts: dict[str, list[float]] = defaultdict(list)
     preempted_of: dict[str, int] = defaultdict(int)  # tenant → its tasks' preemptions
     runs_of: dict[str, int] = defaultdict(int)  # task id → runs ended by a preemption
     gave_up: dict[str, int] = defaultdict(int)
@@ -899,6 +901,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                     now_s + w.job.runtime_s,
                 )
                 waits[p.task_id].append(now_s - w.since_s)
+                starts[p.task_id].append(now_s)
             _check_pool(running, checks)
             changed = bool(decisions.placements or victims)
         # 4. The next cycle: the next tick if this one changed anything (victims freed room; production
@@ -973,6 +976,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         priorities=tuple(priorities),
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
         series_tenant_milli={k: tuple(v / bin_width for v in vals) for k, vals in bins.items()},
+        starts_s={t: tuple(v) for t, v in sorted(starts.items())},
         checks=dict(checks),
     )
 
