@@ -327,7 +327,7 @@ def _node_group(data: object, path: str) -> NodeGroup:
     )
     try:
         model = canonical_model_name(f.text("gpu_model"))
-    except (KeyError, ValueError) as error:
+    except LookupError as error:
         raise ScenarioError(f"{f.at('gpu_model')}: {error}") from None
     if get_model(model).mem_mib is None:
         raise ScenarioError(f"{f.at('gpu_model')}: {model} has no known memory size")
