@@ -85,7 +85,9 @@ ONE_STREAM = (
             id="a misspelt field",
         ),
         pytest.param(
-            _scenario("  - {name: a, guaranteed_milli: 1000}\n", ONE_STREAM.replace("num_gpu: 1", "num_gpu: 2")),
+            _scenario(
+                "  - {name: a, guaranteed_milli: 1000}\n", ONE_STREAM.replace("num_gpu: 1", "num_gpu: 2")
+            ),
             "streams[0]: one arrival asks 2000 milli-GPU, above tenant a's quota",
             id="an arrival above its tenant's quota",
         ),
@@ -161,8 +163,8 @@ def test_a_gang_starts_all_together_or_not_at_all() -> None:
 PRIORITY = _scenario(
     # Room in the quota for the urgent task: a tenant at its limit does not preempt its own work.
     "  - {name: a, guaranteed_milli: 4000, borrow_limit_milli: 2000}\n",
-    "  - {name: low, tenant: a, arrival: {process: every, every_s: 10}, count: 4, runtime: {dist: fixed, s: 3000},"
-    " shape: {num_gpu: 1}, preemptible: true}\n"
+    "  - {name: low, tenant: a, arrival: {process: every, every_s: 10}, count: 4,"
+    " runtime: {dist: fixed, s: 3000}, shape: {num_gpu: 1}, preemptible: true}\n"
     "  - {name: urgent, tenant: a, arrival: {process: at, at_s: [600]}, runtime: {dist: fixed, s: 300},"
     " shape: {num_gpu: 2}, priority: 10}\n",
 )
