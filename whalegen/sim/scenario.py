@@ -608,8 +608,8 @@ class TenantResult:
     p95_wait_s: float
     mean_held_milli: float  # time-averaged milli-GPU held over the horizon (as the quota counts it)
     share_of_guarantee: float  # mean held / guaranteed (0 when nothing is guaranteed)
-    borrowing_s: float  # time it held more than its guarantee
-    short_s: float  # time it wanted its guarantee (held + waiting ≥ it) yet held less
+    borrowing_s: float  # time it held more than its guarantee (as asked, as the quota counts)
+    short_s: float  # time it held (as asked) less than min(guarantee, running + waiting asked)
     preemptions: int  # times one of its tasks was preempted
     gave_up: int  # tasks that reached the attempt limit
     max_used_pct_of_limit: float  # highest use seen, % of guaranteed + borrowable
@@ -647,6 +647,7 @@ class ScenarioResult:
     series_t_s: tuple[float, ...]
     series_tenant_milli: Mapping[str, tuple[float, ...]]  # time-averaged held milli per bin and tenant
     starts_s: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # task id → each start time
+    nodes_of: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # task id → node of each start
     # Invariants the replay checked at every cycle (it raises on a breach; the counts prove it looked).
     checks: Mapping[str, int] = field(default_factory=dict)
 
@@ -691,6 +692,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
     running: dict[str, _Running] = {}
     waits: dict[str, list[float]] = defaultdict(list)  # task id → each wait before a start
     starts: dict[str, list[float]] = defaultdict(list)
+    nodes_of: dict[str, list[str]] = defaultdict(list)
     preempted_of: dict[str, int] = defaultdict(int)  # tenant → its tasks' preemptions
     runs_of: dict[str, int] = defaultdict(int)  # task id → runs ended by a preemption
     gave_up: dict[str, int] = defaultdict(int)
@@ -714,12 +716,16 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         return out
 
     def advance(to_s: float) -> None:
-        """Integrate what each tenant holds (and whether it borrows or is short) from `last_s` to `to_s`."""
+        """Integrate what each tenant holds from `last_s` to `to_s`, and whether it borrows or is short of
+        its guarantee (those two counted as the quota counts: as asked)."""
         nonlocal last_s, total_milli_s
         lo, hi = last_s, min(to_s, horizon_s)
         if hi > lo:
             held = held_by_tenant()
-            wanted = dict(held)
+            asked: dict[str, int] = defaultdict(int)
+            for r in running.values():
+                asked[r.job.request.tenant] += r.job.request.gpu_request_milli
+            wanted = dict(asked)
             for w in waiting.values():
                 wanted[w.job.request.tenant] = (
                     wanted.get(w.job.request.tenant, 0) + w.job.request.gpu_request_milli
@@ -728,13 +734,9 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                 milli = held.get(tenant, 0)
                 tenant_milli_s[tenant] += milli * (hi - lo)
                 total_milli_s += milli * (hi - lo)
-                if milli > guaranteed[tenant]:
+                if asked[tenant] > guaranteed[tenant]:
                     borrowing_s[tenant] += hi - lo
-                if (
-                    milli < guaranteed[tenant]
-                    and wanted.get(tenant, 0) >= min(guaranteed[tenant], 1)
-                    and milli < min(guaranteed[tenant], wanted.get(tenant, 0))
-                ):
+                if asked[tenant] < min(guaranteed[tenant], wanted.get(tenant, 0)):
                     short_s[tenant] += hi - lo
                 b, edge_lo = int(lo / bin_width), lo
                 while edge_lo < hi and b < SERIES_BINS:
@@ -902,6 +904,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                 )
                 waits[p.task_id].append(now_s - w.since_s)
                 starts[p.task_id].append(now_s)
+                nodes_of[p.task_id].append(p.node)
             _check_pool(running, checks)
             changed = bool(decisions.placements or victims)
         # 4. The next cycle: the next tick if this one changed anything (victims freed room; production
@@ -977,6 +980,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
         series_tenant_milli={k: tuple(v / bin_width for v in vals) for k, vals in bins.items()},
         starts_s={t: tuple(v) for t, v in sorted(starts.items())},
+        nodes_of={t: tuple(v) for t, v in sorted(nodes_of.items())},
         checks=dict(checks),
     )
 
