@@ -581,7 +581,6 @@ class _Running:
     job: Job
     node: str
     gpus: tuple[Held, ...]
-    unit_kind: UnitKind
     mig_profile: str | None
     mig_start: int | None
     borrowed: bool
@@ -594,7 +593,6 @@ class _Waiting:
     job: Job
     since_s: float  # arrival, or the requeue after a preemption
     not_before_s: float = 0.0  # the requeue back-off
-    attempts: int = 0
 
 
 @dataclass(frozen=True)
@@ -844,7 +842,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
             gave_up[tenant] += 1
             return
         delay = min(scenario.requeue_backoff_max_s, scenario.requeue_backoff_s * 2 ** max(runs - 1, 0))
-        waiting[task_id] = _Waiting(r.job, now_s, now_s + delay, runs)
+        waiting[task_id] = _Waiting(r.job, now_s, now_s + delay)
 
     now_s = 0.0
     while future or waiting or running:
@@ -895,7 +893,6 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                     w.job,
                     p.node,
                     held,
-                    p.unit.kind,
                     p.unit.mig_profile if is_mig else None,
                     p.unit.mig_start_slice if is_mig else None,
                     p.borrowed,
@@ -923,7 +920,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
 
     # 5. Figures.
     all_jobs = {j.request.task_id: j for j in jobs}
-    first_wait = {t: sum(v) for t, v in waits.items()}
+    total_wait = {t: sum(v) for t, v in waits.items()}
     by_tenant: dict[str, list[str]] = defaultdict(list)
     by_priority: dict[int, list[str]] = defaultdict(list)
     for task_id, job in all_jobs.items():
@@ -932,7 +929,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
     tenants = []
     for t in scenario.tenants:
         ids = by_tenant.get(t.name, [])
-        got = [first_wait[i] for i in ids if i in first_wait]
+        got = [total_wait[i] for i in ids if i in total_wait]
         mean_held = tenant_milli_s[t.name] / horizon_s
         tenants.append(
             TenantResult(
@@ -955,9 +952,9 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
     priorities = []
     for prio in sorted(by_priority):
         ids = by_priority[prio]
-        got = [first_wait[i] for i in ids if i in first_wait]
+        got = [total_wait[i] for i in ids if i in total_wait]
         priorities.append(PriorityResult(prio, len(ids), len(got), _mean(got), _percentile(got, 95)))
-    all_waits = list(first_wait.values())
+    all_waits = list(total_wait.values())
     return ScenarioResult(
         scenario=scenario.name,
         policy=policy,
@@ -969,7 +966,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         alloc_pct=100 * total_milli_s / (capacity * horizon_s) if capacity else 0.0,
         mean_wait_s=_mean(all_waits),
         p95_wait_s=_percentile(all_waits, 95),
-        not_started=len(jobs) - len(first_wait),
+        not_started=len(jobs) - len(total_wait),
         preemptions=sum(preempted_of.values()),
         gangs=len({j.request.gang_id for j in jobs if j.request.gang_id}),
         makespan_s=last_end_s,
