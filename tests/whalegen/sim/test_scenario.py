@@ -134,7 +134,8 @@ def test_the_example_scenario_parses_and_holds_every_rule_for_both_policies() ->
 
 
 def test_a_replay_is_deterministic_for_its_seed_and_differs_across_seeds() -> None:
-    scenario = parse_scenario(EXAMPLE.read_text())
+    # The example's first 40 minutes: borrowing, reclaim and gangs, at a third of the cost.
+    scenario = parse_scenario(EXAMPLE.read_text().replace("horizon_s: 7200", "horizon_s: 2400"))
     one = run_scenario(scenario, "whalegen", 3)
     again = run_scenario(scenario, "whalegen", 3)
     other = run_scenario(scenario, "whalegen", 4)
@@ -251,11 +252,11 @@ stream_specs = st.tuples(
     st.integers(1, 3),  # gang size
     st.integers(0, 5),  # priority
     st.booleans(),  # preemptible
-    st.integers(20, 120),  # arrivals per hour
+    st.integers(10, 60),  # arrivals per hour
 )
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     tenants=st.lists(tenant_specs, min_size=3, max_size=3),
     streams=st.lists(stream_specs, min_size=1, max_size=4),
@@ -278,7 +279,7 @@ def test_random_scenarios_never_exceed_a_quota_or_split_a_gang(
         f"gang_size: {gang}, priority: {prio}, preemptible: {str(pre).lower()}}}\n"
         for i, (t, (n, m), gang, prio, pre, rate) in enumerate(streams)
     )
-    text = _scenario(tenant_text, stream_text, horizon_s=1800).replace(
+    text = _scenario(tenant_text, stream_text, horizon_s=1200).replace(
         "mem_mib: 524288}", f"mem_mib: 524288, partition_mode: {mode}}}"
     )
     try:
