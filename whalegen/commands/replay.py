@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from multiprocessing import Pool
 from pathlib import Path
 
-from whalegen.commands import _dynamic
+from whalegen.commands import _dynamic, _scenario
 from whalegen.placement.registry import make_policy
 from whalegen.placement.types import NodeState, TaskRequest
 from whalegen.sim.replay import MAX_PCT, RunResult, run_replay
@@ -60,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--curves", type=Path, help="write every run's curves (arrived 0…130 %%) to CSV")
     parser.add_argument("--plot", type=Path, help="draw unallocated GPU %% against arrived %% to a PNG")
     _dynamic.add_arguments(parser)
+    _scenario.add_arguments(parser)
 
 
 _NODES: tuple[NodeState, ...] = ()
@@ -102,6 +103,8 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scenario is not None or args.from_pool is not None:
+        return _scenario.run(args)
     traces: Path = args.traces or default_traces()
     if args.dynamic:
         return _dynamic.run(args, traces)
