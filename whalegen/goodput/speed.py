@@ -64,6 +64,14 @@ class PowerLawFit:
             + (1 - a) * math.log(figures.mem_bandwidth_gbps)
         )
 
+    def from_anchor(self, anchor: GpuFigures, anchor_throughput: float, target: GpuFigures) -> float:
+        """The anchor's measured throughput scaled by the rule's ratio target / anchor.
+
+        The level comes from a measurement and only the shape (the exponent) from the fit, so a job whose
+        anchor measurement sits off its fitted line is not moved back onto it.
+        """
+        return anchor_throughput * self.throughput(target) / self.throughput(anchor)
+
 
 def fit_power_law(
     points: Sequence[tuple[GpuFigures, float]], fixed_exponent: float | None = None
@@ -138,7 +146,17 @@ class SpeedModel:
         value = self.measured(job, model_name)
         if value is not None:
             return value
-        return self.fit(job).throughput(gpu_figures(model_name))
+        anchor = self.anchor_model(job)
+        return self.fit(job).from_anchor(
+            gpu_figures(anchor), self._gavel.solo[(anchor, job)], gpu_figures(model_name)
+        )
+
+    def anchor_model(self, job: JobType) -> str:
+        """The measured model with the most FP32 TFLOPS (the newest, V100) on which the job fits."""
+        fitting = [m for m in self.measured_models if (m, job) in self._gavel.solo]
+        if not fitting:
+            raise KeyError(f"job type {job} was never measured")
+        return max(fitting, key=lambda m: gpu_figures(m).fp32_tflops)
 
     def throughput_on_slice(
         self, job: JobType, model_name: str, compute_fraction: float, bandwidth_fraction: float
@@ -168,9 +186,11 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-# Rules compared in the hold-out: the fitted exponent, the two pure roofline ceilings, and a model-blind
-# baseline that predicts the mean of the retained models' throughputs (no heterogeneity at all).
+# Rules compared in the hold-out: the fitted exponent (anchored, as SpeedModel predicts; and the plain
+# least-squares line), the two pure roofline ceilings, and a model-blind baseline that predicts the mean of
+# the retained models' throughputs (no heterogeneity at all).
 HOLDOUT_RULES: dict[str, float | None] = {"fitted a": None, "a = 1 (FLOPS)": 1.0, "a = 0 (bandwidth)": 0.0}
+UNANCHORED_RULE = "fitted a, unanchored"
 EQUAL_SPEED_RULE = "equal speed"
 
 
@@ -178,11 +198,12 @@ def holdout_errors(gavel: GavelData) -> list[HoldoutRow]:
     """Fit on two measured models, predict the third, for each rule; relative error |pred − meas| / meas.
 
     Only job types measured (and fitting) on every model take part, so each rule sees the same jobs.
+    Predictions are anchored on the retained model with the most FP32 TFLOPS, as SpeedModel does.
     """
     models = gavel.gpu_models
     jobs = [j for j in gavel.job_types if all((m, j) in gavel.solo for m in models)]
     rows = []
-    for rule in (*HOLDOUT_RULES, EQUAL_SPEED_RULE):
+    for rule in (*HOLDOUT_RULES, UNANCHORED_RULE, EQUAL_SPEED_RULE):
         for held in models:
             kept = [m for m in models if m != held]
             errors = []
@@ -190,8 +211,12 @@ def holdout_errors(gavel: GavelData) -> list[HoldoutRow]:
                 points = [(gpu_figures(m), gavel.solo[(m, job)]) for m in kept]
                 if rule == EQUAL_SPEED_RULE:
                     predicted = sum(t for _, t in points) / len(points)
+                elif rule == UNANCHORED_RULE:
+                    predicted = fit_power_law(points).throughput(gpu_figures(held))
                 else:
-                    predicted = fit_power_law(points, HOLDOUT_RULES[rule]).throughput(gpu_figures(held))
+                    anchor = max(points, key=lambda p: p[0].fp32_tflops)
+                    fit = fit_power_law(points, HOLDOUT_RULES[rule])
+                    predicted = fit.from_anchor(anchor[0], anchor[1], gpu_figures(held))
                 truth = gavel.solo[(held, job)]
                 errors.append(abs(predicted - truth) / truth)
             rows.append(HoldoutRow(rule, held, len(jobs), _median(errors), max(errors)))
