@@ -155,21 +155,39 @@ def lucid_observations(
     return rows
 
 
-# Grid of the utilisation fit: contention 0 … 0.28, exponent 0 … 2; minimising the mean absolute error.
-_CONTENTION_GRID = tuple(i / 100 for i in range(0, 30, 2))
+# Exponents tried by the utilisation fit; for each, the best contention is exact (a weighted median).
 _EXPONENT_GRID = tuple(i / 10 for i in range(0, 21))
 
 
+def _weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    ordered = sorted(zip(values, weights, strict=True))
+    half = sum(weights) / 2
+    running = 0.0
+    for value, weight in ordered:
+        running += weight
+        if running >= half:
+            return value
+    return ordered[-1][0]
+
+
 def fit_utilisation(observations: Sequence[tuple[LucidSolo, LucidSolo, float]]) -> UtilisationFit:
+    """Minimise the mean absolute error of the factor over the exponent grid and the contention.
+
+    For a fixed exponent the prediction is (1 − c) · g with g = max(1, demand) ** −k, and
+    Σ |(1 − c) g − f| = Σ g |(1 − c) − f / g| is least at the g-weighted median of f / g.
+    """
     if not observations:
         raise ValueError("no observations to fit")
+    demands = [max(1.0, (a.gpu_util_pct + b.gpu_util_pct) / 100.0) for a, b, _ in observations]
+    factors = [f for _, _, f in observations]
     best: tuple[float, UtilisationFit] | None = None
-    for contention in _CONTENTION_GRID:
-        for exponent in _EXPONENT_GRID:
-            fit = UtilisationFit(contention, exponent)
-            loss = sum(abs(fit.factor(a.gpu_util_pct, b.gpu_util_pct) - f) for a, b, f in observations)
-            if best is None or loss < best[0]:
-                best = (loss, fit)
+    for exponent in _EXPONENT_GRID:
+        gains = [d**-exponent for d in demands]
+        level = _weighted_median([f / g for f, g in zip(factors, gains, strict=True)], gains)
+        fit = UtilisationFit(min(1.0, max(0.0, 1.0 - level)), exponent)
+        loss = sum(abs(fit.factor(a.gpu_util_pct, b.gpu_util_pct) - f) for a, b, f in observations)
+        if best is None or loss < best[0]:
+            best = (loss, fit)
     assert best is not None
     return best[1]
 

@@ -168,7 +168,8 @@ class SpeedModel:
         """
         a = self.fit(job).compute_exponent
         whole = self.throughput(job, model_name)
-        return whole * compute_fraction**a * bandwidth_fraction ** (1 - a)
+        scale: float = compute_fraction**a * bandwidth_fraction ** (1 - a)
+        return whole * scale
 
 
 @dataclass(frozen=True)
