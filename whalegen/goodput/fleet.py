@@ -31,6 +31,7 @@ import yaml
 from whalegen.gpus.catalogue import UnknownGpuModel, get_model
 from whalegen.gpus.mig import mig_profiles, profile_by_name
 from whalegen.gpus.mig_plan import Wanted, plan_placements
+from whalegen.placement.types import WHOLE_GPU_MILLI, GpuState, NodeState, PartitionMode
 
 # CUDA MPS accepts at most 48 client contexts per GPU on Volta and later (NVIDIA MPS documentation,
 # "Limitations"); a time slice has no hardware bound, so the same ceiling keeps a typo from passing.
@@ -232,3 +233,36 @@ def load_fleet(path: Path) -> FleetSpec:
         first = str(error).splitlines()[0] if str(error) else "invalid YAML"
         raise FleetError(f"{path}: not valid YAML ({first})") from None
     return parse_fleet(data, str(path))
+
+
+_PARTITION = {
+    GpuMode.WHOLE: PartitionMode.WHOLE,
+    GpuMode.MPS: PartitionMode.SHARED,
+    GpuMode.TIME_SLICE: PartitionMode.SHARED,
+    GpuMode.MIG: PartitionMode.MIG,
+}
+
+
+def fleet_nodes(fleet: FleetSpec) -> tuple[NodeState, ...]:
+    """The fleet as idle placement nodes, named `<pool>-<n>` (n from 0), GPUs in the groups' order.
+
+    What the snapshot types cannot say yet is lost here, on purpose and visibly: `max_shares` (a SHARED
+    GPU takes any milli up to what is free) and the MIG layout (a MIG GPU starts with no instance and
+    the engine carves the smallest profile that fits each request). The replay reads both from the
+    FleetSpec itself.
+    """
+    nodes = []
+    for pool in fleet.pools:
+        memory = get_model(pool.gpu_model).mem_mib or 0
+        modes = [_PARTITION[group.mode] for group in pool.gpus for _ in range(group.count)]
+        for n in range(pool.nodes):
+            gpus = tuple(
+                GpuState(i, pool.gpu_model, WHOLE_GPU_MILLI, memory, memory, mode)
+                for i, mode in enumerate(modes)
+            )
+            nodes.append(
+                NodeState(
+                    f"{pool.name}-{n}", pool.cpu_milli, pool.cpu_milli, pool.mem_mib, pool.mem_mib, gpus
+                )
+            )
+    return tuple(nodes)

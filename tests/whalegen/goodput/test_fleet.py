@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 import yaml
 
-from whalegen.goodput.fleet import FleetError, GpuGroup, GpuMode, load_fleet, parse_fleet
+from whalegen.goodput.fleet import FleetError, GpuGroup, GpuMode, fleet_nodes, load_fleet, parse_fleet
+from whalegen.placement.types import PartitionMode
 
 FLEETS = Path(__file__).resolve().parents[3] / "docs" / "fleets"
 
@@ -146,3 +147,17 @@ def test_a_fleet_round_trips_through_yaml(tmp_path: Path) -> None:
     fleet = load_fleet(path)
     assert fleet.name == "one"
     assert fleet.pools[0].gpus == (GpuGroup(GpuMode.WHOLE, 8),)
+
+
+def test_the_default_fleet_becomes_idle_placement_nodes_in_their_modes() -> None:
+    fleet = load_fleet(FLEETS / "default.yaml")
+    nodes = fleet_nodes(fleet)
+    assert len(nodes) == sum(pool.nodes for pool in fleet.pools) == 18
+    assert sum(len(node.gpus) for node in nodes) == fleet.total_gpus
+    h200 = nodes[0]
+    assert h200.name == "h200-train-0"
+    assert (h200.cpu_free_milli, h200.mem_free_mib) == (112_000, 2048 * 1024)
+    assert [g.mode for g in h200.gpus] == [PartitionMode.MIG] * 2 + [PartitionMode.WHOLE] * 6
+    assert all(g.free_milli == 1000 and g.free_mem_mib == g.total_mem_mib == 143_771 for g in h200.gpus)
+    l4 = next(n for n in nodes if n.name == "l4-infer-3")
+    assert [g.mode for g in l4.gpus].count(PartitionMode.SHARED) == 4
