@@ -1,6 +1,6 @@
 """A job type's throughput on a GPU model: measured where Gavel measured it, a fitted rule elsewhere.
 
-The rule (docs/goodput.md, "Speed model"): per job type,
+The rule (docs/goodput.md §2): per job type,
 
     throughput(model) = k × fp32_tflops(model) ** a × mem_bandwidth_gbps(model) ** (1 − a)
 
@@ -9,6 +9,10 @@ and `k` its scale, fitted by least squares on log throughput over the models it 
 geometric blend of the two roofline ceilings is the smallest rule that lets the best card depend on the
 job (what Gavel measured) with one shape parameter per job; two parameters on three measured models
 leave one degree of freedom, which is what the hold-one-model-out check uses.
+
+An unmeasured model's throughput is anchored: the newest measured card's (V100's) measurement times the
+rule's ratio between the two cards, so only the shape `a` comes from the fit and the speed-up stays
+between the FLOPS ratio and the bandwidth ratio.
 
 FP32 (non-tensor) TFLOPS, because Gavel's jobs were measured in FP32; the rule credits no tensor cores,
 TF32 or mixed precision on newer cards, so it is conservative for them.

@@ -3,6 +3,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from whalegen.goodput.data import GavelData, JobType
 from whalegen.goodput.speed import (
@@ -104,3 +106,26 @@ def test_held_out_error_stays_bounded_and_beats_the_model_blind_baseline(gavel: 
 def test_a_model_without_figures_is_refused() -> None:
     with pytest.raises(ValueError, match="G1"):
         gpu_figures("G1")
+
+
+@given(
+    a=st.floats(0.0, 1.0),
+    k=st.floats(1e-3, 1e3),
+    cards=st.lists(
+        st.tuples(st.floats(1.0, 100.0), st.floats(100.0, 5000.0)),
+        min_size=3,
+        max_size=5,
+        unique_by=lambda c: c[0] / c[1],
+    ),
+)
+def test_the_fit_recovers_any_exponent_in_range_from_exact_data(
+    a: float, k: float, cards: list[tuple[float, float]]
+) -> None:
+    figures = [_figures(f, b) for f, b in cards]
+    # Cards of (nearly) one FLOPS-to-bandwidth balance cannot identify a, by construction.
+    assume(max(x.log_balance for x in figures) - min(x.log_balance for x in figures) >= 0.1)
+    points = [(x, k * x.fp32_tflops**a * x.mem_bandwidth_gbps ** (1 - a)) for x in figures]
+    fit = fit_power_law(points)
+    assert fit.compute_exponent == pytest.approx(a, abs=1e-6)
+    for x, t in points:
+        assert fit.throughput(x) == pytest.approx(t, rel=1e-6)
