@@ -27,7 +27,8 @@ LUCID_COLOCATE_FILE = Path("lucid-profiles") / "colocate_info.csv"
 
 # Gavel's consolidated worker types and the catalogue model each one is. The `*_unconsolidated` workers
 # (the same jobs with their GPUs spread over servers) are not loaded: a fleet node packs a job's GPUs.
-# Gavel's V100s were 16 GB SXM2 cards (AWS p3), its K80 worker one GK210 die (whalegen/gpus/catalogue.py).
+# Gavel's V100s are taken as 16 GB SXM2 cards (AWS p3 instances, as we read the paper's cluster; inferred),
+# its K80 worker as one GK210 die (whalegen/gpus/catalogue.py).
 GAVEL_WORKER_MODELS: dict[str, str] = {"k80": "K80", "p100": "P100", "v100": "V100M16"}
 
 
