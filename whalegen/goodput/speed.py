@@ -14,8 +14,8 @@ An unmeasured model's throughput is anchored: the newest measured card's (V100's
 rule's ratio between the two cards, so only the shape `a` comes from the fit and the speed-up stays
 between the FLOPS ratio and the bandwidth ratio.
 
-FP32 (non-tensor) TFLOPS, because Gavel's jobs were measured in FP32; the rule credits no tensor cores,
-TF32 or mixed precision on newer cards, so it is conservative for them.
+FP32 (non-tensor) TFLOPS, because Gavel's jobs are taken as FP32 runs (an assumption); the rule credits
+no tensor cores, TF32 or mixed precision on newer cards, so it is conservative for them.
 """
 
 from __future__ import annotations
