@@ -16,6 +16,7 @@ PURE = [
     "whalegen/scheduling",
     "whalegen/forecast",
     "whalegen/sim",
+    "whalegen/goodput",
     "whalegen/protocol.py",
 ]
 FORBIDDEN_IN_PURE = {"django", "celery", "rest_framework", "django_filters", "drf_spectacular", "apps"}
@@ -65,7 +66,7 @@ def test_agent_imports_only_gpus_and_protocol_from_the_product() -> None:
 
 
 def test_pure_core_loads_in_a_process_without_django() -> None:
-    modules = ["whalegen.gpus", "whalegen.placement", "whalegen.forecast", "whalegen.sim"]
+    modules = ["whalegen.gpus", "whalegen.placement", "whalegen.forecast", "whalegen.sim", "whalegen.goodput"]
     if (ROOT / "whalegen" / "protocol.py").exists():
         modules.append("whalegen.protocol")
     code = (

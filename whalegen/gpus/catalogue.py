@@ -47,6 +47,10 @@ _MODELS: tuple[GpuModel, ...] = (
     GpuModel("T4", Vendor.NVIDIA, 15_360, 65.0, 320, False, "turing", ("TESLA-T4",)),
     GpuModel("V100M16", Vendor.NVIDIA, 16_384, 125.0, 900, False, "volta", ("V100-16GB",)),
     GpuModel("V100M32", Vendor.NVIDIA, 32_768, 125.0, 900, False, "volta", ("V100-32GB",)),
+    # Gavel's `k80` worker (traces/README.md, gavel/) is one GK210 die, which CUDA sees as one GPU, so the
+    # figures are per die, half the board's (NVIDIA Tesla K80 datasheet: 24 GB and 480 GB/s per board;
+    # nvidia-smi shows 11,441 MiB per GPU). Kepler has no FP16 arithmetic: its FP16 figure is None.
+    GpuModel("K80", Vendor.NVIDIA, 11_441, None, 240, False, "kepler", ("TESLA-K80",)),
     GpuModel("A10", Vendor.NVIDIA, 23_028, 125.0, 600, False, "ampere"),
     GpuModel("G1", Vendor.UNKNOWN, None, None, None, False),
     GpuModel("G2", Vendor.UNKNOWN, None, None, None, False),
@@ -81,3 +85,24 @@ def get_model(name: str) -> GpuModel:
 
 def canonical_model_name(name: str) -> str:
     return get_model(name).name
+
+
+# Dense FP32 (non-tensor) TFLOPS per GPU, from the vendor datasheets: the speed model of the goodput replay
+# (whalegen/goodput/speed.py) scales Gavel's jobs, taken as FP32 runs, by these, not by tensor figures.
+# P100 PCIe 9.3 (the catalogue's P100 is the PCIe card: 18.7 FP16, 732 GB/s); V100 SXM2 15.7; T4 8.1;
+# A10 31.2; A100 SXM4 19.5; H100 SXM5 67; H200 SXM 67; L4 30.3; L40S 91.6; K80 4.37 per GPU (8.73 per
+# board with GPU Boost).
+FP32_TFLOPS: dict[str, float] = {
+    "K80": 4.37,
+    "P100": 9.3,
+    "T4": 8.1,
+    "V100M16": 15.7,
+    "V100M32": 15.7,
+    "A10": 31.2,
+    "A100-40GB": 19.5,
+    "A100-80GB": 19.5,
+    "H100-80GB": 67.0,
+    "H200-141GB": 67.0,
+    "L4": 30.3,
+    "L40S": 91.6,
+}

@@ -1,0 +1,228 @@
+"""A job type's throughput on a GPU model: measured where Gavel measured it, a fitted rule elsewhere.
+
+The rule (docs/goodput.md §2): per job type,
+
+    throughput(model) = k × fp32_tflops(model) ** a × mem_bandwidth_gbps(model) ** (1 − a)
+
+with `a` in [0, 1] the job's compute-boundness (1: scales with FLOPS only, 0: with HBM bandwidth only)
+and `k` its scale, fitted by least squares on log throughput over the models it was measured on. A
+geometric blend of the two roofline ceilings is the smallest rule that lets the best card depend on the
+job (what Gavel measured) with one shape parameter per job; two parameters on three measured models
+leave one degree of freedom, which is what the hold-one-model-out check uses.
+
+An unmeasured model's throughput is anchored: the newest measured card's (V100's) measurement times the
+rule's ratio between the two cards, so only the shape `a` comes from the fit and the speed-up stays
+between the FLOPS ratio and the bandwidth ratio.
+
+FP32 (non-tensor) TFLOPS, because Gavel's jobs are taken as FP32 runs (an assumption); the rule credits
+no tensor cores, TF32 or mixed precision on newer cards, so it is conservative for them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from whalegen.goodput.data import GavelData, JobType
+from whalegen.gpus.catalogue import FP32_TFLOPS, get_model
+
+# Models that are the same chip as a measured one, with more memory only: they take its measurements.
+SAME_CHIP: dict[str, str] = {"V100M32": "V100M16"}
+# The exponent used when the measured models cannot tell compute from bandwidth (one model, or models
+# with the same FLOPS-to-bandwidth ratio): an even blend.
+DEFAULT_COMPUTE_EXPONENT = 0.5
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    model: str
+    fp32_tflops: float
+    mem_bandwidth_gbps: float
+
+    @property
+    def log_balance(self) -> float:
+        """log(FLOPS / bandwidth): the axis along which the rule's exponent is identified."""
+        return math.log(self.fp32_tflops) - math.log(self.mem_bandwidth_gbps)
+
+
+def gpu_figures(model_name: str) -> GpuFigures:
+    """The catalogue's FP32 TFLOPS and bandwidth of a model; ValueError when either is unknown."""
+    model = get_model(model_name)
+    tflops = FP32_TFLOPS.get(model.name)
+    if tflops is None or model.mem_bandwidth_gbps is None:
+        raise ValueError(f"GPU model {model.name}: no FP32 TFLOPS or bandwidth in the catalogue")
+    return GpuFigures(model.name, tflops, float(model.mem_bandwidth_gbps))
+
+
+@dataclass(frozen=True)
+class PowerLawFit:
+    compute_exponent: float  # a
+    log_scale: float  # log k
+
+    def throughput(self, figures: GpuFigures) -> float:
+        a = self.compute_exponent
+        return math.exp(
+            self.log_scale
+            + a * math.log(figures.fp32_tflops)
+            + (1 - a) * math.log(figures.mem_bandwidth_gbps)
+        )
+
+    def from_anchor(self, anchor: GpuFigures, anchor_throughput: float, target: GpuFigures) -> float:
+        """The anchor's measured throughput scaled by the rule's ratio target / anchor.
+
+        The level comes from a measurement and only the shape (the exponent) from the fit, so a job whose
+        anchor measurement sits off its fitted line is not moved back onto it.
+        """
+        return anchor_throughput * self.throughput(target) / self.throughput(anchor)
+
+
+def fit_power_law(
+    points: Sequence[tuple[GpuFigures, float]], fixed_exponent: float | None = None
+) -> PowerLawFit:
+    """Least squares on log throughput; the exponent is clipped to [0, 1] before the scale is refitted.
+
+    With z = log(T / bandwidth) and x = log(FLOPS / bandwidth) the rule is the line z = log k + a·x, so
+    `a` is the ordinary least-squares slope and `log k` the mean residual.
+    """
+    if not points:
+        raise ValueError("no measured points to fit")
+    if any(t <= 0 for _, t in points):
+        raise ValueError("throughputs must be positive")
+    xs = [f.log_balance for f, _ in points]
+    zs = [math.log(t) - math.log(f.mem_bandwidth_gbps) for f, t in points]
+    if fixed_exponent is not None:
+        a = fixed_exponent
+    else:
+        mean_x = sum(xs) / len(xs)
+        mean_z = sum(zs) / len(zs)
+        spread = sum((x - mean_x) ** 2 for x in xs)
+        if spread < 1e-12:
+            a = DEFAULT_COMPUTE_EXPONENT
+        else:
+            a = sum((x - mean_x) * (z - mean_z) for x, z in zip(xs, zs, strict=True)) / spread
+    a = min(1.0, max(0.0, a))
+    log_k = sum(z - a * x for x, z in zip(xs, zs, strict=True)) / len(xs)
+    return PowerLawFit(a, log_k)
+
+
+class SpeedModel:
+    """Throughput (Gavel's iterations per second) of a job type on any catalogue model with figures."""
+
+    def __init__(self, gavel: GavelData, measured_models: Iterable[str] | None = None) -> None:
+        self._gavel = gavel
+        self.measured_models = tuple(
+            sorted(measured_models if measured_models is not None else gavel.gpu_models)
+        )
+        self._fits: dict[JobType, PowerLawFit] = {}
+        for job in gavel.job_types:
+            points = [
+                (gpu_figures(m), gavel.solo[(m, job)]) for m in self.measured_models if (m, job) in gavel.solo
+            ]
+            if points:
+                self._fits[job] = fit_power_law(points)
+
+    @property
+    def job_types(self) -> tuple[JobType, ...]:
+        return tuple(sorted(self._fits))
+
+    def fit(self, job: JobType) -> PowerLawFit:
+        try:
+            return self._fits[job]
+        except KeyError:
+            raise KeyError(f"job type {job} was never measured") from None
+
+    def compute_exponent(self, job: JobType) -> float:
+        return self.fit(job).compute_exponent
+
+    def measured(self, job: JobType, model_name: str) -> float | None:
+        """The measured throughput, 0.0 where Gavel found the job does not fit, None where not measured."""
+        model = get_model(model_name).name
+        model = SAME_CHIP.get(model, model)
+        if model not in self.measured_models:
+            return None
+        if (model, job) in self._gavel.solo_unfit:
+            return 0.0
+        return self._gavel.solo.get((model, job))
+
+    def throughput(self, job: JobType, model_name: str) -> float:
+        """Measured where measured, else the fitted rule on the model's catalogue figures."""
+        value = self.measured(job, model_name)
+        if value is not None:
+            return value
+        anchor = self.anchor_model(job)
+        return self.fit(job).from_anchor(
+            gpu_figures(anchor), self._gavel.solo[(anchor, job)], gpu_figures(model_name)
+        )
+
+    def anchor_model(self, job: JobType) -> str:
+        """The measured model with the most FP32 TFLOPS (the newest, V100) on which the job fits."""
+        fitting = [m for m in self.measured_models if (m, job) in self._gavel.solo]
+        if not fitting:
+            raise KeyError(f"job type {job} was never measured")
+        return max(fitting, key=lambda m: gpu_figures(m).fp32_tflops)
+
+    def throughput_on_slice(
+        self, job: JobType, model_name: str, compute_fraction: float, bandwidth_fraction: float
+    ) -> float:
+        """Throughput on a MIG instance: the whole-GPU throughput scaled by the rule's own blend.
+
+        A slice with a fraction c of the compute and b of the bandwidth scales FLOPS by c and bandwidth
+        by b, so the rule gives whole × c^a × b^(1 − a); no interference from the other instances.
+        """
+        a = self.fit(job).compute_exponent
+        whole = self.throughput(job, model_name)
+        scale: float = compute_fraction**a * bandwidth_fraction ** (1 - a)
+        return whole * scale
+
+
+@dataclass(frozen=True)
+class HoldoutRow:
+    rule: str
+    held_out_model: str
+    jobs: int
+    median_rel_error: float
+    max_rel_error: float
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+# Rules compared in the hold-out: the fitted exponent (anchored, as SpeedModel predicts; and the plain
+# least-squares line), the two pure roofline ceilings, and a model-blind baseline that predicts the mean of
+# the retained models' throughputs (no heterogeneity at all).
+HOLDOUT_RULES: dict[str, float | None] = {"fitted a": None, "a = 1 (FLOPS)": 1.0, "a = 0 (bandwidth)": 0.0}
+UNANCHORED_RULE = "fitted a, unanchored"
+EQUAL_SPEED_RULE = "equal speed"
+
+
+def holdout_errors(gavel: GavelData) -> list[HoldoutRow]:
+    """Fit on two measured models, predict the third, for each rule; relative error |pred − meas| / meas.
+
+    Only job types measured (and fitting) on every model take part, so each rule sees the same jobs.
+    Predictions are anchored on the retained model with the most FP32 TFLOPS, as SpeedModel does.
+    """
+    models = gavel.gpu_models
+    jobs = [j for j in gavel.job_types if all((m, j) in gavel.solo for m in models)]
+    rows = []
+    for rule in (*HOLDOUT_RULES, UNANCHORED_RULE, EQUAL_SPEED_RULE):
+        for held in models:
+            kept = [m for m in models if m != held]
+            errors = []
+            for job in jobs:
+                points = [(gpu_figures(m), gavel.solo[(m, job)]) for m in kept]
+                if rule == EQUAL_SPEED_RULE:
+                    predicted = sum(t for _, t in points) / len(points)
+                elif rule == UNANCHORED_RULE:
+                    predicted = fit_power_law(points).throughput(gpu_figures(held))
+                else:
+                    anchor = max(points, key=lambda p: p[0].fp32_tflops)
+                    fit = fit_power_law(points, HOLDOUT_RULES[rule])
+                    predicted = fit.from_anchor(anchor[0], anchor[1], gpu_figures(held))
+                truth = gavel.solo[(held, job)]
+                errors.append(abs(predicted - truth) / truth)
+            rows.append(HoldoutRow(rule, held, len(jobs), _median(errors), max(errors)))
+    return rows
