@@ -61,15 +61,13 @@ def progress(message: str) -> None:
     print(f"[heartbeat-load {time.monotonic() - _STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
-def cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime + stime
-    return total / TICKS_PER_S
+def cpu_of(pid: int) -> float | None:
+    """CPU seconds (utime + stime) of a live process; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
 
 
 def children(pid: int) -> list[int]:
@@ -328,27 +326,51 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def cpu_by_part(plane: Plane) -> dict[str, float]:
-    return {part: cpu_s(pids) for part, pids in plane.plane_pids().items()}
-
-
 class Window:
-    """CPU seconds of each plane part between `start()` and `stop()`, and the wall time between them.
-    Processes are listed again at the stop: a gunicorn worker or database backend started meanwhile
-    counts from zero, one gone meanwhile drops out (none do in a steady run)."""
+    """CPU seconds of each plane part between `start()` and `stop()`, process by process, and the wall
+    time between them. The processes are listed again every 0.5 s: a database backend or worker started
+    meanwhile counts from zero, and one that exits meanwhile keeps what it had used at its last sample
+    (a PostgreSQL backend ends with its client connection), so neither is lost nor counted twice."""
 
     def __init__(self, plane: Plane) -> None:
         self.plane = plane
         self.cpu: dict[str, float] = {}
         self.wall_s = 0.0
 
+    def _sample(self) -> None:
+        for part, pids in self.plane.plane_pids().items():
+            for pid in pids:
+                used = cpu_of(pid)
+                if used is not None:
+                    self._last.setdefault(part, {})[pid] = used
+                    self._first.setdefault(part, {}).setdefault(pid, 0.0 if self._running else used)
+
     def start(self) -> None:
-        self._before, self._began = cpu_by_part(self.plane), time.monotonic()
+        self._first: dict[str, dict[int, float]] = {}
+        self._last: dict[str, dict[int, float]] = {}
+        self._running = False
+        self._sample()  # what the processes alive now have used already is not counted
+        self._running = True
+        self._began = time.monotonic()
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._keep_sampling, daemon=True)
+        self._sampler.start()
+
+    def _keep_sampling(self) -> None:
+        while not self._done.wait(0.5):
+            self._sample()
 
     def stop(self) -> None:
-        after = cpu_by_part(self.plane)
+        self._done.set()
+        self._sampler.join()
+        self._sample()
         self.wall_s = time.monotonic() - self._began
-        self.cpu = {part: after[part] - self._before.get(part, 0.0) for part in after}
+        self.cpu = {
+            part: sum(used - self._first[part][pid] for pid, used in last.items())
+            for part, last in self._last.items()
+        }
+        for part in ("web", "db", "worker"):
+            self.cpu.setdefault(part, 0.0)
 
     def cores(self, parts: tuple[str, ...] = ("web", "db", "worker")) -> float:
         return sum(self.cpu[part] for part in parts) / self.wall_s
