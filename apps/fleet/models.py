@@ -30,6 +30,9 @@ class NodeAgent(models.Model):
     heartbeat_gap_s = models.FloatField(null=True, blank=True)
     clock_offset_s = models.FloatField(null=True, blank=True)
     heartbeat_lag_s = models.FloatField(default=0.0)
+    # When telemetry was last stored for this node (kept at most once per WHALEGEN_TELEMETRY_SAMPLE_S):
+    # read with the row a heartbeat reads anyway, instead of the newest of the node's GPU samples.
+    telemetry_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"agent of node {self.node_id}"

@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Prefetch
+from django.db.models import Prefetch, prefetch_related_objects
 
 from apps.fleet.models import GpuPartition, TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
@@ -35,6 +35,14 @@ def node_for_token(*, raw: str) -> Node | None:
     if not raw:
         return None
     return Node.objects.select_related("cluster").filter(agent_credential_hash=credential_hash(raw)).first()
+
+
+def node_gpus(*, node: Node) -> list[Gpu]:
+    """The node's GPUs in index order; the compute units of those in MIG mode prefetched (a MIG layout
+    lists its instances; the other modes' layouts need no unit), so a node without MIG costs one query."""
+    gpus = list(Gpu.objects.filter(node=node).order_by("index"))
+    prefetch_related_objects([gpu for gpu in gpus if gpu.partition_mode == Gpu.PartitionMode.MIG], "units")
+    return gpus
 
 
 def parse_run(task_id: str | None, attempt: int = 0) -> tuple[int, int] | None:
@@ -98,7 +106,12 @@ def _spec(
 
 
 def desired_state_build(
-    *, node: Node, now: datetime, agent_protocol: str = p.PROTOCOL_VERSION
+    *,
+    node: Node,
+    now: datetime,
+    agent_protocol: str = p.PROTOCOL_VERSION,
+    gpus: list[Gpu] | None = None,
+    alive_runs: list[tuple[int, int]] | None = None,
 ) -> p.DesiredState:
     """The node's desired state without its generation (0): GPU layouts, then tasks in id order.
 
@@ -109,10 +122,14 @@ def desired_state_build(
     Stops are listed for a bounded time; after it the agent still stops the process,
     because a task the desired state no longer lists is stopped. Runs are named for the agent's
     protocol (`agent_protocol`): a 1.0 agent gets the attempt folded into the task id.
+
+    `gpus` (`node_gpus`) and `alive_runs` ((task id, attempt) of its
+    starting/running TaskRuns) may be passed by a caller that has just read them (the heartbeat).
     """
     legacy = not p.speaks_attempts(agent_protocol)
-    # 1. Layouts from the GPUs and their units (two queries).
-    gpus = list(Gpu.objects.filter(node=node).prefetch_related("units").order_by("index"))
+    # 1. Layouts from the GPUs and, for MIG GPUs, their units (one or two queries).
+    if gpus is None:
+        gpus = node_gpus(node=node)
     layouts = tuple(_layout(gpu) for gpu in gpus)
     # 2. Live assignments with their tasks and units (two queries).
     unit_query = ComputeUnit.objects.select_related("gpu")
@@ -125,11 +142,11 @@ def desired_state_build(
     # requeued (perhaps handed back to this very node as a new attempt). Their units come from the
     # task's latest released assignment here (two or three queries).
     live_runs = {(a.task_id, a.task.attempts) for a in live}
-    alive_runs = list(
-        TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE)
-        .values_list("task_id", "attempt")
-        .order_by("task_id", "attempt")
-    )
+    if alive_runs is None:
+        alive_runs = list(
+            TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE).values_list("task_id", "attempt")
+        )
+    alive_runs = sorted(alive_runs)
     alive = [run for run in alive_runs if run not in live_runs]
     # Live runs the agent already said it started: never held back (below), whatever a late report says
     # about an older run on their units — leaving one out would make the agent stop it.

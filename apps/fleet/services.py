@@ -41,7 +41,13 @@ from apps.fleet.models import (
     TaskRun,
     TaskSample,
 )
-from apps.fleet.selectors import credential_hash, desired_digest, desired_state_build, parse_run
+from apps.fleet.selectors import (
+    credential_hash,
+    desired_digest,
+    desired_state_build,
+    node_gpus,
+    parse_run,
+)
 from apps.inventory.models import Gpu, Node
 from apps.logs.services import log_chunks_check, log_chunks_store
 from apps.scheduling.models import Assignment
@@ -88,8 +94,9 @@ def _sync_inventory(
     *, node: Node, inventory: tuple[p.GpuInventory, ...], lost: set[str], now: datetime
 ) -> dict[str, Gpu]:
     """Match reported GPUs to ours by NVML index; the agent's UUID is the truth (ours may be seeded).
-    Returns the node's GPUs by (adopted) UUID."""
-    gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
+    Returns the node's GPUs by (adopted) UUID, in index order, as `node_gpus` reads them (the
+    heartbeat's desired state is built from them)."""
+    gpus = {gpu.index: gpu for gpu in node_gpus(node=node)}
     for item in inventory:
         gpu = gpus.get(item.index)
         if gpu is None:
@@ -101,7 +108,7 @@ def _sync_inventory(
             else:
                 Gpu.objects.filter(pk=gpu.pk).update(uuid=item.uuid, updated_at=now)
                 gpu.uuid = item.uuid
-        if item.lost or item.uuid in lost:
+        if (item.lost or item.uuid in lost) and gpu.health != Gpu.Health.UNHEALTHY:
             _gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
     return {gpu.uuid: gpu for gpu in gpus.values()}
 
@@ -176,6 +183,14 @@ def _check_node(node: Node, node_id: str) -> None:
 
 
 def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = None) -> p.HeartbeatAck:
+    """Record a heartbeat; answer the desired-state generation.
+
+    The steady state (docs/fleet.md, "Heartbeat load") is a fixed handful of indexed queries whatever
+    the fleet: two UPDATEs (node, agent row), one read of the agent row, the GPUs with their units, the
+    runs the plane believes alive, the live assignments; nothing is written that does not change, and
+    telemetry, due once per WHALEGEN_TELEMETRY_SAMPLE_S, is two bulk INSERTs. The desired state is
+    built from the rows the heartbeat read rather than read again.
+    """
     now = now or timezone.now()
     _check_node(node, message.node_id)
     _check_version(message.protocol_version)
@@ -184,14 +199,7 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
         # 0. The node row first, the agent row after: the scheduling cycle locks them in that order (and
         # quotas before both, which a heartbeat never touches here), so the two can never deadlock.
         _seen(node=node, now=now, agent_version=message.agent_version)
-        for _ in range(2):  # one UPDATE in the steady state; the first heartbeat creates the row first
-            if NodeAgent.objects.filter(pk=node.pk).update(
-                generation_applied=message.generation_applied,
-                protocol_version=message.protocol_version[:16],
-                **_pace_updates(sent_at_s=message.sent_at_s, received_s=now.timestamp()),
-            ):
-                break
-            NodeAgent.objects.get_or_create(node=node)
+        agent = _agent_beat(node=node, message=message, now=now)
         gpus = _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
         # 1. Events: Xid 79 (fatal) or a double-bit ECC error takes the GPU out of placement.
         for event in message.events:
@@ -205,18 +213,52 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
                 GpuEvent.objects.create(gpu=gpu, kind=event.kind, xid=event.xid, fatal=False, at=at)
         # 2. Telemetry for profiles: one row per GPU sample, one per task process sample, at most once
         # per WHALEGEN_TELEMETRY_SAMPLE_S per node.
-        last = GpuSample.objects.filter(gpu__node=node).aggregate(at=Max("at"))["at"]
-        if last is None or now - last >= timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
+        if _telemetry_due(agent=agent, now=now):
             _store_telemetry(node=node, message=message, gpus=gpus, now=now)
         # 3. Runs the agent no longer supervises but never reported ended (1.1 agents list them).
+        alive = list(TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE))
         if message.running is not None:
-            declared = _runs_missing(node=node, running=message.running, now=now)
+            declared = _runs_missing(runs=alive, running=message.running, now=now)
     # 4. Runs missing past the grace are declared lost, each in its own transaction with quotas locked
     # first (the cycle's order). A crash before one commits leaves it alive and missing: the next
     # heartbeat declares it again.
     for run in declared:
         _run_lose(node=node, run=run, now=now)
-    return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+    if declared:  # runs and tasks changed under the rows read above: build from fresh reads
+        return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+    desired = desired_state_current(
+        node=node,
+        now=now,
+        agent=agent,
+        gpus=list(gpus.values()),
+        alive_runs=[(run.task_id, run.attempt) for run in alive],
+    )
+    return p.HeartbeatAck(generation=desired.generation)
+
+
+def _agent_beat(*, node: Node, message: p.Heartbeat, now: datetime) -> NodeAgent:
+    """Record the heartbeat on the agent row (one UPDATE in the steady state; the first heartbeat
+    creates the row first) and return the row as it is now."""
+    for _ in range(2):
+        if NodeAgent.objects.filter(pk=node.pk).update(
+            generation_applied=message.generation_applied,
+            protocol_version=message.protocol_version[:16],
+            **_pace_updates(sent_at_s=message.sent_at_s, received_s=now.timestamp()),
+        ):
+            break
+        NodeAgent.objects.get_or_create(node=node)
+    return NodeAgent.objects.get(pk=node.pk)
+
+
+def _telemetry_due(*, agent: NodeAgent, now: datetime) -> bool:
+    """Whether this heartbeat's telemetry is stored: the last store is WHALEGEN_TELEMETRY_SAMPLE_S old
+    (or there was none). Claimed by compare-and-set on the agent row, so one heartbeat stores it."""
+    last = agent.telemetry_at
+    if last is not None and now - last < timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
+        return False
+    claimed = NodeAgent.objects.filter(pk=agent.pk, telemetry_at=last).update(telemetry_at=now) == 1
+    agent.telemetry_at = now if claimed else agent.telemetry_at
+    return claimed
 
 
 # How fast the recorded clock offset follows a receive-minus-send difference above it: slow enough that
@@ -286,24 +328,27 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
     )
 
 
-def _runs_missing(*, node: Node, running: tuple[p.RunningTask, ...], now: datetime) -> list[TaskRun]:
+def _runs_missing(*, runs: list[TaskRun], running: tuple[p.RunningTask, ...], now: datetime) -> list[TaskRun]:
     """Runs the plane believes alive here (`TaskRun` starting/running) that the heartbeat does not list.
 
     A run first missing is stamped `missing_since`; listed again, the stamp clears. Missing for the grace
     period (as long as a node must be silent to be lost: `WHALEGEN_NODE_LOST_HEARTBEATS` ×
     `WHALEGEN_AGENT_HEARTBEAT_S`) it is to be declared `lost` (`_run_lose`): the agent dropped it without
-    a report (a report still on its way would have landed within the grace). Returns those runs.
+    a report (a report still on its way would have landed within the grace). `runs`: the node's alive
+    runs, read by the caller. Returns those to declare.
     """
     listed = {run for item in running if (run := parse_run(item.task_id, item.attempt)) is not None}
     grace = timedelta(seconds=settings.WHALEGEN_NODE_LOST_HEARTBEATS * settings.WHALEGEN_AGENT_HEARTBEAT_S)
     declared: list[TaskRun] = []
-    for run in TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE):
+    for run in runs:
         if (run.task_id, run.attempt) in listed:
             if run.missing_since is not None:
                 TaskRun.objects.filter(pk=run.pk).update(missing_since=None)
+                run.missing_since = None
             continue
         if run.missing_since is None:
             TaskRun.objects.filter(pk=run.pk, missing_since__isnull=True).update(missing_since=now)
+            run.missing_since = now
             continue
         if now - run.missing_since < grace:
             continue
@@ -348,17 +393,30 @@ def _lock_quotas(task_ids: list[int]) -> None:
 # ------------------------------------------------------------------------------------- desired state
 
 
-def desired_state_current(*, node: Node, now: datetime | None = None) -> p.DesiredState:
+def desired_state_current(
+    *,
+    node: Node,
+    now: datetime | None = None,
+    agent: NodeAgent | None = None,
+    gpus: list[Gpu] | None = None,
+    alive_runs: list[tuple[int, int]] | None = None,
+) -> p.DesiredState:
     """The node's desired state with its generation, raised when the content changed since last served.
 
     The generation is a counter on NodeAgent, bumped by compare-and-set on (generation, digest): the
     plane's writers (cycles, cancels, drains) need not know about agents, and two polls racing on one
-    change bump it once.
+    change bump it once. A caller that has just read the agent row, the GPUs (units prefetched) or the
+    alive runs passes them (the heartbeat); the rest is read here.
     """
     now = now or timezone.now()
-    agent, _ = NodeAgent.objects.get_or_create(node=node)
+    if agent is None:
+        agent, _ = NodeAgent.objects.get_or_create(node=node)
     desired = desired_state_build(
-        node=node, now=now, agent_protocol=agent.protocol_version or p.PROTOCOL_VERSION
+        node=node,
+        now=now,
+        agent_protocol=agent.protocol_version or p.PROTOCOL_VERSION,
+        gpus=gpus,
+        alive_runs=alive_runs,
     )
     digest = desired_digest(desired)
     while agent.desired_digest != digest:

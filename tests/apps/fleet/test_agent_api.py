@@ -161,6 +161,36 @@ def test_heartbeat_adopts_the_agents_gpu_uuids_and_stores_telemetry(fleet: Any, 
     assert (stored.gpu.index, stored.util_gpu_pct, stored.power_w) == (1, 40, 300.0)
 
 
+def test_telemetry_is_stored_once_per_sample_interval_whatever_the_heartbeat_rate(fleet: Any) -> None:
+    """Heartbeats every 10 s, telemetry kept every WHALEGEN_TELEMETRY_SAMPLE_S (30 s): the first
+    heartbeat stores, the next two within 30 s do not, the one 30 s after the first stores again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.fleet.models import GpuSample
+    from apps.fleet.services import agent_heartbeat
+
+    start = timezone.now()
+    for offset_s in (0, 10, 20, 30):
+        at = start + timedelta(seconds=offset_s)
+        sample = p.TelemetrySample(
+            gpu_uuid="GPU-real-0", at_s=at.timestamp(), mem_used_mib=1000, mem_total_mib=81559,
+            util_gpu_pct=offset_s, util_mem_pct=10, power_w=300.0, power_limit_w=700.0, temperature_c=55,
+            sm_clock_mhz=1980, mem_clock_mhz=2619, ecc_uncorrected_aggregate=0,
+        )  # fmt: skip
+        beat = p.Heartbeat(
+            node_id=str(fleet.node.pk),
+            agent_version="0.1",
+            sent_at_s=at.timestamp(),
+            inventory=_inventory(fleet.node),
+            telemetry=(sample,),
+        )
+        agent_heartbeat(node=fleet.node, message=beat, now=at)
+    stored = sorted(GpuSample.objects.values_list("at", "util_gpu_pct"))
+    assert stored == [(start, 0), (start + timedelta(seconds=30), 30)]
+
+
 def test_xid_79_takes_the_gpu_out_of_placement(fleet: Any, agent_client: Any) -> None:
     client = agent_client(fleet.token_a)
     gpu = fleet.node.gpus.get(index=1)
