@@ -48,7 +48,7 @@ from whalegen.placement.types import (
     Quota as QuotaState,
 )
 from whalegen.protocol import PartitionState
-from whalegen.scheduling.snapshot import GpuFacts, UnitFact, gpu_picture
+from whalegen.scheduling.snapshot import GpuFacts, GpuPicture, UnitFact, gpu_picture
 from whalegen.scheduling.types import Claim, FreeUnit, Snapshot
 
 ALL_SLICES = (1 << MEMORY_SLICES) - 1
@@ -178,6 +178,7 @@ class _Reading:
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
     unit_rows: list[dict[str, Any]] = field(default_factory=list)
     units_of: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    pictures: dict[tuple[object, ...], GpuPicture] = field(default_factory=dict)  # per GPU shape
     gpus_of_node: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     stopping: set[int] = field(default_factory=set)
     tenant_ids: dict[str, int] = field(default_factory=dict)
@@ -436,31 +437,91 @@ class _Gpus:
 def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuState:
     """One GPU as the engine sees it, with its free units, its view and (if idle MIG) re-carve facts."""
     units = r.units_of[gpu["id"]]
-    picture = gpu_picture(
-        GpuFacts(
-            node=name,
-            index=gpu["index"],
-            model=gpu["model"],
-            mem_mib=gpu["mem_mib"],
-            mode=_MODES[gpu["partition_mode"]],
-            units=tuple(
-                UnitFact(
-                    u["id"],
+    mode = _MODES[gpu["partition_mode"]]
+    healthy = gpu["health"] != Gpu.Health.UNHEALTHY
+    stopping = gpu["id"] in r.stopping
+    claimed_by = tuple(r.claimed_gpus.get(gpu["id"], ()))
+    layout_ok = gpu["partition__state"] in (None, PartitionState.OK)
+    picture: GpuPicture | None = None
+    shape: tuple[object, ...] | None = None
+    if mode is not PartitionMode.MIG:
+        # A fleet is mostly GPUs alike down to their units (same model, same shares, the same ones held):
+        # `gpu_picture` runs once per such shape and the others take its answer with their own unit ids
+        # and name. MIG GPUs always go through it (their re-carve facts name the node).
+        shape = (
+            gpu["index"],
+            gpu["model"],
+            gpu["mem_mib"],
+            mode,
+            healthy,
+            stopping,
+            claimed_by,
+            layout_ok,
+            tuple(
+                (
                     u["kind"],
                     u["gpu_milli"],
                     u["mem_mib"],
-                    u["task_id"] is not None,
+                    u["task_id"] is None,
                     u["mig_profile"],
                     u["mig_start"],
                 )
                 for u in units
             ),
-            healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
-            stopping=gpu["id"] in r.stopping,
-            claimed_by=tuple(r.claimed_gpus.get(gpu["id"], ())),
-            layout_ok=gpu["partition__state"] in (None, PartitionState.OK),
         )
-    )
+        like = r.pictures.get(shape)
+        if like is not None:
+            view = like.view
+            picture = GpuPicture(
+                state=like.state,
+                free_units=tuple(
+                    FreeUnit(
+                        u["id"], u["kind"], u["gpu_milli"], u["mem_mib"], u["mig_profile"], u["mig_start"]
+                    )
+                    for u in units
+                    if u["task_id"] is None
+                )
+                if like.free_units
+                else (),
+                view=GpuView(
+                    f"GPU {gpu['index']} on {name}",
+                    view.model,
+                    view.mode,
+                    view.units,
+                    view.healthy,
+                    view.stopping,
+                    view.claimed_by,
+                ),
+                idle_mig=None,
+            )
+    if picture is None:
+        picture = gpu_picture(
+            GpuFacts(
+                node=name,
+                index=gpu["index"],
+                model=gpu["model"],
+                mem_mib=gpu["mem_mib"],
+                mode=mode,
+                units=tuple(
+                    UnitFact(
+                        u["id"],
+                        u["kind"],
+                        u["gpu_milli"],
+                        u["mem_mib"],
+                        u["task_id"] is not None,
+                        u["mig_profile"],
+                        u["mig_start"],
+                    )
+                    for u in units
+                ),
+                healthy=healthy,
+                stopping=stopping,
+                claimed_by=claimed_by,
+                layout_ok=layout_ok,
+            )
+        )
+        if shape is not None:
+            r.pictures[shape] = picture
     key = (name, gpu["index"])
     out.gpu_infos[(gpu["node_id"], gpu["index"])] = GpuInfo(
         pk=gpu["id"], unit_count=len(units), view=picture.view

@@ -2,8 +2,9 @@
 
     whalegen bench placement --nodes 5000 --policy fgd --json
 
-`placement` times the production engine (one `solve` cycle per task) on the openb trace cluster and on
-a synthetic cluster of N nodes × 8 GPUs, next to a plain per-node-loop FGD on the same task streams.
+`placement` times the production decision (`whalegen.scheduling.Decider.step`, one cycle per task, as
+`whalegen replay` runs it) on the openb trace cluster and on a synthetic cluster of N nodes × 8 GPUs,
+next to the engine alone (`Engine.solve` per task) and a plain per-node-loop FGD on the same streams.
 Subjects are subcommands so that others (a full scheduling `cycle`) can join without changing this one.
 """
 
@@ -26,7 +27,9 @@ TRACE_CLUSTER_NODES = 1213
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     subjects = parser.add_subparsers(dest="subject", required=True)
-    placement = subjects.add_parser("placement", help="placements per second: engine vs plain FGD loop")
+    placement = subjects.add_parser(
+        "placement", help="placements per second: decide vs the engine alone vs a plain FGD loop"
+    )
     placement.add_argument("--nodes", type=int, default=5000, help="synthetic cluster size (8 GPUs each)")
     placement.add_argument("--policy", default="fgd", help="policy to time (default fgd)")
     placement.add_argument("--workload", default="default", help="pod list whose tasks are replayed")
@@ -98,14 +101,17 @@ def _placement(args: argparse.Namespace) -> int:
         return 0
     print(f"policy {args.policy}, tasks from {args.workload}; CPU seconds of one process")
     for name, figures in (("trace cluster", trace), (f"synthetic {args.nodes}×8", synthetic)):
-        engine = figures["engine"]
+        decided = figures["decide"]
+        engine = figures["engine_alone"]
         naive = figures["naive_fgd_first_tasks"]
-        head = figures["engine_first_tasks"]
+        head = figures["decide_first_tasks"]
         print(
-            f"{name:<20} {figures['nodes']:>6} nodes {figures['gpus']:>6} GPUs: engine "
-            f"{engine['placements_per_s']:>8.0f} placements/s "
-            f"({engine['placements']} of {engine['tasks']} tasks placed, {engine['cpu_s']:.2f} s); "
-            f"first {naive['tasks']} tasks: engine {head['decisions_per_s']:.0f}/s, plain FGD loop "
+            f"{name:<20} {figures['nodes']:>6} nodes {figures['gpus']:>6} GPUs: decide "
+            f"{decided['placements_per_s']:>8.0f} placements/s "
+            f"({decided['placements']} of {decided['tasks']} tasks placed, {decided['cpu_s']:.2f} s); "
+            f"engine alone {engine['placements_per_s']:.0f}/s (decide costs "
+            f"×{figures['decide_cpu_over_engine_alone_cpu']}); "
+            f"first {naive['tasks']} tasks: decide {head['decisions_per_s']:.0f}/s, plain FGD loop "
             f"{naive['decisions_per_s']:.0f}/s, ×{figures['speedup_vs_naive_fgd']}"
         )
     return 0
