@@ -342,6 +342,7 @@ def _read_running(
                 borrowed=row["borrowed"],
                 mig_profile=mig[0],
                 mig_start_slice=mig[1],
+                charge_milli=row["task__gpu_count"] * row["task__gpu_milli"],  # Task.charge_milli
             )
         )
         runtime = _expected_runtime_s(

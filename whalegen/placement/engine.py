@@ -96,7 +96,8 @@ class Engine:
         # Only preemptible or borrowing tasks can ever be victims; keeping them apart keeps a failure cheap.
         self.victim_pool: dict[str, _Record] = {}
         for task in snapshot.running:
-            milli = task.gpu_milli * len(task.gpu_indexes)
+            # As asked, like a placement made here (below): one measure for quota use, whichever unit.
+            milli = task.quota_milli
             self.usage_milli[task.tenant] += milli
             self._remember(
                 _Record(
@@ -418,6 +419,15 @@ class Engine:
                 by_node[self.state.bindings[record.task_id].node].append(record)
         return by_node
 
+    def _keeps_guarantee(self, record: _Record, already_milli: int) -> bool:
+        """Whether another tenant's task may be taken: only from what its tenant holds above its guarantee
+        (after `already_milli` taken from it for the same task). Taking below it would let that tenant's
+        own waiting work reclaim the GPUs next cycle, undoing the preemption (and breaking its
+        guarantee in between)."""
+        quota = self.quotas.get(record.tenant)
+        guaranteed = quota.guaranteed_milli if quota is not None else 0
+        return self.usage_milli[record.tenant] - already_milli - record.request_milli >= guaranteed
+
     def _above_guarantee(self, tenant: str) -> bool:
         quota = self.quotas.get(tenant)
         guaranteed = quota.guaranteed_milli if quota is not None else 0
@@ -431,6 +441,13 @@ class Engine:
         """
         req = Request.of(task)
         best: tuple[int, float, int, list[_Record]] | None = None
+        # Victims proposed earlier this cycle still hold their GPUs (they leave once stopped): count them
+        # as gone already when asking what a tenant keeps.
+        proposed: dict[str, int] = defaultdict(int)
+        for task_id in claimed:
+            gone = self.records.get(task_id)
+            if gone is not None:
+                proposed[gone.tenant] += gone.request_milli
         for n, records in self._victim_candidates(task).items():
             if not self.state.model_allowed(n, req):
                 continue
@@ -440,7 +457,11 @@ class Engine:
             released: list[Binding] = []
             chosen: list[_Record] = []
             fits = False
+            taken = defaultdict(int, proposed)  # tenant → milli gone from it, this node's choice included
             for record in candidates:
+                if record.tenant != task.tenant and not self._keeps_guarantee(record, taken[record.tenant]):
+                    continue
+                taken[record.tenant] += record.request_milli
                 released.append(self.state.release(record.task_id))
                 chosen.append(record)
                 if self.state.eligible_devices(n, req) is not None:

@@ -132,6 +132,13 @@ class RunningTask:
     # MIG instance held (same on every listed GPU), so that releasing the task frees its memory slices.
     mig_profile: str | None = None
     mig_start_slice: int | None = None
+    # What the task counts against its tenant's quota, all GPUs together: what it asked (the charge the
+    # quota rows and the API show), which a unit bigger than the ask does not change. None: what it holds.
+    charge_milli: int | None = None
+
+    @property
+    def quota_milli(self) -> int:
+        return self.charge_milli if self.charge_milli is not None else self.gpu_milli * len(self.gpu_indexes)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ def estimate_starts(
     quota_of = {q.tenant: q for q in cluster.quotas}
     usage: dict[str, int] = defaultdict(int)
     for task in cluster.running:
-        usage[task.tenant] += task.gpu_milli * len(task.gpu_indexes)
+        usage[task.tenant] += task.quota_milli
     for bound in placements:
         usage[requests[bound.task_id].tenant] += requests[bound.task_id].gpu_request_milli
 

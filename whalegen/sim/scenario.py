@@ -782,6 +782,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                     borrowed=r.borrowed,
                     mig_profile=r.mig_profile,
                     mig_start_slice=r.mig_start,
+                    charge_milli=req.num_gpu * req.gpu_milli,
                 )
             )
             queues[task_id] = stream_queue[r.job.stream]

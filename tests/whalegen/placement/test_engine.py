@@ -144,6 +144,64 @@ def test_a_borrowed_task_whose_tenant_is_back_within_its_guarantee_is_not_reclai
     assert result.unplaced[0].outcome is Outcome.NO_CAPACITY
 
 
+def test_priority_preemption_never_takes_another_tenant_below_its_guarantee() -> None:
+    # "theirs" holds 2 GPUs, exactly its guarantee: taking its low-priority task for "mine"'s urgent one
+    # would put it below, and its own waiting work would take the GPUs back next cycle. Its own
+    # low-priority task is fair game.
+    quotas = [Quota("mine", 4000), Quota("theirs", 2000)]
+    running = [
+        RunningTask("t0", "a", (0, 1), 1000, 1000, 1024, tenant="theirs", preemptible=True),
+        RunningTask("m0", "b", (0, 1), 1000, 1000, 1024, tenant="mine", preemptible=True, started_at_s=5),
+    ]
+    urgent = task("urgent", gpus=2, priority=10, tenant="mine")
+    nodes = [node("a", free=[0, 0]), node("b", free=[0, 0])]
+    snap = snapshot(nodes, [urgent], running=running, quotas=quotas)
+    result = solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0)
+    assert [p.victim_task_id for p in result.preemptions] == ["m0"]
+    alone = snapshot(nodes[:1], [urgent], running=running[:1], quotas=quotas)
+    result = solve_cycle(alone, EngineConfig(policy="fgd"), now=10.0)
+    assert result.preemptions == ()
+
+
+def test_priority_preemption_takes_from_another_tenant_only_what_it_holds_above_its_guarantee() -> None:
+    # "theirs" holds 3 GPUs on a guarantee of 2: one of its 1-GPU tasks may go, not two.
+    quotas = [Quota("mine", 4000), Quota("theirs", 2000, borrow_limit_milli=2000)]
+    running = [
+        RunningTask(f"t{i}", "a", (i,), 1000, 1000, 1024, tenant="theirs", preemptible=True) for i in range(3)
+    ]
+    nodes = [node("a", gpus=3, free=[0, 0, 0])]
+    one = solve_cycle(snapshot(nodes, [task("u1", gpus=1, priority=10, tenant="mine")], running=running,
+                               quotas=quotas), EngineConfig(policy="fgd"), now=10.0)  # fmt: skip
+    assert len(one.preemptions) == 1
+    two = solve_cycle(snapshot(nodes, [task("u2", gpus=2, priority=10, tenant="mine")], running=running,
+                               quotas=quotas), EngineConfig(policy="fgd"), now=10.0)  # fmt: skip
+    assert two.preemptions == ()
+    # Nor across tasks of one cycle: the second urgent task finds the first one's victim already gone.
+    both = solve_cycle(
+        snapshot(nodes, [task("u1", gpus=1, priority=10, tenant="mine"),
+                         task("u3", gpus=1, priority=10, tenant="mine")], running=running, quotas=quotas),
+        EngineConfig(policy="fgd"), now=10.0,
+    )  # fmt: skip
+    assert len(both.preemptions) == 1
+
+
+def test_quota_use_of_a_running_task_is_what_it_asked_not_the_bigger_unit_it_holds() -> None:
+    # A 430-milli task sits on a whole GPU (held 1000). Its tenant's limit is 1000: with the ask counted
+    # (as the quota rows and a new placement count it), 500 more fit; counted as held they would not.
+    quotas = [Quota("vision", 1000)]
+    running = [RunningTask("small", "a", (0,), 1000, 1000, 1024, tenant="vision", charge_milli=430)]
+    snap = snapshot([node("a", free=[0, 1000])], [task("more", gpus=1, milli=500, tenant="vision")],
+                    running=running, quotas=quotas)  # fmt: skip
+    result = solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0)
+    assert [p.task_id for p in result.placements] == ["more"]
+    held = [RunningTask("small", "a", (0,), 1000, 1000, 1024, tenant="vision")]  # no charge: as held
+    snap = snapshot([node("a", free=[0, 1000])], [task("more", gpus=1, milli=500, tenant="vision")],
+                    running=held, quotas=quotas)  # fmt: skip
+    assert (
+        solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0).unplaced[0].outcome is Outcome.QUOTA_EXCEEDED
+    )
+
+
 def test_mig_gpus_hand_out_the_smallest_profile_that_fits() -> None:
     a100 = node("a", model="A100-40GB", gpus=1, free=[1000], gpu_mem_mib=40_960, mode=PartitionMode.MIG)
     tasks = [
