@@ -74,7 +74,9 @@ class RequestContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "request_id", None) is None:
-            request_id = request_id_var.get()
+            # Django logs a 4xx/5xx answer ("Unauthorized: /api/…") after the middleware returned, with
+            # the request itself in `extra`: its id is read from there.
+            request_id = request_id_var.get() or getattr(getattr(record, "request", None), "request_id", None)
             if request_id is not None:
                 record.request_id = request_id
         return True
