@@ -40,7 +40,11 @@ def seed() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    import os
+
     import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
 
     django.setup()
     print(json.dumps(seed()))
