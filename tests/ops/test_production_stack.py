@@ -37,6 +37,7 @@ POSTGRES_PORT = int(os.environ.get("WHALEGEN_OPS_POSTGRES_PORT", "55464"))
 REDIS_PORT = int(os.environ.get("WHALEGEN_OPS_REDIS_PORT", "56411"))
 # Seconds each process may take to stop after SIGTERM: gunicorn's --graceful-timeout plus slack, Celery's
 # warm shutdown of an idle worker, beat's schedule sync, the agent's clean exit (it leaves runs running).
+FINAL = {"succeeded", "failed", "cancelled"}
 GRACE_S = {"web": 15.0, "worker": 20.0, "beat": 10.0, "agent-example": 10.0, "agent-l40s": 10.0}
 
 
@@ -239,6 +240,3 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
         took[name] = round(time.monotonic() - started, 1)
     logs = {name: stack.log(name)[-1500:] for name, code in codes.items() if code != 0}
     assert codes == dict.fromkeys(stack.procs, 0), (codes, took, logs)
-
-
-FINAL = {"succeeded", "failed", "cancelled"}
