@@ -27,6 +27,9 @@ import yaml
 from agents.sim.core import CallLog, SimClock, SimGpu, SimSystem, gpu_uuid
 from whalegen.gpus.skus import get_sku
 
+# The host `whalegen agent --backend sim` plays without --sim-spec; shipped as package data (pyproject.toml).
+EXAMPLE_HOST_SPEC = Path(__file__).with_name("example-host.yaml")
+
 
 class SpecError(ValueError):
     pass

@@ -100,11 +100,23 @@ def _sync_inventory(
     for item in inventory:
         gpu = gpus.get(item.index)
         if gpu is None:
-            log.warning("node %s reports unknown GPU %d (%s)", node.name, item.index, item.uuid)
+            log.warning(
+                "node %s reports unknown GPU %d (%s)",
+                node.name,
+                item.index,
+                item.uuid,
+                extra={"node": node.name},
+            )
             continue
         if gpu.uuid != item.uuid:
             if Gpu.objects.filter(uuid=item.uuid).exclude(pk=gpu.pk).exists():
-                log.error("node %s: GPU UUID %s is another GPU's; kept %s", node.name, item.uuid, gpu.uuid)
+                log.error(
+                    "node %s: GPU UUID %s is another GPU's; kept %s",
+                    node.name,
+                    item.uuid,
+                    gpu.uuid,
+                    extra={"node": node.name},
+                )
             else:
                 Gpu.objects.filter(pk=gpu.pk).update(uuid=item.uuid, updated_at=now)
                 gpu.uuid = item.uuid
@@ -151,7 +163,9 @@ def _seen(*, node: Node, now: datetime, agent_version: str) -> None:
     )
     if node.state == Node.State.LOST:
         node.refresh_from_db()
-        log.info("node %s is back after being lost (now %s)", node.name, node.state)
+        log.info(
+            "node %s is back after being lost (now %s)", node.name, node.state, extra={"node": node.name}
+        )
     else:
         node.last_heartbeat_at = now
 
@@ -371,7 +385,7 @@ def _run_lose(*, node: Node, run: TaskRun, now: datetime) -> None:
             state=TaskRun.State.LOST, reason=reason[:500]
         ):
             return
-        log.warning(reason)
+        log.warning(reason, extra={"task_id": run.task_id, "node": node.name})
         task = Task.objects.get(pk=run.task_id)
         live = (
             run.attempt == task.attempts
@@ -458,7 +472,7 @@ def _move(task: Task, to_state: str, *, actor: str, reason: str, **fields: Any) 
     try:
         task_transition(task=task, to_state=to_state, actor=actor, reason=reason[:500], **fields)
     except Conflict as error:
-        log.info("task %s: %s not applied: %s", task.pk, to_state, error)
+        log.info("task %s: %s not applied: %s", task.pk, to_state, error, extra={"task_id": task.pk})
         task.refresh_from_db()
         return False
     return True
@@ -784,14 +798,16 @@ def _node_lose(*, node: Node, now: datetime, reason: str, expect: Node | None = 
                 ).update(state=Node.State.LOST, state_before_lost=expect.state, version=F("version") + 1)
                 if not went:
                     return False
-                log.warning(reason)
+                log.warning(reason, extra={"node": node.name})
             elif not Node.objects.select_for_update().filter(pk=node.pk, state=Node.State.LOST).exists():
                 return False  # its agent came back meanwhile: its work is its own again
             for task in _live_tasks(node):
                 _requeue(task, via=Task.State.LOST, actor="system:node-health", reason=reason)
     except Exception:
         # One node's failure must not stop the others' checks; nothing of this node was kept.
-        log.exception("node %s: marking it lost failed; the next check retries", node.name)
+        log.exception(
+            "node %s: marking it lost failed; the next check retries", node.name, extra={"node": node.name}
+        )
         return False
     return True
 
@@ -801,7 +817,7 @@ def node_cordon(*, node: Node, actor: str) -> Node:
     if node.state == Node.State.LOST:
         raise Conflict(f"node {node.name} is lost; it becomes ready again when its agent heartbeats")
     Node.objects.filter(pk=node.pk).update(state=Node.State.CORDONED, version=F("version") + 1)
-    log.info("%s cordoned node %s", actor, node.name)
+    log.info("%s cordoned node %s", actor, node.name, extra={"node": node.name})
     node.refresh_from_db()
     return node
 
@@ -810,7 +826,7 @@ def node_uncordon(*, node: Node, actor: str) -> Node:
     if node.state == Node.State.LOST:
         raise Conflict(f"node {node.name} is lost; it becomes ready again when its agent heartbeats")
     Node.objects.filter(pk=node.pk).update(state=Node.State.READY, version=F("version") + 1)
-    log.info("%s uncordoned node %s", actor, node.name)
+    log.info("%s uncordoned node %s", actor, node.name, extra={"node": node.name})
     node.refresh_from_db()
     return node
 

@@ -142,3 +142,122 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
         open_claims=open_claims,
         forecast_models=forecast_models,
     )
+
+
+# ---------------------------------------------------------------------------------------------- readiness
+
+
+@dataclass(frozen=True)
+class Check:
+    """One readiness check: its name, whether it passed, and a line a person can act on."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Readiness:
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    @property
+    def failing(self) -> list[str]:
+        return [check.name for check in self.checks if not check.ok]
+
+
+# Set once this process saw every migration applied. Migrations only move forward while a process runs
+# (an upgrade migrates, then restarts the processes), so a positive answer stays true; a negative one is
+# asked again on every call, since the one-shot `migrate` may be running right now.
+_migrations_applied = False
+
+
+def _check_database() -> Check:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return Check("database", True, f"{connection.vendor} answers")
+
+
+def _check_migrations() -> Check:
+    global _migrations_applied
+    if _migrations_applied:
+        return Check("migrations", True, "all applied")
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    if plan:
+        names = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:5])
+        more = f" and {len(plan) - 5} more" if len(plan) > 5 else ""
+        return Check("migrations", False, f"{len(plan)} not applied: {names}{more} (run manage.py migrate)")
+    _migrations_applied = True
+    return Check("migrations", True, "all applied")
+
+
+def _check_broker() -> Check:
+    from django.conf import settings
+
+    url = str(settings.CELERY_BROKER_URL)
+    if settings.CELERY_TASK_ALWAYS_EAGER or url.startswith("memory://"):
+        return Check("broker", True, "embedded default: in-memory broker, tasks run in-process")
+    timeout_s = settings.WHALEGEN_READY_BROKER_TIMEOUT_S
+    if url.startswith(("redis://", "rediss://")):
+        import redis
+
+        client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return Check("broker", True, "redis answers PING")
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=timeout_s) as broker:
+        broker.ensure_connection(max_retries=1)
+    return Check("broker", True, f"{broker.transport_cls} connects")
+
+
+def _check_beat(now: datetime) -> Check:
+    from django.conf import settings
+
+    from apps.metrics.models import PlaneTick
+
+    max_age_s = settings.WHALEGEN_READY_BEAT_MAX_AGE_S
+    ticked_at = PlaneTick.objects.filter(pk=1).values_list("ticked_at", flat=True).first()
+    if ticked_at is None:
+        return Check("beat", False, "no plane-tick ran yet: is celery beat running, and a worker?")
+    age_s = max((now - ticked_at).total_seconds(), 0.0)
+    if age_s > max_age_s:
+        return Check(
+            "beat", False, f"last plane-tick {age_s:.0f} s ago (> {max_age_s:.0f} s): beat or workers down"
+        )
+    return Check("beat", True, f"last plane-tick {age_s:.0f} s ago")
+
+
+def _guarded(name: str, check: Any) -> Check:
+    """A check that raises is a failing check, never a 500."""
+    try:
+        result: Check = check()
+    except Exception as error:
+        return Check(name, False, f"{type(error).__name__}: {error}"[:300])
+    return result
+
+
+def readiness(*, now: datetime) -> Readiness:
+    """The readiness checks in order: database, migrations, broker, beat. Without a database the two that
+    read it are reported failing without being tried (each would wait out its own connection attempt)."""
+    database = _guarded("database", _check_database)
+    if database.ok:
+        migrations = _guarded("migrations", _check_migrations)
+        beat = _guarded("beat", lambda: _check_beat(now))
+    else:
+        migrations = Check("migrations", False, "not checked: the database is unreachable")
+        beat = Check("beat", False, "not checked: the database is unreachable")
+    return Readiness((database, migrations, _guarded("broker", _check_broker), beat))

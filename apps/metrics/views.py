@@ -1,4 +1,5 @@
-"""`GET /metrics`: the Prometheus text exposition format (0.0.4), outside the versioned API.
+"""`GET /metrics`: the Prometheus text exposition format (0.0.4), outside the versioned API; `GET /healthz`
+and `GET /readyz`: liveness and readiness for a supervisor or a load balancer (docs/operations.md).
 
 Access (decision, docs/metrics.md): with `WHALEGEN_METRICS_TOKEN` set, a scraper must send
 `Authorization: Bearer <that token>` and nothing else gets in; unset, only platform admins do (a signed-in
@@ -10,12 +11,13 @@ from __future__ import annotations
 import hmac
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client.exposition import generate_latest
 
 from apps.metrics.collector import registry_for
+from apps.metrics.selectors import readiness
 from apps.tenants.services import token_authenticate
 
 # The classic text format every Prometheus reads; prometheus_client's CONTENT_TYPE_LATEST moved to 1.0.0.
@@ -68,3 +70,25 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if refusal is not None:
         return refusal
     return HttpResponse(generate_latest(registry_for(now=timezone.now())), content_type=CONTENT_TYPE)
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """The process is up and serves requests; nothing else is asked (no database)."""
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """200 when every check passes, else 503 naming the failing ones. Unauthenticated: it says whether the
+    plane works, not what it holds."""
+    try:
+        result = readiness(now=timezone.now())
+    except Exception as error:  # the checks guard themselves; this is the last line, never a 500
+        return JsonResponse({"status": "fail", "failing": ["readiness"], "error": str(error)}, status=503)
+    body = {
+        "status": "ok" if result.ok else "fail",
+        "failing": result.failing,
+        "checks": {check.name: {"ok": check.ok, "detail": check.detail} for check in result.checks},
+    }
+    return JsonResponse(body, status=200 if result.ok else 503)

@@ -3,6 +3,8 @@
     whalegen agent --server URL --token T [--backend nvml|sim] [--sim-spec FILE] [--state-dir DIR]
     whalegen agent inspect [--backend nvml|sim] [--sim-spec FILE]
 
+`--backend sim` without `--sim-spec` plays the example host shipped in agents/sim/example-host.yaml.
+
 The token may come from WHALEGEN_AGENT_TOKEN or a file named by WHALEGEN_AGENT_TOKEN_FILE instead of
 the command line (where other users of the host can read it). Imports only the agent, never Django.
 """
@@ -29,7 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", choices=["nvml", "sim"], default=os.environ.get("WHALEGEN_AGENT_BACKEND", "nvml")
     )
-    parser.add_argument("--sim-spec", type=Path, help="YAML/JSON fleet spec for --backend sim")
+    parser.add_argument(
+        "--sim-spec",
+        type=Path,
+        default=Path(spec) if (spec := os.environ.get("WHALEGEN_AGENT_SIM_SPEC")) else None,
+        help="YAML/JSON fleet spec for --backend sim (or WHALEGEN_AGENT_SIM_SPEC; default: the example "
+        "host agents/sim/example-host.yaml, two H100 80GB and an L40S)",
+    )
     parser.add_argument("--sim-node", help="which node of the spec this agent plays (default: the first)")
     parser.add_argument(
         "--state-dir", type=Path, default=Path(os.environ.get("WHALEGEN_AGENT_STATE_DIR", DEFAULT_STATE_DIR))
@@ -65,11 +73,11 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def _backend(args: argparse.Namespace, sim_dir: Path) -> Any:
     if args.backend == "sim":
-        if args.sim_spec is None:
-            raise SystemExit("whalegen agent: --backend sim needs --sim-spec FILE")
         from agents.sim.backend import from_spec_file
+        from agents.sim.spec import EXAMPLE_HOST_SPEC
 
-        _, backend = from_spec_file(args.sim_spec, args.sim_node, sim_dir)
+        spec = args.sim_spec if args.sim_spec is not None else EXAMPLE_HOST_SPEC
+        _, backend = from_spec_file(spec, args.sim_node, sim_dir)
         return backend
     from agents.backend import NvmlBackend
 

@@ -17,6 +17,7 @@ from whalegen.config.env import (
     envlist,
     envstr,
 )
+from whalegen.config.logging import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(envstr("WHALEGEN_DATA_DIR", str(BASE_DIR / "var")) or "var")
@@ -64,10 +65,12 @@ INSTALLED_APPS = [
     "apps.forecasting",
     "apps.fleet",
     "apps.logs",
+    "apps.metrics",
     "apps.dashboard",
 ]
 
 MIDDLEWARE = [
+    "apps.metrics.middleware.RequestIdMiddleware",  # first: every later log line knows its request
     "django.middleware.security.SecurityMiddleware",
     # Under /api/: a body above the upload limit is a 413 before it is read; Django's own error pages
     # (404 for an unmatched URL, 400, 500) are answered in the API's JSON error shape.
@@ -218,6 +221,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.logs.tasks.logs_expire",
         "schedule": envfloat("WHALEGEN_LOG_RETENTION_INTERVAL_S", 3_600.0),
     },
+    # A cheap stamp a worker writes for beat; `/readyz` reads its age as "beat seen recently".
+    "plane-tick": {
+        "task": "apps.metrics.tasks.plane_tick",
+        "schedule": envfloat("WHALEGEN_PLANE_TICK_INTERVAL_S", 15.0),
+    },
 }
 
 # WhaleGen's own knobs.
@@ -267,18 +275,20 @@ WHALEGEN_LOG_RETENTION_DAYS = envint("WHALEGEN_LOG_RETENTION_DAYS", 30)
 # `GET /metrics` (Prometheus): with a token set, a scraper must send it as a bearer token and nothing
 # else is let in; unset, platform admins only (docs/metrics.md).
 WHALEGEN_METRICS_TOKEN = envstr("WHALEGEN_METRICS_TOKEN")
+# `/readyz`: beat counts as seen while its last plane-tick is younger than this (default: four ticks), and
+# the broker's PING has this long to answer.
+WHALEGEN_READY_BEAT_MAX_AGE_S = envfloat(
+    "WHALEGEN_READY_BEAT_MAX_AGE_S", 4 * envfloat("WHALEGEN_PLANE_TICK_INTERVAL_S", 15.0)
+)
+WHALEGEN_READY_BROKER_TIMEOUT_S = envfloat("WHALEGEN_READY_BROKER_TIMEOUT_S", 1.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": envstr("WHALEGEN_LOG_LEVEL", "INFO")},
-    # One line per HTTP request (the development server) and per Celery task run: INFO logs them all;
-    # `whalegen demo` sets WARNING so ten polling agents do not bury its status line.
-    "loggers": {
-        name: {"level": envstr("WHALEGEN_ACCESS_LOG_LEVEL", "INFO")}
-        for name in ("django.server", "celery.app.trace")
-    },
-}
+# Plain lines, or JSON lines with WHALEGEN_LOG_FORMAT=json; request/task/pool/cycle/node context and
+# credentials redacted in both (whalegen/config/logging.py).
+LOGGING = logging_config(
+    fmt=envstr("WHALEGEN_LOG_FORMAT", "plain") or "plain",
+    level=envstr("WHALEGEN_LOG_LEVEL", "INFO") or "INFO",
+    access_level=envstr("WHALEGEN_ACCESS_LOG_LEVEL", "INFO") or "INFO",
+)
+# Celery workers and beat keep this configuration instead of installing their own root handler.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -1,0 +1,116 @@
+"""The deployment files stay true to the code: `.env.example` lists every variable the code reads, the
+compose file's services restart and report health, the agent image installs no Django, and the agent's
+simulated backend runs with no spec given."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker" / "compose.yaml"
+# A variable read in the code: through the settings' typed helpers or os.environ / os.getenv, the name
+# possibly on the next line (ruff format wraps long calls).
+READ = re.compile(
+    r"""(?:\benv(?:str|int|float|bool|list)\(|os\.environ(?:\.get\(|\[)|os\.getenv\()\s*["']([A-Z][A-Z0-9_]+)["']"""
+)
+# The system's own, not WhaleGen settings: Django's module variable and the search path tools run with.
+NOT_OURS = {"DJANGO_SETTINGS_MODULE", "PATH", "HOME"}
+
+
+def variables_read() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for package in ("whalegen", "apps", "agents"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in READ.findall(path.read_text()):
+                found.setdefault(name, str(path.relative_to(ROOT)))
+    return found
+
+
+def variables_listed() -> set[str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    return {m.group(1) for line in lines if (m := re.match(r"^#?\s*([A-Z][A-Z0-9_]+)=", line))}
+
+
+def test_env_example_lists_every_variable_the_plane_and_agent_read() -> None:
+    read = variables_read()
+    assert len(read) > 40, "the scan found too few variables: is the pattern still right?"
+    missing = {name: where for name, where in read.items() if name not in variables_listed() | NOT_OURS}
+    assert missing == {}, f"add these to .env.example (name: first file reading it): {missing}"
+
+
+def test_env_example_names_nothing_the_code_does_not_read() -> None:
+    assert variables_listed() - set(variables_read()) == set()
+
+
+def test_the_variable_scan_sees_a_name_wrapped_onto_the_next_line() -> None:
+    assert READ.findall('x = envfloat(\n    "WHALEGEN_X_S", 1.0)\ny = os.environ.get("WHALEGEN_Y")') == [
+        "WHALEGEN_X_S",
+        "WHALEGEN_Y",
+    ]
+
+
+def test_every_long_running_compose_service_restarts_and_has_a_healthcheck() -> None:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    long_running = {name for name in services if name != "migrate"}
+    assert {"postgres", "redis", "web", "worker", "beat", "agent", "prometheus"} <= long_running
+    for name in long_running:
+        assert services[name].get("restart") in ("always", "unless-stopped"), name
+    # The agent serves nothing a probe could ask; its restart policy is what brings it back.
+    assert {name for name in long_running if "healthcheck" not in services[name]} == {"agent"}
+    assert "/readyz" in " ".join(services["web"]["healthcheck"]["test"])
+
+
+def test_the_compose_agent_runs_the_simulated_backend_without_a_spec_flag() -> None:
+    agent = yaml.safe_load(COMPOSE.read_text())["services"]["agent"]
+    command = agent["command"]
+    assert command[command.index("--backend") + 1] == "sim"
+    assert "--sim-spec" not in command
+
+
+def test_the_agent_image_installs_only_the_agent_extra_and_it_has_no_django() -> None:
+    dockerfile = (ROOT / "docker" / "Dockerfile.agent").read_text()
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert installs and all("[agent]" in line and "plane" not in line for line in installs), installs
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["agent"]]
+    heavy = ("django", "celery", "psycopg", "xgboost", "numpy", "pandas", "gunicorn")
+    assert [req for req in wanted if req.lower().startswith(heavy)] == []
+    assert "COPY apps" not in dockerfile, "the agent image must not carry the plane's Django apps"
+
+
+def test_the_plane_image_is_multi_stage_and_runs_unprivileged() -> None:
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    stages = re.findall(r"^FROM\s+\S+(?:\s+AS\s+(\S+))?", dockerfile, flags=re.MULTILINE | re.IGNORECASE)
+    assert len(stages) >= 2, "a build stage and a runtime stage"
+    assert re.search(r"^COPY --from=", dockerfile, flags=re.MULTILINE)
+    assert re.search(r"^USER\s+\S+", dockerfile, flags=re.MULTILINE)
+
+
+def test_agent_inspect_with_the_sim_backend_needs_no_further_flags(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("WHALEGEN_AGENT_SIM_SPEC", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "whalegen", "agent", "inspect", "--backend", "sim"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    host = json.loads(done.stdout)
+    models = [gpu["inventory"]["model"] for gpu in host["gpus"]]
+    assert models == ["H100-80GB", "H100-80GB", "L40S"]
+
+
+def test_agent_help_says_what_sim_uses_without_a_spec() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "whalegen", "agent", "--help"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "example-host.yaml" in " ".join(done.stdout.split())

@@ -1,0 +1,159 @@
+"""Log lines in both formats (`WHALEGEN_LOG_FORMAT=plain|json`): their fields, the request id, the plane's
+context fields, and no credential in either — checked on records the plane itself emits while serving a
+request that carries a bearer token and a node token, and on records that put those tokens in their text."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from tests.apps.fleet.conftest import fleet  # noqa: F401  (the world with node credentials)
+from whalegen.config.logging import (
+    REDACTED,
+    JsonFormatter,
+    PlainFormatter,
+    RedactFilter,
+    RequestContextFilter,
+    logging_config,
+    redact,
+)
+
+FORMATS = {"plain": PlainFormatter, "json": JsonFormatter}
+
+
+class Captured:
+    """A handler built as `logging_config` builds the console one, on the root logger, into a buffer."""
+
+    def __init__(self, fmt: str) -> None:
+        console = logging_config(fmt=fmt, level="DEBUG", access_level="DEBUG")["handlers"]["console"]
+        assert console["filters"] == ["request", "redact"] and console["formatter"] == fmt
+        self.buffer = io.StringIO()
+        self.handler = logging.StreamHandler(self.buffer)
+        self.handler.setFormatter(FORMATS[fmt]())
+        self.handler.addFilter(RequestContextFilter())
+        self.handler.addFilter(RedactFilter())
+
+    def text(self) -> str:
+        return self.buffer.getvalue()
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.text().splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(params=["plain", "json"])
+def captured(request: pytest.FixtureRequest) -> Iterator[Captured]:
+    made = Captured(request.param)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(made.handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield made
+    finally:
+        root.removeHandler(made.handler)
+        root.setLevel(level)
+
+
+def test_a_request_with_a_bearer_header_and_a_node_token_leaves_neither_in_the_logs(
+    captured: Captured,
+    fleet: Any,  # noqa: F811
+    client: Client,
+) -> None:
+    node_token = fleet.token_a
+    bearer = "eyJhbGciOiJIUzI1NiJ9.not-a-real-jwt.signature0123"
+    # 1. A real request: an unknown bearer on the agent API is refused, and Django logs the refusal.
+    response = client.post(
+        f"/api/v1/agent/heartbeat/?token={node_token}",
+        data="{}",
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {bearer}", "X-Request-ID": "req-logs-1"},
+    )
+    assert response.status_code in (400, 401, 403)
+    # 2. Code that logs what it should not: a header dict, a URL with a token, a settings dump, a traceback.
+    log = logging.getLogger("apps.fleet.services")
+    log.warning("agent call failed: headers=%s", {"Authorization": f"Bearer {bearer}"})
+    log.info("retrying %s", f"https://plane.example/api/v1/agent/poll/?node=3&token={node_token}&x=1")
+    log.info("node token %s issued", node_token, extra={"node": "gpu-001", "task_id": 42})
+    log.error('config: SECRET_KEY=s3cr3t-key-value password="hunter2hunter2" "api_key": "k-123456"')
+    try:
+        raise RuntimeError(f"refused Authorization: Bearer {bearer}")
+    except RuntimeError:
+        log.exception("agent request failed")
+
+    text = captured.text()
+    for secret in (node_token, bearer, "s3cr3t-key-value", "hunter2hunter2", "k-123456"):
+        assert secret not in text
+    assert text.count(REDACTED) >= 7
+    assert "Unauthorized" in text or "Forbidden" in text or "Bad Request" in text  # Django's own line
+    assert "node=3" in text and "&x=1" in text  # only the secret goes, the rest of the line stays
+
+
+def test_json_lines_carry_the_fields_and_the_context(captured: Captured, client: Client) -> None:
+    if isinstance(captured.handler.formatter, PlainFormatter):
+        logging.getLogger("whalegen.fleet").info("cycle done", extra={"pool": "h100", "cycle_id": 7})
+        assert captured.text().rstrip().endswith("cycle done [pool=h100 cycle_id=7]")
+        return
+    logging.getLogger("whalegen.fleet").info(
+        "task %s started on %s", 42, "gpu-001", extra={"task_id": 42, "node": "gpu-001", "pool": "h100"}
+    )
+    (line,) = captured.json_lines()
+    assert list(line) == ["ts", "level", "logger", "message", "task_id", "pool", "node"]
+    assert line["level"] == "INFO" and line["logger"] == "whalegen.fleet"
+    assert line["message"] == "task 42 started on gpu-001" and line["task_id"] == 42
+    assert line["ts"].endswith("+00:00")
+
+
+@pytest.mark.django_db
+def test_records_logged_while_serving_a_request_carry_its_id(captured: Captured, client: Client) -> None:
+    response = client.get("/api/v1/tasks/", headers={"X-Request-ID": "req-abc-123"})
+    assert response.status_code == 401
+    assert response["X-Request-ID"] == "req-abc-123"
+    if isinstance(captured.handler.formatter, JsonFormatter):
+        assert [
+            line["request_id"] for line in captured.json_lines() if line["logger"] == "django.request"
+        ] == ["req-abc-123"]
+    else:
+        assert "request_id=req-abc-123" in captured.text()
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ("Authorization: Bearer abc.def", f"Authorization: Bearer {REDACTED}"),
+        ("basic dXNlcjpwYXNz", f"basic {REDACTED}"),
+        ("GET /x?token=abc&y=2", f"GET /x?token={REDACTED}&y=2"),
+        ("{'password': 'pw1'}", f"{{'password': '{REDACTED}'}}"),
+        ("SECRET_KEY=abc123", f"SECRET_KEY={REDACTED}"),
+        ("node_token: wgn_xyz", f"node_token: {REDACTED}"),
+        ("issued wg_abcdefghijklmnopqrstuv", f"issued {REDACTED}"),
+        ("pool h100 has 3 tokens of advice", "pool h100 has 3 tokens of advice"),
+    ],
+    ids=lambda value: value if isinstance(value, str) and REDACTED not in value else "",
+)
+def test_redact_replaces_credentials_and_leaves_the_rest(line: str, want: str) -> None:
+    assert redact(line) == want
+
+
+def test_the_settings_choose_the_format_from_the_environment() -> None:
+    assert (
+        logging_config(fmt="json", level="INFO", access_level="INFO")["handlers"]["console"]["formatter"]
+        == "json"
+    )
+    assert (
+        logging_config(fmt="JSON ", level="INFO", access_level="INFO")["handlers"]["console"]["formatter"]
+        == "json"
+    )
+    assert (
+        logging_config(fmt="plain", level="INFO", access_level="INFO")["handlers"]["console"]["formatter"]
+        == "plain"
+    )
+    from django.conf import settings
+
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["request", "redact"]
+    assert settings.MIDDLEWARE[0] == "apps.metrics.middleware.RequestIdMiddleware"
