@@ -11,7 +11,8 @@ from apps.tenants.selectors import Access, access_for, tenant_get_by_slug
 
 
 def request_access(request: Request) -> Access:
-    """What the caller may do, computed once per request (two queries) and kept on the request."""
+    """What the caller may do, computed once per request (two queries) and kept on the request; a bearer
+    token's authentication has usually put it there already (apps.tenants.callers remembers it)."""
     cached = getattr(request, "_whalegen_access", None)
     if cached is None:
         token = request.auth if isinstance(request.auth, ApiToken) else None

@@ -583,7 +583,9 @@ def tasks_forecast_attach_on_commit(*, task_ids: list[int]) -> None:
             else:
                 from apps.forecasting.tasks import tasks_forecast  # the tasks module imports this one
 
-                tasks_forecast.delay(ids)
+                # Nobody waits for this result: without ignore_result the Redis backend subscribes to
+                # its channel on every submission (a round trip and a tenth of a submission's CPU).
+                tasks_forecast.apply_async((ids,), ignore_result=True)
         except Exception:
             logger.exception("forecasting: could not attach forecasts to tasks %s", ids)
 

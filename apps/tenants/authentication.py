@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from apps.tenants.services import token_authenticate
+from apps.tenants.callers import callers
+from apps.tenants.selectors import access_for
+from apps.tenants.services import token_authenticate, token_hash
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -23,10 +27,26 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raw = header[1].decode()
         except UnicodeDecodeError as exc:
             raise exceptions.AuthenticationFailed("Token contains invalid characters.") from exc
-        token = token_authenticate(raw=raw)
-        if token is None:
-            raise exceptions.AuthenticationFailed("Token is unknown, revoked or expired.")
-        return token.user, token
+        # A token used in the last few seconds is remembered with its access (apps.tenants.callers
+        # says for how long and why that is safe); otherwise one lookup and the access resolution.
+        digest = token_hash(raw)
+        now = timezone.now()
+        caller = callers.get(digest, now=now)
+        if caller is None:
+            generation = callers.generation
+            token = token_authenticate(raw=raw, now=now)
+            if token is None:
+                raise exceptions.AuthenticationFailed("Token is unknown, revoked or expired.")
+            caller = callers.put(
+                digest,
+                token=token,
+                access=access_for(user=token.user, token=token),
+                ttl_s=settings.WHALEGEN_AUTH_CACHE_S,
+                generation=generation,
+            )
+        # apps.common.api.request_access reads it from here instead of resolving it again.
+        request._whalegen_access = caller.access  # type: ignore[attr-defined]
+        return caller.token.user, caller.token
 
     def authenticate_header(self, request: Request) -> str:
         return f'{self.keyword} realm="api"'

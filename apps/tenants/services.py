@@ -85,7 +85,12 @@ def token_create(
 
 
 def token_revoke(*, token: ApiToken, now: datetime | None = None) -> ApiToken:
+    from apps.tenants.callers import forget_callers
+
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now or timezone.now())
+    # An UPDATE sends no post_save: forget this process's remembered callers here (other processes
+    # forget within WHALEGEN_AUTH_CACHE_S, apps.tenants.callers).
+    forget_callers()
     token.refresh_from_db()
     return token
 

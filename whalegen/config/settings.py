@@ -230,6 +230,9 @@ CELERY_BEAT_SCHEDULE = {
 
 # WhaleGen's own knobs.
 WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
+# How long a web process remembers a bearer token it has checked, with the caller's access (0: never).
+# A revocation, membership change or deactivation made in another process takes effect within it.
+WHALEGEN_AUTH_CACHE_S = envfloat("WHALEGEN_AUTH_CACHE_S", 5.0)
 WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
 # Forecasting: how far back finished runs and submissions feed training, baselines and profiles, and
 # how many recent runs a prediction at submission reads for its key history.

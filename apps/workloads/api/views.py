@@ -20,6 +20,7 @@ from apps.tenants.models import Membership
 from apps.tenants.selectors import tenant_get_by_slug
 from apps.workloads import selectors, services
 from apps.workloads.api import serializers as s
+from apps.workloads.api.fast_input import FastInput
 from apps.workloads.filters import QueueFilter, QuotaFilter, TaskFilter
 from apps.workloads.models import TaskEvent
 from apps.workloads.services import TaskRequest
@@ -43,6 +44,10 @@ IDEMPOTENCY_KEY_MAX = 200  # Task.idempotency_key's column
 _TASK_INPUT = s.TaskInputSerializer()
 _TASK_OUTPUT = s.TaskOutputSerializer()
 _TASKS_OUTPUT = s.TaskOutputSerializer(many=True)
+# Plainly valid bodies skip DRF's field machinery (a fifth of a bulk submission's CPU); anything else
+# goes to the serializers, whose messages are the API's (apps/workloads/api/fast_input.py).
+_TASK_INPUT_FAST = FastInput(_TASK_INPUT)
+_BULK_INPUT_FAST = FastInput(s.BulkSubmitInputSerializer())
 
 
 def _idempotency_key(request: Request) -> str | None:
@@ -84,7 +89,9 @@ class TaskListSubmitApi(generics.ListAPIView):
     )
     def post(self, request: Request) -> Response:
         key = _idempotency_key(request)
-        values = _TASK_INPUT.run_validation(request.data)
+        values = _TASK_INPUT_FAST.values(request.data)
+        if values is None:
+            values = _TASK_INPUT.run_validation(request.data)
         tenant = resolve_tenant(
             request, values.get("tenant"), role=Membership.Role.MEMBER, action="submitting tasks"
         )
@@ -107,13 +114,16 @@ class TaskBulkSubmitApi(APIView):
         responses={201: s.TaskOutputSerializer(many=True)},
     )
     def post(self, request: Request) -> Response:
-        data = s.BulkSubmitInputSerializer(data=request.data)
-        if not data.is_valid():
-            raise DrfValidationError(_bulk_errors_as_list(data.errors, request.data))
+        values = _BULK_INPUT_FAST.values(request.data)
+        if values is None:
+            data = s.BulkSubmitInputSerializer(data=request.data)
+            if not data.is_valid():
+                raise DrfValidationError(_bulk_errors_as_list(data.errors, request.data))
+            values = data.validated_data
         tenant = resolve_tenant(
-            request, data.validated_data.get("tenant"), role=Membership.Role.MEMBER, action="submitting tasks"
+            request, values.get("tenant"), role=Membership.Role.MEMBER, action="submitting tasks"
         )
-        items = [(_task_request(item), item.get("idempotency_key")) for item in data.validated_data["tasks"]]
+        items = [(_task_request(item), item.get("idempotency_key")) for item in values["tasks"]]
         tasks = services.tasks_submit_bulk(tenant=tenant, items=items, submitted_by=request.user)
         return Response(_TASKS_OUTPUT.to_representation(tasks), status=status.HTTP_201_CREATED)
 
