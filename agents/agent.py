@@ -461,6 +461,7 @@ class Agent:
                 max_runtime_s=task.max_runtime_s,
                 stop_grace_s=task.stop_grace_s,
                 attempt=task.attempt,
+                working_dir=task.working_dir,
             )
         except OSError as error:
             # The launcher could not be started: the run failed to launch (not a missing unit, which

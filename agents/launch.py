@@ -1,7 +1,7 @@
 """Tiny parent for one task: runs the command, captures its output, and records how it ended in a file.
 
-`python -m agents.launch EXIT_FILE [--output DIR] [--cap-bytes N] -- COMMAND…`. The agent starts this
-in a new session, so the whole task is one process group it can signal. The launcher outlives the
+`python -m agents.launch EXIT_FILE [--output DIR] [--cap-bytes N] [--cwd DIR] -- COMMAND…`. The agent
+starts this in a new session, so the whole task is one process group it can signal. The launcher outlives the
 agent, which lets a restarted agent learn the exit code of a task it did not start (it is no longer
 that process's parent), and keeps capturing output while no agent runs.
 It ignores SIGTERM/SIGINT itself (handlers, reset on exec, so the command keeps default dispositions)
@@ -14,9 +14,10 @@ launcher, not to the agent: the agent may restart while the task runs; the launc
 A line without its newline is recorded as partial after a quiet second (progress bars, prompts) or
 at 8 KiB.
 
-Launch failures (no command, not found, permission denied) are the launcher's own lines in the
-capture and `launch_error` in EXIT_FILE, with the shell's codes (127 not found, 126 cannot execute),
-so the agent reports the run `failed` with that message instead of losing it.
+Launch failures (no command, not found, permission denied, a working directory `--cwd` that cannot be
+entered) are the launcher's own lines in the capture and `launch_error` in EXIT_FILE, with the shell's
+codes (127 not found, 126 cannot execute; a bad working directory is 126 too: the command was never
+looked for), so the agent reports the run `failed` with that message instead of losing it.
 """
 
 from __future__ import annotations
@@ -43,13 +44,22 @@ READ_BYTES = 4096
 DRAIN_AFTER_EXIT_S = 2.0  # a daemonised grandchild may hold the pipes open: stop reading after this
 
 
-def _parse(argv: list[str]) -> tuple[str, str | None, int, list[str]] | str:
+# What `_parse` returns: exit file, output directory, cap in bytes, working directory, command. (A plain
+# tuple: the launcher starts with every task and imports as little as it can; `dataclasses` would pull in
+# `inspect`, which the script's own directory shadows before the path fix below.)
+Launch = tuple[str, "str | None", int, "str | None", list[str]]
+
+
+def _parse(argv: list[str]) -> Launch | str:
     if not argv or "--" not in argv:
-        return "usage: python -m agents.launch EXIT_FILE [--output DIR] [--cap-bytes N] -- COMMAND…"
+        return (
+            "usage: python -m agents.launch EXIT_FILE [--output DIR] [--cap-bytes N] [--cwd DIR] -- COMMAND…"
+        )
     split = argv.index("--")
     head, command = argv[:split], argv[split + 1 :]
     exit_file, options = head[0], head[1:]
     output: str | None = None
+    cwd: str | None = None
     cap_bytes = 10 << 20
     while options:
         name, value, options = options[0], options[1:2], options[2:]
@@ -59,9 +69,11 @@ def _parse(argv: list[str]) -> tuple[str, str | None, int, list[str]] | str:
             output = value[0]
         elif name == "--cap-bytes" and value[0].isdigit():
             cap_bytes = int(value[0])
+        elif name == "--cwd":
+            cwd = value[0]
         else:
             return f"unknown launch option {name} {value[0]}"
-    return exit_file, output, cap_bytes, command
+    return exit_file, output, cap_bytes, cwd, command
 
 
 def _write_exit(exit_file: str, record: dict[str, object]) -> None:
@@ -78,12 +90,23 @@ def _exec_error(command: list[str], error: OSError) -> tuple[int, str]:
     return code, f"cannot run {command[0]!r}: {why} (errno {error.errno})"
 
 
+def _child_failed(err_w: int, code: int, message: str) -> None:
+    """In the forked child: tell the launcher why the command never started, and end."""
+    os.write(err_w, json.dumps([code, message]).encode())
+    os._exit(code)
+
+
+def _cwd_error(cwd: str, error: OSError) -> tuple[int, str]:
+    why = error.strerror or str(error)
+    return 126, f"cannot change to working directory {cwd!r}: {why} (errno {error.errno})"
+
+
 def main(argv: list[str]) -> int:
     parsed = _parse(argv)
     if isinstance(parsed, str):
         print(parsed, file=sys.stderr)
         return 2
-    exit_file, output, cap_bytes, command = parsed
+    exit_file, output, cap_bytes, cwd, command = parsed
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda *_: None)
     capture = CaptureWriter(output, cap_bytes=cap_bytes) if output else None
@@ -104,12 +127,15 @@ def main(argv: list[str]) -> int:
             os.dup2(write_end, fd)
             os.close(read_end)
             os.close(write_end)
+        if cwd is not None:
+            try:
+                os.chdir(cwd)
+            except OSError as error:
+                _child_failed(err_w, *_cwd_error(cwd, error))
         try:
             os.execvp(command[0], command)
         except OSError as error:
-            code, message = _exec_error(command, error)
-            os.write(err_w, json.dumps([code, message]).encode())
-            os._exit(code)
+            _child_failed(err_w, *_exec_error(command, error))
     os.close(err_w)
     for _, write_end in pipes.values():
         os.close(write_end)

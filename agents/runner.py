@@ -184,15 +184,20 @@ class Runner:
         max_runtime_s: float | None = None,
         stop_grace_s: float = 10.0,
         attempt: int = 0,
+        working_dir: str = "",
     ) -> TaskProcess:
         """Start one run; `env` is the task's whole environment (CUDA_VISIBLE_DEVICES included, see
-        `visible_devices`)."""
+        `visible_devices`). The command starts in `working_dir` when one is given (the launcher enters
+        it, and a directory it cannot enter fails the run with the launcher's message), else in the
+        run's own directory under the agent's state directory."""
         task_dir = self.tasks_dir / _safe_name(run_key(task_id, attempt))
         task_dir.mkdir(parents=True, exist_ok=True)
         (task_dir / "exit.json").unlink(missing_ok=True)
         env = {**env, RUN_MARKER: run_marker(self.node_name, task_id, attempt)}
         launch = [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json")]
         launch += ["--output", str(task_dir / "output"), "--cap-bytes", str(self.log_cap_bytes)]
+        if working_dir:
+            launch += ["--cwd", working_dir]
         with (task_dir / "launcher.log").open("ab") as own:
             popen = subprocess.Popen(
                 [*launch, "--", *command],

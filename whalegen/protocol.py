@@ -22,7 +22,9 @@ a 1.0 agent (which ignores `attempt`) folds the attempt into the task id instead
 `legacy_run_id`), which is what 1.0 did. 1.2 adds `Report.logs`: the captured output of runs in
 ordered `LogChunk`s (line numbers per run, dropped-line counts at the cap, an end-of-output mark). They
 ride the report's outbox and its (node, seq) idempotency; a 1.1 agent simply sends none, and a 1.1 plane
-ignores the field (unknown fields are ignored).
+ignores the field (unknown fields are ignored). 1.3 adds `TaskSpec.working_dir`, the directory the
+command starts in; an older agent would ignore it, so the plane wraps such a run's command in a shell
+that enters the directory first (`in_directory`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, TypeVar, Union, get_args, get_origin
 
-PROTOCOL_VERSION = "1.2"  # major.minor: the major must match, minors only add optional fields
+PROTOCOL_VERSION = "1.3"  # major.minor: the major must match, minors only add optional fields
 
 API_PREFIX = "/api/v1/agent"
 REGISTER_PATH = f"{API_PREFIX}/register/"
@@ -61,6 +63,19 @@ def protocol_minor(version: str) -> int:
 def speaks_attempts(version: str) -> bool:
     """True when a peer of `version` carries the attempt in its own field (1.1 on)."""
     return compatible(version) and protocol_minor(version) >= 1
+
+
+def speaks_working_dir(version: str) -> bool:
+    """True when a peer of `version` knows `TaskSpec.working_dir` (1.3 on)."""
+    return compatible(version) and protocol_minor(version) >= 3
+
+
+def in_directory(working_dir: str, command: tuple[str, ...]) -> tuple[str, ...]:
+    """`command`, started in `working_dir` by a shell: for agents older than 1.3, which would ignore the
+    field and start the command in the wrong place. 126 when the directory cannot be entered, as the
+    1.3 launcher does."""
+    enter = 'cd -- "$1" || { echo "cannot change to working directory $1" >&2; exit 126; }; shift; exec "$@"'
+    return ("sh", "-c", enter, "sh", working_dir, *command)
 
 
 def legacy_run_id(task_id: str, attempt: int) -> str:
@@ -369,6 +384,8 @@ class TaskSpec(Message):
     stop_grace_s: float = 10.0
     attempt: int = 0  # 1.1: which run of the task this is; a new attempt is a new run to the agent
     gpu_uuids: tuple[str, ...] = ()  # 1.1: all the task's GPUs in order (gpu_uuid is the first)
+    # 1.3: the directory on the host the command starts in; "" = the run's own directory on the agent.
+    working_dir: str = ""
 
     @property
     def devices(self) -> tuple[str, ...]:

@@ -80,7 +80,13 @@ def _unit(unit: ComputeUnit) -> p.ComputeUnit:
 
 
 def _spec(
-    task: Task, attempt: int, units: list[ComputeUnit], desired: p.DesiredTaskState, *, legacy: bool
+    task: Task,
+    attempt: int,
+    units: list[ComputeUnit],
+    desired: p.DesiredTaskState,
+    *,
+    legacy: bool,
+    knows_working_dir: bool = True,
 ) -> p.TaskSpec:
     """One run of `task` on its units. `legacy`: the agent speaks protocol 1.0, which has no `attempt`
     field and learns the attempt from the task id (`<task>.<n>`); it also sees only the first GPU."""
@@ -91,9 +97,12 @@ def _spec(
     env["WHALEGEN_TASK_ID"] = str(task.pk)
     env["WHALEGEN_ATTEMPT"] = str(attempt)
     env["WHALEGEN_GPU_UUIDS"] = ",".join(gpu_uuids)
+    command = tuple(str(a) for a in task.command)
+    if task.working_dir and not knows_working_dir:
+        command = p.in_directory(task.working_dir, command)
     return p.TaskSpec(
         task_id=p.legacy_run_id(str(task.pk), attempt) if legacy else str(task.pk),
-        command=tuple(str(a) for a in task.command),
+        command=command,
         gpu_uuid=gpu_uuids[0],
         unit=_unit(units[0]),
         env=env,
@@ -102,6 +111,7 @@ def _spec(
         stop_grace_s=float(settings.WHALEGEN_AGENT_STOP_GRACE_S),
         attempt=0 if legacy else attempt,
         gpu_uuids=gpu_uuids,
+        working_dir=task.working_dir if knows_working_dir else "",
     )
 
 
@@ -127,6 +137,7 @@ def desired_state_build(
     starting/running TaskRuns) may be passed by a caller that has just read them (the heartbeat).
     """
     legacy = not p.speaks_attempts(agent_protocol)
+    knows_dir = p.speaks_working_dir(agent_protocol)
     # 1. Layouts from the GPUs and, for MIG GPUs, their units (one or two queries).
     if gpus is None:
         gpus = node_gpus(node=node)
@@ -170,7 +181,7 @@ def desired_state_build(
         if stopping is None or not units:
             continue
         specs[(task_id, attempt)] = _spec(
-            stopping.task, attempt, units, p.DesiredTaskState.STOP, legacy=legacy
+            stopping.task, attempt, units, p.DesiredTaskState.STOP, legacy=legacy, knows_working_dir=knows_dir
         )
         busy_unit_ids |= {u.pk for u in units}
     for assignment in live:
@@ -179,7 +190,12 @@ def desired_state_build(
         if not units or (key not in started and busy_unit_ids & {u.pk for u in units}):
             continue
         specs[key] = _spec(
-            assignment.task, assignment.task.attempts, units, p.DesiredTaskState.RUN, legacy=legacy
+            assignment.task,
+            assignment.task.attempts,
+            units,
+            p.DesiredTaskState.RUN,
+            legacy=legacy,
+            knows_working_dir=knows_dir,
         )
     tasks = tuple(specs[key] for key in sorted(specs))
     return p.DesiredState(generation=0, gpus=layouts, tasks=tasks)

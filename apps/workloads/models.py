@@ -115,6 +115,8 @@ class Task(TimestampedModel):
     command = models.JSONField(default=list, blank=True)  # argv, not a shell string
     env = models.JSONField(default=dict, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    # The directory on the GPU host the command starts in (absolute); blank = the run's own directory.
+    working_dir = models.CharField(max_length=1024, blank=True)
     profile_key = models.CharField(max_length=200, blank=True)
     idempotency_key = models.CharField(max_length=200, blank=True)  # blank = none given
 
@@ -128,6 +130,9 @@ class Task(TimestampedModel):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
+    # Why a failed task failed: the reason of the event that failed it (launcher error, exit status,
+    # attempts exhausted…); blank for every other state.
+    failure_reason = models.CharField(max_length=500, blank=True)
 
     # Forecasts, filled by the forecasting app.
     predicted_duration_p50_s = models.FloatField(null=True, blank=True)

@@ -119,6 +119,7 @@ class TaskRequest:
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     max_runtime_s: int | None = None
+    working_dir: str = ""
     profile_key: str = ""
 
 
@@ -745,6 +746,8 @@ def _transition(
         updates["finished_at"] = now
     if exit_code is not None:
         updates["exit_code"] = exit_code
+    if to_state == Task.State.FAILED:
+        updates["failure_reason"] = reason[:500]
     if to_state == Task.State.PENDING and task.state in RETRY_FROM:
         updates["attempts"] = F("attempts") + 1
         # Back off before the next run (the snapshot skips the task until then); say so where users look.

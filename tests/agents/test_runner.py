@@ -85,6 +85,42 @@ def test_a_command_that_cannot_start_ends_with_the_launchers_message(
     assert [(line.stream, words in line.text) for line in said] == [("launcher", True)]
 
 
+def test_the_command_starts_in_the_working_directory_it_was_given(runner: Runner, tmp_path: Path) -> None:
+    (tmp_path / "here").mkdir()
+    proc = runner.start("t3", py("import os; print(os.getcwd())"), {"PATH": os.environ["PATH"]},
+                        device_uuid=None, now_s=time.time(), working_dir=str(tmp_path / "here"))  # fmt: skip
+    (done,) = wait_done(runner)
+    assert done.exit_code == 0
+    said = capture.read_all(Path(proc.task_dir) / "output")
+    assert [(line.stream, line.text) for line in said] == [("stdout", str(tmp_path / "here"))]
+
+
+def test_without_a_working_directory_the_command_starts_in_its_run_directory(runner: Runner) -> None:
+    proc = runner.start("t4", py("import os; print(os.getcwd())"), {}, device_uuid=None, now_s=time.time())
+    wait_done(runner)
+    said = capture.read_all(Path(proc.task_dir) / "output")
+    assert [line.text for line in said] == [proc.task_dir]
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [("missing", "No such file or directory"), ("a-file", "Not a directory")],
+    ids=["a directory that does not exist", "a file, not a directory"],
+)
+def test_a_working_directory_that_cannot_be_entered_fails_the_run_with_126_and_why(
+    runner: Runner, tmp_path: Path, name: str, words: str
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    where = str(tmp_path / name)
+    proc = runner.start("t5", ["true"], {"PATH": os.environ["PATH"]}, device_uuid=None, now_s=time.time(),
+                        working_dir=where)  # fmt: skip
+    (done,) = wait_done(runner)
+    message = f"cannot change to working directory {where!r}: {words}"
+    assert done.exit_code == 126 and message in done.launch_error and not done.lost
+    said = capture.read_all(Path(proc.task_dir) / "output")
+    assert [(line.stream, message in line.text) for line in said] == [("launcher", True)]
+
+
 def test_stop_sends_sigterm_then_sigkill_after_the_grace(runner: Runner) -> None:
     stubborn = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

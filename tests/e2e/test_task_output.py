@@ -281,3 +281,47 @@ def test_a_command_that_cannot_start_fails_once_and_submit_wait_shows_why(
     assert f"whalegen: task {task.pk} failed: exit code 127: launch failed: {words}" in err
     assert out.splitlines()[-1] == f"task {task.pk}: failed exit code 127"
     assert not task.events.filter(to_state="lost").exists()
+
+
+def test_the_command_starts_in_its_working_directory_and_a_bad_one_fails_with_why(
+    fleet: Any, agents: Any, live_server: Any, tmp_path: Path
+) -> None:
+    from apps.workloads.models import Task
+
+    agent = agents(token=fleet.token_a, node_name="gpu-001", gpus=H100_NODE)
+    agent.start()
+    token = _token(fleet)
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    (workdir / "data.txt").write_text("from the working directory\n")
+    good = tmp_path / "good.yaml"
+    good.write_text(f"queue: train\nname: in-dir\nworking_dir: {workdir}\ncommand: [cat, data.txt]\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"queue: train\nname: no-dir\nworking_dir: {tmp_path}/missing\ncommand: ['true']\n")
+    wait_for(lambda: _registered(fleet), what="registration")
+    results = {}
+    for spec, name in ((good, "in-dir"), (bad, "no-dir")):
+        cli = _cli("submit", str(spec), "--wait", "--timeout", "60", "--interval", "0.3",
+                   server=live_server.url, token=token)  # fmt: skip
+        try:
+            task = wait_for(lambda n=name: Task.objects.filter(name=n).first(), what="the submission")
+            assign(task, fleet.node, [fleet.whole_unit])
+            out, err = cli.communicate(timeout=60)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+        task.refresh_from_db()
+        results[name] = (task, cli.returncode, out, err)
+    task, code, out, err = results["in-dir"]
+    assert (task.state, code) == ("succeeded", 0), err
+    assert "from the working directory" in out
+    task, code, out, err = results["no-dir"]
+    words = f"cannot change to working directory '{tmp_path}/missing': No such file or directory"
+    assert (task.state, task.attempts, task.exit_code, code) == ("failed", 0, 126, 126)
+    assert f"[whalegen] {words}" in err  # the launcher's line, streamed
+    assert words in task.failure_reason
+    show = _cli("tasks", "show", str(task.pk), server=live_server.url, token=token)
+    shown, _ = show.communicate(timeout=30)
+    assert f"working dir: {tmp_path}/missing" in shown
+    (reason,) = [line for line in shown.splitlines() if line.strip().startswith("failure reason:")]
+    assert "launch failed: " + words in reason

@@ -67,11 +67,15 @@ def _show(client: Client, args: argparse.Namespace) -> int:
         f"{'request':>16}: {task['gpu_count']} GPU x {task['gpu_milli']} milli, isolation {task['isolation']}"
     )
     print(f"{'command':>16}: {_argv(task['command']) or '(none)'}")
+    if task.get("working_dir"):
+        print(f"{'working dir':>16}: {task['working_dir']}")
     print(f"{'env keys':>16}: {', '.join(sorted(task['env'])) or '(none)'}")
     print(f"{'exit code':>16}: {'-' if task['exit_code'] is None else task['exit_code']}")
-    ended = [event for event in events if event["to_state"] in ("failed", "cancelled")]
-    if task["state"] in ("failed", "cancelled") and ended:
-        print(f"{'failure reason':>16}: {ended[-1]['reason']}")
+    if task["state"] == "failed":
+        print(f"{'failure reason':>16}: {task.get('failure_reason') or '-'}")
+    elif task["state"] == "cancelled":
+        ended = [event for event in events if event["to_state"] == "cancelled"]
+        print(f"{'cancel reason':>16}: {ended[-1]['reason'] if ended else '-'}")
     print("events:")
     for event in events:
         print(f"  {event['created_at']}  {event['from_state'] or '-':>9} -> {event['to_state']:<9} "

@@ -51,7 +51,20 @@ class TaskInputSerializer(StrictInputSerializer):
         child=StrictCharField(allow_blank=True, trim_whitespace=False), required=False
     )
     max_runtime_s = StrictIntegerField(min_value=1, required=False, allow_null=True)
+    working_dir = StrictCharField(
+        max_length=1024,
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="Absolute directory on the GPU host the command starts in; default: the run's own "
+        "directory on the agent. One that cannot be entered fails the run (exit code 126).",
+    )
     profile_key = StrictCharField(max_length=200, required=False, allow_blank=True)
+
+    def validate_working_dir(self, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise serializers.ValidationError("must be an absolute path on the GPU host (starting with /)")
+        return value
 
     def validate_command(self, value: list[str]) -> list[str]:
         if not value[0].strip():
@@ -87,8 +100,8 @@ class TaskOutputSerializer(serializers.ModelSerializer):
             "id", "tenant", "queue", "pool", "submitted_by", "name", "state", "version",
             "gpu_count", "gpu_milli", "gpu_mem_mib", "cpu_milli", "host_mem_mib", "allowed_gpu_models",
             "isolation", "kind", "sla_class", "priority", "preemptible", "gang_id", "gang_size",
-            "command", "env", "max_runtime_s", "profile_key", "idempotency_key",
-            "attempts", "why_pending", "why_pending_code", "exit_code",
+            "command", "env", "max_runtime_s", "working_dir", "profile_key", "idempotency_key",
+            "attempts", "why_pending", "why_pending_code", "exit_code", "failure_reason",
             "created_at", "updated_at", "started_at", "finished_at",
             "predicted_duration_p50_s", "predicted_duration_p90_s", "predicted_gpu_mem_peak_mib",
             "predicted_start_at", "forecast",

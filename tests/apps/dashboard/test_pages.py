@@ -174,6 +174,15 @@ def test_task_detail_shows_events_and_forecast(scene: Any, page: Any) -> None:
     assert 'id="cancel-task"' in body
 
 
+def test_task_detail_shows_the_working_directory_only_when_there_is_one(scene: Any, page: Any) -> None:
+    url = f"/tasks/{scene.waiting.pk}/"
+    assert 'id="task-working-dir"' not in text(page(scene.world.alice).get(url))
+    scene.waiting.working_dir = "/data/vision/exp-3"
+    scene.waiting.save(update_fields=["working_dir"])
+    body = text(page(scene.world.alice).get(url))
+    assert '<code id="task-working-dir">/data/vision/exp-3</code>' in body
+
+
 @pytest.mark.parametrize("persona", ["bob", "eve"], ids=["another tenant's member", "an outsider"])
 def test_task_detail_of_another_tenant_is_404(scene: Any, page: Any, persona: str) -> None:
     user = getattr(scene.world, persona)
