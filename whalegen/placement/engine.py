@@ -420,9 +420,9 @@ class Engine:
         return by_node
 
     def _keeps_guarantee(self, record: _Record, already_milli: int) -> bool:
-        """Whether another tenant's task may be taken: only from what its tenant holds above its guarantee
-        (after `already_milli` taken from it for the same task). Taking below it would let that tenant's
-        own waiting work reclaim the GPUs next cycle, undoing the preemption (and breaking its
+        """Whether taking `record` leaves its tenant at or above its guarantee (after `already_milli` taken
+        from it for the same task). A borrowing preemptor that took a tenant below it would be reclaimed
+        from next cycle by that tenant's own waiting work, undoing the preemption (and breaking the
         guarantee in between)."""
         quota = self.quotas.get(record.tenant)
         guaranteed = quota.guaranteed_milli if quota is not None else 0
@@ -441,6 +441,12 @@ class Engine:
         """
         req = Request.of(task)
         best: tuple[int, float, int, list[_Record]] | None = None
+        # A task its tenant's guarantee does not cover (borrowing) may take another tenant's work only out
+        # of what that tenant holds above its own guarantee; within its guarantee, priority decides.
+        quota = self.quotas.get(task.tenant)
+        covered = quota is not None and (
+            self.usage_milli[task.tenant] + task.num_gpu * task.gpu_milli <= quota.guaranteed_milli
+        )
         # Victims proposed earlier this cycle still hold their GPUs (they leave once stopped): count them
         # as gone already when asking what a tenant keeps.
         proposed: dict[str, int] = defaultdict(int)
@@ -459,7 +465,11 @@ class Engine:
             fits = False
             taken = defaultdict(int, proposed)  # tenant → milli gone from it, this node's choice included
             for record in candidates:
-                if record.tenant != task.tenant and not self._keeps_guarantee(record, taken[record.tenant]):
+                if (
+                    record.tenant != task.tenant
+                    and not covered
+                    and not self._keeps_guarantee(record, taken[record.tenant])
+                ):
                     continue
                 taken[record.tenant] += record.request_milli
                 released.append(self.state.release(record.task_id))

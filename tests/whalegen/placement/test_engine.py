@@ -144,11 +144,11 @@ def test_a_borrowed_task_whose_tenant_is_back_within_its_guarantee_is_not_reclai
     assert result.unplaced[0].outcome is Outcome.NO_CAPACITY
 
 
-def test_priority_preemption_never_takes_another_tenant_below_its_guarantee() -> None:
-    # "theirs" holds 2 GPUs, exactly its guarantee: taking its low-priority task for "mine"'s urgent one
-    # would put it below, and its own waiting work would take the GPUs back next cycle. Its own
-    # low-priority task is fair game.
-    quotas = [Quota("mine", 4000), Quota("theirs", 2000)]
+def test_a_borrowing_preemptor_never_takes_another_tenant_below_its_guarantee() -> None:
+    # "theirs" holds 2 GPUs, exactly its guarantee; "mine" would borrow for its urgent task. Taking
+    # "theirs"' low-priority task would put it below, and its own waiting work would take the GPUs back
+    # next cycle. "mine"'s own low-priority task is fair game.
+    quotas = [Quota("mine", 1000, borrow_limit_milli=8000), Quota("theirs", 2000)]
     running = [
         RunningTask("t0", "a", (0, 1), 1000, 1000, 1024, tenant="theirs", preemptible=True),
         RunningTask("m0", "b", (0, 1), 1000, 1000, 1024, tenant="mine", preemptible=True, started_at_s=5),
@@ -159,13 +159,23 @@ def test_priority_preemption_never_takes_another_tenant_below_its_guarantee() ->
     result = solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0)
     assert [p.victim_task_id for p in result.preemptions] == ["m0"]
     alone = snapshot(nodes[:1], [urgent], running=running[:1], quotas=quotas)
-    result = solve_cycle(alone, EngineConfig(policy="fgd"), now=10.0)
-    assert result.preemptions == ()
+    assert solve_cycle(alone, EngineConfig(policy="fgd"), now=10.0).preemptions == ()
 
 
-def test_priority_preemption_takes_from_another_tenant_only_what_it_holds_above_its_guarantee() -> None:
+def test_within_its_guarantee_a_preemptor_takes_by_priority_whatever_the_other_tenant_holds() -> None:
+    # Guarantees add up to more than the pool (2 GPUs guaranteed on 1): priority decides between them.
+    quotas = [Quota("mine", 1000), Quota("theirs", 1000)]
+    running = [RunningTask("t0", "a", (0,), 1000, 1000, 1024, tenant="theirs", preemptible=True)]
+    snap = snapshot([node("a", gpus=1, free=[0])], [task("urgent", gpus=1, priority=10, tenant="mine")],
+                    running=running, quotas=quotas)  # fmt: skip
+    assert [
+        p.victim_task_id for p in solve_cycle(snap, EngineConfig(policy="fgd"), now=10.0).preemptions
+    ] == ["t0"]
+
+
+def test_a_borrowing_preemptor_takes_from_another_tenant_only_what_it_holds_above_its_guarantee() -> None:
     # "theirs" holds 3 GPUs on a guarantee of 2: one of its 1-GPU tasks may go, not two.
-    quotas = [Quota("mine", 4000), Quota("theirs", 2000, borrow_limit_milli=2000)]
+    quotas = [Quota("mine", 0, borrow_limit_milli=4000), Quota("theirs", 2000, borrow_limit_milli=2000)]
     running = [
         RunningTask(f"t{i}", "a", (i,), 1000, 1000, 1024, tenant="theirs", preemptible=True) for i in range(3)
     ]
