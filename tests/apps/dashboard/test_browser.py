@@ -138,6 +138,8 @@ def test_task_page_shows_the_run_and_its_output_tail_live(live_server: Any, scen
     assert len(lines) == 200  # the tail, not the head
     assert lines[-2].text == "epoch 1 step 299"
     assert lines[-1].text == "warning: slow disk" and "stderr" in lines[-1].get_attribute("class")
+    # The page loads without an error in the browser's console (a missing favicon was one).
+    assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
     # The page follows the run: a line the agent ships now appears without a reload.
     send(2, p.LogChunk(str(task.pk), 0, 301, (p.LogLine(time.time(), out, "epoch 2 done"),)))
