@@ -128,6 +128,16 @@ def _boolean_check(field: f.BooleanField) -> Check:
     return check
 
 
+def _list_length(value: Any, allow_empty: bool, min_length: int | None, max_length: int | None) -> None:
+    """A list of an allowed length, or _Ask (what ListField and a many=True serializer check alike)."""
+    if type(value) is not list or (not value and not allow_empty):
+        raise _Ask
+    if (max_length is not None and len(value) > max_length) or (
+        min_length is not None and len(value) < min_length
+    ):
+        raise _Ask
+
+
 def _list_check(field: f.ListField) -> Check:
     if type(field) is not serializers.ListField or any(
         not isinstance(v, (MaxLengthValidator, MinLengthValidator)) for v in field.validators
@@ -137,12 +147,7 @@ def _list_check(field: f.ListField) -> Check:
     max_length, min_length, allow_empty = field.max_length, field.min_length, field.allow_empty
 
     def check(value: Any) -> Any:
-        if type(value) is not list or (not value and not allow_empty):
-            raise _Ask
-        if (max_length is not None and len(value) > max_length) or (
-            min_length is not None and len(value) < min_length
-        ):
-            raise _Ask
+        _list_length(value, allow_empty, min_length, max_length)
         return [child(item) for item in value]
 
     return check
@@ -170,12 +175,7 @@ def _many_check(field: serializers.ListSerializer) -> Check:
     max_length, min_length, allow_empty = field.max_length, field.min_length, field.allow_empty
 
     def check(value: Any) -> Any:
-        if type(value) is not list or (not value and not allow_empty):
-            raise _Ask
-        if (max_length is not None and len(value) > max_length) or (
-            min_length is not None and len(value) < min_length
-        ):
-            raise _Ask
+        _list_length(value, allow_empty, min_length, max_length)
         items = []
         for item in value:
             validated = child.values(item)
