@@ -53,6 +53,27 @@ def _run(task: Any, command: list[str], fleet: Any) -> Any:
     return task
 
 
+def _submit_wait_and_run(
+    spec: Path, name: str, fleet: Any, server: str, token: str
+) -> tuple[Any, int, str, str]:
+    """`whalegen submit SPEC --wait`, the task bound to the whole GPU as a cycle would once it arrives
+    (the agent must be registered); returns the task as it ended, the CLI's exit code, stdout, stderr."""
+    from apps.workloads.models import Task
+
+    cli = _cli(
+        "submit", str(spec), "--wait", "--timeout", "60", "--interval", "0.3", server=server, token=token
+    )
+    try:
+        task = wait_for(lambda: Task.objects.filter(name=name).first(), what="the submission")
+        assign(task, fleet.node, [fleet.whole_unit])
+        out, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    task.refresh_from_db()
+    return task, cli.returncode, out, err
+
+
 def _cli(*args: str, server: str, token: str) -> subprocess.Popen[str]:
     env = dict(os.environ, WHALEGEN_URL=server, WHALEGEN_TOKEN=token, PYTHONPATH=str(ROOT))
     env.pop("DJANGO_SETTINGS_MODULE", None)
@@ -247,35 +268,15 @@ def test_the_cap_keeps_the_head_and_the_tail_of_a_big_output(
 def test_a_command_that_cannot_start_fails_once_and_submit_wait_shows_why(
     fleet: Any, agents: Any, live_server: Any, tmp_path: Path
 ) -> None:
-    from apps.workloads.models import Task
-
     agent = agents(token=fleet.token_a, node_name="gpu-001", gpus=H100_NODE)
     agent.start()
     token = _token(fleet)
     spec = tmp_path / "task.yaml"
     spec.write_text("queue: train\nname: no-such-command\ncommand: [no-such-command-here, --flag]\n")
-    cli = _cli(
-        "submit",
-        str(spec),
-        "--wait",
-        "--timeout",
-        "60",
-        "--interval",
-        "0.3",
-        server=live_server.url,
-        token=token,
-    )
-    try:
-        task = wait_for(lambda: Task.objects.filter(name="no-such-command").first(), what="the submission")
-        wait_for(lambda: _registered(fleet), what="registration")
-        assign(task, fleet.node, [fleet.whole_unit])
-        out, err = cli.communicate(timeout=60)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-    task.refresh_from_db()
+    wait_for(lambda: _registered(fleet), what="registration")
+    task, code, out, err = _submit_wait_and_run(spec, "no-such-command", fleet, live_server.url, token)
     assert (task.state, task.attempts, task.exit_code) == ("failed", 0, 127)
-    assert cli.returncode == 127, err
+    assert code == 127, err
     words = "cannot run 'no-such-command-here': No such file or directory"
     assert f"[whalegen] {words}" in err  # the launcher's line, streamed
     assert f"whalegen: task {task.pk} failed: exit code 127: launch failed: {words}" in err
@@ -286,7 +287,6 @@ def test_a_command_that_cannot_start_fails_once_and_submit_wait_shows_why(
 def test_the_command_starts_in_its_working_directory_and_a_bad_one_fails_with_why(
     fleet: Any, agents: Any, live_server: Any, tmp_path: Path
 ) -> None:
-    from apps.workloads.models import Task
 
     agent = agents(token=fleet.token_a, node_name="gpu-001", gpus=H100_NODE)
     agent.start()
@@ -299,23 +299,10 @@ def test_the_command_starts_in_its_working_directory_and_a_bad_one_fails_with_wh
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"queue: train\nname: no-dir\nworking_dir: {tmp_path}/missing\ncommand: ['true']\n")
     wait_for(lambda: _registered(fleet), what="registration")
-    results = {}
-    for spec, name in ((good, "in-dir"), (bad, "no-dir")):
-        cli = _cli("submit", str(spec), "--wait", "--timeout", "60", "--interval", "0.3",
-                   server=live_server.url, token=token)  # fmt: skip
-        try:
-            task = wait_for(lambda n=name: Task.objects.filter(name=n).first(), what="the submission")
-            assign(task, fleet.node, [fleet.whole_unit])
-            out, err = cli.communicate(timeout=60)
-        finally:
-            if cli.poll() is None:
-                cli.kill()
-        task.refresh_from_db()
-        results[name] = (task, cli.returncode, out, err)
-    task, code, out, err = results["in-dir"]
+    task, code, out, err = _submit_wait_and_run(good, "in-dir", fleet, live_server.url, token)
     assert (task.state, code) == ("succeeded", 0), err
     assert "from the working directory" in out
-    task, code, out, err = results["no-dir"]
+    task, code, out, err = _submit_wait_and_run(bad, "no-dir", fleet, live_server.url, token)
     words = f"cannot change to working directory '{tmp_path}/missing': No such file or directory"
     assert (task.state, task.attempts, task.exit_code, code) == ("failed", 0, 126, 126)
     assert f"[whalegen] {words}" in err  # the launcher's line, streamed

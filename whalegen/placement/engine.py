@@ -398,11 +398,15 @@ class Engine:
 
     # -- preemption --------------------------------------------------------------------------------
 
-    def _victim_candidates(self, task: TaskRequest) -> dict[int, list[_Record]]:
+    def _within_guarantee(self, task: TaskRequest) -> bool:
+        """Whether the task's tenant stays within its guarantee with the task placed (it would not borrow)."""
         quota = self.quotas.get(task.tenant)
-        within_guarantee = quota is not None and (
+        return quota is not None and (
             self.usage_milli[task.tenant] + task.num_gpu * task.gpu_milli <= quota.guaranteed_milli
         )
+
+    def _victim_candidates(self, task: TaskRequest) -> dict[int, list[_Record]]:
+        within_guarantee = self._within_guarantee(task)
         by_node: dict[int, list[_Record]] = defaultdict(list)
         for record in self.victim_pool.values():
             lower = record.preemptible and record.priority < task.priority
@@ -443,10 +447,7 @@ class Engine:
         best: tuple[int, float, int, list[_Record]] | None = None
         # A task its tenant's guarantee does not cover (borrowing) may take another tenant's work only out
         # of what that tenant holds above its own guarantee; within its guarantee, priority decides.
-        quota = self.quotas.get(task.tenant)
-        covered = quota is not None and (
-            self.usage_milli[task.tenant] + task.num_gpu * task.gpu_milli <= quota.guaranteed_milli
-        )
+        covered = self._within_guarantee(task)
         # Victims proposed earlier this cycle still hold their GPUs (they leave once stopped): count them
         # as gone already when asking what a tenant keeps.
         proposed: dict[str, int] = defaultdict(int)
