@@ -374,10 +374,12 @@ def _seconds_of(column: pd.Series) -> np.ndarray:
 
 def _datetime_seconds(column: pd.Series) -> np.ndarray:
     stamps = pd.Series(column)
-    if stamps.dt.tz is None:
-        stamps = stamps.dt.tz_localize("UTC")
-    seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
-    return seconds.to_numpy(np.float64, na_value=np.nan)
+    if stamps.dt.tz is not None:
+        stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)
+    # Microseconds hold ±290,000 years, so no parsed date overflows (nanoseconds stop at 1677/2262).
+    micros = stamps.to_numpy(dtype="datetime64[us]")
+    seconds = micros.astype(np.int64) / 1e6
+    return np.where(np.isnat(micros), np.nan, seconds)
 
 
 def _check_columns(frame: pd.DataFrame, path: Path, columns: list[str]) -> None:

@@ -6,6 +6,7 @@ datetimes, gzip. A failure the user can fix is one line on stderr and exit statu
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from whalegen.cli import main
 from whalegen.commands.forecast import _columns, _seconds_of
@@ -206,3 +209,20 @@ def test_memory_drops_rows_without_pod_or_value(tmp_path: Path, capsys: pytest.C
     rc, _, err = _run(capsys, [*argv, "--window", "30min", "--horizon", "30min"])
     assert rc == 0, err
     assert "dropped 2 of 1600 rows (1 no pod, 1 no usable bytes)" in err
+
+
+_CELLS = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**12), 10**12),
+    st.text(max_size=12),
+    st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2100, 1, 1)).map(str),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(_CELLS, min_size=1, max_size=12))
+def test_seconds_of_never_raises_and_returns_finite_or_missing(cells: list[object]) -> None:
+    got = _seconds_of(pd.Series(cells, dtype=object))
+    assert got.shape == (len(cells),) and got.dtype == np.float64
+    assert np.all(np.isfinite(got) | np.isnan(got))
