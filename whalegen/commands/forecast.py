@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from whalegen.forecast.arrivals import ArrivalConfig, evaluate_arrivals, shape_labels
-from whalegen.forecast.durations import DurationConfig, evaluate_durations
+from whalegen.forecast.durations import DurationConfig, DurationParams, evaluate_durations
 from whalegen.forecast.interference import SoloProfile, evaluate_interference, fit_interference
 from whalegen.forecast.memory import MemoryConfig, evaluate_memory
 from whalegen.forecast.profiles import profiles_by_key, right_size
@@ -38,7 +38,10 @@ def _seconds(text: str) -> int:
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from exc
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError("a fraction strictly between 0 and 1")
     return value
@@ -94,12 +97,23 @@ def _add_durations(sub: Any) -> None:
     durations.add_argument("--csv", required=True, type=Path, help="one row per task; gzip accepted")
     durations.add_argument("--start-col", required=True, help="submission time (seconds or datetime)")
     durations.add_argument("--end-col", required=True, help="finish time (seconds or datetime)")
-    durations.add_argument("--key-cols", nargs="*", default=[], help="columns naming a task's history group")
     durations.add_argument(
-        "--feature-cols", nargs="*", default=[], help="request columns known at submission"
+        "--key-cols",
+        nargs="*",
+        default=[],
+        help="columns naming a task's history group (space- or comma-separated)",
+    )
+    durations.add_argument(
+        "--feature-cols",
+        nargs="*",
+        default=[],
+        help="request columns known at submission (space- or comma-separated)",
     )
     durations.add_argument(
         "--split-frac", type=_fraction, default=0.7, help="share of tasks (by time) to train on"
+    )
+    durations.add_argument(
+        "--max-rounds", type=int, default=1_000, help="cap on boosting rounds (early stopping picks fewer)"
     )
     durations.add_argument("--save-model", type=Path, help="write the trained model envelope here")
     durations.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -145,7 +159,12 @@ def _add_arrivals(sub: Any) -> None:
     arrivals = sub.add_parser("eval-arrivals", help="arrivals per task shape over the next hour, per bin")
     arrivals.add_argument("--csv", required=True, type=Path, help="one row per task; gzip accepted")
     arrivals.add_argument("--time-col", required=True, help="submission time (seconds or datetime)")
-    arrivals.add_argument("--shape-cols", nargs="+", required=True, help="columns making a task's shape")
+    arrivals.add_argument(
+        "--shape-cols",
+        nargs="+",
+        required=True,
+        help="columns making a task's shape (space- or comma-separated)",
+    )
     arrivals.add_argument("--pool-col", help="pool column: shapes are counted per pool")
     arrivals.add_argument("--bin", type=_seconds, default=600, help="bin width (default 10min)")
     arrivals.add_argument("--steps", type=int, default=6, help="bins ahead (default 6: the next hour)")
@@ -180,9 +199,44 @@ def _add_profiles(sub: Any) -> None:
     colo.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+class CommandError(Exception):
+    """A failure the user can fix (bad input, too little data): printed as one line, exit status 2."""
+
+
 def _read(path: Path) -> pd.DataFrame:
     print(f"forecast: reading {path}", file=sys.stderr)
-    return pd.read_csv(path, low_memory=False)
+    if not path.is_file():
+        raise CommandError(f"{path}: no such file")
+    try:
+        frame = pd.read_csv(path, low_memory=False)
+    except pd.errors.EmptyDataError as exc:
+        raise CommandError(f"{path}: empty file (no header row)") from exc
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as exc:
+        raise CommandError(f"{path}: not a readable CSV ({_one_line(exc)})") from exc
+    frame.columns = [str(c).strip() for c in frame.columns]
+    return frame
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _columns(values: list[str]) -> list[str]:
+    """Column lists: `--key-cols a b`, `--key-cols a,b` and mixtures mean the same columns."""
+    out = [part.strip() for value in values for part in value.split(",")]
+    return list(dict.fromkeys(c for c in out if c))
+
+
+def _drop_unusable(frame: pd.DataFrame, path: Path, usable: np.ndarray, why: dict[str, int]) -> pd.DataFrame:
+    """Keep the usable rows, saying on stderr how many went and why."""
+    dropped = int(len(frame) - usable.sum())
+    if dropped:
+        reasons = ", ".join(f"{n} {reason}" for reason, n in why.items() if n)
+        print(f"forecast: {path}: dropped {dropped} of {len(frame)} rows ({reasons})", file=sys.stderr)
+    if not usable.any():
+        raise CommandError(f"{path}: no usable rows ({', '.join(why)})")
+    return frame[usable].reset_index(drop=True)
 
 
 def _target_values(frame: pd.DataFrame, target: str, path: Path) -> pd.Series:
@@ -191,18 +245,16 @@ def _target_values(frame: pd.DataFrame, target: str, path: Path) -> pd.Series:
     try:
         values = frame.eval(target)
     except Exception as exc:  # pandas raises many kinds for a bad expression; all mean the same here
-        raise SystemExit(
-            f"{path}: no column {target!r} and not an expression over the columns ({exc}); "
+        raise CommandError(
+            f"{path}: no column {target!r} and not an expression over the columns ({_one_line(exc)}); "
             f"columns: {', '.join(frame.columns)}"
         ) from exc
     return pd.Series(values, index=frame.index).astype(np.float64)
 
 
 def _times(column: pd.Series) -> pd.Series:
-    """Datetime strings as they are; numbers as seconds since an arbitrary epoch (openb, genai)."""
-    if pd.api.types.is_numeric_dtype(column):
-        return pd.to_datetime(column, unit="s")
-    return pd.to_datetime(column)
+    """Datetimes; numbers are seconds since an arbitrary epoch (openb, genai). Unusable cells are NaT."""
+    return pd.Series(pd.to_datetime(_seconds_of(column), unit="s"), index=column.index)
 
 
 def _load_series(args: argparse.Namespace) -> dict[str, pd.Series]:
@@ -212,11 +264,13 @@ def _load_series(args: argparse.Namespace) -> dict[str, pd.Series]:
         frame = _read(path)
         for col in (args.time_col, args.series_col):
             if col is not None and col not in frame.columns:
-                raise SystemExit(f"{path}: no column {col!r} (columns: {', '.join(frame.columns)})")
+                raise CommandError(f"{path}: no column {col!r} (columns: {', '.join(frame.columns)})")
         values = pd.to_numeric(_target_values(frame, args.target, path), errors="coerce")
         if args.mask_zero:
             values = values.mask(values == 0)
         frame = frame.assign(_t=_times(frame[args.time_col]), _v=values)
+        no_time = frame["_t"].isna().to_numpy()
+        frame = _drop_unusable(frame, path, ~no_time, {f"no usable {args.time_col}": int(no_time.sum())})
         groups = frame.groupby(args.series_col, sort=True) if args.series_col else [(None, frame)]
         stem = path.name.split(".")[0]
         for key, part in groups:
@@ -299,29 +353,65 @@ def _run_series(args: argparse.Namespace) -> int:
 
 
 def _seconds_of(column: pd.Series) -> np.ndarray:
+    """Seconds as floats: numbers as they are (epoch or trace-relative seconds), otherwise datetimes
+    (naive ones read as UTC, aware ones converted). Empty, unparsable or infinite cells are NaN."""
+    if pd.api.types.is_bool_dtype(column):
+        raise CommandError(f"column {column.name!r} holds true/false, not times")
     if pd.api.types.is_numeric_dtype(column):
-        return column.to_numpy(np.float64)
-    return (pd.to_datetime(column) - pd.Timestamp(0)).dt.total_seconds().to_numpy(np.float64)
+        values = column.to_numpy(np.float64)
+    elif pd.api.types.is_datetime64_any_dtype(column):
+        values = _datetime_seconds(column)
+    else:
+        text = column.astype("string").str.strip()
+        numbers = pd.to_numeric(text, errors="coerce")
+        given = int(text.notna().sum() - (text == "").sum())
+        if given and numbers.notna().sum() >= 0.5 * given:
+            values = numbers.to_numpy(np.float64, na_value=np.nan)
+        else:
+            values = _datetime_seconds(pd.to_datetime(text, errors="coerce", utc=True, format="mixed"))
+    return np.where(np.isfinite(values), values, np.nan)
+
+
+def _datetime_seconds(column: pd.Series) -> np.ndarray:
+    stamps = pd.Series(column)
+    if stamps.dt.tz is not None:
+        stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)
+    # Microseconds hold ±290,000 years, so no parsed date overflows (nanoseconds stop at 1677/2262).
+    micros = stamps.to_numpy(dtype="datetime64[us]")
+    seconds = micros.astype(np.int64) / 1e6
+    return np.where(np.isnat(micros), np.nan, seconds)
 
 
 def _check_columns(frame: pd.DataFrame, path: Path, columns: list[str]) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise SystemExit(f"{path}: no column(s) {', '.join(missing)} (columns: {', '.join(frame.columns)})")
+        raise CommandError(
+            f"{path}: no column(s) {', '.join(map(repr, missing))} (columns: {', '.join(frame.columns)})"
+        )
 
 
 def _run_durations(args: argparse.Namespace) -> int:
     frame = _read(args.csv)
+    args.key_cols, args.feature_cols = _columns(args.key_cols), _columns(args.feature_cols)
     _check_columns(frame, args.csv, [args.start_col, args.end_col, *args.key_cols, *args.feature_cols])
+    start_s, end_s = _seconds_of(frame[args.start_col]), _seconds_of(frame[args.end_col])
+    # A task without a start (never started in the window) or an end (still running) has no duration
+    # to learn or score; the split is then taken over the usable rows only.
+    no_start, no_end = np.isnan(start_s), np.isnan(end_s)
+    backwards = ~no_start & ~no_end & (end_s < start_s)
+    usable = ~no_start & ~no_end & ~backwards
+    why = {
+        f"no usable {args.start_col}": int(no_start.sum()),
+        f"no usable {args.end_col}": int((no_end & ~no_start).sum()),
+        "end before start": int(backwards.sum()),
+    }
+    frame = _drop_unusable(frame, args.csv, usable, why)
+    start_s, end_s = start_s[usable], end_s[usable]
     cfg = DurationConfig(key_cols=tuple(args.key_cols), feature_cols=tuple(args.feature_cols))
-    model, evaluation = evaluate_durations(
-        frame,
-        _seconds_of(frame[args.start_col]),
-        _seconds_of(frame[args.end_col]),
-        cfg,
-        args.split_frac,
-        log=True,
-    )
+    if args.max_rounds < 1:
+        raise CommandError("--max-rounds must be at least 1")
+    hp = DurationParams(max_rounds=args.max_rounds, early_stopping_rounds=min(50, args.max_rounds))
+    model, evaluation = evaluate_durations(frame, start_s, end_s, cfg, args.split_frac, hp, log=True)
     if args.save_model:
         args.save_model.write_bytes(model.to_bytes())
     doc = {
@@ -350,8 +440,9 @@ def _run_durations(args: argparse.Namespace) -> int:
             print(_table(cold, ["within_50pct", "within_100pct", "log_mae", "n"]))
         p = evaluation.models["xgboost_p50"]
         print(
-            f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5), "
-            f"P90 coverage {p['p90_coverage']:.3f} (ideal 0.9); served: {evaluation.chosen} "
+            f"\nP50 coverage {p['p50_coverage']:.3f} (ideal 0.5; {p['p50_coverage_uncalibrated']:.3f} "
+            f"before the conformal shift), P90 coverage {p['p90_coverage']:.3f} (ideal 0.9; "
+            f"{p['p90_coverage_uncalibrated']:.3f} before); served: {evaluation.chosen} "
             "(chosen on the inner time-ordered validation)"
         )
         if evaluation.oracles:
@@ -365,6 +456,18 @@ def _run_durations(args: argparse.Namespace) -> int:
 def _run_memory(args: argparse.Namespace) -> int:
     frame = _read(args.csv)
     _check_columns(frame, args.csv, [args.time_col, args.value_col, args.key_col])
+    times_s = _seconds_of(frame[args.time_col])
+    values = pd.to_numeric(frame[args.value_col], errors="coerce").to_numpy(np.float64)
+    no_key = frame[args.key_col].isna().to_numpy()
+    no_time, no_value = np.isnan(times_s), ~np.isfinite(values)
+    why = {
+        f"no {args.key_col}": int(no_key.sum()),
+        f"no usable {args.time_col}": int((no_time & ~no_key).sum()),
+        f"no usable {args.value_col}": int((no_value & ~no_time & ~no_key).sum()),
+    }
+    usable = ~no_key & ~no_time & ~no_value
+    frame = _drop_unusable(frame, args.csv, usable, why)
+    times_s, values = times_s[usable], values[usable]
     cfg = MemoryConfig(
         window_s=args.window,
         horizon_s=args.horizon,
@@ -374,8 +477,8 @@ def _run_memory(args: argparse.Namespace) -> int:
     )
     model, evaluation = evaluate_memory(
         frame[args.key_col].astype(str).to_numpy(),
-        _seconds_of(frame[args.time_col]),
-        pd.to_numeric(frame[args.value_col], errors="coerce").to_numpy(np.float64),
+        times_s,
+        values,
         cfg,
         args.split_frac,
         args.request,
@@ -408,13 +511,17 @@ def _run_memory(args: argparse.Namespace) -> int:
 
 def _run_arrivals(args: argparse.Namespace) -> int:
     frame = _read(args.csv)
+    args.shape_cols = _columns(args.shape_cols)
     cols = [*([args.pool_col] if args.pool_col else []), *args.shape_cols]
     _check_columns(frame, args.csv, [args.time_col, *cols])
+    if args.steps < 1 or args.max_shapes < 1:
+        raise CommandError("--steps and --max-shapes must be at least 1")
+    times_s = _seconds_of(frame[args.time_col])
+    usable = ~np.isnan(times_s)
+    frame = _drop_unusable(frame, args.csv, usable, {f"no usable {args.time_col}": int((~usable).sum())})
     cfg = ArrivalConfig(bin_s=args.bin, steps=args.steps, max_shapes=args.max_shapes)
     labels = shape_labels(frame, cols).tolist()
-    model, evaluation = evaluate_arrivals(
-        _seconds_of(frame[args.time_col]), labels, cfg, args.split_frac, log=True
-    )
+    model, evaluation = evaluate_arrivals(times_s[usable], labels, cfg, args.split_frac, log=True)
     if args.save_model:
         args.save_model.write_bytes(model.to_bytes())
     doc = {"command": "eval-arrivals", "config": asdict(cfg), **evaluation.to_json()}
@@ -446,7 +553,7 @@ def _telemetry(args: argparse.Namespace) -> pd.DataFrame:
             )
         )
     if not parts:
-        raise SystemExit("give --util-csv, --mem-csv or both")
+        raise CommandError("give --util-csv, --mem-csv or both")
     merged = parts[0]
     for extra in parts[1:]:
         merged = merged.merge(extra, on=["key", "t"], how="outer")
@@ -537,4 +644,14 @@ def run(args: argparse.Namespace) -> int:
         "profiles": _run_profiles,
         "eval-colocation": _run_colocation,
     }
-    return handlers[args.action](args)
+    try:
+        return handlers[args.action](args)
+    except CommandError as exc:
+        message = str(exc)
+    except (ValueError, KeyError, TypeError, IndexError, ZeroDivisionError, OSError) as exc:
+        # Too little data after the split, a column of the wrong kind, …: one line, never a traceback.
+        message = _one_line(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {_one_line(exc)}"
+    except Exception as exc:  # the library's other failures (XGBoost, pandas) read the same way
+        message = f"{type(exc).__name__}: {_one_line(exc)}"
+    print(f"whalegen forecast {args.action}: {message}", file=sys.stderr)
+    return 2

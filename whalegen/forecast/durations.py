@@ -22,7 +22,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,13 @@ HISTORY_FEATURES = (
     "key_oldest_running_age_s",
     "key_newest_running_age_s",
     "key_last10_std_log",
+    # Known at submission, added for bursty traces (issue 16): identical submissions at the same
+    # instant (one batch), the key's finishes in the last hour, and the key's running siblings that
+    # have already outlived the key's recent typical duration (a censored hint that durations grew).
+    "key_same_instant",
+    "key_finished_last_hour",
+    "key_running_over_ewm",
+    "key_running_median_age_log",
 )
 # Submission calendar features: kept in the matrix (older envelopes name them) but not fitted by
 # default: trace epochs are often undisclosed (openb), and on openb they fitted noise (docs §4.2).
@@ -108,6 +115,7 @@ class _KeyState:
     latest_start_log: float = math.nan
     burst_position: int = 0
     running_starts: dict[int, float] = field(default_factory=dict)
+    finishes: deque[float] = field(default_factory=deque)  # finish times within the last hour
 
 
 def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]) -> pd.DataFrame:
@@ -120,6 +128,15 @@ def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]
     """
     n = len(start_s)
     names = [*HISTORY_FEATURES, "key_mean_s", "global_mean_s"]
+    # Identical submissions arriving at one instant are one batch, known together at submission.
+    same_instant = (
+        pd.DataFrame({"k": pd.Series(list(keys), dtype=object).astype(str), "t": start_s})
+        .groupby(["k", "t"], dropna=False)["t"]
+        .transform("size")
+        .to_numpy(np.float64)
+        if n
+        else np.zeros(0)
+    )
     col = {name: j for j, name in enumerate(names)}
     # 1. One event stream: finishes sort before submissions at the same instant (finished = known),
     #    except a zero-length task's own finish, which must not precede its own submission.
@@ -154,6 +171,7 @@ def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]
                 log_d if math.isnan(state.ewm_log) else EWM_ALPHA * log_d + (1 - EWM_ALPHA) * state.ewm_log
             )
             state.last_finish_s = end_s[i]
+            state.finishes.append(end_s[i])
             if start_s[i] >= state.latest_start_s:
                 state.latest_start_s, state.latest_start_log = start_s[i], log_d
             g_recent.append(log_d)
@@ -186,9 +204,17 @@ def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]
         in_burst = bool(state.submits) and t - state.submits[-1] <= BURST_GAP_S
         state.burst_position = state.burst_position + 1 if in_burst else 0
         row[col["key_burst_position"]] = state.burst_position
+        while state.finishes and state.finishes[0] < t - BURST_WINDOW_S:
+            state.finishes.popleft()
+        row[col["key_finished_last_hour"]] = len(state.finishes)
+        row[col["key_same_instant"]] = same_instant[i]
         if state.running_starts:
-            row[col["key_oldest_running_age_s"]] = t - min(state.running_starts.values())
-            row[col["key_newest_running_age_s"]] = t - max(state.running_starts.values())
+            ages = t - np.fromiter(state.running_starts.values(), dtype=np.float64)
+            row[col["key_oldest_running_age_s"]] = float(ages.max())
+            row[col["key_newest_running_age_s"]] = float(ages.min())
+            row[col["key_running_median_age_log"]] = math.log(max(float(np.median(ages)), 1.0))
+            if state.count:
+                row[col["key_running_over_ewm"]] = int(np.sum(ages > math.exp(state.ewm_log)))
         if g_count:
             row[col["global_mean_log"]] = g_sum_log / g_count
             row[col["global_recent_mean_log"]] = float(np.mean(g_recent))
@@ -218,6 +244,9 @@ class DurationModel:
     # (w = 0 falls back to the rule; w = 1 is the model alone). Quantiles above P50 shift with it.
     blend_weight: float = 1.0
     blend_baseline: str = "key_last10_mean_log"
+    # Split-conformal shift per quantile (log-seconds), from the time-ordered inner blocks: served
+    # quantile q = fitted q + shift_q, so that a share q of the held-out tasks lay at or below it.
+    conformal_log: tuple[float, ...] = ()
 
     @property
     def chosen(self) -> str:
@@ -231,6 +260,7 @@ class DurationModel:
         meta = {
             "blend_weight": self.blend_weight,
             "blend_baseline": self.blend_baseline,
+            "conformal_log": list(self.conformal_log),
             "key_cols": list(self.config.key_cols),
             "feature_cols": list(self.config.feature_cols),
             "quantiles": list(self.config.quantiles),
@@ -255,6 +285,7 @@ class DurationModel:
             int(m["n_train"]),
             float(m.get("blend_weight", 1.0)),
             str(m.get("blend_baseline", "key_last10_mean_log")),
+            tuple(float(v) for v in m.get("conformal_log", [])),
         )
 
 
@@ -320,7 +351,8 @@ def _dmatrix(
     x: pd.DataFrame, names: Sequence[str], fallback_s: float, n_q: int, y: np.ndarray | None = None
 ) -> xgb.DMatrix:
     margin = np.repeat(anchor_log(x, fallback_s)[:, None], n_q, axis=1)
-    return xgb.DMatrix(x[list(names)].to_numpy(np.float32), label=y, base_margin=margin)
+    data = x[list(names)].to_numpy(np.float32)
+    return xgb.DMatrix(data, label=y, base_margin=margin, nthread=nthread_for(len(data)))
 
 
 def _fit_quantiles(
@@ -330,8 +362,9 @@ def _fit_quantiles(
     fallback_s: float,
     hp: DurationParams,
     log: bool,
-) -> tuple[xgb.Booster, float, str]:
-    """Fit the quantiles; return the booster and the blend (weight, rule) chosen on the inner split."""
+) -> tuple[xgb.Booster, float, str, tuple[float, ...]]:
+    """Fit the quantiles; return the booster, the blend (weight, rule) chosen on the inner split and
+    the conformal shift of each quantile calibrated on the same held-out blocks."""
     params: dict[str, Any] = {
         "objective": "reg:quantileerror",
         "quantile_alpha": np.asarray(quantiles),
@@ -366,7 +399,7 @@ def _fit_quantiles(
         r = int(probe.best_iteration) + 1
         rounds_seen.append(r)
         got = probe.predict(_dmatrix(x.iloc[lo:hi], names, fallback_s, n_q), iteration_range=(0, r))
-        inner_pred.append(np.asarray(got, dtype=np.float64).reshape(hi - lo, -1)[:, 0])
+        inner_pred.append(np.asarray(got, dtype=np.float64).reshape(hi - lo, -1))
         inner_idx.append(np.arange(lo, hi))
     if not rounds_seen:
         raise ValueError(f"only {n} training tasks: too few for an inner validation")
@@ -374,7 +407,8 @@ def _fit_quantiles(
     # 2. Blend with a key-history rule: the weight and rule with the lowest pooled log-MAE on the
     #    held-out blocks (ties go to the lower weight). The model has to earn its weight.
     held = np.concatenate(inner_idx)
-    val, inner, y_val = x.iloc[held], np.concatenate(inner_pred), y_log[held]
+    val, inner_q, y_val = x.iloc[held], np.concatenate(inner_pred), y_log[held]
+    inner = inner_q[:, 0]
     best = (math.inf, 1.0, BLEND_BASELINES[0])
     for rule in BLEND_BASELINES:
         base = rule_log(val, rule, fallback_s)
@@ -383,15 +417,41 @@ def _fit_quantiles(
             if err < best[0] - 1e-9:
                 best = (err, w, rule)
     _, weight, rule = best
+    # 3. Conformal calibration of every served quantile on the same time-ordered held-out tasks.
+    served = _blend(inner_q, val, weight, rule, fallback_s)
+    shifts = conformal_shifts(y_val, served, quantiles)
     if log:
         print(
             f"forecast: duration model, {rounds} rounds (folds: {rounds_seen}) on {len(held)} held-out "
-            f"tasks; blend weight {weight:g} with {rule} (inner log-MAE {best[0]:.4f})",
+            f"tasks; blend weight {weight:g} with {rule} (inner log-MAE {best[0]:.4f}); conformal "
+            "shifts " + ", ".join(f"P{q * 100:g} {c:+.3f}" for q, c in zip(quantiles, shifts, strict=True)),
             file=sys.stderr,
         )
-    # 3. Refit on every training task.
+    # 4. Refit on every training task.
     booster = xgb.train(params, _dmatrix(x, names, fallback_s, n_q, y_log), num_boost_round=rounds)
-    return booster, weight, rule
+    return booster, weight, rule, shifts
+
+
+def conformal_shifts(
+    y_log: np.ndarray, pred_log: np.ndarray, quantiles: Sequence[float]
+) -> tuple[float, ...]:
+    """Split-conformal shift per quantile: the smallest c with at least ⌈(n + 1) q⌉ of the n held-out
+    residuals y − pred_q at or below c, so that P(y ≤ pred_q + c) ≥ q for a new exchangeable task."""
+    n = len(y_log)
+    out = []
+    for j, q in enumerate(quantiles):
+        residual = np.sort(y_log - pred_log[:, j])
+        rank = min(max(math.ceil((n + 1) * q), 1), n)
+        out.append(float(residual[rank - 1]))
+    return tuple(out)
+
+
+def _blend(raw: np.ndarray, x: pd.DataFrame, weight: float, rule: str, fallback_s: float) -> np.ndarray:
+    """Served log-quantiles before calibration: P50 = w · model + (1 − w) · rule, the others shift with it."""
+    if weight >= 1.0:
+        return raw
+    shift = (1.0 - weight) * (rule_log(x, rule, fallback_s) - raw[:, 0])
+    return np.asarray(raw + shift[:, None], dtype=np.float64)
 
 
 def predict_quantiles_s(model: DurationModel, x: pd.DataFrame) -> np.ndarray:
@@ -399,10 +459,9 @@ def predict_quantiles_s(model: DurationModel, x: pd.DataFrame) -> np.ndarray:
     n_q = len(model.config.quantiles)
     d = _dmatrix(x, model.feature_names, model.global_median_s, n_q)
     raw = np.asarray(model.booster.predict(d), dtype=np.float64).reshape(len(x), -1)
-    if model.blend_weight < 1.0:
-        rule = rule_log(x, model.blend_baseline, model.global_median_s)
-        shift = (1.0 - model.blend_weight) * (rule - raw[:, 0])
-        raw = raw + shift[:, None]
+    raw = _blend(raw, x, model.blend_weight, model.blend_baseline, model.global_median_s)
+    if model.conformal_log:
+        raw = raw + np.asarray(model.conformal_log)[None, :]
     return np.asarray(np.exp(np.maximum.accumulate(raw, axis=1)), dtype=np.float64)
 
 
@@ -430,10 +489,10 @@ def train_durations(
     if len(x) < 50:
         raise ValueError(f"only {len(x)} finished tasks before the split: need at least 50")
     median_s = float(np.median(dur))
-    booster, weight, rule = _fit_quantiles(
+    booster, weight, rule, shifts = _fit_quantiles(
         x, np.log(dur), cfg.quantiles, median_s, hp or DurationParams(), log
     )
-    model = DurationModel(cfg, tuple(fitted), cats, booster, median_s, len(x), weight, rule)
+    model = DurationModel(cfg, tuple(fitted), cats, booster, median_s, len(x), weight, rule, shifts)
     return model, pd.concat([x_all, hist[["key_mean_s", "global_mean_s"]]], axis=1)
 
 
@@ -508,8 +567,11 @@ def evaluate_durations(
     """Split by submission time at the `split_frac` quantile of tasks; score on the later tasks."""
     start_s = np.asarray(start_s, dtype=np.float64)
     end_s = np.asarray(end_s, dtype=np.float64)
-    order = np.argsort(start_s, kind="mergesort")
-    split_s = float(start_s[order[int(len(order) * split_frac)]])
+    # The split is a quantile of the tasks that have a submission time (a NaN start is no task).
+    known = np.sort(start_s[np.isfinite(start_s)], kind="mergesort")
+    if len(known) < 2:
+        raise ValueError(f"only {len(known)} tasks with a submission time: nothing to split")
+    split_s = float(known[min(int(len(known) * split_frac), len(known) - 1)])
     model, feats = train_durations(frame, start_s, end_s, cfg, split_s, hp, log=log)
     test = (start_s >= split_s) & ~np.isnan(end_s)
     actual = np.maximum(end_s[test] - start_s[test], 1.0)
@@ -534,6 +596,10 @@ def evaluate_durations(
     models = {name: duration_scores(actual, p) for name, p in preds.items()}
     models["xgboost_p50"]["p90_coverage"] = float(np.mean(actual <= pred[:, -1]))
     models["xgboost_p50"]["p50_coverage"] = float(np.mean(actual <= pred[:, 0]))
+    # The same model before its conformal shift: what the calibration changed.
+    raw = predict_quantiles_s(replace(model, conformal_log=()), feats[test].reset_index(drop=True))
+    models["xgboost_p50"]["p90_coverage_uncalibrated"] = float(np.mean(actual <= raw[:, -1]))
+    models["xgboost_p50"]["p50_coverage_uncalibrated"] = float(np.mean(actual <= raw[:, 0]))
     models["xgboost_p50"]["blend_weight"] = model.blend_weight
     cold = feats["key_count"][test].to_numpy() == 0
     cold_scores = {

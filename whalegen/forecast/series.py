@@ -48,6 +48,7 @@ MIN_INNER_GAIN = 0.001
 class Aggregation(StrEnum):
     MAX = "max"
     MEAN = "mean"
+    SUM = "sum"  # counts per bin (arrivals): an empty bin is 0, not missing
 
 
 @dataclass(frozen=True)

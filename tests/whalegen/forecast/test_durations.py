@@ -10,6 +10,7 @@ from whalegen.forecast.durations import (
     DurationConfig,
     DurationModel,
     DurationParams,
+    conformal_shifts,
     evaluate_durations,
     history_features,
     predict_durations,
@@ -168,3 +169,56 @@ def test_blend_weight_zero_serves_the_rule_and_survives_the_envelope() -> None:
     ).iloc[-30:]
     np.testing.assert_allclose(pred[:, 0], np.exp(hist["key_last10_mean_log"].to_numpy()), rtol=1e-6)
     assert np.all(pred[:, 0] <= pred[:, 1])
+
+
+def test_batch_and_sibling_features_use_only_what_is_known_at_submission() -> None:
+    # Key a: a batch of three at t=0 (one ends at 100, two run long), one more at t=1000.
+    start = np.array([0.0, 0.0, 0.0, 1_000.0, 5_000.0])
+    end = np.array([100.0, 4_000.0, 4_500.0, 1_100.0, 5_100.0])
+    hist = history_features(start, end, ["a", "a", "a", "a", "a"])
+    assert hist["key_same_instant"].tolist() == [3, 3, 3, 1, 1]
+    # At 1000: one finish (100 s, at t=100, within the hour); two siblings running for 1000 s, past
+    # the key's typical 100 s.
+    assert hist.loc[3, "key_finished_last_hour"] == 1
+    assert hist.loc[3, "key_running_over_ewm"] == 2
+    assert hist.loc[3, "key_running_median_age_log"] == pytest.approx(math.log(1_000.0))
+    # At 5000 the finishes at 4000 and 4500 lie within the hour; the one at 1100 does not.
+    assert hist.loc[4, "key_finished_last_hour"] == 2
+    assert math.isnan(hist.loc[4, "key_running_over_ewm"])  # nothing runs
+
+
+def test_new_features_do_not_move_when_later_submissions_change() -> None:
+    rng = np.random.default_rng(8)
+    start = np.sort(rng.choice(np.arange(0.0, 3_000.0, 5.0), 300))  # repeated instants: batches
+    end = start + rng.lognormal(4, 1, 300)
+    keys = [f"k{i % 3}" for i in range(300)]
+    cut = float(start[200])
+    later = start > cut
+    a = history_features(start, end, keys)
+    moved = np.where(later, start + rng.uniform(0, 500, 300), start)  # rewrite every later submission
+    b = history_features(moved, np.where(later, moved + 7.0, end), keys)
+    known = np.flatnonzero(~later)
+    pd.testing.assert_frame_equal(a.iloc[known], b.iloc[known])
+
+
+def test_conformal_shift_lands_coverage_on_the_quantile() -> None:
+    rng = np.random.default_rng(2)
+    y = rng.normal(0.0, 1.0, 4_000)
+    pred = np.zeros((4_000, 2))
+    shifts = conformal_shifts(y[:2_000], pred[:2_000], (0.5, 0.9))
+    assert shifts[0] == pytest.approx(0.0, abs=0.08) and shifts[1] == pytest.approx(1.2816, abs=0.1)
+    fresh = y[2_000:]
+    assert abs(np.mean(fresh <= shifts[0]) - 0.5) < 0.03 and abs(np.mean(fresh <= shifts[1]) - 0.9) < 0.03
+
+
+def test_conformal_calibration_repairs_an_undertrained_model() -> None:
+    # Five boosting rounds leave P90 near the anchor (about the median): the raw P90 covers far less
+    # than 90 % of test tasks; the conformal shift from the inner blocks brings it back.
+    frame, start, end = _tasks(800, seed=11)
+    cfg = DurationConfig(key_cols=("gpus", "queue"), feature_cols=("gpus", "queue"))
+    _, evaluation = evaluate_durations(
+        frame, start, end, cfg, 0.7, DurationParams(max_rounds=5, early_stopping_rounds=5)
+    )
+    scores = evaluation.models["xgboost_p50"]
+    assert scores["p90_coverage_uncalibrated"] < 0.8
+    assert abs(scores["p90_coverage"] - 0.9) <= 0.04 and abs(scores["p50_coverage"] - 0.5) <= 0.05
