@@ -5,7 +5,7 @@ hold no arithmetic."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from math import ceil
 from shlex import join as shell_join
@@ -277,3 +277,140 @@ def one_line(reason: str, limit: int = 120) -> str:
     """A reason as one line of a table cell: the first line, shortened with an ellipsis."""
     first = reason.strip().splitlines()[0] if reason.strip() else ""
     return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------------ fleet overview
+
+
+@dataclass
+class FleetPool:
+    """One pool as the fleet overview shows it: capacity, what is held, and what waits and why."""
+
+    pool_id: int
+    name: str
+    clusters: list[str] = field(default_factory=list)
+    gpus: int = 0
+    capacity_milli: int = 0
+    allocated_milli: int = 0
+    unhealthy_gpus: int = 0
+    nodes: dict[str, int] = field(default_factory=dict)  # node state → count
+    pending: list[tuple[str, int]] = field(default_factory=list)  # (why-pending code, tasks), largest first
+    pending_total: int = 0
+    oldest_pending_at: datetime | None = None
+    fragmented_pct: float | None = None  # of capacity, after the pool's latest cycle
+    last_cycle_at: datetime | None = None
+
+    @property
+    def idle_milli(self) -> int:
+        return self.capacity_milli - self.allocated_milli
+
+    @property
+    def allocated_pct(self) -> float:
+        return _pct(self.allocated_milli, self.capacity_milli)
+
+    @property
+    def idle_while_pending(self) -> bool:
+        """Free capacity and waiting work at once: the first thing an operator looks into."""
+        return self.idle_milli > 0 and self.pending_total > 0
+
+
+@dataclass
+class FleetCluster:
+    """One cluster's part of one pool (a pool may span clusters)."""
+
+    cluster: str
+    pool: str
+    pool_id: int
+    cordoned: bool = False
+    gpus: int = 0
+    capacity_milli: int = 0
+    allocated_milli: int = 0
+    nodes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def allocated_pct(self) -> float:
+        return _pct(self.allocated_milli, self.capacity_milli)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    pools: list[FleetPool]
+    clusters: list[FleetCluster]
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def allocated_milli(self) -> int:
+        return sum(p.allocated_milli for p in self.pools)
+
+    @property
+    def capacity_milli(self) -> int:
+        return sum(p.capacity_milli for p in self.pools)
+
+    @property
+    def allocated_pct(self) -> float:
+        return _pct(self.allocated_milli, self.capacity_milli)
+
+    @property
+    def pending_total(self) -> int:
+        return sum(p.pending_total for p in self.pools)
+
+    @property
+    def nodes_not_ready(self) -> int:
+        return sum(n for p in self.pools for state, n in p.nodes.items() if state != "ready")
+
+
+def fleet_view(readings: Any) -> FleetView:
+    """The fleet overview from one `apps.metrics.selectors.plane_readings` (a fixed number of queries).
+
+    Capacity is 1000 milli per GPU (a MIG GPU not fully carved still counts whole: its uncarved slices
+    are capacity nobody can use until it is re-carved); allocation is the sum of the held units' milli.
+    """
+    by_name = sorted(readings.pools.items(), key=lambda kv: kv[1])
+    pools = {pid: FleetPool(pool_id=pid, name=name) for pid, name in by_name}
+    clusters: dict[tuple[str, int], FleetCluster] = {}
+
+    def part(cluster: str, pool_id: int) -> FleetCluster:
+        key = (cluster, pool_id)
+        if key not in clusters:
+            clusters[key] = FleetCluster(cluster=cluster, pool=pools[pool_id].name, pool_id=pool_id)
+        return clusters[key]
+
+    for row in readings.gpus:
+        pool = pools[row["pool_id"]]
+        piece = part(row["cluster"], row["pool_id"])
+        pool.gpus += row["gpus"]
+        piece.gpus += row["gpus"]
+        pool.capacity_milli += 1000 * row["gpus"]
+        piece.capacity_milli += 1000 * row["gpus"]
+        if row["health"] != "healthy":
+            pool.unhealthy_gpus += row["gpus"]
+    for row in readings.units:
+        pool = pools[row["pool_id"]]
+        pool.allocated_milli += row["held_milli"] or 0
+        piece = part(row["cluster"], row["pool_id"])
+        piece.allocated_milli += row["held_milli"] or 0
+    for row in readings.nodes:
+        pool = pools[row["pool_id"]]
+        pool.nodes[row["state"]] = pool.nodes.get(row["state"], 0) + row["nodes"]
+        piece = part(row["cluster_name"], row["pool_id"])
+        piece.nodes[row["state"]] = piece.nodes.get(row["state"], 0) + row["nodes"]
+        piece.cordoned = bool(row["cordoned"])
+    for row in readings.pending:
+        pool = pools[row["pool_id"]]
+        pool.pending.append((row["why_pending_code"] or "", row["tasks"]))
+        pool.pending_total += row["tasks"]
+        if pool.oldest_pending_at is None or row["oldest"] < pool.oldest_pending_at:
+            pool.oldest_pending_at = row["oldest"]
+    for row in readings.latest_cycles:
+        pool = pools[row["pool_id"]]
+        pool.last_cycle_at = row["started_at"]
+        after = (row["stats"] or {}).get("fragmentation_after") or {}
+        pool.fragmented_pct = after.get("amount_pct")
+    for pool in pools.values():
+        pool.pending.sort(key=lambda item: (-item[1], item[0]))
+        pool.clusters = sorted(c.cluster for c in clusters.values() if c.pool_id == pool.pool_id)
+    ordered = sorted(clusters.values(), key=lambda c: (c.cluster, c.pool))
+    return FleetView(pools=list(pools.values()), clusters=ordered)

@@ -26,9 +26,10 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.presenters import age_s, heat_map, one_line, quota_bars, run_view
+from apps.dashboard.presenters import age_s, fleet_view, heat_map, one_line, quota_bars, run_view
 from apps.inventory import selectors as inventory
 from apps.logs import selectors as logs
+from apps.metrics.selectors import plane_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
 from apps.tenants.models import Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
@@ -85,7 +86,10 @@ def overview(request: HttpRequest) -> HttpResponse:
         # A platform admin sees every tenant; only those with something to show fill the page.
         if not access.platform_admin or bars[t.pk] or queues[t.pk] or access.role(t.pk)
     ]
-    return render(request, "dashboard/overview.html", {"sections": sections, "access": access})
+    # A platform admin's home page opens with the whole fleet: every pool and cluster in one table.
+    fleet = fleet_view(plane_readings(now=now)) if access.platform_admin else None
+    context = {"sections": sections, "access": access, "fleet": fleet, "now": now}
+    return render(request, "dashboard/overview.html", context)
 
 
 @login_required
