@@ -414,3 +414,75 @@ def fleet_view(readings: Any) -> FleetView:
         pool.clusters = sorted(c.cluster for c in clusters.values() if c.pool_id == pool.pool_id)
     ordered = sorted(clusters.values(), key=lambda c: (c.cluster, c.pool))
     return FleetView(pools=list(pools.values()), clusters=ordered)
+
+
+# ----------------------------------------------------------------------------------------------- what-if
+
+OTHER_TENANT = "another tenant's task"
+
+
+def whatif_names(task_names: dict[str, str], access: Any) -> dict[str, str]:
+    """Task id → the name to show: a platform admin sees every name, a member their tenants' only."""
+    from apps.workloads.models import Task
+
+    if access.platform_admin:
+        return dict(task_names)
+    ids = [int(t) for t in task_names if t.isdigit()]
+    own = {
+        str(pk)
+        for pk in Task.objects.filter(pk__in=ids, tenant_id__in=access.tenant_ids).values_list(
+            "pk", flat=True
+        )
+    }
+    return {t: (name if t in own else OTHER_TENANT) for t, name in task_names.items()}
+
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    task_id: str
+    name: str
+    where: str  # "node GPU 0,1: whole 1000" for a placement; the reason's code for a wait
+    detail: str  # the units, or the reason's sentence (blank for another tenant's task)
+
+
+@dataclass(frozen=True)
+class WhatIfRun:
+    policy: str
+    placed: list[WhatIfRow]
+    waiting: list[WhatIfRow]
+    preempted: int
+    layouts: list[str]
+    frag_before_pct: float
+    frag_after_pct: float
+
+
+def whatif_run(run: Any, report: Any, names: dict[str, str]) -> WhatIfRun:
+    """One policy's decision as table rows; another tenant's reasons are summarised, not quoted."""
+    placed = []
+    for bound in run.decisions.placements:
+        p = bound.placement
+        gpus = ",".join(map(str, p.gpu_indexes))
+        units = ", ".join(report.unit_names.get(u, str(u)) for u in bound.unit_ids)
+        name = names.get(bound.task_id, bound.task_id)
+        placed.append(
+            WhatIfRow(
+                bound.task_id, name, f"{p.node} GPU {gpus}", units + (" (borrowed)" if p.borrowed else "")
+            )
+        )
+    waiting = []
+    for task_id, reason in sorted(
+        run.decisions.unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0
+    ):
+        name = names.get(task_id, task_id)
+        sentence = "" if name == OTHER_TENANT else reason.message
+        waiting.append(WhatIfRow(task_id, name, reason.code, sentence))
+    layouts = [f"{plan.gpu[0]} GPU {plan.gpu[1]} → {plan.plan.text}" for plan in run.decisions.layouts]
+    return WhatIfRun(
+        policy=run.policy,
+        placed=placed,
+        waiting=waiting,
+        preempted=len(run.decisions.preemptions),
+        layouts=layouts,
+        frag_before_pct=run.frag_before_pct,
+        frag_after_pct=run.frag_after_pct,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -26,17 +27,28 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.presenters import age_s, fleet_view, heat_map, one_line, quota_bars, run_view
+from apps.dashboard.presenters import (
+    age_s,
+    fleet_view,
+    heat_map,
+    one_line,
+    quota_bars,
+    run_view,
+    whatif_names,
+    whatif_run,
+)
 from apps.inventory import selectors as inventory
 from apps.logs import selectors as logs
 from apps.metrics.selectors import plane_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
+from apps.scheduling.whatif import pool_whatif
 from apps.tenants.models import Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
 from apps.workloads import selectors as workloads
 from apps.workloads import services as workload_services
 from apps.workloads.models import Task
 from apps.workloads.state_machine import FINAL
+from whalegen.placement.registry import POLICY_NAMES
 
 TASKS_PER_PAGE = 50
 LOG_TAIL_LINES = 200  # the task page's tail; the rest through the API or `whalegen tasks logs`
@@ -319,3 +331,40 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
         "access": access,
     }
     return render(request, "dashboard/pool_detail.html", context)
+
+
+@login_required
+def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """What another placement policy would do with this pool now, beside the cycle's own policy.
+
+    The pool's current snapshot goes through the same decision step the cycle runs, inside a
+    transaction that is rolled back (`apps.scheduling.whatif`): nothing is placed or written. A member
+    sees the names of their own tenants' tasks only; other tenants' tasks are counted, not named.
+    """
+    access = page_access(request)
+    pool = inventory.pool_get(access=access, pool_id=pool_id)
+    configured = settings.WHALEGEN_CYCLE_POLICY
+    wanted = request.GET.get("policy") or next(p for p in POLICY_NAMES if p != configured)
+    if wanted not in POLICY_NAMES:
+        context = {
+            "pool": pool,
+            "policies": POLICY_NAMES,
+            "wanted": wanted,
+            "access": access,
+            "error": f"unknown policy {wanted!r}; choose one of {', '.join(POLICY_NAMES)}",
+        }
+        return render(request, "dashboard/pool_whatif.html", context, status=400)
+    policies = [configured] if wanted == configured else [configured, wanted]
+    report = pool_whatif(pool_name=pool.name, policies=policies)
+    shown = whatif_names(report.task_names, access)
+    runs = [whatif_run(run, report, shown) for run in report.runs]
+    context = {
+        "pool": pool,
+        "report": report,
+        "runs": runs,
+        "policies": POLICY_NAMES,
+        "wanted": wanted,
+        "configured": configured,
+        "access": access,
+    }
+    return render(request, "dashboard/pool_whatif.html", context)

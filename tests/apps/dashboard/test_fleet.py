@@ -116,3 +116,38 @@ def test_server_error_page_renders_without_a_request_context() -> None:
 
     body = loader.get_template("500.html").render()
     assert "Something went wrong on our side" in body and "/readyz" in body
+
+
+# -- what-if --------------------------------------------------------------------------------------------
+
+
+def test_whatif_shows_both_policies_and_writes_nothing(scene: Any, page: Any) -> None:
+    from apps.scheduling.models import Cycle
+    from apps.workloads.models import Task
+
+    states = dict(Task.objects.values_list("pk", "state"))
+    cycles = Cycle.objects.count()
+    response = page(scene.world.root).get(f"/pools/{scene.world.h100.pk}/whatif/?policy=fgd")
+    assert response.status_code == 200
+    body = text(response)
+    assert 'data-policy="whalegen"' in body and 'data-policy="fgd"' in body
+    assert "the cycle's policy" in body
+    # The two-GPU task cannot fit on one node with one whole GPU under any policy: it waits, in words.
+    assert "big-run" in body and "no free GPU, CPU or memory that fits" in body
+    assert "no_capacity" not in visible(body)
+    assert dict(Task.objects.values_list("pk", "state")) == states and Cycle.objects.count() == cycles
+
+
+def test_whatif_names_only_the_members_own_tasks(scene: Any, page: Any) -> None:
+    w = scene.world
+    body = text(page(w.bob).get(f"/pools/{w.h100.pk}/whatif/?policy=fgd"))
+    assert "big-run" not in body  # A's task, seen by a member of B
+    assert "another tenant&#x27;s task" in body
+
+
+def test_whatif_refuses_an_unknown_policy_and_hides_other_pools(scene: Any, page: Any) -> None:
+    w = scene.world
+    bad = page(w.root).get(f"/pools/{w.h100.pk}/whatif/?policy=nope")
+    assert bad.status_code == 400 and "unknown policy &#x27;nope&#x27;" in text(bad)
+    assert page(w.eve).get(f"/pools/{w.h100.pk}/whatif/").status_code == 404
+    assert page(w.bob).get(f"/pools/{w.l4.pk}/whatif/").status_code == 404
