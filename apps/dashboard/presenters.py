@@ -4,6 +4,7 @@ hold no arithmetic."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -486,3 +487,158 @@ def whatif_run(run: Any, report: Any, names: dict[str, str]) -> WhatIfRun:
         frag_before_pct=run.frag_before_pct,
         frag_after_pct=run.frag_after_pct,
     )
+
+
+# ------------------------------------------------------------------------------------------------ charts
+
+CHART_W, CHART_H = 560, 180
+CHART_LEFT, CHART_RIGHT, CHART_TOP, CHART_BOTTOM = 48, 12, 10, 24
+
+
+@dataclass(frozen=True)
+class ChartLine:
+    name: str
+    css: str  # "line-1" … "line-5": colour and dash pattern (tell lines apart without colour too)
+    segments: tuple[str, ...]  # SVG polyline points; a bucket without data breaks the line
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A line chart drawn server-side as SVG, with its numbers as a table (every chart has both)."""
+
+    key: str
+    title: str
+    unit: str
+    lines: tuple[ChartLine, ...]
+    y_ticks: tuple[tuple[float, str], ...]  # (pixel y, label)
+    x_ticks: tuple[tuple[float, str], ...]  # (pixel x, label)
+    head: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    width: int = CHART_W
+    height: int = CHART_H
+    empty: bool = False
+
+
+def _nice_max(value: float) -> float:
+    """The smallest of 1, 2, 5 × 10^k at or above `value` (an axis that ends on a round number)."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 5, 10):
+        if value <= step * scale:
+            return float(step * scale)
+    return float(10 * scale)
+
+
+def line_chart(
+    *,
+    key: str,
+    title: str,
+    unit: str,
+    times: list[datetime],
+    series: list[tuple[str, list[float | None]]],
+    fmt: Any = None,
+    y_max: float | None = None,
+) -> Chart:
+    """Lines over evenly spaced buckets starting at `times`; `fmt` writes a value for ticks and table."""
+    fmt = fmt or (lambda v: f"{v:.1f}")
+    values = [v for _, vs in series for v in vs if v is not None]
+    top = y_max if y_max is not None else _nice_max(max(values, default=0.0))
+    plot_w = CHART_W - CHART_LEFT - CHART_RIGHT
+    plot_h = CHART_H - CHART_TOP - CHART_BOTTOM
+    n = max(1, len(times) - 1)
+
+    def x(i: int) -> float:
+        return round(CHART_LEFT + plot_w * i / n, 1)
+
+    def y(v: float) -> float:
+        return round(CHART_TOP + plot_h * (1 - min(v, top) / top), 1)
+
+    lines = []
+    for number, (name, vs) in enumerate(series, start=1):
+        segments, current = [], []
+        for i, v in enumerate(vs):
+            if v is None:
+                if current:
+                    segments.append(" ".join(current))
+                current = []
+                continue
+            current.append(f"{x(i)},{y(v)}")
+        if current:
+            segments.append(" ".join(current))
+        lines.append(ChartLine(name=name, css=f"line-{number}", segments=tuple(segments)))
+    y_ticks = tuple((y(top * f), fmt(top * f)) for f in (0.0, 0.5, 1.0))
+    step = max(1, len(times) // 4)
+    x_ticks = tuple((x(i), f"{times[i]:%H:%M}") for i in range(0, len(times), step))
+    rows = tuple(
+        (f"{t:%Y-%m-%d %H:%M}", *("–" if vs[i] is None else fmt(vs[i]) for _, vs in series))
+        for i, t in enumerate(times)
+        if any(vs[i] is not None for _, vs in series)
+    )
+    return Chart(
+        key=key,
+        title=title,
+        unit=unit,
+        lines=tuple(lines),
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        head=("bucket start", *(name for name, _ in series)),
+        rows=rows,
+        empty=not values,
+    )
+
+
+def history_charts(history: Any) -> list[Chart]:
+    """The pool history page's four charts from `apps.dashboard.history.pool_history`."""
+    from apps.dashboard.templatetags.dashboard import duration
+    from apps.dashboard.words import reason_label
+
+    b = history.buckets
+    times = [bucket.start for bucket in b]
+    pct = lambda v: f"{v:.1f}%"  # noqa: E731
+    count = lambda v: f"{v:.1f}"  # noqa: E731
+    reasons = [
+        (
+            reason_label(code),
+            [dict(x.pending_by_reason).get(code) if x.pending_by_reason else None for x in b],
+        )
+        for code in history.reasons
+    ]
+    return [
+        line_chart(
+            key="allocation",
+            title="Allocated and busy",
+            unit="% of the pool's GPUs",
+            times=times,
+            series=[
+                ("allocated", [x.allocated_pct for x in b]),
+                ("busy (SM utilisation)", [x.busy_pct for x in b]),
+            ],
+            fmt=pct,
+            y_max=100.0,
+        ),
+        line_chart(
+            key="fragmentation",
+            title="Fragmented capacity",
+            unit="% of capacity left in pieces the task mix cannot use",
+            times=times,
+            series=[("fragmented", [x.fragmented_pct for x in b])],
+            fmt=pct,
+        ),
+        line_chart(
+            key="pending",
+            title="Pending tasks, by reason",
+            unit="tasks left pending per cycle (mean over the bucket)",
+            times=times,
+            series=[("all pending", [x.pending for x in b]), *reasons],
+            fmt=count,
+        ),
+        line_chart(
+            key="wait",
+            title="Queue wait of tasks that started",
+            unit="submission to start",
+            times=times,
+            series=[("P50", [x.wait_p50_s for x in b]), ("P95", [x.wait_p95_s for x in b])],
+            fmt=duration,
+        ),
+    ]

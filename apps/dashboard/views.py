@@ -27,10 +27,12 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
+from apps.dashboard.history import pool_history
 from apps.dashboard.presenters import (
     age_s,
     fleet_view,
     heat_map,
+    history_charts,
     one_line,
     quota_bars,
     run_view,
@@ -368,3 +370,33 @@ def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
         "access": access,
     }
     return render(request, "dashboard/pool_whatif.html", context)
+
+
+HISTORY_HOURS = (1, 6, 24, 72)
+
+
+@login_required
+def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """The pool over the last hours: allocation and busy %, fragmentation, pending by reason, waits."""
+    access = page_access(request)
+    pool = inventory.pool_get(access=access, pool_id=pool_id)
+    try:
+        hours = int(request.GET.get("hours", "6"))
+    except ValueError:
+        hours = 0
+    if hours not in HISTORY_HOURS:
+        return _refused(
+            request,
+            ApplicationError(f"hours must be one of {', '.join(map(str, HISTORY_HOURS))}"),
+            reverse("dashboard:pool-history", args=[pool.pk]),
+        )
+    history = pool_history(pool=pool, now=timezone.now(), hours=hours)
+    context = {
+        "pool": pool,
+        "history": history,
+        "charts": history_charts(history),
+        "hours": hours,
+        "choices": HISTORY_HOURS,
+        "access": access,
+    }
+    return render(request, "dashboard/pool_history.html", context)

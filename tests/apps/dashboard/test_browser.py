@@ -215,6 +215,19 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
         assert item.size["height"] < 24, f"legend entry wraps: {item.text!r}"
     screenshot(browser, "pool-live")
 
+    # History: the pool's charts over the last hours, each with its numbers as a table.
+    browser.find_element(By.ID, "history-link").click()
+    charts = browser.find_elements(By.CSS_SELECTOR, "section.chart")
+    assert [c.get_attribute("data-chart") for c in charts] == [
+        "allocation",
+        "fragmentation",
+        "pending",
+        "wait",
+    ]
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-allocation polyline.series")
+    screenshot(browser, "pool-history")
+    browser.back()
+
     # What-if: another policy's decision for this pool now, beside the cycle's own; read-only.
     browser.find_element(By.ID, "whatif-link").click()
     browser.find_element(By.CSS_SELECTOR, "#id_policy option[value=fgd]").click()

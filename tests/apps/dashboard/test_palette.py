@@ -20,6 +20,7 @@ MIN_DELTA_E = 10.0
 GROUPS = {
     "quota bar": ["within", "borrowed"],
     "compute units": ["unit-whole", "unit-mig", "unit-mps", "unit-timeslice"],
+    "chart lines": ["line-1", "line-2", "line-3", "line-4", "line-5"],
 }
 
 Matrix = tuple[tuple[float, float, float], ...]

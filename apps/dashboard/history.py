@@ -1,0 +1,166 @@
+"""The reads behind a pool's history page: what happened over the last hours, in time buckets.
+
+Three sources, each read once over the window and bucketed here (the window holds a few thousand cycle
+rows at most, and only the few fields a chart needs are fetched, never a cycle's whole `stats`):
+- scheduling cycles: capacity and what stayed idle after each cycle, fragmentation, tasks left pending by
+  reason;
+- GPU telemetry (`GpuSample`): the mean SM utilisation over the pool's GPUs (what NVML calls busy);
+- tasks that started in the window: how long they waited, P50 and P95 per bucket.
+The same reads work on PostgreSQL and on the embedded SQLite (no percentile in SQL).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from statistics import quantiles
+
+from django.db.models import Avg
+from django.db.models.functions import TruncMinute
+
+from apps.fleet.models import GpuSample
+from apps.inventory.models import Gpu, Pool
+from apps.scheduling.models import Cycle
+from apps.workloads.models import Task
+
+BUCKETS = 48  # points per chart: one per 7.5 minutes over six hours
+MAX_CYCLES = 20_000  # newest first; at one cycle every 2 s this is 11 hours
+MAX_STARTS = 20_000
+TOP_REASONS = 4  # reasons drawn as their own line; the rest are summed into "other"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    allocated_pct: float | None = None
+    busy_pct: float | None = None
+    fragmented_pct: float | None = None
+    pending: float | None = None
+    pending_by_reason: tuple[tuple[str, float], ...] = ()
+    wait_p50_s: float | None = None
+    wait_p95_s: float | None = None
+    started: int = 0
+
+
+@dataclass(frozen=True)
+class PoolHistory:
+    pool: Pool
+    since: datetime
+    until: datetime
+    bucket_s: float
+    buckets: tuple[Bucket, ...]
+    reasons: tuple[str, ...]  # the reasons with a line of their own, largest first
+    cycles: int
+
+
+def _index(at: datetime, since: datetime, bucket_s: float) -> int:
+    return min(BUCKETS - 1, max(0, int((at - since).total_seconds() // bucket_s)))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def pool_history(*, pool: Pool, now: datetime, hours: float) -> PoolHistory:
+    since = now - timedelta(hours=hours)
+    bucket_s = hours * 3600 / BUCKETS
+    gpus_now = Gpu.objects.filter(node__pool=pool).count()
+
+    # Cycles: allocation from what stayed idle after the cycle, against the capacity it saw (cycles
+    # recorded before capacity was stored are measured against the pool's GPUs now).
+    rows = (
+        Cycle.objects.filter(pool=pool, started_at__gte=since, finished_at__isnull=False)
+        .order_by("-started_at")
+        .values_list(
+            "started_at",
+            "stats__fragmentation_after__capacity_milli",
+            "stats__fragmentation_after__idle_milli",
+            "stats__fragmentation_after__amount_pct",
+            "stats__unplaced_by_reason",
+        )[:MAX_CYCLES]
+    )
+    alloc: dict[int, list[float]] = defaultdict(list)
+    frag: dict[int, list[float]] = defaultdict(list)
+    pending: dict[int, list[float]] = defaultdict(list)
+    by_reason: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    totals: dict[str, float] = defaultdict(float)
+    cycles = 0
+    for started_at, capacity, idle, amount, reasons in rows:
+        cycles += 1
+        i = _index(started_at, since, bucket_s)
+        capacity = capacity or 1000 * gpus_now
+        if idle is not None and capacity:
+            alloc[i].append(100.0 * max(0.0, capacity - idle) / capacity)
+        if amount is not None:
+            frag[i].append(float(amount))
+        reasons = reasons or {}
+        pending[i].append(float(sum(reasons.values())))
+        for code, n in reasons.items():
+            by_reason[i][code].append(float(n))
+            totals[code] += n
+    top = tuple(code for code, _ in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_REASONS])
+
+    # Telemetry: mean SM utilisation of the pool's GPUs per minute, then per bucket.
+    busy: dict[int, list[float]] = defaultdict(list)
+    per_minute = (
+        GpuSample.objects.filter(gpu__node__pool=pool, at__gte=since, util_gpu_pct__isnull=False)
+        .annotate(minute=TruncMinute("at"))
+        .values("minute")
+        .annotate(util=Avg("util_gpu_pct"))
+        .order_by()
+    )
+    for row in per_minute:
+        busy[_index(row["minute"], since, bucket_s)].append(float(row["util"]))
+
+    # Queue wait of the tasks that started in the window.
+    waits: dict[int, list[float]] = defaultdict(list)
+    starts = (
+        Task.objects.filter(pool=pool, started_at__gte=since)
+        .order_by("-started_at")
+        .values_list("started_at", "created_at")[:MAX_STARTS]
+    )
+    for started_at, created_at in starts:
+        waits[_index(started_at, since, bucket_s)].append(max(0.0, (started_at - created_at).total_seconds()))
+
+    buckets = []
+    for i in range(BUCKETS):
+        w = sorted(waits.get(i, []))
+        p50, p95 = _percentiles(w)
+        counts = by_reason.get(i, {})
+        cycles_here = len(pending.get(i, []))
+        per_reason = []
+        for code in top:
+            per_reason.append((code, sum(counts.get(code, [])) / cycles_here if cycles_here else 0.0))
+        buckets.append(
+            Bucket(
+                start=since + timedelta(seconds=i * bucket_s),
+                allocated_pct=_mean(alloc.get(i, [])),
+                busy_pct=_mean(busy.get(i, [])),
+                fragmented_pct=_mean(frag.get(i, [])),
+                pending=_mean(pending.get(i, [])),
+                pending_by_reason=tuple(per_reason) if cycles_here else (),
+                wait_p50_s=p50,
+                wait_p95_s=p95,
+                started=len(w),
+            )
+        )
+    return PoolHistory(
+        pool=pool,
+        since=since,
+        until=now,
+        bucket_s=bucket_s,
+        buckets=tuple(buckets),
+        reasons=top,
+        cycles=cycles,
+    )
+
+
+def _percentiles(values: list[float]) -> tuple[float | None, float | None]:
+    """P50 and P95 (inclusive method: a single value is both)."""
+    if not values:
+        return None, None
+    if len(values) == 1:
+        return values[0], values[0]
+    cuts = quantiles(values, n=20, method="inclusive")
+    return cuts[9], cuts[18]
