@@ -566,10 +566,13 @@ def line_chart(
             current.append(f"{x(i)},{y(v)}")
         if current:
             segments.append(" ".join(current))
+        # A lone point is drawn as a dot: the same point twice with round line caps.
+        segments = [seg if " " in seg else f"{seg} {seg}" for seg in segments]
         lines.append(ChartLine(name=name, css=f"line-{number}", segments=tuple(segments)))
     y_ticks = tuple((y(top * f), fmt(top * f)) for f in (0.0, 0.5, 1.0))
     step = max(1, len(times) // 4)
-    x_ticks = tuple((x(i), f"{times[i]:%H:%M}") for i in range(0, len(times), step))
+    marks = sorted({*range(0, len(times), step), len(times) - 1})
+    x_ticks = tuple((x(i), f"{times[i]:%H:%M}") for i in marks if times)
     rows = tuple(
         (f"{t:%Y-%m-%d %H:%M}", *("–" if vs[i] is None else fmt(vs[i]) for _, vs in series))
         for i, t in enumerate(times)

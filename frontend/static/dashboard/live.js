@@ -13,7 +13,10 @@
     if (!next) return;
     var typing = part.contains(document.activeElement) && document.activeElement !== document.body;
     if (typing || next.innerHTML === part.innerHTML) return;
+    // Keep open what the reader opened (a chart's table of numbers, say).
+    var open = Array.prototype.map.call(part.querySelectorAll("details"), function (d) { return d.open; });
     part.innerHTML = next.innerHTML;
+    part.querySelectorAll("details").forEach(function (d, i) { if (open[i]) d.open = true; });
     part.className = next.className;
     part.dataset.refreshedAt = String(Date.now());
   }
