@@ -164,3 +164,20 @@ def _percentiles(values: list[float]) -> tuple[float | None, float | None]:
         return values[0], values[0]
     cuts = quantiles(values, n=20, method="inclusive")
     return cuts[9], cuts[18]
+
+
+@dataclass(frozen=True)
+class GpuTotals:
+    gpus: int
+    allocated_milli: int
+
+
+def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
+    """GPUs and held milli of a whole pool in one query (the heat-map shows one page of nodes)."""
+    from django.db.models import Count, Q, Sum
+
+    row = Gpu.objects.filter(node__pool_id=pool_id).aggregate(
+        gpus=Count("id", distinct=True),
+        held=Sum("units__gpu_milli", filter=Q(units__task__isnull=False)),
+    )
+    return GpuTotals(gpus=row["gpus"], allocated_milli=row["held"] or 0)

@@ -167,11 +167,22 @@ def _unit_span(unit: ComputeUnit, model: str, cursor: float) -> tuple[float, flo
     return cursor, unit.gpu_milli / 1000
 
 
+def _may_see(unit: ComputeUnit, visible_tenant_ids: set[int] | None) -> bool:
+    """Whether the viewer may see the holder's id: from the `task_tenant_id` the inventory selector
+    annotates (no task rows loaded), else from a prefetched task."""
+    if visible_tenant_ids is None:
+        return True
+    tenant_id = getattr(unit, "task_tenant_id", None)
+    if tenant_id is None and unit.task_id is not None:
+        tenant_id = unit.task.tenant_id
+    return tenant_id in visible_tenant_ids
+
+
 def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMap:
     """Nodes as rows, GPU indices as columns. `visible_tenant_ids` None = every task id may be shown.
 
-    The GPUs must come with their units and the units' tasks loaded (the tenant of a holder decides
-    whether its id is shown: another tenant's work shows as "in use", never by id).
+    The GPUs must come with their units loaded, each knowing its holder's tenant (`task_tenant_id` from
+    `inventory.gpu_list`, or the task prefetched): another tenant's work shows as "in use", never by id.
     """
     by_node: dict[int, list[Gpu]] = {}
     for gpu in gpus:
@@ -195,13 +206,7 @@ def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMa
                 cursor = start + width
                 held = unit.task_id is not None
                 allocated += unit.gpu_milli if held else 0
-                shown = (
-                    unit.task_id
-                    if held
-                    and unit.task is not None
-                    and (visible_tenant_ids is None or unit.task.tenant_id in visible_tenant_ids)
-                    else None
-                )
+                shown = unit.task_id if held and _may_see(unit, visible_tenant_ids) else None
                 label = unit.mig_profile or f"{unit.get_kind_display()} {unit.gpu_milli}‰"
                 segments.append(
                     Segment(

@@ -27,7 +27,7 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.history import pool_history
+from apps.dashboard.history import pool_gpu_totals, pool_history
 from apps.dashboard.presenters import (
     age_s,
     fleet_view,
@@ -40,6 +40,7 @@ from apps.dashboard.presenters import (
     whatif_run,
 )
 from apps.inventory import selectors as inventory
+from apps.inventory.models import Node
 from apps.logs import selectors as logs
 from apps.metrics.selectors import plane_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
@@ -53,6 +54,7 @@ from apps.workloads.state_machine import FINAL
 from whalegen.placement.registry import POLICY_NAMES
 
 TASKS_PER_PAGE = 50
+HEATMAP_NODES_PER_PAGE = 100  # 800 GPU cells at most: a page a browser draws at once
 LOG_TAIL_LINES = 200  # the task page's tail; the rest through the API or `whalegen tasks logs`
 RECENT_OVERRIDES = 50
 MEMBER = Membership.Role.MEMBER
@@ -317,7 +319,11 @@ def pool_list(request: HttpRequest) -> HttpResponse:
 def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     access = page_access(request)
     pool = inventory.pool_get(access=access, pool_id=pool_id)
-    gpus = inventory.gpu_list(access=access).filter(node__pool=pool).prefetch_related("units__task")
+    # A large pool's heat-map comes a page of nodes at a time; the header counts the whole pool.
+    node_ids = Node.objects.filter(pool=pool).order_by("cluster__name", "name").values_list("pk", flat=True)
+    nodes = Paginator(node_ids, HEATMAP_NODES_PER_PAGE).get_page(request.GET.get("page"))
+    gpus = inventory.gpu_list(access=access).filter(node_id__in=list(nodes))
+    totals = pool_gpu_totals(pool_id=pool.pk)
     visible = None if access.platform_admin else set(access.tenant_ids)
     cycles = list(cycle_list(pool_id=pool.pk)[:10])
     latest = cycles[0] if cycles else None
@@ -325,6 +331,8 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     context = {
         "pool": pool,
         "map": heat_map(gpus, visible),
+        "nodes": nodes,
+        "totals": totals,
         "latest": latest,
         "unplaced_by_reason": sorted((stats.get("unplaced_by_reason") or {}).items(), key=lambda kv: -kv[1]),
         "frag_before": stats.get("fragmentation_before"),

@@ -151,3 +151,25 @@ def test_whatif_refuses_an_unknown_policy_and_hides_other_pools(scene: Any, page
     assert bad.status_code == 400 and "unknown policy &#x27;nope&#x27;" in text(bad)
     assert page(w.eve).get(f"/pools/{w.h100.pk}/whatif/").status_code == 404
     assert page(w.bob).get(f"/pools/{w.l4.pk}/whatif/").status_code == 404
+
+
+def test_a_large_pools_heat_map_comes_a_page_of_nodes_at_a_time(
+    scene: Any, page: Any, monkeypatch: Any
+) -> None:
+    from apps.dashboard import views
+    from apps.inventory.services import gpu_add, node_register
+
+    w = scene.world
+    second, _ = node_register(
+        cluster=w.node.cluster, pool=w.h100, name="gpu-002", cpu_milli=8000, mem_mib=65536
+    )
+    gpu_add(node=second, index=0, model="H100-80GB")
+    monkeypatch.setattr(views, "HEATMAP_NODES_PER_PAGE", 1)
+    client = page(w.alice)
+    first = text(client.get(f"/pools/{w.h100.pk}/"))
+    # The header counts the whole pool; the map draws one node per page here.
+    assert "3 GPUs on 2 nodes · 1 GPUs allocated" in first
+    assert "eu-1/gpu-001" in first and "eu-1/gpu-002" not in first
+    assert "nodes 1–1 of 2" in first and "?page=2" in first
+    later = text(client.get(f"/pools/{w.h100.pk}/?page=2"))
+    assert "eu-1/gpu-002" in later and "eu-1/gpu-001" not in later
