@@ -5,7 +5,9 @@ rows at most, and only the few fields a chart needs are fetched, never a cycle's
 - scheduling cycles: capacity and what stayed idle after each cycle, fragmentation, tasks left pending by
   reason;
 - GPU telemetry (`GpuSample`): the mean SM utilisation over the pool's GPUs (what NVML calls busy);
-- tasks that started in the window: how long they waited, P50 and P95 per bucket.
+- tasks that started in the window: how long they waited, P50 and P95 per bucket;
+- assignments that overlap the window: GPUs each tenant held, per bucket (time-weighted), beside its
+  guarantee.
 The same reads work on PostgreSQL and on the embedded SQLite (no percentile in SQL).
 """
 
@@ -44,6 +46,13 @@ class Bucket:
 
 
 @dataclass(frozen=True)
+class TenantUsage:
+    tenant: str
+    guaranteed_milli: int
+    held_milli: tuple[float | None, ...]  # per bucket: time-weighted mean milli held
+
+
+@dataclass(frozen=True)
 class PoolHistory:
     pool: Pool
     since: datetime
@@ -52,6 +61,7 @@ class PoolHistory:
     buckets: tuple[Bucket, ...]
     reasons: tuple[str, ...]  # the reasons with a line of their own, largest first
     cycles: int
+    tenants: tuple[TenantUsage, ...] = ()
 
 
 def _index(at: datetime, since: datetime, bucket_s: float) -> int:
@@ -153,6 +163,39 @@ def pool_history(*, pool: Pool, now: datetime, hours: float) -> PoolHistory:
         buckets=tuple(buckets),
         reasons=top,
         cycles=cycles,
+        tenants=tenant_usage(pool=pool, since=since, until=now, bucket_s=bucket_s),
+    )
+
+
+def tenant_usage(*, pool: Pool, since: datetime, until: datetime, bucket_s: float) -> tuple[TenantUsage, ...]:
+    """GPUs held per tenant per bucket: each assignment counts its task's GPUs × milli for the part of
+    the bucket it was held (released or not), so a bucket's figure is the mean held over the bucket."""
+    from apps.scheduling.models import Assignment
+    from apps.workloads.models import Quota
+
+    rows = (
+        Assignment.objects.filter(node__pool=pool, created_at__lt=until)
+        .exclude(released_at__lt=since)
+        .order_by("-created_at")
+        .values_list("task__tenant__slug", "created_at", "released_at", "task__gpu_count", "task__gpu_milli")[
+            :MAX_STARTS
+        ]
+    )
+    held: dict[str, list[float]] = defaultdict(lambda: [0.0] * BUCKETS)
+    for slug, start, end, count, milli in rows:
+        start_s = max(0.0, (start - since).total_seconds())
+        end_s = ((end or until) - since).total_seconds()
+        first = int(start_s // bucket_s)
+        last = min(BUCKETS - 1, int(max(start_s, end_s - 1e-9) // bucket_s))
+        for i in range(first, last + 1):
+            overlap = min(end_s, (i + 1) * bucket_s) - max(start_s, i * bucket_s)
+            if overlap > 0:
+                held[slug][i] += count * milli * overlap / bucket_s
+    guarantees = dict(Quota.objects.filter(pool=pool).values_list("tenant__slug", "guaranteed_milli"))
+    ranked = sorted(held, key=lambda slug: (-sum(held[slug]), slug))[:TOP_REASONS]
+    return tuple(
+        TenantUsage(tenant=slug, guaranteed_milli=guarantees.get(slug, 0), held_milli=tuple(held[slug]))
+        for slug in ranked
     )
 
 

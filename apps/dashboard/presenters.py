@@ -597,7 +597,7 @@ def line_chart(
 
 
 def history_charts(history: Any) -> list[Chart]:
-    """The pool history page's four charts from `apps.dashboard.history.pool_history`."""
+    """The pool history page's charts from `apps.dashboard.history.pool_history`."""
     from apps.dashboard.templatetags.dashboard import duration
     from apps.dashboard.words import reason_label
 
@@ -640,6 +640,17 @@ def history_charts(history: Any) -> list[Chart]:
             times=times,
             series=[("all pending", [x.pending for x in b]), *reasons],
             fmt=count,
+        ),
+        line_chart(
+            key="tenants",
+            title="GPUs held by tenant",
+            unit="mean GPUs held over the bucket (guarantee in brackets)",
+            times=times,
+            series=[
+                (f"{u.tenant} ({u.guaranteed_milli / 1000:g})", [m / 1000 for m in u.held_milli])
+                for u in history.tenants
+            ],
+            fmt=lambda v: f"{v:.2f}",
         ),
         line_chart(
             key="wait",

@@ -41,7 +41,9 @@ def hour(scene: Any) -> Any:
     """Two cycles and two GPU samples in the newest bucket of a one-hour window, one task started."""
     w = scene.world
     Cycle.objects.filter(pool=w.h100).delete()  # the scene's own cycle: this window has only these
-    now = timezone.now()
+    # 50 s past a minute: the samples' minute (telemetry is averaged per minute) starts 50 s before
+    # `now`, inside the newest 75 s bucket of a one-hour window.
+    now = timezone.now().replace(second=50, microsecond=0)
     recent = now - timedelta(seconds=30)
     cycle(w.h100, recent, idle=500, capacity=2000, frag=2.0, reasons={"no_capacity": 2, "quota_exceeded": 1})
     # Recorded before capacity was kept: measured against the pool's two GPUs now.
@@ -74,7 +76,7 @@ def test_buckets_hold_the_window_figures(scene: Any, hour: Any) -> None:
 
 def test_page_draws_every_chart_with_its_numbers(scene: Any, hour: Any, page: Any) -> None:
     body = page(scene.world.alice).get(f"/pools/{scene.world.h100.pk}/history/?hours=1").content.decode()
-    for key in ("allocation", "fragmentation", "pending", "wait"):
+    for key in ("allocation", "fragmentation", "pending", "tenants", "wait"):
         assert f'data-chart="{key}"' in body
     assert body.count("<polyline") >= 5
     assert '<td class="num">50.0%</td>' in body  # allocated and busy in the newest bucket's row
@@ -104,3 +106,19 @@ def test_history_queries_do_not_grow_with_cycles(
         cycle(scene.world.h100, hour - timedelta(minutes=i), idle=0, capacity=2000, frag=1.0, reasons={})
     with django_assert_max_num_queries(len(few.captured_queries)):
         assert client.get(url).status_code == 200
+
+
+def test_tenant_usage_is_time_weighted_per_bucket(scene: Any) -> None:
+    """A's whole-GPU task held 1000 milli from the middle of the last bucket-but-one to the end."""
+    from apps.scheduling.models import Assignment
+
+    w = scene.world
+    now = timezone.now()
+    bucket_s = 3600 / BUCKETS  # 75 s in a one-hour window
+    Assignment.objects.filter(task=scene.placed).update(created_at=now - timedelta(seconds=1.5 * bucket_s))
+    history = pool_history(pool=w.h100, now=now, hours=1)
+    (vision,) = [u for u in history.tenants if u.tenant == "vision"]
+    assert vision.guaranteed_milli == 4000
+    assert vision.held_milli[-1] == pytest.approx(1000.0)
+    assert vision.held_milli[-2] == pytest.approx(500.0)
+    assert sum(vision.held_milli[:-2]) == 0
