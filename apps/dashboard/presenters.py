@@ -661,3 +661,22 @@ def history_charts(history: Any) -> list[Chart]:
             fmt=duration,
         ),
     ]
+
+
+def arrivals_chart(arrivals: Any) -> Chart:
+    """Submissions per bin beside the arrivals model's one-hour-ahead forecast (the next hour included)."""
+    minutes = arrivals.bin_s // 60
+    label = (
+        f"forecast one hour ahead (model v{arrivals.model_version})" if arrivals.model_version else "forecast"
+    )
+    unit = f"tasks submitted per {minutes} minutes; the last 6 hours and the next"
+    if arrivals.reason:
+        unit += f" — {arrivals.reason}"
+    return line_chart(
+        key="arrivals",
+        title="Submissions: actual and forecast",
+        unit=unit,
+        times=list(arrivals.starts),
+        series=[("submitted", list(arrivals.actual)), (label, list(arrivals.forecast))],
+        fmt=lambda v: f"{v:.1f}",
+    )

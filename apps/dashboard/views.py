@@ -30,6 +30,7 @@ from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, 
 from apps.dashboard.history import pool_gpu_totals, pool_history
 from apps.dashboard.presenters import (
     age_s,
+    arrivals_chart,
     fleet_view,
     heat_map,
     history_charts,
@@ -39,6 +40,7 @@ from apps.dashboard.presenters import (
     whatif_names,
     whatif_run,
 )
+from apps.forecasting.selectors import pool_arrivals_beside
 from apps.inventory import selectors as inventory
 from apps.inventory.models import Node
 from apps.logs import selectors as logs
@@ -398,11 +400,13 @@ def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
             ApplicationError(f"hours must be one of {', '.join(map(str, HISTORY_HOURS))}"),
             reverse("dashboard:pool-history", args=[pool.pk]),
         )
-    history = pool_history(pool=pool, now=timezone.now(), hours=hours)
+    now = timezone.now()
+    history = pool_history(pool=pool, now=now, hours=hours)
+    arrivals = pool_arrivals_beside(pool_id=pool.pk, now=now)
     context = {
         "pool": pool,
         "history": history,
-        "charts": history_charts(history),
+        "charts": [*history_charts(history), arrivals_chart(arrivals)],
         "hours": hours,
         "choices": HISTORY_HOURS,
         "access": access,

@@ -218,12 +218,8 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     # History: the pool's charts over the last hours, each with its numbers as a table.
     browser.find_element(By.ID, "history-link").click()
     charts = browser.find_elements(By.CSS_SELECTOR, "section.chart")
-    assert [c.get_attribute("data-chart") for c in charts] == [
-        "allocation",
-        "fragmentation",
-        "pending",
-        "wait",
-    ]
+    keys = [c.get_attribute("data-chart") for c in charts]
+    assert keys == ["allocation", "fragmentation", "pending", "tenants", "wait", "arrivals"]
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-allocation polyline.series")
     screenshot(browser, "pool-history")
     browser.back()

@@ -122,3 +122,44 @@ def test_tenant_usage_is_time_weighted_per_bucket(scene: Any) -> None:
     assert vision.held_milli[-1] == pytest.approx(1000.0)
     assert vision.held_milli[-2] == pytest.approx(500.0)
     assert sum(vision.held_milli[:-2]) == 0
+
+
+def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -> None:
+    """Three days of submissions every ten minutes; with an active arrivals model every bin of the last
+    six hours and the next hour has a forecast, made before the bin from what was submitted before."""
+    import numpy as np
+
+    from apps.forecasting.models import ForecastModel
+    from apps.forecasting.selectors import pool_arrivals_beside
+    from whalegen.forecast.arrivals import ArrivalConfig, train_arrivals
+
+    w = scene.world
+    now = timezone.now().replace(minute=35, second=0, microsecond=0)
+    Task.objects.update(created_at=now - timedelta(days=30))  # the scene's own tasks: out of the window
+    without = pool_arrivals_beside(pool_id=w.h100.pk, now=now)
+    assert "no active arrivals model" in without.reason and all(f is None for f in without.forecast)
+    offsets = np.arange(1, 3 * 24 * 6) * 600.0
+    tasks = Task.objects.bulk_create(
+        Task(tenant=w.tenant_a, queue=w.queue_a, pool=w.h100, priority=0, gpu_count=1, gpu_milli=1000)
+        for _ in offsets
+    )
+    for task, offset in zip(tasks, offsets, strict=True):
+        task.created_at = now - timedelta(seconds=float(offset) - 1)
+    Task.objects.bulk_update(tasks, ["created_at"])
+    times = np.asarray([t.created_at.timestamp() for t in tasks])
+    labels = ["gpu_count=1|gpu_milli=1000"] * len(tasks)
+    model = train_arrivals(times, labels, ArrivalConfig(), now.timestamp(), rounds=30)
+    ForecastModel.objects.create(
+        kind="arrivals", pool=w.h100, scope=ForecastModel.scope_of(w.h100, None), version=3,
+        state="active", blob=model.to_bytes(), metrics={}, train_start=now - timedelta(days=3),
+        train_end=now, validation_start=now, validation_end=now, trained_at=now, promoted_at=now,
+        decision_reason="stored as active by the test",
+    )  # fmt: skip
+    beside = pool_arrivals_beside(pool_id=w.h100.pk, now=now)
+    assert beside.reason == "" and beside.model_version == 3 and beside.bin_s == 600
+    # From the whole hour six hours back (12:00 for 18:35) to an hour after the current bin (19:30).
+    assert len(beside.starts) == 45 and f"{beside.starts[0]:%M}" == "00"
+    assert beside.actual[-5:] == (None,) * 5  # the bins still to come
+    assert beside.actual[-6] == 0.0  # the current bin: nothing submitted in its first five minutes
+    assert all(a == 1.0 for a in beside.actual[:-6])  # one submission per ten minutes
+    assert all(f is not None and 0.3 < f < 3.0 for f in beside.forecast)
