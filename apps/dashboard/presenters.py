@@ -4,8 +4,9 @@ hold no arithmetic."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from math import ceil
 from shlex import join as shell_join
@@ -166,11 +167,22 @@ def _unit_span(unit: ComputeUnit, model: str, cursor: float) -> tuple[float, flo
     return cursor, unit.gpu_milli / 1000
 
 
+def _may_see(unit: ComputeUnit, visible_tenant_ids: set[int] | None) -> bool:
+    """Whether the viewer may see the holder's id: from the `task_tenant_id` the inventory selector
+    annotates (no task rows loaded), else from a prefetched task."""
+    if visible_tenant_ids is None:
+        return True
+    tenant_id = getattr(unit, "task_tenant_id", None)
+    if tenant_id is None and unit.task_id is not None:
+        tenant_id = unit.task.tenant_id
+    return tenant_id in visible_tenant_ids
+
+
 def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMap:
     """Nodes as rows, GPU indices as columns. `visible_tenant_ids` None = every task id may be shown.
 
-    The GPUs must come with their units and the units' tasks loaded (the tenant of a holder decides
-    whether its id is shown: another tenant's work shows as "in use", never by id).
+    The GPUs must come with their units loaded, each knowing its holder's tenant (`task_tenant_id` from
+    `inventory.gpu_list`, or the task prefetched): another tenant's work shows as "in use", never by id.
     """
     by_node: dict[int, list[Gpu]] = {}
     for gpu in gpus:
@@ -194,13 +206,7 @@ def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMa
                 cursor = start + width
                 held = unit.task_id is not None
                 allocated += unit.gpu_milli if held else 0
-                shown = (
-                    unit.task_id
-                    if held
-                    and unit.task is not None
-                    and (visible_tenant_ids is None or unit.task.tenant_id in visible_tenant_ids)
-                    else None
-                )
+                shown = unit.task_id if held and _may_see(unit, visible_tenant_ids) else None
                 label = unit.mig_profile or f"{unit.get_kind_display()} {unit.gpu_milli}‰"
                 segments.append(
                     Segment(
@@ -277,3 +283,400 @@ def one_line(reason: str, limit: int = 120) -> str:
     """A reason as one line of a table cell: the first line, shortened with an ellipsis."""
     first = reason.strip().splitlines()[0] if reason.strip() else ""
     return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------------ fleet overview
+
+
+@dataclass
+class FleetPool:
+    """One pool as the fleet overview shows it: capacity, what is held, and what waits and why."""
+
+    pool_id: int
+    name: str
+    clusters: list[str] = field(default_factory=list)
+    gpus: int = 0
+    capacity_milli: int = 0
+    allocated_milli: int = 0
+    unhealthy_gpus: int = 0
+    nodes: dict[str, int] = field(default_factory=dict)  # node state → count
+    pending: list[tuple[str, int]] = field(default_factory=list)  # (why-pending code, tasks), largest first
+    pending_total: int = 0
+    oldest_pending_at: datetime | None = None
+    fragmented_pct: float | None = None  # of capacity, after the pool's latest cycle
+    last_cycle_at: datetime | None = None
+
+    @property
+    def idle_milli(self) -> int:
+        return self.capacity_milli - self.allocated_milli
+
+    @property
+    def allocated_pct(self) -> float:
+        return _pct(self.allocated_milli, self.capacity_milli)
+
+    @property
+    def idle_while_pending(self) -> bool:
+        """Free capacity and waiting work at once: the first thing an operator looks into."""
+        return self.idle_milli > 0 and self.pending_total > 0
+
+
+@dataclass
+class FleetCluster:
+    """One cluster's part of one pool (a pool may span clusters)."""
+
+    cluster: str
+    pool: str
+    pool_id: int
+    cordoned: bool = False
+    gpus: int = 0
+    capacity_milli: int = 0
+    allocated_milli: int = 0
+    nodes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def allocated_pct(self) -> float:
+        return _pct(self.allocated_milli, self.capacity_milli)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    pools: list[FleetPool]
+    clusters: list[FleetCluster]
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    @property
+    def allocated_milli(self) -> int:
+        return sum(p.allocated_milli for p in self.pools)
+
+    @property
+    def capacity_milli(self) -> int:
+        return sum(p.capacity_milli for p in self.pools)
+
+    @property
+    def allocated_pct(self) -> float:
+        return _pct(self.allocated_milli, self.capacity_milli)
+
+    @property
+    def pending_total(self) -> int:
+        return sum(p.pending_total for p in self.pools)
+
+    @property
+    def nodes_not_ready(self) -> int:
+        return sum(n for p in self.pools for state, n in p.nodes.items() if state != "ready")
+
+
+def fleet_view(readings: Any) -> FleetView:
+    """The fleet overview from one `apps.metrics.selectors.plane_readings` (a fixed number of queries).
+
+    Capacity is 1000 milli per GPU (a MIG GPU not fully carved still counts whole: its uncarved slices
+    are capacity nobody can use until it is re-carved); allocation is the sum of the held units' milli.
+    """
+    by_name = sorted(readings.pools.items(), key=lambda kv: kv[1])
+    pools = {pid: FleetPool(pool_id=pid, name=name) for pid, name in by_name}
+    clusters: dict[tuple[str, int], FleetCluster] = {}
+
+    def part(cluster: str, pool_id: int) -> FleetCluster:
+        key = (cluster, pool_id)
+        if key not in clusters:
+            clusters[key] = FleetCluster(cluster=cluster, pool=pools[pool_id].name, pool_id=pool_id)
+        return clusters[key]
+
+    for row in readings.gpus:
+        pool = pools[row["pool_id"]]
+        piece = part(row["cluster"], row["pool_id"])
+        pool.gpus += row["gpus"]
+        piece.gpus += row["gpus"]
+        pool.capacity_milli += 1000 * row["gpus"]
+        piece.capacity_milli += 1000 * row["gpus"]
+        if row["health"] != "healthy":
+            pool.unhealthy_gpus += row["gpus"]
+    for row in readings.units:
+        pool = pools[row["pool_id"]]
+        pool.allocated_milli += row["held_milli"] or 0
+        piece = part(row["cluster"], row["pool_id"])
+        piece.allocated_milli += row["held_milli"] or 0
+    for row in readings.nodes:
+        pool = pools[row["pool_id"]]
+        pool.nodes[row["state"]] = pool.nodes.get(row["state"], 0) + row["nodes"]
+        piece = part(row["cluster_name"], row["pool_id"])
+        piece.nodes[row["state"]] = piece.nodes.get(row["state"], 0) + row["nodes"]
+        piece.cordoned = bool(row["cordoned"])
+    for row in readings.pending:
+        pool = pools[row["pool_id"]]
+        pool.pending.append((row["why_pending_code"] or "", row["tasks"]))
+        pool.pending_total += row["tasks"]
+        if pool.oldest_pending_at is None or row["oldest"] < pool.oldest_pending_at:
+            pool.oldest_pending_at = row["oldest"]
+    for row in readings.latest_cycles:
+        pool = pools[row["pool_id"]]
+        pool.last_cycle_at = row["started_at"]
+        after = (row["stats"] or {}).get("fragmentation_after") or {}
+        pool.fragmented_pct = after.get("amount_pct")
+    for pool in pools.values():
+        pool.pending.sort(key=lambda item: (-item[1], item[0]))
+        pool.clusters = sorted(c.cluster for c in clusters.values() if c.pool_id == pool.pool_id)
+    ordered = sorted(clusters.values(), key=lambda c: (c.cluster, c.pool))
+    return FleetView(pools=list(pools.values()), clusters=ordered)
+
+
+# ----------------------------------------------------------------------------------------------- what-if
+
+OTHER_TENANT = "another tenant's task"
+
+
+def whatif_names(task_names: dict[str, str], access: Any) -> dict[str, str]:
+    """Task id → the name to show: a platform admin sees every name, a member their tenants' only."""
+    from apps.workloads.models import Task
+
+    if access.platform_admin:
+        return dict(task_names)
+    ids = [int(t) for t in task_names if t.isdigit()]
+    own = {
+        str(pk)
+        for pk in Task.objects.filter(pk__in=ids, tenant_id__in=access.tenant_ids).values_list(
+            "pk", flat=True
+        )
+    }
+    return {t: (name if t in own else OTHER_TENANT) for t, name in task_names.items()}
+
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    task_id: str
+    name: str
+    where: str  # "node GPU 0,1: whole 1000" for a placement; the reason's code for a wait
+    detail: str  # the units, or the reason's sentence (blank for another tenant's task)
+
+
+@dataclass(frozen=True)
+class WhatIfRun:
+    policy: str
+    placed: list[WhatIfRow]
+    waiting: list[WhatIfRow]
+    preempted: int
+    layouts: list[str]
+    frag_before_pct: float
+    frag_after_pct: float
+
+
+def whatif_run(run: Any, report: Any, names: dict[str, str]) -> WhatIfRun:
+    """One policy's decision as table rows; another tenant's reasons are summarised, not quoted."""
+    placed = []
+    for bound in run.decisions.placements:
+        p = bound.placement
+        gpus = ",".join(map(str, p.gpu_indexes))
+        units = ", ".join(report.unit_names.get(u, str(u)) for u in bound.unit_ids)
+        name = names.get(bound.task_id, bound.task_id)
+        placed.append(
+            WhatIfRow(
+                bound.task_id, name, f"{p.node} GPU {gpus}", units + (" (borrowed)" if p.borrowed else "")
+            )
+        )
+    waiting = []
+    for task_id, reason in sorted(
+        run.decisions.unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0
+    ):
+        name = names.get(task_id, task_id)
+        sentence = "" if name == OTHER_TENANT else reason.message
+        waiting.append(WhatIfRow(task_id, name, reason.code, sentence))
+    layouts = [f"{plan.gpu[0]} GPU {plan.gpu[1]} → {plan.plan.text}" for plan in run.decisions.layouts]
+    return WhatIfRun(
+        policy=run.policy,
+        placed=placed,
+        waiting=waiting,
+        preempted=len(run.decisions.preemptions),
+        layouts=layouts,
+        frag_before_pct=run.frag_before_pct,
+        frag_after_pct=run.frag_after_pct,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ charts
+
+CHART_W, CHART_H = 560, 180
+CHART_LEFT, CHART_RIGHT, CHART_TOP, CHART_BOTTOM = 48, 12, 10, 24
+
+
+@dataclass(frozen=True)
+class ChartLine:
+    name: str
+    css: str  # "line-1" … "line-5": colour and dash pattern (tell lines apart without colour too)
+    segments: tuple[str, ...]  # SVG polyline points; a bucket without data breaks the line
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A line chart drawn server-side as SVG, with its numbers as a table (every chart has both)."""
+
+    key: str
+    title: str
+    unit: str
+    lines: tuple[ChartLine, ...]
+    y_ticks: tuple[tuple[float, str], ...]  # (pixel y, label)
+    x_ticks: tuple[tuple[float, str], ...]  # (pixel x, label)
+    head: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    width: int = CHART_W
+    height: int = CHART_H
+    empty: bool = False
+
+
+def _nice_max(value: float) -> float:
+    """The smallest of 1, 2, 5 × 10^k at or above `value` (an axis that ends on a round number)."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    for step in (1, 2, 5, 10):
+        if value <= step * scale:
+            return float(step * scale)
+    return float(10 * scale)
+
+
+def line_chart(
+    *,
+    key: str,
+    title: str,
+    unit: str,
+    times: list[datetime],
+    series: list[tuple[str, list[float | None]]],
+    fmt: Any = None,
+    y_max: float | None = None,
+) -> Chart:
+    """Lines over evenly spaced buckets starting at `times`; `fmt` writes a value for ticks and table."""
+    fmt = fmt or (lambda v: f"{v:.1f}")
+    values = [v for _, vs in series for v in vs if v is not None]
+    top = y_max if y_max is not None else _nice_max(max(values, default=0.0))
+    plot_w = CHART_W - CHART_LEFT - CHART_RIGHT
+    plot_h = CHART_H - CHART_TOP - CHART_BOTTOM
+    n = max(1, len(times) - 1)
+
+    def x(i: int) -> float:
+        return round(CHART_LEFT + plot_w * i / n, 1)
+
+    def y(v: float) -> float:
+        return round(CHART_TOP + plot_h * (1 - min(v, top) / top), 1)
+
+    lines = []
+    for number, (name, vs) in enumerate(series, start=1):
+        segments, current = [], []
+        for i, v in enumerate(vs):
+            if v is None:
+                if current:
+                    segments.append(" ".join(current))
+                current = []
+                continue
+            current.append(f"{x(i)},{y(v)}")
+        if current:
+            segments.append(" ".join(current))
+        # A lone point is drawn as a dot: the same point twice with round line caps.
+        segments = [seg if " " in seg else f"{seg} {seg}" for seg in segments]
+        lines.append(ChartLine(name=name, css=f"line-{number}", segments=tuple(segments)))
+    y_ticks = tuple((y(top * f), fmt(top * f)) for f in (0.0, 0.5, 1.0))
+    step = max(1, len(times) // 4)
+    marks = sorted({*range(0, len(times), step), len(times) - 1})
+    x_ticks = tuple((x(i), f"{times[i]:%H:%M}") for i in marks if times)
+    rows = tuple(
+        (f"{t:%Y-%m-%d %H:%M}", *("–" if vs[i] is None else fmt(vs[i]) for _, vs in series))
+        for i, t in enumerate(times)
+        if any(vs[i] is not None for _, vs in series)
+    )
+    return Chart(
+        key=key,
+        title=title,
+        unit=unit,
+        lines=tuple(lines),
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        head=("bucket start", *(name for name, _ in series)),
+        rows=rows,
+        empty=not values,
+    )
+
+
+def history_charts(history: Any) -> list[Chart]:
+    """The pool history page's charts from `apps.dashboard.history.pool_history`."""
+    from apps.dashboard.templatetags.dashboard import duration
+    from apps.dashboard.words import reason_label
+
+    b = history.buckets
+    times = [bucket.start for bucket in b]
+    pct = lambda v: f"{v:.1f}%"  # noqa: E731
+    count = lambda v: f"{v:.1f}"  # noqa: E731
+    reasons = [
+        (
+            reason_label(code),
+            [dict(x.pending_by_reason).get(code) if x.pending_by_reason else None for x in b],
+        )
+        for code in history.reasons
+    ]
+    return [
+        line_chart(
+            key="allocation",
+            title="Allocated and busy",
+            unit="% of the pool's GPUs",
+            times=times,
+            series=[
+                ("allocated", [x.allocated_pct for x in b]),
+                ("busy (SM utilisation)", [x.busy_pct for x in b]),
+            ],
+            fmt=pct,
+            y_max=100.0,
+        ),
+        line_chart(
+            key="fragmentation",
+            title="Fragmented capacity",
+            unit="% of capacity left in pieces the task mix cannot use",
+            times=times,
+            series=[("fragmented", [x.fragmented_pct for x in b])],
+            fmt=pct,
+        ),
+        line_chart(
+            key="pending",
+            title="Pending tasks, by reason",
+            unit="tasks left pending per cycle (mean over the bucket)",
+            times=times,
+            series=[("all pending", [x.pending for x in b]), *reasons],
+            fmt=count,
+        ),
+        line_chart(
+            key="tenants",
+            title="GPUs held by tenant",
+            unit="mean GPUs held over the bucket (guarantee in brackets)",
+            times=times,
+            series=[
+                (f"{u.tenant} ({u.guaranteed_milli / 1000:g})", [m / 1000 for m in u.held_milli])
+                for u in history.tenants
+            ],
+            fmt=lambda v: f"{v:.2f}",
+        ),
+        line_chart(
+            key="wait",
+            title="Queue wait of tasks that started",
+            unit="submission to start",
+            times=times,
+            series=[("P50", [x.wait_p50_s for x in b]), ("P95", [x.wait_p95_s for x in b])],
+            fmt=duration,
+        ),
+    ]
+
+
+def arrivals_chart(arrivals: Any) -> Chart:
+    """Submissions per bin beside the arrivals model's one-hour-ahead forecast (the next hour included)."""
+    minutes = arrivals.bin_s // 60
+    label = (
+        f"forecast one hour ahead (model v{arrivals.model_version})" if arrivals.model_version else "forecast"
+    )
+    unit = f"tasks submitted per {minutes} minutes; the last 6 hours and the next"
+    if arrivals.reason:
+        unit += f" — {arrivals.reason}"
+    return line_chart(
+        key="arrivals",
+        title="Submissions: actual and forecast",
+        unit=unit,
+        times=list(arrivals.starts),
+        series=[("submitted", list(arrivals.actual)), (label, list(arrivals.forecast))],
+        fmt=lambda v: f"{v:.1f}",
+    )

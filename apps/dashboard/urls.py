@@ -25,4 +25,6 @@ urlpatterns = [
     path("overrides/<int:override_id>/reject/", views.override_reject, name="override-reject"),
     path("pools/", views.pool_list, name="pool-list"),
     path("pools/<int:pool_id>/", views.pool_detail, name="pool-detail"),
+    path("pools/<int:pool_id>/history/", views.pool_history_page, name="pool-history"),
+    path("pools/<int:pool_id>/whatif/", views.pool_whatif_page, name="pool-whatif"),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -26,18 +27,36 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.presenters import age_s, heat_map, one_line, quota_bars, run_view
+from apps.dashboard.history import pool_gpu_totals, pool_history
+from apps.dashboard.presenters import (
+    age_s,
+    arrivals_chart,
+    fleet_view,
+    heat_map,
+    history_charts,
+    one_line,
+    quota_bars,
+    run_view,
+    whatif_names,
+    whatif_run,
+)
+from apps.forecasting.selectors import pool_arrivals_beside
 from apps.inventory import selectors as inventory
+from apps.inventory.models import Node
 from apps.logs import selectors as logs
+from apps.metrics.selectors import plane_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
+from apps.scheduling.whatif import pool_whatif
 from apps.tenants.models import Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
 from apps.workloads import selectors as workloads
 from apps.workloads import services as workload_services
 from apps.workloads.models import Task
 from apps.workloads.state_machine import FINAL
+from whalegen.placement.registry import POLICY_NAMES
 
 TASKS_PER_PAGE = 50
+HEATMAP_NODES_PER_PAGE = 100  # 800 GPU cells at most: a page a browser draws at once
 LOG_TAIL_LINES = 200  # the task page's tail; the rest through the API or `whalegen tasks logs`
 RECENT_OVERRIDES = 50
 MEMBER = Membership.Role.MEMBER
@@ -85,7 +104,10 @@ def overview(request: HttpRequest) -> HttpResponse:
         # A platform admin sees every tenant; only those with something to show fill the page.
         if not access.platform_admin or bars[t.pk] or queues[t.pk] or access.role(t.pk)
     ]
-    return render(request, "dashboard/overview.html", {"sections": sections, "access": access})
+    # A platform admin's home page opens with the whole fleet: every pool and cluster in one table.
+    fleet = fleet_view(plane_readings(now=now)) if access.platform_admin else None
+    context = {"sections": sections, "access": access, "fleet": fleet, "now": now}
+    return render(request, "dashboard/overview.html", context)
 
 
 @login_required
@@ -299,7 +321,11 @@ def pool_list(request: HttpRequest) -> HttpResponse:
 def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     access = page_access(request)
     pool = inventory.pool_get(access=access, pool_id=pool_id)
-    gpus = inventory.gpu_list(access=access).filter(node__pool=pool).prefetch_related("units__task")
+    # A large pool's heat-map comes a page of nodes at a time; the header counts the whole pool.
+    node_ids = Node.objects.filter(pool=pool).order_by("cluster__name", "name").values_list("pk", flat=True)
+    nodes = Paginator(node_ids, HEATMAP_NODES_PER_PAGE).get_page(request.GET.get("page"))
+    gpus = inventory.gpu_list(access=access).filter(node_id__in=list(nodes))
+    totals = pool_gpu_totals(pool_id=pool.pk)
     visible = None if access.platform_admin else set(access.tenant_ids)
     cycles = list(cycle_list(pool_id=pool.pk)[:10])
     latest = cycles[0] if cycles else None
@@ -307,6 +333,8 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     context = {
         "pool": pool,
         "map": heat_map(gpus, visible),
+        "nodes": nodes,
+        "totals": totals,
         "latest": latest,
         "unplaced_by_reason": sorted((stats.get("unplaced_by_reason") or {}).items(), key=lambda kv: -kv[1]),
         "frag_before": stats.get("fragmentation_before"),
@@ -315,3 +343,72 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
         "access": access,
     }
     return render(request, "dashboard/pool_detail.html", context)
+
+
+@login_required
+def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """What another placement policy would do with this pool now, beside the cycle's own policy.
+
+    The pool's current snapshot goes through the same decision step the cycle runs, inside a
+    transaction that is rolled back (`apps.scheduling.whatif`): nothing is placed or written. A member
+    sees the names of their own tenants' tasks only; other tenants' tasks are counted, not named.
+    """
+    access = page_access(request)
+    pool = inventory.pool_get(access=access, pool_id=pool_id)
+    configured = settings.WHALEGEN_CYCLE_POLICY
+    wanted = request.GET.get("policy") or next(p for p in POLICY_NAMES if p != configured)
+    if wanted not in POLICY_NAMES:
+        context = {
+            "pool": pool,
+            "policies": POLICY_NAMES,
+            "wanted": wanted,
+            "access": access,
+            "error": f"unknown policy {wanted!r}; choose one of {', '.join(POLICY_NAMES)}",
+        }
+        return render(request, "dashboard/pool_whatif.html", context, status=400)
+    policies = [configured] if wanted == configured else [configured, wanted]
+    report = pool_whatif(pool_name=pool.name, policies=policies)
+    shown = whatif_names(report.task_names, access)
+    runs = [whatif_run(run, report, shown) for run in report.runs]
+    context = {
+        "pool": pool,
+        "report": report,
+        "runs": runs,
+        "policies": POLICY_NAMES,
+        "wanted": wanted,
+        "configured": configured,
+        "access": access,
+    }
+    return render(request, "dashboard/pool_whatif.html", context)
+
+
+HISTORY_HOURS = (1, 6, 24, 72)
+
+
+@login_required
+def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """The pool over the last hours: allocation and busy %, fragmentation, pending by reason, waits."""
+    access = page_access(request)
+    pool = inventory.pool_get(access=access, pool_id=pool_id)
+    try:
+        hours = int(request.GET.get("hours", "6"))
+    except ValueError:
+        hours = 0
+    if hours not in HISTORY_HOURS:
+        return _refused(
+            request,
+            ApplicationError(f"hours must be one of {', '.join(map(str, HISTORY_HOURS))}"),
+            reverse("dashboard:pool-history", args=[pool.pk]),
+        )
+    now = timezone.now()
+    history = pool_history(pool=pool, now=now, hours=hours)
+    arrivals = pool_arrivals_beside(pool_id=pool.pk, now=now)
+    context = {
+        "pool": pool,
+        "history": history,
+        "charts": [*history_charts(history), arrivals_chart(arrivals)],
+        "hours": hours,
+        "choices": HISTORY_HOURS,
+        "access": access,
+    }
+    return render(request, "dashboard/pool_history.html", context)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -368,3 +369,83 @@ def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> s
         .first()
     )
     return "" if top is None else str(top["sla_class"])
+
+
+@dataclass(frozen=True)
+class ArrivalsBeside:
+    """Submissions per bin of the active arrivals model, beside what that model forecast one hour ahead:
+    each whole hour's bins as forecast at the start of that hour, and the next hour as forecast now."""
+
+    bin_s: int
+    starts: tuple[datetime, ...]
+    actual: tuple[float | None, ...]  # None for bins still to come
+    forecast: tuple[float | None, ...]  # None where no forecast was made (before the window's first hour)
+    reason: str  # why there is no forecast line, when there is none
+    model_version: int | None = None
+
+
+ARRIVALS_BESIDE_HOURS = 6  # a forecast per hour is made here on request: six of them at most
+
+
+def pool_arrivals_beside(*, pool_id: int, now: datetime) -> ArrivalsBeside:
+    """The last ARRIVALS_BESIDE_HOURS of submissions to the pool and the next hour, with the active
+    arrivals model's one-hour-ahead forecast of each hour (summed over task shapes)."""
+    bin_s = 600
+    row = (
+        ForecastModel.objects.filter(kind=ForecastModel.Kind.ARRIVALS, pool_id=pool_id, tenant=None,
+                                     state=ForecastModel.State.ACTIVE)
+        .values_list("blob", "version")
+        .first()
+    )  # fmt: skip
+    model = ArrivalModel.from_bytes(bytes(row[0])) if row is not None else None
+    if model is not None:
+        bin_s = model.config.bin_s
+    hour_s = 3600
+    end_s = math.floor(now.timestamp() / bin_s) * bin_s + hour_s
+    start_s = math.floor((now.timestamp() - ARRIVALS_BESIDE_HOURS * hour_s) / hour_s) * hour_s
+    n = int((end_s - start_s) // bin_s)
+    history_from = datetime.fromtimestamp(start_s, tz=now.tzinfo) - _MIX_HISTORY
+    rows = list(
+        Task.objects.filter(pool_id=pool_id, created_at__gte=history_from, created_at__lt=now)
+        .order_by("created_at", "id")
+        .values_list("created_at", "gpu_count", "gpu_milli")
+    )
+    times = np.asarray([r[0].timestamp() for r in rows], dtype=np.float64)
+    actual: list[float | None] = [0.0] * n
+    now_s = now.timestamp()
+    for t in times[times >= start_s]:
+        actual[int((t - start_s) // bin_s)] += 1
+    for i in range(n):
+        if start_s + i * bin_s >= now_s:
+            actual[i] = None
+    forecast: list[float | None] = [None] * n
+    reason = ""
+    if model is None:
+        reason = "no active arrivals model for this pool yet (one is trained once it has enough history)"
+    elif not len(times):
+        reason = "no submissions to forecast from"
+    else:
+        labels = [f"gpu_count={r[1]}|gpu_milli={r[2]}" for r in rows]
+        origins = [
+            start_s + h * hour_s for h in range(ARRIVALS_BESIDE_HOURS + 1) if start_s + h * hour_s < now_s
+        ]
+        origins.append(math.floor(now_s / bin_s) * bin_s)
+        for origin in sorted(set(origins)):
+            try:
+                ahead = forecast_arrivals(model, times, labels, origin)
+            except Exception as exc:  # a chart must not fail the page
+                logger.exception("forecasting: arrivals v%s cannot forecast for the dashboard", row[1])
+                reason = f"arrivals model v{row[1]} failed: {exc}"[:300]
+                break
+            for bin_start, expected in zip(ahead.index, ahead.sum(axis=1), strict=True):
+                i = int((bin_start - start_s) // bin_s)
+                if 0 <= i < n:
+                    forecast[i] = float(expected)
+    return ArrivalsBeside(
+        bin_s=bin_s,
+        starts=tuple(datetime.fromtimestamp(start_s + i * bin_s, tz=now.tzinfo) for i in range(n)),
+        actual=tuple(actual),
+        forecast=tuple(forecast),
+        reason=reason,
+        model_version=row[1] if row is not None else None,
+    )

@@ -657,5 +657,6 @@ def _frag(value: ClusterFragmentation) -> dict[str, float]:
     return {
         "frag_milli": round(value.frag_milli, 1),
         "idle_milli": value.idle_milli,
+        "capacity_milli": value.capacity_milli,  # the pool's history page charts allocation from these
         "amount_pct": round(value.amount_pct, 3),
     }

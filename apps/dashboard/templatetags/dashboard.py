@@ -1,8 +1,12 @@
-"""Small display filters: milli-GPUs as GPUs, seconds as a readable duration."""
+"""Small display filters: milli-GPUs as GPUs, seconds as a readable duration, codes as words."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django import template
+
+from apps.dashboard.words import node_state_label, reason_label
 
 register = template.Library()
 
@@ -27,3 +31,22 @@ def duration(seconds: float | None) -> str:
             parts.append(f"{total // size} {unit}")
             total %= size
     return " ".join(parts[:2])
+
+
+@register.filter
+def reason(code: str | None) -> str:
+    """A why-pending code as words ("needs_layout_change" → "only a new MIG layout would fit")."""
+    return reason_label(code)
+
+
+@register.filter
+def node_state(state: str) -> str:
+    return node_state_label(state)
+
+
+@register.filter
+def age(since: datetime | None, now: datetime) -> str:
+    """How long ago, as `duration` writes it; "–" when never."""
+    if since is None:
+        return "–"
+    return duration(max(0.0, (now - since).total_seconds()))

@@ -167,3 +167,77 @@ def test_task_page_shows_the_run_and_its_output_tail_live(live_server: Any, scen
     browser.find_element(By.LINK_TEXT, "Tasks").click()
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-task="{task.pk}"]')
     assert row.find_element(By.CSS_SELECTOR, "td.why").text == "exit code 3"
+
+
+def screenshot(browser: Any, name: str) -> Path:
+    """Save the page as it looks now; the path is printed so a reader of the test log can open it."""
+    import os
+    import tempfile
+
+    folder = Path(os.environ.get("WHALEGEN_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "whalegen-shots")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    browser.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
+    live_server: Any, scene: Any, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from apps.inventory.models import ComputeUnit
+
+    w = scene.world
+    log_in(browser, live_server, w.root, "root-fleet-pass")
+    # The home page opens with the fleet: the H100 pool has idle capacity and pending work at once.
+    row = browser.find_element(By.CSS_SELECTOR, 'tr.fleet-pool[data-pool="h100-train"]')
+    assert "attention" in row.get_attribute("class")
+    assert "no free GPU, CPU or memory that fits" in row.text
+    screenshot(browser, "fleet-overview")
+
+    # The pool page refreshes its heat-map in place: free the whole GPU, and the cell turns idle
+    # without a navigation (the marker set on this page survives).
+    row.find_element(By.LINK_TEXT, "h100-train").click()
+    browser.find_element(By.ID, "heatmap")
+    browser.execute_script("window.__stillThisPage = true;")
+    assert browser.find_elements(By.CSS_SELECTOR, 'g.gpu[data-allocated="1000"]')
+    ComputeUnit.objects.filter(task=scene.placed).update(task=None)
+    WebDriverWait(browser, WAIT_S).until(
+        lambda b: not b.find_elements(By.CSS_SELECTOR, 'g.gpu[data-allocated="1000"]')
+    )
+    assert browser.execute_script("return window.__stillThisPage === true;")
+    # The legend's entries hold together at laptop width: no entry spans two lines.
+    browser.set_window_size(1280, 800)
+    for item in browser.find_elements(By.CSS_SELECTOR, ".legend .item"):
+        assert item.size["height"] < 24, f"legend entry wraps: {item.text!r}"
+    screenshot(browser, "pool-live")
+
+    # History: the pool's charts over the last hours, each with its numbers as a table.
+    browser.find_element(By.ID, "history-link").click()
+    charts = browser.find_elements(By.CSS_SELECTOR, "section.chart")
+    keys = [c.get_attribute("data-chart") for c in charts]
+    assert keys == ["allocation", "fragmentation", "pending", "tenants", "wait", "arrivals"]
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart-allocation polyline.series")
+    screenshot(browser, "pool-history")
+    browser.back()
+
+    # What-if: another policy's decision for this pool now, beside the cycle's own; read-only.
+    browser.find_element(By.ID, "whatif-link").click()
+    browser.find_element(By.CSS_SELECTOR, "#id_policy option[value=fgd]").click()
+    browser.find_element(By.CSS_SELECTOR, "#whatif-form button").click()
+    fgd = browser.find_element(By.CSS_SELECTOR, 'section.whatif[data-policy="fgd"]')
+    assert "big-run" in fgd.text
+    assert browser.find_element(By.CSS_SELECTOR, 'section.whatif[data-policy="whalegen"]')
+    screenshot(browser, "whatif")
+
+    # A page that does not exist is a styled page at tablet width, with a way back.
+    browser.set_window_size(820, 1000)
+    browser.get(f"{live_server.url}/tasks/999999/")
+    assert browser.find_element(By.CSS_SELECTOR, "#error-page h1").text == "Not found"
+    assert browser.find_element(By.LINK_TEXT, "Back to the overview")
+    screenshot(browser, "not-found-tablet")
+    severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert all("999999" in m for m in severe), severe  # only the 404 itself

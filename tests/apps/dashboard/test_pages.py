@@ -418,8 +418,10 @@ def test_pool_heat_map_and_latest_cycle(scene: Any, page: Any) -> None:
     # for its new layout, fragmentation before/after.
     stats = scene.cycle.stats
     assert f'<dd id="cycle-placed">{scene.cycle.tasks_placed}</dd>' in body
-    assert '<td>no_capacity</td><td class="num">1</td>' in body
-    assert '<td>waiting_for_layout</td><td class="num">1</td>' in body
+    # Counted by reason in words, never the raw code (issue: codes leaked into the UI).
+    assert '<td>no free GPU, CPU or memory that fits</td><td class="num">1</td>' in body
+    assert '<td>a GPU is being re-carved for it</td><td class="num">1</td>' in body
+    assert "no_capacity" not in body and "waiting_for_layout" not in body
     assert str(stats["fragmentation_before"]["frag_milli"]) in body
     assert str(stats["fragmentation_after"]["frag_milli"]) in body
 

@@ -1,0 +1,155 @@
+"""Server time of every dashboard page, on the demo fleet and on a 1,000-node pool with 10,000 tasks.
+
+    DATABASE_URL=postgres://… SECRET_KEY=x python benchmarks/dashboard_pages.py [--nodes 1000]
+        [--pending 10000] [--repeat 3] [--json]
+
+Each page is requested through Django's test client (the whole middleware stack, the view, the
+template; no network) as a platform admin, `--repeat` times after one warm-up; the figures are the
+median wall and CPU milliseconds and the number of SQL queries. The same run measures the floor: the
+login page (no database work beyond the session), so the ratios say what each page adds.
+
+1. The demo fleet (`whalegen demo`'s seed: 10 nodes in three pools), after one scheduling cycle per
+   pool. Goal: every page within 300 ms.
+2. A scratch pool of `--nodes` openb nodes with `--pending` tasks (benchmarks/cycle.py's builder), after
+   one cycle placed what fits. Goal: every page within 1 s. The what-if page runs two whole decisions
+   on the pool (the cycle's policy and another) and is reported, not held to the page goal.
+The scratch rows are removed at the end. Figures only; nothing fails on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.cycle import _build, _cleanup, _progress, _setup_django  # noqa: E402
+
+DEMO_GOAL_MS = 300.0
+LARGE_GOAL_MS = 1000.0
+
+
+def time_page(client: Any, path: str, repeat: int) -> dict[str, Any]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client.get(path)  # warm: templates compiled, session read
+    walls, cpus, queries, status = [], [], 0, 0
+    for _ in range(repeat):
+        with CaptureQueriesContext(connection) as captured:
+            wall, cpu = time.perf_counter(), time.process_time()
+            response = client.get(path)
+            walls.append((time.perf_counter() - wall) * 1000)
+            cpus.append((time.process_time() - cpu) * 1000)
+        queries, status = len(captured.captured_queries), response.status_code
+    return {
+        "path": path,
+        "status": status,
+        "wall_ms": round(statistics.median(walls), 1),
+        "cpu_ms": round(statistics.median(cpus), 1),
+        "queries": queries,
+    }
+
+
+def pages_of(pool_id: int, task_id: int | None) -> list[str]:
+    paths = ["/login/", "/", "/tasks/", "/tasks/?state=pending", "/pools/", f"/pools/{pool_id}/"]
+    paths += [f"/pools/{pool_id}/history/?hours=6", f"/pools/{pool_id}/whatif/?policy=fgd", "/overrides/"]
+    if task_id is not None:
+        paths.append(f"/tasks/{task_id}/")
+    return paths
+
+
+def measure(label: str, pool_id: int, task_id: int | None, repeat: int, goal_ms: float) -> dict[str, Any]:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="bench-pages-admin", defaults={"is_staff": True}
+    )
+    client = Client()
+    client.force_login(user)
+    rows = []
+    for path in pages_of(pool_id, task_id):
+        _progress(f"{label}: {path}")
+        rows.append(time_page(client, path, repeat))
+    floor = rows[0]["cpu_ms"] or 0.1
+    for row in rows:
+        row["cpu_vs_login"] = round(row["cpu_ms"] / floor, 1)
+        row["within_goal"] = row["wall_ms"] <= goal_ms or "/whatif/" in row["path"]
+    return {"label": label, "goal_ms": goal_ms, "pages": rows}
+
+
+def run(args: argparse.Namespace) -> int:
+    _setup_django()
+    from django.db import connection
+
+    from apps.inventory.models import Pool
+    from apps.scheduling.services import cycle_run
+    from apps.workloads.models import Task
+    from whalegen.commands.demo import seed
+
+    if connection.vendor != "postgresql":
+        print("benchmarks/dashboard_pages.py needs PostgreSQL: set DATABASE_URL", file=sys.stderr)
+        return 2
+    results = []
+    _progress("demo fleet: seeding (once) and one cycle per pool")
+    seed()
+    for pool in Pool.objects.exclude(name__startswith="bench-"):
+        cycle_run(pool_id=pool.pk)
+    demo_pool = Pool.objects.exclude(name__startswith="bench-").order_by("name").first()
+    assert demo_pool is not None
+    demo_task = Task.objects.filter(pool=demo_pool).order_by("pk").values_list("pk", flat=True).first()
+    results.append(measure("demo fleet", demo_pool.pk, demo_task, args.repeat, DEMO_GOAL_MS))
+
+    tag = f"pages-{int(time.time())}"
+    build_args = argparse.Namespace(
+        nodes=args.nodes, pending=args.pending, shares=args.shares, tenants=4, seed=42, traces=None
+    )
+    _progress(f"large pool: building {args.nodes} nodes and {args.pending} tasks")
+    built = _build(build_args, tag)
+    try:
+        pool_id = built["pool"].pk
+        _progress("large pool: one scheduling cycle")
+        cycle_run(pool_id=pool_id)
+        task = Task.objects.filter(pool_id=pool_id).order_by("pk").values_list("pk", flat=True).first()
+        results.append(
+            measure(f"{args.nodes} nodes, {args.pending} tasks", pool_id, task, args.repeat, LARGE_GOAL_MS)
+        )
+    finally:
+        _progress("removing the scratch pool")
+        _cleanup(built)
+    if args.json:
+        print(json.dumps({"results": results}, indent=2))
+        return 0
+    for result in results:
+        print(f"\n{result['label']} (goal {result['goal_ms']:.0f} ms per page; what-if reported only)")
+        print(f"{'page':<40} {'status':>6} {'wall ms':>9} {'CPU ms':>9} {'queries':>8} {'CPU vs login':>13}")
+        for row in result["pages"]:
+            mark = "" if row["within_goal"] else "  over goal"
+            print(
+                f"{row['path']:<40} {row['status']:>6} {row['wall_ms']:>9.1f} {row['cpu_ms']:>9.1f} "
+                f"{row['queries']:>8} {row['cpu_vs_login']:>12.1f}x{mark}"
+            )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--shares", type=int, default=4, help="MPS units per GPU in the large pool")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
