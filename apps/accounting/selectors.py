@@ -1,0 +1,307 @@
+"""GPU-hours (and money) per tenant, queue, pool and GPU model, computed in one grouped SQL query.
+
+What is charged (docs/accounting.md): every assignment from its creation (the scheduler's commit binds
+the units) until its release (finished, preempted, lost, cancelled), or until now while it holds its
+units; an assignment is charged for what its units are, not for what the task asked:
+
+- a whole GPU is 1;
+- a MIG instance is its compute slices over the GPU's 7 (a 3g.40gb instance of an H100 80 GB is 3/7);
+- an MPS share or a time slice is its `gpu_milli` / 1000 (a 300-milli MPS share is 0.3).
+
+Links to units a re-carve deleted are read from `HeldUnit` (see there), so history survives re-carves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from apps.accounting.models import Budget, BudgetChange, HeldUnit
+from apps.inventory.models import ComputeUnit, Gpu, Pool
+from apps.scheduling.models import Assignment
+from apps.tenants.models import Tenant
+from apps.tenants.selectors import Access
+from apps.workloads.models import Queue, Task
+from whalegen.gpus.mig import COMPUTE_SLICES, MIG_TABLES
+from whalegen.placement.types import BudgetSpent
+
+# group name → the SQL expression it groups by. A queue is named with its tenant: names are per tenant.
+GROUPS: dict[str, str] = {
+    "tenant": "tn.slug",
+    "queue": "tn.slug || '/' || q.name",
+    "pool": "p.name",
+    "gpu_model": "h.gpu_model",
+}
+SECONDS_PER_HOUR = 3600.0
+
+
+def unit_fraction(*, kind: str, mig_profile: str, gpu_milli: int) -> float:
+    """What holding one unit counts as, in GPUs (the same rule as the SQL in `_held_sql`)."""
+    if kind == ComputeUnit.Kind.MIG:
+        return int(mig_profile.split("g", 1)[0]) / COMPUTE_SLICES
+    return gpu_milli / 1000.0
+
+
+def _held_sql() -> str:
+    """(assignment, GPU model, fraction) for every unit an assignment held: live links and copies."""
+    slices = sorted({p.compute_slices for table in MIG_TABLES.values() for p in table})
+    # A MIG profile's name starts with its compute slices ("3g.40gb", "1g.10gb+me"); `%%` is a literal %.
+    mig = " ".join(f"WHEN u.mig_profile LIKE '{n}g.%%' THEN {n}" for n in slices)
+    through = Assignment.units.through._meta.db_table
+    return (
+        f"SELECT l.assignment_id AS assignment_id, g.model AS gpu_model,"
+        f" CASE WHEN u.kind = 'mig' THEN (CASE {mig} END) / {float(COMPUTE_SLICES)}"
+        f" ELSE u.gpu_milli / 1000.0 END AS fraction"
+        f" FROM {through} l JOIN {ComputeUnit._meta.db_table} u ON u.id = l.computeunit_id"
+        f" JOIN {Gpu._meta.db_table} g ON g.id = u.gpu_id"
+        f" UNION ALL SELECT assignment_id, gpu_model, fraction FROM {HeldUnit._meta.db_table}"
+    )
+
+
+def _overlap_s_sql() -> str:
+    """Seconds of [created_at, released_at or end) inside [start, end); params: end, end, start."""
+    if connection.vendor == "postgresql":
+        return (
+            "EXTRACT(EPOCH FROM (LEAST(COALESCE(a.released_at, %s::timestamptz), %s::timestamptz)"
+            " - GREATEST(a.created_at, %s::timestamptz)))"
+        )
+    # The embedded SQLite keeps datetimes as ISO text in UTC: MIN/MAX compare them, julianday counts days.
+    return "(julianday(MIN(COALESCE(a.released_at, %s), %s)) - julianday(MAX(a.created_at, %s))) * 86400.0"
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    keys: Mapping[str, str]  # group name → value (tenant slug, "tenant/queue", pool name, GPU model)
+    gpu_hours: float
+    tasks: int  # distinct tasks that held GPUs in the range
+    cost: float | None = None  # None when no price is configured
+    unpriced_gpu_hours: float = 0.0  # GPU-hours on models without a price (not in `cost`)
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    start: datetime
+    end: datetime  # the range's end as asked; usage is counted up to min(end, now)
+    group_by: tuple[str, ...]
+    currency: str | None
+    rows: tuple[UsageRow, ...] = ()
+    total: UsageRow = field(default_factory=lambda: UsageRow({}, 0.0, 0))
+
+
+@dataclass(frozen=True)
+class Filters:
+    tenants: Sequence[str] = ()
+    queues: Sequence[str] = ()
+    pools: Sequence[str] = ()
+    gpu_models: Sequence[str] = ()
+    tenant_ids: Sequence[int] | None = None  # None: every tenant (a platform admin)
+    pool_ids: Sequence[int] = ()
+
+
+def gpu_prices() -> dict[str, float]:
+    """Price per GPU-hour by catalogue model, from WHALEGEN_GPU_PRICES (parsed in settings)."""
+    return dict(getattr(settings, "WHALEGEN_GPU_PRICES", {}))
+
+
+def _in(column: str, values: Sequence[Any], where: list[str], params: list[Any]) -> None:
+    if values:
+        where.append(f"{column} IN ({', '.join(['%s'] * len(values))})")
+        params.extend(values)
+
+
+def _usage(
+    *, start: datetime, end: datetime, group_by: Sequence[str], filters: Filters, prices: Mapping[str, float]
+) -> tuple[list[UsageRow], UsageRow]:
+    """Rows per group and the total, in one query (the total is the sum of the rows)."""
+    if filters.tenant_ids is not None and not filters.tenant_ids:
+        return [], UsageRow({}, 0.0, 0)
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = [adapt(end), adapt(end), adapt(start)]
+    where = ["a.created_at < %s", "(a.released_at IS NULL OR a.released_at > %s)"]
+    params_where: list[Any] = [adapt(end), adapt(start)]
+    if filters.tenant_ids is not None:
+        _in("t.tenant_id", list(filters.tenant_ids), where, params_where)
+    _in("tn.slug", list(filters.tenants), where, params_where)
+    _in("q.name", list(filters.queues), where, params_where)
+    _in("p.name", list(filters.pools), where, params_where)
+    _in("t.pool_id", list(filters.pool_ids), where, params_where)
+    _in("h.gpu_model", list(filters.gpu_models), where, params_where)
+    keys = [f"{GROUPS[name]} AS g{i}" for i, name in enumerate(group_by)]
+    inner = (
+        f"SELECT {', '.join([*keys, 'a.task_id AS task_id', 'h.gpu_model AS gpu_model'])},"
+        f" h.fraction * {_overlap_s_sql()} AS gpu_s"
+        f" FROM ({_held_sql()}) h"
+        f" JOIN {Assignment._meta.db_table} a ON a.id = h.assignment_id"
+        f" JOIN {Task._meta.db_table} t ON t.id = a.task_id"
+        f" JOIN {Tenant._meta.db_table} tn ON tn.id = t.tenant_id"
+        f" JOIN {Queue._meta.db_table} q ON q.id = t.queue_id"
+        f" JOIN {Pool._meta.db_table} p ON p.id = t.pool_id"
+        f" WHERE {' AND '.join(where)}"
+    )
+    params += params_where
+    outer = ["SUM(x.gpu_s)", "COUNT(DISTINCT x.task_id)"]
+    if prices:
+        cases = " ".join("WHEN %s THEN %s" for _ in prices)
+        outer.append(f"SUM(x.gpu_s * CASE x.gpu_model {cases} ELSE 0 END)")
+        outer.append(
+            f"SUM(CASE WHEN x.gpu_model IN ({', '.join(['%s'] * len(prices))}) THEN 0 ELSE x.gpu_s END)"
+        )
+    names = [f"x.g{i}" for i in range(len(group_by))]
+    sql = f"SELECT {', '.join([*names, *outer])} FROM ({inner}) x"
+    if names:
+        sql += f" GROUP BY {', '.join(names)} ORDER BY {', '.join(names)}"
+    outer_params: list[Any] = []
+    if prices:
+        for model, price in prices.items():
+            outer_params += [model, price]
+        outer_params += list(prices)
+    with connection.cursor() as cursor:
+        # The outer aggregates' placeholders come first in the text, then the inner query's.
+        cursor.execute(sql, outer_params + params)
+        fetched = cursor.fetchall()
+    rows = []
+    for row in fetched:
+        n = len(group_by)
+        if not row[n + 1]:
+            continue  # no assignment at all (the one row of an ungrouped aggregate over nothing)
+        gpu_s = float(row[n] or 0.0)
+        rows.append(
+            UsageRow(
+                keys=dict(zip(group_by, (str(v) for v in row[:n]), strict=True)),
+                gpu_hours=gpu_s / SECONDS_PER_HOUR,
+                tasks=int(row[n + 1]),
+                cost=float(row[n + 2] or 0.0) / SECONDS_PER_HOUR if prices else None,
+                unpriced_gpu_hours=float(row[n + 3] or 0.0) / SECONDS_PER_HOUR if prices else 0.0,
+            )
+        )
+    total = UsageRow(
+        keys={},
+        gpu_hours=sum(r.gpu_hours for r in rows),
+        # A task that held GPUs of two models is in two gpu_model rows, and counted in both.
+        tasks=sum(r.tasks for r in rows),
+        cost=sum(r.cost or 0.0 for r in rows) if prices else None,
+        unpriced_gpu_hours=sum(r.unpriced_gpu_hours for r in rows),
+    )
+    return rows, total
+
+
+def usage_report(
+    *,
+    access: Access,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    group_by: Sequence[str] = (),
+    tenants: Sequence[str] = (),
+    queues: Sequence[str] = (),
+    pools: Sequence[str] = (),
+    gpu_models: Sequence[str] = (),
+) -> UsageReport:
+    """GPU-hours in [start, end) of what the caller may see: their tenants (and those below), or all for
+    a platform admin; an outsider sees nothing. Usage after `now` is not counted (it has not happened)."""
+    prices = gpu_prices()
+    rows, total = _usage(
+        start=start,
+        end=min(end, now),
+        group_by=group_by,
+        filters=Filters(
+            tenants=tenants,
+            queues=queues,
+            pools=pools,
+            gpu_models=gpu_models,
+            tenant_ids=None if access.platform_admin else access.tenant_ids,
+        ),
+        prices=prices,
+    )
+    return UsageReport(
+        start=start,
+        end=end,
+        group_by=tuple(group_by),
+        currency=settings.WHALEGEN_CURRENCY if prices else None,
+        rows=tuple(rows),
+        total=total,
+    )
+
+
+def month_start(moment: datetime) -> datetime:
+    """The first instant of `moment`'s calendar month in UTC (budgets' and the dashboard's period)."""
+    moment = moment.astimezone(UTC)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def previous_month_start(moment: datetime) -> datetime:
+    first = month_start(moment)
+    return (
+        first.replace(year=first.year - 1, month=12)
+        if first.month == 1
+        else first.replace(month=first.month - 1)
+    )
+
+
+def budgets_spent(*, pool_id: int, limits: Mapping[int, float], now: datetime) -> dict[int, BudgetSpent]:
+    """Tenant id → its spent budget in this pool this month, for the tenants in `limits` (tenant id →
+    GPU-hours per month) whose usage has reached the limit. No query when `limits` is empty."""
+    if not limits:
+        return {}
+    start = month_start(now)
+    with_names = _usage(
+        start=start,
+        end=now,
+        group_by=("tenant", "pool"),
+        filters=Filters(tenant_ids=sorted(limits), pool_ids=[pool_id]),
+        prices={},
+    )[0]
+    slugs = dict(Tenant.objects.filter(pk__in=limits).values_list("slug", "pk"))
+    spent: dict[int, BudgetSpent] = {}
+    for row in with_names:
+        tenant_id = slugs[row.keys["tenant"]]
+        limit = limits[tenant_id]
+        if row.gpu_hours >= limit:
+            spent[tenant_id] = BudgetSpent(
+                pool=row.keys["pool"], period=f"{start:%B %Y}", limit_gpu_h=limit, used_gpu_h=row.gpu_hours
+            )
+    for tenant_id, limit in limits.items():
+        if limit <= 0 and tenant_id not in spent:  # a zero budget is spent before any use
+            pool = Pool.objects.values_list("name", flat=True).get(pk=pool_id)
+            spent[tenant_id] = BudgetSpent(
+                pool=pool, period=f"{start:%B %Y}", limit_gpu_h=limit, used_gpu_h=0.0
+            )
+    return spent
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    budget: Budget
+    used_gpu_h: float
+
+    @property
+    def spent(self) -> bool:
+        return self.used_gpu_h >= self.budget.gpu_hours
+
+
+def budget_list(*, access: Access, now: datetime) -> list[BudgetStatus]:
+    """Budgets the caller may see with this month's usage (one usage query for all of them)."""
+    budgets = Budget.objects.select_related("quota__tenant", "quota__pool")
+    if not access.platform_admin:
+        budgets = budgets.filter(quota__tenant_id__in=access.tenant_ids)
+    found = list(budgets)
+    if not found:
+        return []
+    rows, _ = _usage(
+        start=month_start(now),
+        end=now,
+        group_by=("tenant", "pool"),
+        filters=Filters(tenant_ids=sorted({b.quota.tenant_id for b in found})),
+        prices={},
+    )
+    used = {(r.keys["tenant"], r.keys["pool"]): r.gpu_hours for r in rows}
+    return [BudgetStatus(b, used.get((b.quota.tenant.slug, b.quota.pool.name), 0.0)) for b in found]
+
+
+def budget_changes(*, budget: Budget) -> list[BudgetChange]:
+    return list(budget.changes.all())
