@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from apps.accounting.models import Budget, BudgetChange, HeldUnit
+from apps.accounting.models import Budget, HeldUnit
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
@@ -37,6 +37,8 @@ GROUPS: dict[str, str] = {
     "pool": "p.name",
     "gpu_model": "h.gpu_model",
 }
+# The scheduler's reader groups by tenant id (it knows tenants by id); not offered through the API.
+_GROUP_SQL = {**GROUPS, "tenant_id": "t.tenant_id"}
 SECONDS_PER_HOUR = 3600.0
 
 
@@ -131,7 +133,7 @@ def _usage(
     _in("p.name", list(filters.pools), where, params_where)
     _in("t.pool_id", list(filters.pool_ids), where, params_where)
     _in("h.gpu_model", list(filters.gpu_models), where, params_where)
-    keys = [f"{GROUPS[name]} AS g{i}" for i, name in enumerate(group_by)]
+    keys = [f"{_GROUP_SQL[name]} AS g{i}" for i, name in enumerate(group_by)]
     inner = (
         f"SELECT {', '.join([*keys, 'a.task_id AS task_id', 'h.gpu_model AS gpu_model'])},"
         f" h.fraction * {_overlap_s_sql()} AS gpu_s"
@@ -245,31 +247,26 @@ def previous_month_start(moment: datetime) -> datetime:
 
 def budgets_spent(*, pool_id: int, limits: Mapping[int, float], now: datetime) -> dict[int, BudgetSpent]:
     """Tenant id → its spent budget in this pool this month, for the tenants in `limits` (tenant id →
-    GPU-hours per month) whose usage has reached the limit. No query when `limits` is empty."""
+    GPU-hours per month) whose usage has reached the limit. One query; none when `limits` is empty."""
     if not limits:
         return {}
     start = month_start(now)
-    with_names = _usage(
+    rows, _ = _usage(
         start=start,
         end=now,
-        group_by=("tenant", "pool"),
+        group_by=("tenant_id", "pool"),
         filters=Filters(tenant_ids=sorted(limits), pool_ids=[pool_id]),
         prices={},
-    )[0]
-    slugs = dict(Tenant.objects.filter(pk__in=limits).values_list("slug", "pk"))
+    )
+    used = {int(row.keys["tenant_id"]): (row.keys["pool"], row.gpu_hours) for row in rows}
     spent: dict[int, BudgetSpent] = {}
-    for row in with_names:
-        tenant_id = slugs[row.keys["tenant"]]
-        limit = limits[tenant_id]
-        if row.gpu_hours >= limit:
-            spent[tenant_id] = BudgetSpent(
-                pool=row.keys["pool"], period=f"{start:%B %Y}", limit_gpu_h=limit, used_gpu_h=row.gpu_hours
-            )
     for tenant_id, limit in limits.items():
-        if limit <= 0 and tenant_id not in spent:  # a zero budget is spent before any use
-            pool = Pool.objects.values_list("name", flat=True).get(pk=pool_id)
+        pool, gpu_hours = used.get(tenant_id, ("", 0.0))
+        if gpu_hours >= limit:
+            if not pool:  # a zero budget, spent before any use: the pool's name is not in the rows
+                pool = Pool.objects.values_list("name", flat=True).get(pk=pool_id)
             spent[tenant_id] = BudgetSpent(
-                pool=pool, period=f"{start:%B %Y}", limit_gpu_h=limit, used_gpu_h=0.0
+                pool=pool, period=f"{start:%B %Y}", limit_gpu_h=limit, used_gpu_h=gpu_hours
             )
     return spent
 
@@ -286,22 +283,67 @@ class BudgetStatus:
 
 def budget_list(*, access: Access, now: datetime) -> list[BudgetStatus]:
     """Budgets the caller may see with this month's usage (one usage query for all of them)."""
-    budgets = Budget.objects.select_related("quota__tenant", "quota__pool")
+    budgets = Budget.objects.select_related("quota__tenant", "quota__pool").prefetch_related("changes")
     if not access.platform_admin:
         budgets = budgets.filter(quota__tenant_id__in=access.tenant_ids)
     found = list(budgets)
     if not found:
         return []
+    used = month_usage(tenant_ids=sorted({b.quota.tenant_id for b in found}), now=now)
+    return [BudgetStatus(b, used.get((b.quota.tenant.slug, b.quota.pool.name), 0.0)) for b in found]
+
+
+@dataclass(frozen=True)
+class MonthsRow:
+    tenant: str
+    pool: str
+    this_month_gpu_h: float
+    last_month_gpu_h: float
+    this_month_cost: float | None
+    last_month_cost: float | None
+    budget_gpu_h: float | None  # the monthly budget, None when there is none
+    budget_spent: bool
+
+
+def tenant_months(*, access: Access, now: datetime) -> list[MonthsRow]:
+    """Per visible tenant × pool: this month so far against the whole of last month, with the budget."""
+    this_start, last_start = month_start(now), previous_month_start(now)
+    this = usage_report(access=access, start=this_start, end=now, now=now, group_by=("tenant", "pool"))
+    last = usage_report(access=access, start=last_start, end=this_start, now=now, group_by=("tenant", "pool"))
+    budgets = {
+        (b.budget.quota.tenant.slug, b.budget.quota.pool.name): b for b in budget_list(access=access, now=now)
+    }
+    by_key: dict[tuple[str, str], list[UsageRow | None]] = {}
+    for i, report in enumerate((this, last)):
+        for row in report.rows:
+            by_key.setdefault((row.keys["tenant"], row.keys["pool"]), [None, None])[i] = row
+    for key in budgets:
+        by_key.setdefault(key, [None, None])
+    out = []
+    for (tenant, pool), (now_row, last_row) in sorted(by_key.items()):
+        budget = budgets.get((tenant, pool))
+        out.append(
+            MonthsRow(
+                tenant=tenant,
+                pool=pool,
+                this_month_gpu_h=now_row.gpu_hours if now_row else 0.0,
+                last_month_gpu_h=last_row.gpu_hours if last_row else 0.0,
+                this_month_cost=now_row.cost if now_row else None,
+                last_month_cost=last_row.cost if last_row else None,
+                budget_gpu_h=budget.budget.gpu_hours if budget else None,
+                budget_spent=budget.spent if budget else False,
+            )
+        )
+    return out
+
+
+def month_usage(*, tenant_ids: Sequence[int], now: datetime) -> dict[tuple[str, str], float]:
+    """(tenant slug, pool name) → GPU-hours this calendar month so far, for these tenants (one query)."""
     rows, _ = _usage(
         start=month_start(now),
         end=now,
         group_by=("tenant", "pool"),
-        filters=Filters(tenant_ids=sorted({b.quota.tenant_id for b in found})),
+        filters=Filters(tenant_ids=list(tenant_ids)),
         prices={},
     )
-    used = {(r.keys["tenant"], r.keys["pool"]): r.gpu_hours for r in rows}
-    return [BudgetStatus(b, used.get((b.quota.tenant.slug, b.quota.pool.name), 0.0)) for b in found]
-
-
-def budget_changes(*, budget: Budget) -> list[BudgetChange]:
-    return list(budget.changes.all())
+    return {(r.keys["tenant"], r.keys["pool"]): r.gpu_hours for r in rows}

@@ -25,4 +25,5 @@ urlpatterns = [
     path("overrides/<int:override_id>/reject/", views.override_reject, name="override-reject"),
     path("pools/", views.pool_list, name="pool-list"),
     path("pools/<int:pool_id>/", views.pool_detail, name="pool-detail"),
+    path("accounting/", views.accounting, name="accounting"),
 ]
