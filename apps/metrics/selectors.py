@@ -45,7 +45,8 @@ class PlaneReadings:
 
 
 def plane_readings(*, now: datetime) -> PlaneReadings:
-    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two)."""
+    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two), 14
+    when some tenant has a GPU-hour budget (its month's usage)."""
     pools = dict(Pool.objects.values_list("id", "name"))
     gpus = list(
         Gpu.objects.values("health", pool_id=F("node__pool_id"), cluster=F("node__cluster__name"))

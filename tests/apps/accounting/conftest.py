@@ -44,25 +44,34 @@ class Month:
     a100: Any
     mig_gpu: Any
     preempted: Any
+    alice: Any  # a member of vision
+    bob: Any  # a member of audio
+    eve: Any  # signed in, a member of nothing
+    root: Any  # a platform admin
 
 
 @pytest.fixture
-def month(world: Any) -> Month:
-    """On top of the shared persona world (vision and speech under acme; alice in vision, bob in
-    speech, eve nowhere, root a platform admin)."""
+def month(db: None) -> Month:
     from apps.inventory.services import pool_create
-    from apps.tenants.services import tenant_create
-    from apps.workloads.models import Queue, Task
+    from apps.tenants.models import Membership
+    from apps.tenants.services import membership_set, tenant_create
+    from apps.workloads.models import Task
     from apps.workloads.services import queue_create, quota_set
+    from tests.apps.factories import UserFactory
 
-    vision = world.tenant_a
-    train = Queue.objects.get(tenant=vision, name="train")
+    vision = tenant_create(slug="vision", name="Vision")
     audio = tenant_create(slug="audio", name="Audio")
+    users = {name: UserFactory(username=name) for name in ("alice", "bob", "eve")}
+    membership_set(user=users["alice"], tenant=vision, role=Membership.Role.MEMBER)
+    membership_set(user=users["bob"], tenant=audio, role=Membership.Role.VIEWER)
+    h100 = pool_create(name="h100-train")
     a100 = pool_create(name="a100-infer")
+    quota_set(tenant=vision, pool=h100, guaranteed_milli=4000)
     quota_set(tenant=audio, pool=a100, guaranteed_milli=1000)
+    train = queue_create(tenant=vision, pool=h100, name="train")
     infer = queue_create(tenant=audio, pool=a100, name="infer")
 
-    node = f.node_in(train.pool)
+    node = f.node_in(h100)
     g0, g1 = f.gpu(node), f.gpu(node)
     mig_gpu = f.gpu(node, mode="mig")
     shared = f.gpu(node, mode="mps")
@@ -75,5 +84,12 @@ def month(world: Any) -> Month:
     f.held(train, [slice_unit], at(1, 8), task=first.task)
     f.held(infer, [f.whole(f.gpu(f.node_in(a100), model="A100-80GB"))], at(1, 1), at(1, 3))
     return Month(
-        vision=vision, audio=audio, h100=train.pool, a100=a100, mig_gpu=mig_gpu, preempted=first.task
+        vision=vision,
+        audio=audio,
+        h100=h100,
+        a100=a100,
+        mig_gpu=mig_gpu,
+        preempted=first.task,
+        root=UserFactory(username="root", is_staff=True, is_superuser=True),
+        **users,
     )

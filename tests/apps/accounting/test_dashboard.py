@@ -23,11 +23,11 @@ def _rows(html: str) -> list[list[str]]:
     ]
 
 
-def test_a_member_sees_her_tenant_this_month_against_last(month, world, client) -> None:
+def test_a_member_sees_her_tenant_this_month_against_last(month, client) -> None:
     from apps.accounting.services import budget_set
 
-    budget_set(tenant=month.vision, pool=month.h100, gpu_hours=15, reason="plan", by=world.root)
-    client.force_login(world.alice)
+    budget_set(tenant=month.vision, pool=month.h100, gpu_hours=15, reason="plan", by=month.root)
+    client.force_login(month.alice)
     response = client.get("/accounting/")
     assert response.status_code == 200
     assert _rows(response.content.decode()) == [
@@ -35,10 +35,10 @@ def test_a_member_sees_her_tenant_this_month_against_last(month, world, client) 
     ]
 
 
-def test_an_outsider_sees_an_empty_state_and_an_admin_every_tenant(month, world, client) -> None:
-    client.force_login(world.eve)
+def test_an_outsider_sees_an_empty_state_and_an_admin_every_tenant(month, client) -> None:
+    client.force_login(month.eve)
     assert "No GPU-hours to show" in client.get("/accounting/").content.decode()
-    client.force_login(world.root)
+    client.force_login(month.root)
     rows = _rows(client.get("/accounting/").content.decode())
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
         ("audio", "a100-infer", "2.0", "0.0"),
