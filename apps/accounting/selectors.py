@@ -120,8 +120,8 @@ def _usage(
     *, start: datetime, end: datetime, group_by: Sequence[str], filters: Filters, prices: Mapping[str, float]
 ) -> tuple[list[UsageRow], UsageRow]:
     """Rows per group and the total, in one query (the total is the sum of the rows)."""
-    if filters.tenant_ids is not None and not filters.tenant_ids:
-        return [], UsageRow({}, 0.0, 0)
+    if (filters.tenant_ids is not None and not filters.tenant_ids) or end <= start:
+        return [], UsageRow({}, 0.0, 0)  # nobody to see, or a range that has not begun by now
     adapt = connection.ops.adapt_datetimefield_value
     params: list[Any] = [adapt(end), adapt(end), adapt(start)]
     where = ["a.created_at < %s", "(a.released_at IS NULL OR a.released_at > %s)"]

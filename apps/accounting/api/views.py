@@ -87,10 +87,13 @@ class AccountingApi(APIView):
         known = set(Pool.objects.filter(name__in=pools).values_list("name", flat=True))
         if unknown := [p for p in pools if p not in known]:
             raise ValidationError({"pool": [f"unknown pool {', '.join(unknown)}"]})
+        start, end = q.get("start") or selectors.month_start(now), q.get("end") or now
+        if start >= end:  # one of them defaulted (both given are checked by the serializer)
+            raise ValidationError({"to": [f"must be after from ({start.isoformat()})"]})
         report = selectors.usage_report(
             access=access,
-            start=q.get("start") or selectors.month_start(now),
-            end=q.get("end") or now,
+            start=start,
+            end=end,
             now=now,
             group_by=q.get("group_by", []),
             tenants=q.get("tenant", []),

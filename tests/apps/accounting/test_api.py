@@ -56,14 +56,15 @@ def test_csv_by_format_or_accept_header(month, api) -> None:
     [
         ("from=yesterday", "from"),
         ("from=2026-12-02&to=2026-12-01", "to"),
+        ("to=2026-11-15", "to"),
         ("group_by=tenant,colour", "group_by"),
         ("group_by=pool,pool", "group_by"),
         ("gpu_model=H900", "gpu_model"),
         ("pool=nowhere", "pool"),
         ("format=xml", "format"),
     ],
-    ids=["a date it cannot read", "an empty range", "an unknown group", "a group twice", "an unknown model",
-         "an unknown pool", "an unknown format"],
+    ids=["a date it cannot read", "an empty range", "a range ending before this month's start",
+         "an unknown group", "a group twice", "an unknown model", "an unknown pool", "an unknown format"],
 )  # fmt: skip
 def test_bad_input_is_a_400_naming_the_field(db, api, query, field) -> None:
     from tests.apps.factories import UserFactory

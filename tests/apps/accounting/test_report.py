@@ -67,6 +67,9 @@ def test_running_work_is_charged_until_now_and_not_beyond(month) -> None:
     )
     # One more hour of the MPS share (0.3) and of the time slice (0.25).
     assert later.total.gpu_hours == pytest.approx(VISION_DEC + 0.55)
+    # A range that starts after now has nothing yet (running work is not charged ahead).
+    ahead = usage_report(access=ADMIN, start=JAN, end=JAN + timedelta(days=31), now=NOW, group_by=["tenant"])
+    assert ahead.rows == () and ahead.total.gpu_hours == 0
 
 
 def test_prices_give_money_per_model_and_say_what_is_unpriced(month, settings) -> None:
