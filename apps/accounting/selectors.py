@@ -35,7 +35,7 @@ GROUPS: dict[str, str] = {
     "tenant": "tn.slug",
     "queue": "tn.slug || '/' || q.name",
     "pool": "p.name",
-    "gpu_model": "h.gpu_model",
+    "gpu_model": "{model}",  # the GPU model column of the branch (see `_held_sources`)
 }
 # The scheduler's reader groups by tenant id (it knows tenants by id); not offered through the API.
 _GROUP_SQL = {**GROUPS, "tenant_id": "t.tenant_id"}
@@ -49,20 +49,27 @@ def unit_fraction(*, kind: str, mig_profile: str, gpu_milli: int) -> float:
     return gpu_milli / 1000.0
 
 
-def _held_sql() -> str:
-    """(assignment, GPU model, fraction) for every unit an assignment held: live links and copies."""
+def _held_sources() -> list[tuple[str, str, str]]:
+    """(joins from `a`, GPU model, fraction) for the two places an assignment's units are read from: its
+    live unit links, and the copies `HeldUnit` keeps of links a re-carve deleted.
+
+    Two branches of a UNION ALL, each joined from the filtered assignments: a union of all links joined
+    afterwards makes PostgreSQL read every link ever made (measured: 0.5 s at 50,000 assignments).
+    """
     slices = sorted({p.compute_slices for table in MIG_TABLES.values() for p in table})
     # A MIG profile's name starts with its compute slices ("3g.40gb", "1g.10gb+me"); `%%` is a literal %.
     mig = " ".join(f"WHEN u.mig_profile LIKE '{n}g.%%' THEN {n}" for n in slices)
     through = Assignment.units.through._meta.db_table
-    return (
-        f"SELECT l.assignment_id AS assignment_id, g.model AS gpu_model,"
-        f" CASE WHEN u.kind = 'mig' THEN (CASE {mig} END) / {float(COMPUTE_SLICES)}"
-        f" ELSE u.gpu_milli / 1000.0 END AS fraction"
-        f" FROM {through} l JOIN {ComputeUnit._meta.db_table} u ON u.id = l.computeunit_id"
-        f" JOIN {Gpu._meta.db_table} g ON g.id = u.gpu_id"
-        f" UNION ALL SELECT assignment_id, gpu_model, fraction FROM {HeldUnit._meta.db_table}"
+    units, gpus = ComputeUnit._meta.db_table, Gpu._meta.db_table
+    live = (
+        f"JOIN {through} l ON l.assignment_id = a.id JOIN {units} u ON u.id = l.computeunit_id"
+        f" JOIN {gpus} g ON g.id = u.gpu_id",
+        "g.model",
+        f"CASE WHEN u.kind = 'mig' THEN (CASE {mig} END) / {float(COMPUTE_SLICES)}"
+        " ELSE u.gpu_milli / 1000.0 END",
     )
+    kept = (f"JOIN {HeldUnit._meta.db_table} hu ON hu.assignment_id = a.id", "hu.gpu_model", "hu.fraction")
+    return [live, kept]
 
 
 def _overlap_s_sql() -> str:
@@ -123,29 +130,31 @@ def _usage(
     if (filters.tenant_ids is not None and not filters.tenant_ids) or end <= start:
         return [], UsageRow({}, 0.0, 0)  # nobody to see, or a range that has not begun by now
     adapt = connection.ops.adapt_datetimefield_value
-    params: list[Any] = [adapt(end), adapt(end), adapt(start)]
-    where = ["a.created_at < %s", "(a.released_at IS NULL OR a.released_at > %s)"]
-    params_where: list[Any] = [adapt(end), adapt(start)]
-    if filters.tenant_ids is not None:
-        _in("t.tenant_id", list(filters.tenant_ids), where, params_where)
-    _in("tn.slug", list(filters.tenants), where, params_where)
-    _in("q.name", list(filters.queues), where, params_where)
-    _in("p.name", list(filters.pools), where, params_where)
-    _in("t.pool_id", list(filters.pool_ids), where, params_where)
-    _in("h.gpu_model", list(filters.gpu_models), where, params_where)
-    keys = [f"{_GROUP_SQL[name]} AS g{i}" for i, name in enumerate(group_by)]
-    inner = (
-        f"SELECT {', '.join([*keys, 'a.task_id AS task_id', 'h.gpu_model AS gpu_model'])},"
-        f" h.fraction * {_overlap_s_sql()} AS gpu_s"
-        f" FROM ({_held_sql()}) h"
-        f" JOIN {Assignment._meta.db_table} a ON a.id = h.assignment_id"
-        f" JOIN {Task._meta.db_table} t ON t.id = a.task_id"
-        f" JOIN {Tenant._meta.db_table} tn ON tn.id = t.tenant_id"
-        f" JOIN {Queue._meta.db_table} q ON q.id = t.queue_id"
-        f" JOIN {Pool._meta.db_table} p ON p.id = t.pool_id"
-        f" WHERE {' AND '.join(where)}"
-    )
-    params += params_where
+    branches = []
+    params: list[Any] = []
+    for joins, model, fraction in _held_sources():
+        where = ["a.created_at < %s", "(a.released_at IS NULL OR a.released_at > %s)"]
+        params_where: list[Any] = [adapt(end), adapt(start)]
+        if filters.tenant_ids is not None:
+            _in("t.tenant_id", list(filters.tenant_ids), where, params_where)
+        _in("tn.slug", list(filters.tenants), where, params_where)
+        _in("q.name", list(filters.queues), where, params_where)
+        _in("p.name", list(filters.pools), where, params_where)
+        _in("t.pool_id", list(filters.pool_ids), where, params_where)
+        _in(model, list(filters.gpu_models), where, params_where)
+        keys = [f"{_GROUP_SQL[name].format(model=model)} AS g{i}" for i, name in enumerate(group_by)]
+        branches.append(
+            f"SELECT {', '.join([*keys, 'a.task_id AS task_id', f'{model} AS gpu_model'])},"
+            f" {fraction} * {_overlap_s_sql()} AS gpu_s"
+            f" FROM {Assignment._meta.db_table} a {joins}"
+            f" JOIN {Task._meta.db_table} t ON t.id = a.task_id"
+            f" JOIN {Tenant._meta.db_table} tn ON tn.id = t.tenant_id"
+            f" JOIN {Queue._meta.db_table} q ON q.id = t.queue_id"
+            f" JOIN {Pool._meta.db_table} p ON p.id = t.pool_id"
+            f" WHERE {' AND '.join(where)}"
+        )
+        params += [adapt(end), adapt(end), adapt(start), *params_where]
+    inner = " UNION ALL ".join(branches)
     outer = ["SUM(x.gpu_s)", "COUNT(DISTINCT x.task_id)"]
     if prices:
         cases = " ".join("WHEN %s THEN %s" for _ in prices)
