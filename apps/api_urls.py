@@ -13,4 +13,5 @@ urlpatterns = [
     path("", include("apps.forecasting.api.urls")),
     path("", include("apps.fleet.api.urls")),
     path("", include("apps.logs.api.urls")),
+    path("", include("apps.accounting.api.urls")),
 ]

@@ -23,6 +23,8 @@ RESOURCES = [
     ("tenants", "tenants", "the tenants you may act in, with your role"),
     ("forecast_models", "forecast-models", "the forecasting model registry"),
     ("profiles", "profiles", "task profiles with right-sizing advice"),
+    ("accounting", "accounting", "GPU-hours (and money) per tenant, queue, pool and GPU model; CSV too"),
+    ("budgets", "budgets", "monthly GPU-hour budgets per tenant and pool, with their audit trail"),
 ]
 
 

@@ -27,4 +27,5 @@ urlpatterns = [
     path("pools/<int:pool_id>/", views.pool_detail, name="pool-detail"),
     path("pools/<int:pool_id>/history/", views.pool_history_page, name="pool-history"),
     path("pools/<int:pool_id>/whatif/", views.pool_whatif_page, name="pool-whatif"),
+    path("accounting/", views.accounting, name="accounting"),
 ]

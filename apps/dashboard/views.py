@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from apps.accounting.selectors import month_start, previous_month_start, tenant_months
 from apps.approvals import selectors as approvals
 from apps.approvals import services as approval_services
 from apps.approvals.models import PriorityOverride
@@ -315,6 +316,19 @@ def pool_list(request: HttpRequest) -> HttpResponse:
         left = sum((cycle.stats.get("unplaced_by_reason") or {}).values()) if cycle is not None else None
         rows.append({"pool": pool, "cycle": cycle, "left_pending": left})
     return render(request, "dashboard/pool_list.html", {"rows": rows, "access": access})
+
+
+@login_required
+def accounting(request: HttpRequest) -> HttpResponse:
+    """GPU-hours per tenant and pool: this month so far against last month, with budgets."""
+    now = timezone.now()
+    context = {
+        "rows": tenant_months(access=page_access(request), now=now),
+        "this_month": month_start(now),
+        "last_month": previous_month_start(now),
+        "now": now,
+    }
+    return render(request, "dashboard/accounting.html", context)
 
 
 @login_required

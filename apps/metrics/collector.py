@@ -168,6 +168,16 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
             "Part of in-use admitted above the guarantee (the first capacity an owner reclaims).",
             labels=["tenant", "pool"],
         ),
+        "budget": GaugeMetricFamily(
+            "whalegen_budget_limit_gpu_hours",
+            "GPU-hour budget per calendar month (UTC).",
+            labels=["tenant", "pool"],
+        ),
+        "budget_used": GaugeMetricFamily(
+            "whalegen_budget_used_gpu_hours",
+            "GPU-hours used this month where there is a budget; new admissions stop at the limit.",
+            labels=["tenant", "pool"],
+        ),
     }  # fmt: skip
     for row in sorted(readings.quotas, key=lambda r: (r["tenant_slug"], pool[r["pool_id"]])):
         labels = [row["tenant_slug"], pool[row["pool_id"]]]
@@ -177,6 +187,9 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
         quota["charged"].add_metric(labels, row["charged_milli"])
         quota["in_use"].add_metric(labels, use.in_use_milli if use else 0)
         quota["borrowed"].add_metric(labels, use.reclaimable_milli if use else 0)
+        if row["budget_gpu_hours"] is not None:
+            quota["budget"].add_metric(labels, row["budget_gpu_hours"])
+            quota["budget_used"].add_metric(labels, readings.budget_used.get((labels[0], labels[1]), 0.0))
     yield from quota.values()
 
     # 4. Cycles: the newest one per pool, and totals over every cycle recorded.

@@ -14,6 +14,7 @@ from typing import Any
 from django.db.models import Count, F, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 
+from apps.accounting.selectors import month_usage
 from apps.forecasting.models import ForecastModel
 from apps.inventory.models import ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.models import Cycle, PoolCycleTotals, Repartition
@@ -35,6 +36,7 @@ class PlaneReadings:
     pending: list[Row]  # pool_id, why_pending_code, tasks, oldest
     quotas: list[Row]  # tenant_id, tenant_slug, pool_id, guaranteed_milli, borrow_limit_milli, charged_milli
     usage: dict[tuple[int, int], QuotaUsage]  # (tenant id, pool id) → placed usage
+    budget_used: dict[tuple[str, str], float]  # (tenant slug, pool name) → GPU-hours this month, budgeted
     latest_cycles: list[Row]  # one Cycle row per pool that has one
     cycle_totals: list[Row]  # pool_id, cycles, considered, placed, preempted, conflicts
     nodes: list[Row]  # pool_id, cluster_name, cordoned, state, nodes, oldest_heartbeat
@@ -43,7 +45,8 @@ class PlaneReadings:
 
 
 def plane_readings(*, now: datetime) -> PlaneReadings:
-    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two)."""
+    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two), 14
+    when some tenant has a GPU-hour budget (its month's usage)."""
     pools = dict(Pool.objects.values_list("id", "name"))
     gpus = list(
         Gpu.objects.values("health", pool_id=F("node__pool_id"), cluster=F("node__cluster__name"))
@@ -78,9 +81,13 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
             "borrow_limit_milli",
             "charged_milli",
             tenant_slug=F("tenant__slug"),
+            budget_gpu_hours=F("budget__gpu_hours"),
         )
     )
     usage = quota_usage(tenant_ids=sorted({q["tenant_id"] for q in quotas})) if quotas else {}
+    # This month's GPU-hours of the tenants with a budget: one more query, only when there are budgets.
+    budgeted = sorted({q["tenant_id"] for q in quotas if q["budget_gpu_hours"] is not None})
+    budget_used = month_usage(tenant_ids=budgeted, now=now) if budgeted else {}
     # The newest cycle of each pool: one correlated subquery per pool (the pool table is small), each
     # answered from the (pool, started_at) end of the cycle history, never a scan of all cycles.
     newest = Cycle.objects.filter(pool_id=OuterRef("pk")).order_by("-started_at", "-id").values("id")[:1]
@@ -136,6 +143,7 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
         pending=pending,
         quotas=quotas,
         usage=usage,
+        budget_used=budget_used,
         latest_cycles=latest_cycles,
         cycle_totals=cycle_totals,
         nodes=nodes,

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Sum
 
+from apps.accounting.selectors import budgets_spent
 from apps.approvals.models import PriorityOverride
 from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
@@ -659,13 +660,28 @@ def _read_pending(
 
 
 def _read_quotas(r: _Reading) -> list[QuotaState]:
-    """Step 6: quotas of the pool."""
+    """Step 6: quotas of the pool, each with its GPU-hour budget when that is spent this month (one more
+    query, only in a pool where some tenant has a budget)."""
     quotas = []
-    for row in Quota.objects.filter(pool_id=r.pool_id).values(
-        "tenant_id", "tenant__slug", "guaranteed_milli", "borrow_limit_milli"
-    ):
+    rows = list(
+        Quota.objects.filter(pool_id=r.pool_id).values(
+            "tenant_id", "tenant__slug", "guaranteed_milli", "borrow_limit_milli", "budget__gpu_hours"
+        )
+    )
+    limits = {
+        row["tenant_id"]: row["budget__gpu_hours"] for row in rows if row["budget__gpu_hours"] is not None
+    }
+    spent = budgets_spent(pool_id=r.pool_id, limits=limits, now=r.now)
+    for row in rows:
         r.tenant_ids[row["tenant__slug"]] = row["tenant_id"]
-        quotas.append(QuotaState(row["tenant__slug"], row["guaranteed_milli"], row["borrow_limit_milli"]))
+        quotas.append(
+            QuotaState(
+                row["tenant__slug"],
+                row["guaranteed_milli"],
+                row["borrow_limit_milli"],
+                budget_spent=spent.get(row["tenant_id"]),
+            )
+        )
     return quotas
 
 

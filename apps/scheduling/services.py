@@ -23,6 +23,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps.accounting.services import held_units_keep
 from apps.common.errors import Conflict
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
@@ -310,6 +311,7 @@ def _write_layouts(
     node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _ in plans})}
     for key, plan in plans:
         gpu = snapshot.gpus[key]
+        held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
         _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk, task__isnull=True).delete()
         if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")

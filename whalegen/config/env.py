@@ -95,3 +95,24 @@ def database_from_url(url: str) -> dict[str, object]:
             path = path[1:]
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path or ":memory:"}
     raise ConfigError(f"DATABASE_URL scheme {parts.scheme!r} is not supported (use postgres:// or sqlite://)")
+
+
+def envprices(name: str) -> dict[str, float]:
+    """`MODEL=PRICE,MODEL=PRICE` → {canonical model name: price}; an unknown model or a bad price stops
+    the process at start rather than pricing a report wrongly later."""
+    from whalegen.gpus.catalogue import canonical_model_name
+
+    prices: dict[str, float] = {}
+    for item in (envstr(name, "") or "").split(","):
+        if not item.strip():
+            continue
+        model, sep, price = item.partition("=")
+        try:
+            value = float(price)
+            model_name = canonical_model_name(model.strip())
+        except (ValueError, LookupError) as exc:
+            raise ConfigError(f"{name}: {item.strip()!r} is not MODEL=PRICE with a catalogue model") from exc
+        if not sep or value < 0:
+            raise ConfigError(f"{name}: {item.strip()!r} is not MODEL=PRICE with a price of 0 or more")
+        prices[model_name] = value
+    return prices

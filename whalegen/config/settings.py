@@ -15,6 +15,7 @@ from whalegen.config.env import (
     envfloat,
     envint,
     envlist,
+    envprices,
     envstr,
 )
 from whalegen.config.logging import logging_config
@@ -65,6 +66,7 @@ INSTALLED_APPS = [
     "apps.forecasting",
     "apps.fleet",
     "apps.logs",
+    "apps.accounting",
     "apps.metrics",
     "apps.dashboard",
 ]
@@ -234,6 +236,9 @@ WHALEGEN_TOKEN_TTL_DAYS = envint("WHALEGEN_TOKEN_TTL_DAYS", 90)
 # A revocation, membership change or deactivation made in another process takes effect within it.
 WHALEGEN_AUTH_CACHE_S = envfloat("WHALEGEN_AUTH_CACHE_S", 5.0)
 WHALEGEN_OVERRIDE_TTL_HOURS = envint("WHALEGEN_OVERRIDE_TTL_HOURS", 24)
+# Accounting: price per GPU-hour by GPU model ("H100-80GB=2.50,A100-80GB=1.40"), in WHALEGEN_CURRENCY.
+WHALEGEN_GPU_PRICES = envprices("WHALEGEN_GPU_PRICES")
+WHALEGEN_CURRENCY = envstr("WHALEGEN_CURRENCY", "USD") or "USD"
 # Forecasting: how far back finished runs and submissions feed training, baselines and profiles, and
 # how many recent runs a prediction at submission reads for its key history.
 WHALEGEN_FORECAST_LOOKBACK_DAYS = envint("WHALEGEN_FORECAST_LOOKBACK_DAYS", 30)

@@ -243,6 +243,10 @@ class Engine:
                 message = f"gang {head.gang_id} has {len(unit)} of {head.gang_size} members pending"
                 unplaced += [Unplaced(t.task_id, Outcome.GANG_INCOMPLETE, message) for t in unit]
                 continue
+            spent = self.budget_check(head.tenant)
+            if spent is not None:
+                unplaced += [Unplaced(t.task_id, Outcome.BUDGET_SPENT, spent) for t in unit]
+                continue
             need_milli = sum(t.num_gpu * t.gpu_milli for t in unit)
             quota_problem, borrowed = self.quota_check(head.tenant, need_milli)
             if quota_problem is not None:
@@ -314,6 +318,13 @@ class Engine:
         self.victim_pool.pop(task_id, None)
         self.usage_milli[record.tenant] -= record.request_milli
         self.state.release(task_id)
+
+    def budget_check(self, tenant: str) -> str | None:
+        """Why nothing new of `tenant` is admitted: its GPU-hour budget is spent (running work goes on)."""
+        quota = self.quotas.get(tenant)
+        if quota is None or quota.budget_spent is None:
+            return None
+        return quota.budget_spent.message(tenant)
 
     def quota_check(self, tenant: str, need_milli: int) -> tuple[str | None, bool]:
         quota = self.quotas.get(tenant)

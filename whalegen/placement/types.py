@@ -48,6 +48,7 @@ class Outcome(StrEnum):
     WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # victims proposed; it places once they leave
     NO_ISOLATION = "no_isolation"  # no schedulable node has a GPU offering the isolation asked for
     ONLINE_RESERVE = "online_reserve"  # a batch task would eat into the pool's online-SLA reserve
+    BUDGET_SPENT = "budget_spent"  # the tenant used its GPU-hour budget in this pool for the period
 
 
 @dataclass(frozen=True)
@@ -142,10 +143,27 @@ class RunningTask:
 
 
 @dataclass(frozen=True)
+class BudgetSpent:
+    """A tenant's GPU-hour budget in a pool, used up for the period: nothing new is admitted."""
+
+    pool: str
+    period: str  # as a person names it: "December 2026"
+    limit_gpu_h: float
+    used_gpu_h: float
+
+    def message(self, tenant: str) -> str:
+        return (
+            f"tenant {tenant} has used its {self.limit_gpu_h:g} GPU-hour budget for {self.pool} in "
+            f"{self.period} ({self.used_gpu_h:.1f} h)"
+        )
+
+
+@dataclass(frozen=True)
 class Quota:
     tenant: str
     guaranteed_milli: int
     borrow_limit_milli: int = 0  # how far above the guarantee the tenant may borrow
+    budget_spent: BudgetSpent | None = None  # set while the period's GPU-hour budget is used up
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,9 @@ class Decider:
             if claim.action is ClaimAction.WAIT or claim.slot is None or claim.unit_id is None:
                 unplaced[task_id] = Reason(Code.WAITING_FOR_LAYOUT, claim.reason)
                 continue
+            if (spent := self.engine.budget_check(request.tenant)) is not None:
+                unplaced[task_id] = Reason(Outcome.BUDGET_SPENT.value, spent)
+                continue
             need = request.gpu_request_milli
             problem, borrowed = self.engine.quota_check(request.tenant, need)
             if problem is not None:

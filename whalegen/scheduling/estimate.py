@@ -30,6 +30,7 @@ class Estimate:
 # No running task's end makes these placeable: only a new member, model, GPU mode or layout does (their
 # reason already says which).
 _NEVER_BY_ENDS = {
+    Outcome.BUDGET_SPENT.value,  # no task's end gives GPU-hours back; the next period (or an admin) does
     Outcome.GANG_INCOMPLETE.value,
     Outcome.NO_ALLOWED_MODEL.value,
     Outcome.NO_ISOLATION.value,
