@@ -354,6 +354,9 @@ def run(args: argparse.Namespace) -> int:
         # would bury the status line a newcomer is watching. Through settings, so that every
         # django.setup() (building the WSGI app runs it again) keeps it.
         os.environ.setdefault("WHALEGEN_ACCESS_LOG_LEVEL", "WARNING")
+    # A newcomer should see an idle GPU flagged within minutes, not after the production half hour.
+    os.environ.setdefault("WHALEGEN_IDLE_AFTER_S", "120")
+    os.environ.setdefault("WHALEGEN_IDLE_CHECK_INTERVAL_S", "20")
     if args.host not in {"127.0.0.1", "localhost", "::1"} and "ALLOWED_HOSTS" not in os.environ:
         # Reached by another name or address than loopback: accept whatever Host the browser sends.
         os.environ["ALLOWED_HOSTS"] = "*"
