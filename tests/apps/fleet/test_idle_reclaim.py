@@ -279,3 +279,67 @@ def test_the_beat_task_checks_every_pool_by_id(pool: Pool) -> None:
     result = idle_check.apply(args=[pool.pool.pk]).get()
     assert result["flagged"] == [task.pk]
     assert Task.objects.get(pk=task.pk).idle_flagged_at is not None
+
+
+def test_the_task_api_shows_the_flag_and_metrics_count_the_idle_task(pool: Pool, settings: Any) -> None:
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    from tests.apps.metrics.test_metrics_endpoint import scrape, value
+
+    task = running(pool)
+    other = running(pool, gpu=1)
+    telemetry(pool)
+    check(pool)
+    client = APIClient()
+    client.force_authenticate(UserFactory(username="root", is_staff=True))
+    shown = client.get(f"/api/v1/tasks/{task.pk}/").json()
+    assert shown["idle_flagged_at"] is not None
+    assert client.get(f"/api/v1/tasks/{other.pk}/").json()["idle_flagged_at"] is None
+    settings.WHALEGEN_METRICS_TOKEN = "scrape-secret-0123456789"
+    samples = scrape(Client(), authorization="Bearer scrape-secret-0123456789")
+    assert value(samples, "whalegen_tasks_idle", pool=pool.pool.name) == 1
+
+
+def test_a_queue_takes_a_reclaim_policy_and_refuses_an_unknown_one(pool: Pool) -> None:
+    from rest_framework.test import APIClient
+
+    from tests.apps.factories import TenantFactory
+
+    client = APIClient()
+    client.force_authenticate(UserFactory(username="root", is_staff=True))
+    tenant = TenantFactory()
+    made = client.post(
+        "/api/v1/queues/",
+        {"tenant": tenant.slug, "pool": pool.pool.name, "name": "notebooks", "idle_reclaim": "preempt"},
+        format="json",
+    )
+    assert made.status_code == 201 and made.json()["idle_reclaim"] == "preempt"
+    refused = client.patch(
+        f"/api/v1/queues/{made.json()['id']}/", {"idle_reclaim": "sometimes"}, format="json"
+    )
+    assert refused.status_code == 400 and "idle_reclaim" in refused.json()
+
+
+def test_only_a_platform_admin_decides_a_reclaim_request_through_the_api(pool: Pool, online: Any) -> None:
+    from rest_framework.test import APIClient
+
+    from apps.tenants.models import Membership
+    from tests.apps.factories import MembershipFactory
+
+    member = MembershipFactory(tenant=online.tenant, role=Membership.Role.ADMIN).user
+    outsider = UserFactory()
+    as_member, as_outsider, as_root = APIClient(), APIClient(), APIClient()
+    as_member.force_authenticate(member)
+    as_outsider.force_authenticate(outsider)
+    as_root.force_authenticate(UserFactory(username="root", is_staff=True))
+    [listed] = as_member.get("/api/v1/reclaims/").json()["results"]
+    assert (listed["task"], listed["state"], listed["tenant"]) == (online.pk, "pending", online.tenant.slug)
+    assert as_outsider.get("/api/v1/reclaims/").json()["results"] == []
+    assert as_member.post(f"/api/v1/reclaims/{listed['id']}/approve/", {}, format="json").status_code == 403
+    rejected = as_root.post(f"/api/v1/reclaims/{listed['id']}/reject/", {}, format="json")
+    assert rejected.status_code == 400  # a rejection needs its comment
+    approved = as_root.post(f"/api/v1/reclaims/{listed['id']}/approve/", {"comment": "ok"}, format="json")
+    assert approved.status_code == 200 and approved.json()["state"] == "approved"
+    online.refresh_from_db()
+    assert online.state == "pending"
