@@ -45,6 +45,13 @@ SECRET_KEY = _secret
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+# Behind a TLS-terminating proxy (docs/operations.md, "TLS in front"): trust its X-Forwarded-Proto so
+# Django knows the request was HTTPS, and send session and CSRF cookies over HTTPS only. Only behind a
+# proxy that sets (or strips) that header itself; a client could forge it otherwise.
+if envbool("WHALEGEN_SECURE_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",

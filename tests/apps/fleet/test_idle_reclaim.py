@@ -281,7 +281,9 @@ def test_the_beat_task_checks_every_pool_by_id(pool: Pool) -> None:
     assert Task.objects.get(pk=task.pk).idle_flagged_at is not None
 
 
-def test_the_task_api_shows_the_flag_and_metrics_count_the_idle_task(pool: Pool, settings: Any) -> None:
+def test_the_task_api_and_page_show_the_flag_and_metrics_count_the_idle_task(
+    pool: Pool, settings: Any
+) -> None:
     from django.test import Client
     from rest_framework.test import APIClient
 
@@ -296,6 +298,10 @@ def test_the_task_api_shows_the_flag_and_metrics_count_the_idle_task(pool: Pool,
     shown = client.get(f"/api/v1/tasks/{task.pk}/").json()
     assert shown["idle_flagged_at"] is not None
     assert client.get(f"/api/v1/tasks/{other.pk}/").json()["idle_flagged_at"] is None
+    browser = Client()
+    browser.force_login(UserFactory(username="root", is_staff=True))
+    assert 'id="task-idle"' in browser.get(f"/tasks/{task.pk}/").content.decode()
+    assert 'id="task-idle"' not in browser.get(f"/tasks/{other.pk}/").content.decode()
     settings.WHALEGEN_METRICS_TOKEN = "scrape-secret-0123456789"
     samples = scrape(Client(), authorization="Bearer scrape-secret-0123456789")
     assert value(samples, "whalegen_tasks_idle", pool=pool.pool.name) == 1
