@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--step-s", type=float, default=0.5)
     parser.add_argument("--sm-pct", type=int, default=35, help="share of the SMs kept busy, 0-100")
+    parser.add_argument("--say", default="", help="print '<say> i/steps' per step instead of the MiB used")
     parser.add_argument("--exit-code", type=int, default=0)
     args = parser.parse_args(argv)
     env = dict(os.environ)
@@ -62,7 +63,8 @@ def main(argv: list[str]) -> int:
         print(f"mps server={limits['server_pid']} thread_pct={limits['thread_pct']:g}", end=" ")
         print(f"pinned_limit_mib={limit_mib}")
     else:
-        device_uuid = env.get("CUDA_VISIBLE_DEVICES", "")
+        # A program given several GPUs declares the first (the one its default CUDA context is on).
+        device_uuid = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
         print(f"device {device_uuid}")
     sys.stdout.flush()
     try:
@@ -76,7 +78,8 @@ def main(argv: list[str]) -> int:
                 return OUT_OF_MEMORY_EXIT
             used = want
             _declare(proc_dir, device_uuid, used, mps, max(0, min(100, args.sm_pct)))
-            print(f"step {step} using {used} MiB", flush=True)
+            line = f"{args.say} {step + 1}/{args.steps}" if args.say else f"step {step} using {used} MiB"
+            print(line, flush=True)
             time.sleep(args.step_s)
         return int(args.exit_code)
     finally:

@@ -239,6 +239,9 @@ class WorkloadGenerator:
         queue = self.rng.choice(list(Queue.objects.select_related("tenant")))
         number = self.submitted + self.refused + 1
         if number == IDLE_FIRST or (number > IDLE_FIRST and (number - IDLE_FIRST) % IDLE_EVERY == 0):
+            # Into a pool with whole GPUs: a MIG instance reports no utilisation to judge by.
+            whole = Queue.objects.filter(pool__nodes__gpus__partition_mode=Gpu.PartitionMode.WHOLE)
+            queue = self.rng.choice(list(whole.select_related("tenant").distinct().order_by("pk")) or [queue])
             return self._submit(queue, idle_task_request(queue))
         # log10 lifetime in [1, 7] s of the trace → [5, 60] s here.
         runtime_s = round(5 + 55 * min(max((math.log10(lifetime_s) - 1) / 6, 0.0), 1.0))
