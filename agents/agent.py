@@ -175,7 +175,12 @@ class Agent:
         # Launchers no record names: the state directory was wiped, or the agent died between starting a
         # run and saving its state. Starting the plane's list again would run them twice.
         for proc in self.runner.scan():
-            log.warning("run %s (pid %d) found by its marker, not in the state file", proc.key, proc.pid)
+            log.warning(
+                "run %s (pid %d) found by its marker, not in the state file",
+                proc.key,
+                proc.pid,
+                extra={"task_id": proc.task_id, "attempt": proc.attempt},
+            )
             self._task_report(
                 proc.task_id,
                 proc.attempt,
@@ -535,7 +540,9 @@ class Agent:
             bounded = {tid: int(limit) for tid, limit in limits.items() if limit is not None}
             for overrun in find_overruns(processes, bounded, self.runner.pgid_of):
                 if overrun.task_id not in self.stop_reasons:
-                    log.warning("task %s: %s", overrun.task_id, overrun.reason)
+                    run = self.runner.tasks.get(overrun.task_id)
+                    context = {"task_id": run.task_id, "attempt": run.attempt} if run else {}
+                    log.warning("task %s: %s", overrun.task_id, overrun.reason, extra=context)
                     self.stop_reasons[overrun.task_id] = (TaskState.FAILED, overrun.reason)
                     self.runner.stop(overrun.task_id, overrun.reason, now)
         for ended in self.runner.poll(now):
@@ -628,6 +635,15 @@ class Agent:
         return dataclasses.replace(sample, task_id=proc.task_id, attempt=proc.attempt)
 
     def _task_report(self, task_id: str, attempt: int, state: TaskState, now: float, **fields: Any) -> None:
+        reason = fields.get("reason")
+        log.info(
+            "task %s attempt %d %s%s",
+            task_id,
+            attempt,
+            state.value,
+            f": {reason}" if reason else "",
+            extra={"task_id": task_id, "attempt": attempt},
+        )
         self.pending_tasks.append(
             TaskReport(task_id=task_id, state=state, at_s=now, attempt=attempt, **fields)
         )

@@ -18,6 +18,7 @@ PURE = [
     "whalegen/sim",
     "whalegen/goodput",
     "whalegen/protocol.py",
+    "whalegen/logformat.py",
 ]
 FORBIDDEN_IN_PURE = {"django", "celery", "rest_framework", "django_filters", "drf_spectacular", "apps"}
 PRODUCT_PACKAGES = {"whalegen", "apps", "agents"}
@@ -53,7 +54,7 @@ def test_pure_core_never_imports_django_celery_or_apps(package: str) -> None:
 
 
 def test_agent_imports_only_gpus_and_protocol_from_the_product() -> None:
-    allowed = ("whalegen.gpus", "whalegen.protocol", "agents")
+    allowed = ("whalegen.gpus", "whalegen.protocol", "whalegen.logformat", "agents")
     offences = []
     for path in _python_files("agents"):
         for line, module in _imported_modules(path):
@@ -66,7 +67,10 @@ def test_agent_imports_only_gpus_and_protocol_from_the_product() -> None:
 
 
 def test_pure_core_loads_in_a_process_without_django() -> None:
-    modules = ["whalegen.gpus", "whalegen.placement", "whalegen.forecast", "whalegen.sim", "whalegen.goodput"]
+    modules = [
+        "whalegen.gpus", "whalegen.placement", "whalegen.forecast", "whalegen.sim", "whalegen.goodput",
+        "whalegen.logformat",
+    ]  # fmt: skip
     if (ROOT / "whalegen" / "protocol.py").exists():
         modules.append("whalegen.protocol")
     code = (

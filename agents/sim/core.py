@@ -198,6 +198,9 @@ class SimProcess:
     used_mib: int
     mps: bool = False
     external: bool = False  # declared by a real process through the proc directory
+    # The share of the GPU's SMs it keeps busy (what NVML's utilisation rate sums over processes); a
+    # process that holds memory and launches nothing declares 0.
+    sm_pct: int = 35
 
 
 @dataclass
@@ -520,7 +523,7 @@ class SimSystem:
     def _sync_external_processes(self) -> None:
         """Adopt processes declared by real (fake-CUDA) programs: `<proc_dir>/<pid>.json`.
 
-        Each file holds {"device_uuid": GPU-… or MIG-…, "used_mib": N, "mps": bool}. A file whose
+        Each file holds {"device_uuid": GPU-… or MIG-…, "used_mib": N, "mps": bool, "sm_pct": P}. A file whose
         process has exited is dropped, as the driver forgets a context when its process dies.
         """
         for pid in [p for p, proc in self.processes.items() if proc.external]:
@@ -546,6 +549,7 @@ class SimSystem:
                 int(data.get("used_mib", 0)),
                 bool(data.get("mps")),
                 external=True,
+                sm_pct=int(data.get("sm_pct", 35)),
             )
 
     def locate_uuid(self, device_uuid: str) -> tuple[int, int | None, int | None] | None:
@@ -1023,7 +1027,8 @@ class SimSystem:
         if gi is not None or gpu.mig_current:
             raise SimNvmlError(Nvml.NOT_SUPPORTED, "utilization is not reported in MIG mode")
         used = sum(p.used_mib for p in self._processes_on(gpu))
-        return min(100, 35 * self._busy(gpu)), min(100, used * 100 // gpu.sku.total_mem_mib)
+        busy_pct = sum(p.sm_pct for p in self._processes_on(gpu))
+        return min(100, busy_pct), min(100, used * 100 // gpu.sku.total_mem_mib)
 
     @nvml_function("nvmlDeviceGetClockInfo")
     def clock_info(self, handle: int, clock_type: int) -> int:

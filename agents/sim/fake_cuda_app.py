@@ -1,13 +1,15 @@
 """A stand-in CUDA program for simulated hosts: it "allocates" GPU memory and obeys MPS limits.
 
-`python -m agents.sim.fake_cuda_app --alloc-mib N [--grow-mib G --steps K --step-s S] [--exit-code C]`
+`python -m agents.sim.fake_cuda_app --alloc-mib N [--grow-mib G --steps K --step-s S] [--sm-pct P]
+[--exit-code C]`
 
 What a real CUDA program does, reduced to what the agent can observe:
 1. Under MPS (`CUDA_MPS_PIPE_DIRECTORY` set) it connects to the (fake) MPS daemon, which fixes its
    thread share and pinned-memory limit at connect time: min(server value, client environment).
 2. An allocation above the pinned limit fails with CUDA's out-of-memory error (exit code 2).
 3. Its device memory shows up in NVML: it declares it in `$WHALEGEN_SIM_PROC_DIR/<pid>.json`, which
-   the simulated NVML reads as the process list of that GPU or MIG device.
+   the simulated NVML reads as the process list of that GPU or MIG device, with the share of the SMs
+   it keeps busy (`--sm-pct`, default 35; 0 plays a task that holds its GPU and computes nothing).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from agents.sim.fake_mps import MpsUnavailable, connect_client, disconnect_clien
 OUT_OF_MEMORY_EXIT = 2
 
 
-def _declare(proc_dir: Path | None, device_uuid: str, used_mib: int, mps: bool) -> None:
+def _declare(proc_dir: Path | None, device_uuid: str, used_mib: int, mps: bool, sm_pct: int) -> None:
     if proc_dir is None:
         return
     path = proc_dir / f"{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"device_uuid": device_uuid, "used_mib": used_mib, "mps": mps}))
+    tmp.write_text(
+        json.dumps({"device_uuid": device_uuid, "used_mib": used_mib, "mps": mps, "sm_pct": sm_pct})
+    )
     tmp.replace(path)
 
 
@@ -39,6 +43,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--grow-mib", type=int, default=0, help="extra MiB per step")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--step-s", type=float, default=0.5)
+    parser.add_argument("--sm-pct", type=int, default=35, help="share of the SMs kept busy, 0-100")
+    parser.add_argument("--say", default="", help="print '<say> i/steps' per step instead of the MiB used")
     parser.add_argument("--exit-code", type=int, default=0)
     args = parser.parse_args(argv)
     env = dict(os.environ)
@@ -57,7 +63,8 @@ def main(argv: list[str]) -> int:
         print(f"mps server={limits['server_pid']} thread_pct={limits['thread_pct']:g}", end=" ")
         print(f"pinned_limit_mib={limit_mib}")
     else:
-        device_uuid = env.get("CUDA_VISIBLE_DEVICES", "")
+        # A program given several GPUs declares the first (the one its default CUDA context is on).
+        device_uuid = env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
         print(f"device {device_uuid}")
     sys.stdout.flush()
     try:
@@ -70,8 +77,9 @@ def main(argv: list[str]) -> int:
                 print(f"CUDA error: out of memory ({message})", file=sys.stderr)
                 return OUT_OF_MEMORY_EXIT
             used = want
-            _declare(proc_dir, device_uuid, used, mps)
-            print(f"step {step} using {used} MiB", flush=True)
+            _declare(proc_dir, device_uuid, used, mps, max(0, min(100, args.sm_pct)))
+            line = f"{args.say} {step + 1}/{args.steps}" if args.say else f"step {step} using {used} MiB"
+            print(line, flush=True)
             time.sleep(args.step_s)
         return int(args.exit_code)
     finally:

@@ -77,3 +77,40 @@ class OverrideAuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.override_id} {self.action} by {self.actor}"
+
+
+class ReclaimRequest(TimestampedModel):
+    """An idle online-SLA task the idle check would have preempted: a platform admin decides.
+
+    One request per (task, attempt): a rejected request keeps that run of the task where it is, and the
+    check does not ask again until the task runs anew (docs/operations.md, "Idle reclaim").
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        APPROVED = "approved", "approved"  # the task was preempted
+        REJECTED = "rejected", "rejected"  # the task keeps its GPUs
+        WITHDRAWN = "withdrawn", "withdrawn"  # the task stopped running or got busy before a decision
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="reclaim_requests")
+    attempt = models.PositiveIntegerField()  # Task.attempts when the request was raised
+    reason = models.CharField(max_length=500)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="reclaim_decisions",
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    comment = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "attempt"], name="reclaim_request_task_attempt_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"reclaim {self.pk}: task {self.task_id} ({self.state})"

@@ -182,10 +182,42 @@ def trace_shapes(traces_dir: Path) -> list[tuple[int, int, float]]:
     return shapes
 
 
+# The generator's idle task: the 3rd submission, then every IDLE_EVERY-th. It holds a whole GPU and
+# 2 GiB of its memory at 0 % SM for IDLE_RUNTIME_S, so the idle check (WHALEGEN_IDLE_AFTER_S, which
+# `whalegen demo` shortens to 120 s) flags it on the dashboard a few minutes into the demo.
+IDLE_FIRST, IDLE_EVERY, IDLE_RUNTIME_S = 3, 25, 420
+
+
+def idle_task_request(queue: Queue) -> TaskRequest:
+    app = [sys.executable, "-m", "agents.sim.fake_cuda_app"]
+    return TaskRequest(
+        queue=queue.name,
+        name="gen-idle-notebook",
+        gpu_count=1,
+        gpu_milli=1000,
+        isolation=Task.Isolation.EXCLUSIVE,  # a whole GPU of its own: the GPU's utilisation is its own
+        kind=Task.Kind.INTERACTIVE,
+        command=[
+            *app,
+            "--alloc-mib",
+            "2048",
+            "--sm-pct",
+            "0",
+            "--steps",
+            str(IDLE_RUNTIME_S // 5),
+            "--step-s",
+            "5",
+        ],
+        max_runtime_s=IDLE_RUNTIME_S * 2,
+        profile_key="demo-idle-notebook",
+    )
+
+
 class WorkloadGenerator:
     """Submits a task every `interval_s` on behalf of a random tenant queue, shaped like a draw from the
     trace. Trace lifetimes (hours to weeks) are squeezed onto 5–60 s on a log scale so the demo moves;
-    1 in 12 tasks exits non-zero so failures show too. A request the quota refuses is skipped."""
+    1 in 12 tasks exits non-zero so failures show too; now and then one holds its GPU idle
+    (`idle_task_request`). A request the quota refuses is skipped."""
 
     def __init__(self, traces_dir: Path, *, interval_s: float, seed: int | None = None) -> None:
         self.rng = random.Random(seed)
@@ -205,6 +237,12 @@ class WorkloadGenerator:
     def submit_one(self) -> Task | None:
         count, milli, lifetime_s = self.draw()
         queue = self.rng.choice(list(Queue.objects.select_related("tenant")))
+        number = self.submitted + self.refused + 1
+        if number == IDLE_FIRST or (number > IDLE_FIRST and (number - IDLE_FIRST) % IDLE_EVERY == 0):
+            # Into a pool with whole GPUs: a MIG instance reports no utilisation to judge by.
+            whole = Queue.objects.filter(pool__nodes__gpus__partition_mode=Gpu.PartitionMode.WHOLE)
+            queue = self.rng.choice(list(whole.select_related("tenant").distinct().order_by("pk")) or [queue])
+            return self._submit(queue, idle_task_request(queue))
         # log10 lifetime in [1, 7] s of the trace → [5, 60] s here.
         runtime_s = round(5 + 55 * min(max((math.log10(lifetime_s) - 1) / 6, 0.0), 1.0))
         fails = self.rng.random() < 1 / 12
@@ -219,6 +257,9 @@ class WorkloadGenerator:
             max_runtime_s=runtime_s * 4,
             profile_key=f"openb-{count}x{milli}",
         )
+        return self._submit(queue, request)
+
+    def _submit(self, queue: Queue, request: TaskRequest) -> Task | None:
         member = queue.tenant.memberships.select_related("user").first()
         try:
             task, _ = task_submit(

@@ -7,12 +7,13 @@ import json
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Prefetch, prefetch_related_objects
+from django.db.models import F, Max, Min, Prefetch, Value, prefetch_related_objects
+from django.db.models.functions import Coalesce
 
-from apps.fleet.models import GpuPartition, TaskRun
+from apps.fleet.models import GpuPartition, GpuSample, TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.models import Assignment
-from apps.workloads.models import Task
+from apps.workloads.models import Queue, Task
 from whalegen import protocol as p
 
 # Task states in which a live assignment means "run it"; anything else with a live assignment is a
@@ -212,3 +213,37 @@ def gpu_partition_applied(*, gpu: Gpu, generation: int) -> bool:
     return GpuPartition.objects.filter(
         gpu=gpu, generation__gte=generation, state=p.PartitionState.OK
     ).exists()
+
+
+def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sample_s: float) -> set[int]:
+    """Ids of the pool's running tasks whose every GPU stayed below `util_pct` SM utilisation in every
+    telemetry sample of the last `after_s` seconds (docs/operations.md, "Idle reclaim").
+
+    One grouped query over the GPU samples of the GPUs the tasks' compute units sit on. A task counts
+    only where the evidence covers the window: it has been running at least `after_s`, its GPUs' samples
+    reach back to within two sample intervals of the window's start and forward to within three of now
+    (a node whose telemetry stopped is the node-health check's business, not idleness), and no sample
+    lacks the figure (NVML reports no utilisation in MIG mode: such a task is never judged idle). On a
+    GPU shared by several tasks the figure is the GPU's, so a task idles only when all of them do.
+    Queues whose `idle_reclaim` is `off` are not watched.
+    """
+    since = now - timedelta(seconds=after_s)
+    slack = timedelta(seconds=2 * sample_s)
+    rows = (
+        GpuSample.objects.filter(
+            at__gte=since,
+            gpu__units__task__pool_id=pool_id,
+            gpu__units__task__state=Task.State.RUNNING,
+            gpu__units__task__started_at__lte=since,
+        )
+        .exclude(gpu__units__task__queue__idle_reclaim=Queue.IdleReclaim.OFF)
+        .values(task=F("gpu__units__task_id"))
+        .annotate(
+            busiest=Max(Coalesce("util_gpu_pct", Value(100))),
+            first_at=Min("at"),
+            last_at=Max("at"),
+        )
+        .filter(busiest__lt=util_pct, first_at__lte=since + slack, last_at__gte=now - 1.5 * slack)
+        .order_by()
+    )
+    return {row["task"] for row in rows}

@@ -125,6 +125,16 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
     for pool_id, name in sorted(pool.items(), key=lambda item: item[1]):
         for state in Task.State.values:
             tasks.add_metric([name, state], by_state.get((pool_id, state), 0))
+    idle_tasks = GaugeMetricFamily(
+        "whalegen_tasks_idle",
+        "Running tasks flagged idle: GPUs below WHALEGEN_IDLE_UTIL_PCT for WHALEGEN_IDLE_AFTER_S.",
+        labels=["pool"],
+    )
+    idle_by_pool = {
+        row["pool_id"]: row["idle"] for row in readings.tasks if row["state"] == Task.State.RUNNING
+    }
+    for pool_id, name in sorted(pool.items(), key=lambda item: item[1]):
+        idle_tasks.add_metric([name], idle_by_pool.get(pool_id, 0))
     pending = GaugeMetricFamily(
         "whalegen_tasks_pending",
         f"Pending tasks by pool and why-pending code ({NOT_CONSIDERED}: no cycle has looked at it yet).",
@@ -142,7 +152,7 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
     )
     for pool_id, name in sorted(pool.items(), key=lambda item: item[1]):
         oldest_age.add_metric([name], _age_s(now, oldest.get(pool_id)) or 0.0)
-    yield from (tasks, pending, oldest_age)
+    yield from (tasks, idle_tasks, pending, oldest_age)
 
     # 3. Quotas per tenant × pool.
     quota = {

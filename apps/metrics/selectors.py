@@ -32,7 +32,7 @@ class PlaneReadings:
     pools: dict[int, str]
     gpus: list[Row]  # pool_id, cluster, health, gpus
     units: list[Row]  # pool_id, cluster, kind, units, held, milli, held_milli
-    tasks: list[Row]  # pool_id, state, tasks
+    tasks: list[Row]  # pool_id, state, tasks, idle (flagged by the idle check)
     pending: list[Row]  # pool_id, why_pending_code, tasks, oldest
     quotas: list[Row]  # tenant_id, tenant_slug, pool_id, guaranteed_milli, borrow_limit_milli, charged_milli
     usage: dict[tuple[int, int], QuotaUsage]  # (tenant id, pool id) → placed usage
@@ -66,7 +66,11 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
         )
         .order_by()
     )
-    tasks = list(Task.objects.values("pool_id", "state").annotate(tasks=Count("id")).order_by())
+    tasks = list(
+        Task.objects.values("pool_id", "state")
+        .annotate(tasks=Count("id"), idle=Count("id", filter=Q(idle_flagged_at__isnull=False)))
+        .order_by()
+    )
     pending = list(
         Task.objects.filter(state=Task.State.PENDING)
         .values("pool_id", "why_pending_code")

@@ -42,12 +42,21 @@ class Quota(TimestampedModel):
 class Queue(TimestampedModel):
     """A tenant's ordered line of tasks into one pool."""
 
+    class IdleReclaim(models.TextChoices):
+        """What the idle check does with this queue's tasks that hold GPUs and leave them idle
+        (docs/operations.md, "Idle reclaim")."""
+
+        OFF = "off", "off: not watched"
+        NOTIFY = "notify", "notify: flag the task and tell its owner"
+        PREEMPT = "preempt", "preempt: notify, then preempt when pending work could use the GPU"
+
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="queues")
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="queues")
     name = models.SlugField(max_length=64)
     default_priority = models.IntegerField(default=0)
     # Share of the tenant's capacity under dominant-resource fair share, relative to its other queues.
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    idle_reclaim = models.CharField(max_length=8, choices=IdleReclaim.choices, default=IdleReclaim.NOTIFY)
 
     class Meta:
         ordering = ["tenant__slug", "name"]
@@ -133,6 +142,10 @@ class Task(TimestampedModel):
     # Why a failed task failed: the reason of the event that failed it (launcher error, exit status,
     # attempts exhausted…); blank for every other state.
     failure_reason = models.CharField(max_length=500, blank=True)
+    # Set by the idle check (apps/fleet/idle.py) while the running task's GPUs have stayed below
+    # WHALEGEN_IDLE_UTIL_PCT for WHALEGEN_IDLE_AFTER_S: the instant it was flagged. Cleared when the GPUs
+    # get busy again or the task stops running.
+    idle_flagged_at = models.DateTimeField(null=True, blank=True)
 
     # Forecasts, filled by the forecasting app.
     predicted_duration_p50_s = models.FloatField(null=True, blank=True)

@@ -35,24 +35,38 @@ def user_actor(user: AbstractBaseUser | None) -> str:
 
 
 def queue_create(
-    *, tenant: Tenant, pool: Pool, name: str, default_priority: int = 0, weight: int = 1
+    *,
+    tenant: Tenant,
+    pool: Pool,
+    name: str,
+    default_priority: int = 0,
+    weight: int = 1,
+    idle_reclaim: str = Queue.IdleReclaim.NOTIFY,
 ) -> Queue:
     if Queue.objects.filter(tenant=tenant, name=name).exists():
         raise ValidationError({"name": [f"tenant {tenant.slug!r} already has a queue named {name!r}"]})
-    queue = Queue(tenant=tenant, pool=pool, name=name, default_priority=default_priority, weight=weight)
+    queue = Queue(
+        tenant=tenant,
+        pool=pool,
+        name=name,
+        default_priority=default_priority,
+        weight=weight,
+        idle_reclaim=idle_reclaim,
+    )
     queue.full_clean()
     queue.save()
     return queue
 
 
 def queue_update(*, queue: Queue, data: dict[str, Any]) -> Queue:
-    """Change a queue's name, default priority or weight. Its pool is fixed: tasks already point at it."""
+    """Change a queue's name, default priority, weight or idle-reclaim policy. Its pool is fixed: tasks
+    already point at it."""
     if (
         "name" in data
         and Queue.objects.filter(tenant=queue.tenant_id, name=data["name"]).exclude(pk=queue.pk).exists()
     ):
         raise ValidationError({"name": [f"this tenant already has a queue named {data['name']!r}"]})
-    for key in ("name", "default_priority", "weight"):
+    for key in ("name", "default_priority", "weight", "idle_reclaim"):
         if key in data:
             setattr(queue, key, data[key])
     queue.full_clean()

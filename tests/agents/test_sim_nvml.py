@@ -398,3 +398,24 @@ def test_automatic_placement_can_follow_the_observed_a100_policy(
             ).placement.start
         )
     assert starts == placements
+
+
+def test_utilisation_sums_what_each_declared_process_keeps_busy(tmp_path: Path) -> None:
+    """A fake-CUDA program declares its SM share: one holding memory at 0 % leaves the GPU idle (the idle
+    task of `whalegen demo`); another at 20 % makes it 20 %; an undeclared share counts 35 %."""
+    import json
+    import os
+
+    system = build_system({"nodes": [{"name": "t", "gpus": [{"sku": "h100-80gb-sxm"}]}]}, proc_dir=tmp_path)
+    backend = opened(system)
+    uuid = system.gpus[0].uuid
+
+    def declare(pid: int, **fields: object) -> None:
+        (tmp_path / f"{pid}.json").write_text(json.dumps({"device_uuid": uuid, "used_mib": 2048, **fields}))
+
+    declare(os.getpid(), sm_pct=0)
+    assert backend.telemetry(0).util_gpu_pct == 0
+    declare(os.getppid(), sm_pct=20)
+    assert backend.telemetry(0).util_gpu_pct == 20
+    declare(os.getppid())
+    assert backend.telemetry(0).util_gpu_pct == 35

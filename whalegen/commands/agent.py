@@ -102,11 +102,42 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+class NodeContextFilter(logging.Filter):
+    """Stamp this host's node name on every record (the plane's log fields: docs/operations.md, "Logs")."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "node", None) is None:
+            record.node = self.node
+        return True
+
+
+def configure_logging(*, fmt: str, level: str, node: str) -> logging.Handler:
+    """One stderr handler: plain lines, or JSON lines for `WHALEGEN_LOG_FORMAT=json`; every record carries
+    the node, task records their task id and attempt, and credentials are redacted in both formats.
+    Only the standard-library formatter module is imported (the agent runs without Django)."""
+    from whalegen.logformat import RedactFilter, formatter_for
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter_for(fmt))
+    handler.addFilter(NodeContextFilter(node))
+    handler.addFilter(RedactFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    return handler
+
+
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logging(
+        fmt=os.environ.get("WHALEGEN_LOG_FORMAT", "plain"),
+        level=str(args.log_level),
+        node=args.node_name or os.uname().nodename,
     )
     if args.action == "inspect":
         return _inspect(args)

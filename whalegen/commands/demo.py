@@ -174,8 +174,11 @@ def _seed_tenants() -> None:
 
 def _work(what: str, steps: int, step_s: int) -> list[str]:
     """A seeded task's command. The demo's hosts are this machine and the agents really run what a task
-    names, so the samples run a shell loop that prints progress instead of scripts that are not here."""
-    return ["sh", "-c", f'for i in $(seq {steps}); do echo "{what} $i/{steps}"; sleep {step_s}; done']
+    names, so the samples run the simulator's stand-in CUDA program, which prints progress and declares
+    1 GiB and 60 % of its GPU's SMs to the simulated NVML (a GPU nothing declares reads 0 %, and the
+    idle check would flag the task: docs/operations.md, "Idle reclaim")."""
+    app = [sys.executable, "-m", "agents.sim.fake_cuda_app", "--alloc-mib", "1024", "--sm-pct", "60"]
+    return [*app, "--steps", str(steps), "--step-s", str(step_s), "--say", what]
 
 
 def seed() -> bool:
@@ -354,6 +357,9 @@ def run(args: argparse.Namespace) -> int:
         # would bury the status line a newcomer is watching. Through settings, so that every
         # django.setup() (building the WSGI app runs it again) keeps it.
         os.environ.setdefault("WHALEGEN_ACCESS_LOG_LEVEL", "WARNING")
+    # A newcomer should see an idle GPU flagged within minutes, not after the production half hour.
+    os.environ.setdefault("WHALEGEN_IDLE_AFTER_S", "120")
+    os.environ.setdefault("WHALEGEN_IDLE_CHECK_INTERVAL_S", "20")
     if args.host not in {"127.0.0.1", "localhost", "::1"} and "ALLOWED_HOSTS" not in os.environ:
         # Reached by another name or address than loopback: accept whatever Host the browser sends.
         os.environ["ALLOWED_HOSTS"] = "*"

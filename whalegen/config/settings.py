@@ -46,6 +46,13 @@ SECRET_KEY = _secret
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+# Behind a TLS-terminating proxy (docs/operations.md, "TLS in front"): trust its X-Forwarded-Proto so
+# Django knows the request was HTTPS, and send session and CSRF cookies over HTTPS only. Only behind a
+# proxy that sets (or strips) that header itself; a client could forge it otherwise.
+if envbool("WHALEGEN_SECURE_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -223,6 +230,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.logs.tasks.logs_expire",
         "schedule": envfloat("WHALEGEN_LOG_RETENTION_INTERVAL_S", 3_600.0),
     },
+    # Running tasks whose GPUs idle are flagged, their owners told, and reclaimed where the queue says.
+    "idle-reclaim": {
+        "task": "apps.fleet.tasks.idle_check_all_pools",
+        "schedule": envfloat("WHALEGEN_IDLE_CHECK_INTERVAL_S", 60.0),
+    },
     # A cheap stamp a worker writes for beat; `/readyz` reads its age as "beat seen recently".
     "plane-tick": {
         "task": "apps.metrics.tasks.plane_tick",
@@ -276,6 +288,10 @@ WHALEGEN_REQUEUE_BACKOFF_MAX_S = envfloat("WHALEGEN_REQUEUE_BACKOFF_MAX_S", 300.
 WHALEGEN_MAX_ATTEMPTS = envint("WHALEGEN_MAX_ATTEMPTS", 5)
 # Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
 WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
+# Idle reclaim (docs/operations.md, "Idle reclaim"): a running task whose every GPU reported SM utilisation
+# below WHALEGEN_IDLE_UTIL_PCT in every sample of the last WHALEGEN_IDLE_AFTER_S is flagged idle.
+WHALEGEN_IDLE_AFTER_S = envfloat("WHALEGEN_IDLE_AFTER_S", 1_800.0)
+WHALEGEN_IDLE_UTIL_PCT = envint("WHALEGEN_IDLE_UTIL_PCT", 5)
 # Run output (apps.logs): what the plane keeps per run (the first half of the cap and the latest rest;
 # agents cap their side with --log-cap-mib) and for how long after the task ended.
 WHALEGEN_LOG_CAP_MIB = envfloat("WHALEGEN_LOG_CAP_MIB", 10.0)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.approvals.models import OverrideAuditEntry, PriorityOverride
+from apps.approvals.models import OverrideAuditEntry, PriorityOverride, ReclaimRequest
 from apps.common.fields import INT64_MAX, StrictCharField, StrictInputSerializer, StrictIntegerField
 
 
@@ -57,4 +57,23 @@ class OverrideDetailOutputSerializer(OverrideOutputSerializer):
 
     class Meta(OverrideOutputSerializer.Meta):
         fields = [*OverrideOutputSerializer.Meta.fields, "audit"]
+        read_only_fields = fields
+
+
+class ReclaimDecisionInputSerializer(StrictInputSerializer):
+    comment = StrictCharField(max_length=500, required=False, allow_blank=True)
+
+
+class ReclaimOutputSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(source="task.tenant", slug_field="slug", read_only=True)
+    decided_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True, help_text="Null until decided."
+    )
+
+    class Meta:
+        model = ReclaimRequest
+        fields = [
+            "id", "tenant", "task", "attempt", "reason", "state", "decided_by", "decided_at", "comment",
+            "created_at",
+        ]  # fmt: skip
         read_only_fields = fields

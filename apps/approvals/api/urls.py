@@ -8,3 +8,9 @@ urlpatterns = [
     path("overrides/<int:override_id>/approve/", views.OverrideApproveApi.as_view(), name="override-approve"),
     path("overrides/<int:override_id>/reject/", views.OverrideRejectApi.as_view(), name="override-reject"),
 ]
+urlpatterns += [
+    path("reclaims/", views.ReclaimListApi.as_view(), name="reclaims"),
+    path("reclaims/<int:reclaim_id>/", views.ReclaimDetailApi.as_view(), name="reclaim-detail"),
+    path("reclaims/<int:reclaim_id>/approve/", views.ReclaimApproveApi.as_view(), name="reclaim-approve"),
+    path("reclaims/<int:reclaim_id>/reject/", views.ReclaimRejectApi.as_view(), name="reclaim-reject"),
+]

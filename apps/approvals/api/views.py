@@ -14,6 +14,7 @@ from apps.approvals import selectors, services
 from apps.approvals.api import serializers as s
 from apps.approvals.filters import OverrideFilter
 from apps.common.api import request_access, require_platform_admin, require_role
+from apps.fleet import idle
 from apps.tenants.models import Membership
 from apps.workloads.selectors import queue_get, task_get
 
@@ -100,3 +101,55 @@ class OverrideRejectApi(APIView):
             override=override, by=request.user, comment=data.validated_data.get("comment", "")
         )
         return Response(s.OverrideDetailOutputSerializer(override).data)
+
+
+class ReclaimListApi(generics.ListAPIView):
+    """Reclaim requests the idle check raised for idle online-SLA tasks (docs/operations.md)."""
+
+    serializer_class = s.ReclaimOutputSerializer
+
+    def get_queryset(self):
+        return selectors.reclaim_list(access=request_access(self.request))
+
+
+class ReclaimDetailApi(APIView):
+    @extend_schema(responses=s.ReclaimOutputSerializer)
+    def get(self, request: Request, reclaim_id: int) -> Response:
+        reclaim = selectors.reclaim_get(access=request_access(request), reclaim_id=reclaim_id)
+        return Response(s.ReclaimOutputSerializer(reclaim).data)
+
+
+class ReclaimApproveApi(APIView):
+    @extend_schema(
+        operation_id="reclaims_approve",
+        request=s.ReclaimDecisionInputSerializer,
+        responses=s.ReclaimOutputSerializer,
+    )
+    def post(self, request: Request, reclaim_id: int) -> Response:
+        access = request_access(request)
+        reclaim = selectors.reclaim_get(access=access, reclaim_id=reclaim_id)
+        require_platform_admin(access, "deciding reclaim requests")
+        data = s.ReclaimDecisionInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        reclaim = idle.reclaim_approve(
+            request=reclaim, by=request.user, comment=data.validated_data.get("comment", "")
+        )
+        return Response(s.ReclaimOutputSerializer(reclaim).data)
+
+
+class ReclaimRejectApi(APIView):
+    @extend_schema(
+        operation_id="reclaims_reject",
+        request=s.ReclaimDecisionInputSerializer,
+        responses=s.ReclaimOutputSerializer,
+    )
+    def post(self, request: Request, reclaim_id: int) -> Response:
+        access = request_access(request)
+        reclaim = selectors.reclaim_get(access=access, reclaim_id=reclaim_id)
+        require_platform_admin(access, "deciding reclaim requests")
+        data = s.ReclaimDecisionInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        reclaim = idle.reclaim_reject(
+            request=reclaim, by=request.user, comment=data.validated_data.get("comment", "")
+        )
+        return Response(s.ReclaimOutputSerializer(reclaim).data)

@@ -101,7 +101,7 @@ class TaskOutputSerializer(serializers.ModelSerializer):
             "gpu_count", "gpu_milli", "gpu_mem_mib", "cpu_milli", "host_mem_mib", "allowed_gpu_models",
             "isolation", "kind", "sla_class", "priority", "preemptible", "gang_id", "gang_size",
             "command", "env", "max_runtime_s", "working_dir", "profile_key", "idempotency_key",
-            "attempts", "why_pending", "why_pending_code", "exit_code", "failure_reason",
+            "attempts", "why_pending", "why_pending_code", "exit_code", "failure_reason", "idle_flagged_at",
             "created_at", "updated_at", "started_at", "finished_at",
             "predicted_duration_p50_s", "predicted_duration_p90_s", "predicted_gpu_mem_peak_mib",
             "predicted_start_at", "forecast",
@@ -131,12 +131,14 @@ class QueueInputSerializer(StrictInputSerializer):
     name = StrictSlugField(max_length=64)
     default_priority = StrictIntegerField(default=0, min_value=-1000, max_value=1000)
     weight = StrictIntegerField(default=1, min_value=1, max_value=1000)
+    idle_reclaim = StrictChoiceField(choices=Queue.IdleReclaim.choices, default=Queue.IdleReclaim.NOTIFY)
 
 
 class QueueUpdateInputSerializer(StrictInputSerializer):
     name = StrictSlugField(max_length=64, required=False)
     default_priority = StrictIntegerField(required=False, min_value=-1000, max_value=1000)
     weight = StrictIntegerField(required=False, min_value=1, max_value=1000)
+    idle_reclaim = StrictChoiceField(choices=Queue.IdleReclaim.choices, required=False)
 
 
 class QueueOutputSerializer(serializers.ModelSerializer):
@@ -145,7 +147,10 @@ class QueueOutputSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Queue
-        fields = ["id", "tenant", "pool", "name", "default_priority", "weight", "created_at", "updated_at"]
+        fields = [
+            "id", "tenant", "pool", "name", "default_priority", "weight", "idle_reclaim", "created_at",
+            "updated_at",
+        ]  # fmt: skip
         read_only_fields = fields
 
 

@@ -186,6 +186,7 @@ class QueueListCreateApi(generics.ListAPIView):
             name=values["name"],
             default_priority=values["default_priority"],
             weight=values["weight"],
+            idle_reclaim=values["idle_reclaim"],
         )
         return Response(s.QueueOutputSerializer(queue).data, status=status.HTTP_201_CREATED)
 

@@ -45,6 +45,10 @@ def test_without_the_trace_the_generator_uses_built_in_shapes_and_submits(fleet:
     made = [generator.submit_one() for _ in range(6)]
     assert generator.submitted + generator.refused == 6
     assert Task.objects.count() == before + generator.submitted
-    for task in filter(None, made):
+    # The third submission is the idle one (a whole GPU held at 0 % SM, for the idle check to flag).
+    idle = made[2]
+    assert idle is not None and idle.name == "gen-idle-notebook" and idle.isolation == "exclusive"
+    assert idle.command[1:3] == ["-m", "agents.sim.fake_cuda_app"] and "--sm-pct" in idle.command
+    for task in filter(None, made[:2] + made[3:]):
         assert (task.gpu_count, task.gpu_milli) in {(c, m) for c, m, _ in BUILTIN_SHAPES}
         assert task.command[:2] == ["sh", "-c"] and task.state == "pending"

@@ -1,0 +1,366 @@
+"""Idle reclaim (docs/operations.md, "Idle reclaim"): running tasks that hold GPUs and leave them idle are
+flagged, their owners told once in the task's events, and — where the queue's `idle_reclaim` policy is
+`preempt` — preempted so that pending work the pool could not place gets the GPUs.
+
+One check per pool, in three phases:
+1. Snapshot: the pool's idle tasks (one grouped query over telemetry, `selectors.tasks_idle`), the
+   tasks flagged before, and the pending work the last cycle could not place for lack of capacity.
+2. Decide (`reclaim_decide`, pure): which flagged tasks are preempted, which go to an admin (online SLA)
+   and which stay, each "stay" with its reason.
+3. Commit: flags set and cleared with compare-and-set updates (one event per flag, whoever runs the
+   check), preemptions through the task state machine, reclaim requests through the approvals table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from apps.approvals.models import ReclaimRequest
+from apps.common.errors import Conflict
+from apps.fleet.selectors import tasks_idle
+from apps.inventory.models import ComputeUnit, Node
+from apps.workloads.models import Queue, Task, TaskEvent
+from apps.workloads.services import task_transition, user_actor
+
+log = logging.getLogger("whalegen.idle")
+
+ACTOR = "system:idle_check"
+# why_pending_code values of pending work that more GPUs would let in (whalegen.placement.types.Outcome).
+WANTS_CAPACITY = ("no_capacity", "gang_unplaceable")
+
+
+@dataclass(frozen=True)
+class IdleConfig:
+    after_s: float  # WHALEGEN_IDLE_AFTER_S
+    util_pct: int  # WHALEGEN_IDLE_UTIL_PCT: a sample at or above this is busy
+    sample_s: float  # WHALEGEN_TELEMETRY_SAMPLE_S: how often telemetry is kept, for the coverage slack
+
+    @classmethod
+    def from_settings(cls) -> IdleConfig:
+        return cls(
+            after_s=settings.WHALEGEN_IDLE_AFTER_S,
+            util_pct=settings.WHALEGEN_IDLE_UTIL_PCT,
+            sample_s=settings.WHALEGEN_TELEMETRY_SAMPLE_S,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"every GPU it holds stayed below {self.util_pct}% SM utilisation for {self.after_s / 60:g} min"
+        )
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A flagged task as the decision sees it."""
+
+    task_id: int
+    policy: str  # Queue.IdleReclaim
+    preemptible: bool
+    online: bool
+    gpu_count: int
+    gpu_milli: int  # per GPU
+    models: frozenset[str]  # GPU models it holds
+
+
+@dataclass(frozen=True)
+class Want:
+    """Pending work the last cycle could not place for lack of capacity."""
+
+    task_id: int
+    gpu_count: int
+    gpu_milli: int
+    allowed_models: frozenset[str]  # empty: any
+
+
+class Verdict:
+    PREEMPT = "preempt"
+    ASK_ADMIN = "ask_admin"
+    KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class Decision:
+    task_id: int
+    verdict: str
+    reason: str
+    for_task_id: int | None = None
+
+
+def _fits(want: Want, holder: Holder) -> bool:
+    if want.allowed_models and not (want.allowed_models & holder.models):
+        return False
+    return want.gpu_count <= holder.gpu_count and want.gpu_milli <= holder.gpu_milli
+
+
+def reclaim_decide(holders: Iterable[Holder], wants: list[Want]) -> list[Decision]:
+    """Which flagged tasks to reclaim. Each pending task frees at most one holder: the first (oldest
+    flag first, as `holders` comes) whose GPUs it could use. Online-SLA holders go to an admin instead."""
+    decisions = []
+    unclaimed = list(wants)
+    for holder in holders:
+        if holder.policy != Queue.IdleReclaim.PREEMPT:
+            decisions.append(Decision(holder.task_id, Verdict.KEEP, f"queue policy is {holder.policy}"))
+            continue
+        if not holder.preemptible:
+            decisions.append(Decision(holder.task_id, Verdict.KEEP, "not preemptible"))
+            continue
+        want = next((w for w in unclaimed if _fits(w, holder)), None)
+        if want is None:
+            decisions.append(Decision(holder.task_id, Verdict.KEEP, "no pending work could use its GPUs"))
+            continue
+        unclaimed.remove(want)
+        verdict = Verdict.ASK_ADMIN if holder.online else Verdict.PREEMPT
+        reason = f"pending task {want.task_id} could use its GPUs"
+        decisions.append(Decision(holder.task_id, verdict, reason, for_task_id=want.task_id))
+    return decisions
+
+
+@dataclass
+class IdleCheck:
+    """What one pool's check did (the Celery task returns it as a dict)."""
+
+    pool_id: int
+    flagged: list[int] = field(default_factory=list)
+    cleared: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    requested: list[int] = field(default_factory=list)  # reclaim requests raised (task ids)
+    kept: dict[int, str] = field(default_factory=dict)
+
+
+def _note(task_id: int, reason: str) -> None:
+    """An event that records no move: a state's own from/to, so the task's history tells the owner."""
+    state = Task.objects.filter(pk=task_id).values_list("state", flat=True).first()
+    if state is not None:
+        TaskEvent.objects.create(
+            task_id=task_id, from_state=state, to_state=state, actor=ACTOR, reason=reason
+        )
+
+
+def _consequence(policy: str, *, preemptible: bool, online: bool) -> str:
+    if policy != Queue.IdleReclaim.PREEMPT:
+        return "it keeps its GPUs (queue policy notify)"
+    if not preemptible:
+        return "it keeps its GPUs: it is not preemptible"
+    if online:
+        return "an online-SLA task: if pending work needs the GPUs, a platform admin decides on reclaiming it"
+    return "it will be preempted if pending work needs the GPUs"
+
+
+def _preempt(*, task: Task, reason: str, now: datetime) -> bool:
+    node_ids = list(ComputeUnit.objects.filter(task=task).values_list("gpu__node_id", flat=True).distinct())
+    try:
+        with transaction.atomic():
+            moved = task_transition(
+                task=task, to_state=Task.State.PREEMPTED, actor=ACTOR, reason=reason, now=now
+            )
+            task_transition(
+                task=moved,
+                to_state=Task.State.PENDING,
+                actor=ACTOR,
+                reason="requeued after idle reclaim",
+                now=now,
+                why_pending=reason[:500],
+            )
+    except Conflict:
+        return False  # it moved meanwhile (finished, cancelled, preempted by a cycle): nothing to reclaim
+    # Back in the queue it holds no GPU to idle on. The agent stops it when its node's desired state no
+    # longer lists it.
+    Task.objects.filter(pk=task.pk).update(idle_flagged_at=None)
+    Node.objects.filter(pk__in=node_ids).update(version=F("version") + 1)
+    return True
+
+
+def idle_check_pool(
+    *, pool_id: int, now: datetime | None = None, config: IdleConfig | None = None
+) -> IdleCheck:
+    """Flag, unflag and reclaim one pool's idle tasks. Idempotent and safe to run concurrently: flags are
+    compare-and-set (the winner writes the one event), preemptions go through the state machine."""
+    now = now or timezone.now()
+    config = config or IdleConfig.from_settings()
+    out = IdleCheck(pool_id=pool_id)
+
+    # 1. Snapshot.
+    idle = tasks_idle(
+        pool_id=pool_id, now=now, after_s=config.after_s, util_pct=config.util_pct, sample_s=config.sample_s
+    )
+    flagged_before = set(
+        Task.objects.filter(pool_id=pool_id, idle_flagged_at__isnull=False).values_list("pk", flat=True)
+    )
+
+    # 2. Clear flags that no longer hold: the task got busy, or stopped running (requeued, finished).
+    for task_id in sorted(flagged_before - idle):
+        if Task.objects.filter(pk=task_id, idle_flagged_at__isnull=False).update(idle_flagged_at=None) == 1:
+            out.cleared.append(task_id)
+            if Task.objects.filter(pk=task_id, state=Task.State.RUNNING).exists():
+                _note(task_id, "no longer idle: its GPUs are busy again")
+    ReclaimRequest.objects.filter(
+        state=ReclaimRequest.State.PENDING, task_id__in=flagged_before - idle
+    ).update(
+        state=ReclaimRequest.State.WITHDRAWN, decided_at=now, comment="the task got busy or stopped running"
+    )
+
+    # 3. Flag the newly idle: one event each, written by whichever check wins the compare-and-set.
+    holders_rows = {
+        row["pk"]: row
+        for row in Task.objects.filter(pk__in=idle).values(
+            "pk", "preemptible", "sla_class", "gpu_count", "gpu_milli", "attempts", "idle_flagged_at",
+            policy=F("queue__idle_reclaim"),
+        )
+    }  # fmt: skip
+    for task_id in sorted(idle - flagged_before):
+        row = holders_rows.get(task_id)
+        if row is None:
+            continue
+        won = Task.objects.filter(pk=task_id, state=Task.State.RUNNING, idle_flagged_at__isnull=True).update(
+            idle_flagged_at=now
+        )
+        if won != 1:
+            continue
+        row["idle_flagged_at"] = now
+        out.flagged.append(task_id)
+        then = _consequence(
+            row["policy"], preemptible=row["preemptible"], online=row["sla_class"] == "online"
+        )
+        _note(task_id, f"flagged idle: {config.describe()}; {then}")
+        log.info("task %s flagged idle", task_id, extra={"task_id": task_id, "pool": pool_id})
+
+    # 4. Decide what to reclaim, oldest flag first.
+    candidates = [r for r in holders_rows.values() if r["idle_flagged_at"] is not None]
+    candidates.sort(key=lambda r: (r["idle_flagged_at"], r["pk"]))
+    # Only preemptible tasks of preempting queues can be reclaimed: the reads below are for them alone.
+    wanted = [c["pk"] for c in candidates if c["policy"] == Queue.IdleReclaim.PREEMPT and c["preemptible"]]
+    models: dict[int, set[str]] = defaultdict(set)
+    wants: list[Want] = []
+    if wanted:
+        for task_id, model in ComputeUnit.objects.filter(task_id__in=wanted).values_list(
+            "task_id", "gpu__model"
+        ):
+            models[task_id].add(model)
+        wants = [
+            Want(task_id=pk, gpu_count=count, gpu_milli=milli, allowed_models=frozenset(allowed or ()))
+            for pk, count, milli, allowed in Task.objects.filter(
+                pool_id=pool_id, state=Task.State.PENDING, why_pending_code__in=WANTS_CAPACITY
+            )
+            .filter(Q(not_before_at__isnull=True) | Q(not_before_at__lte=now))
+            .order_by("-priority", "created_at", "pk")
+            .values_list("pk", "gpu_count", "gpu_milli", "allowed_gpu_models")[:1000]
+        ]
+    holders = [
+        Holder(
+            task_id=c["pk"],
+            policy=c["policy"],
+            preemptible=c["preemptible"],
+            online=c["sla_class"] == Task.SlaClass.ONLINE,
+            gpu_count=c["gpu_count"],
+            gpu_milli=c["gpu_milli"],
+            models=frozenset(models[c["pk"]]),
+        )
+        for c in candidates
+    ]
+    attempts = {c["pk"]: c["attempts"] for c in candidates}
+    # An online task whose current run has had a request (pending, rejected…) is not asked about again,
+    # and claims no pending work meanwhile.
+    online = [h.task_id for h in holders if h.online and h.task_id in wanted]
+    asked = (
+        {
+            task_id
+            for task_id, attempt in ReclaimRequest.objects.filter(task_id__in=online).values_list(
+                "task_id", "attempt"
+            )
+            if attempts[task_id] == attempt
+        }
+        if online
+        else set()
+    )
+    for task_id in asked:
+        out.kept[task_id] = "a reclaim request for this run exists"
+    holders = [h for h in holders if h.task_id not in asked]
+
+    # 5. Commit.
+    for decision in reclaim_decide(holders, wants):
+        if decision.verdict == Verdict.KEEP:
+            out.kept[decision.task_id] = decision.reason
+        elif decision.verdict == Verdict.PREEMPT:
+            task = Task.objects.get(pk=decision.task_id)
+            reason = f"reclaimed while idle ({config.describe()}): {decision.reason}"
+            if task.state == Task.State.RUNNING and _preempt(task=task, reason=reason, now=now):
+                out.preempted.append(decision.task_id)
+        elif _reclaim_request_raise(
+            task_id=decision.task_id, attempt=attempts[decision.task_id], config=config, why=decision.reason
+        ):
+            out.requested.append(decision.task_id)
+    return out
+
+
+def _reclaim_request_raise(*, task_id: int, attempt: int, config: IdleConfig, why: str) -> bool:
+    """One request per (task, attempt): False when this run of the task has had one (decided or not)."""
+    reason = f"idle ({config.describe()}); {why}"
+    try:
+        with transaction.atomic():
+            request = ReclaimRequest.objects.create(task_id=task_id, attempt=attempt, reason=reason[:500])
+    except IntegrityError:
+        return False
+    _note(
+        task_id,
+        f"reclaim request {request.pk} raised: online SLA, a platform admin decides whether it is preempted",
+    )
+    return True
+
+
+def _decided(
+    *, request: ReclaimRequest, to_state: str, by: AbstractBaseUser, comment: str, now: datetime
+) -> None:
+    decided = ReclaimRequest.objects.filter(pk=request.pk, state=ReclaimRequest.State.PENDING).update(
+        state=to_state, decided_by=by, decided_at=now, comment=comment, updated_at=now
+    )
+    if decided != 1:
+        request.refresh_from_db()
+        raise Conflict(
+            f"reclaim request {request.pk} is {request.state}, not pending; it cannot be {to_state} now"
+        )
+
+
+def reclaim_approve(
+    *, request: ReclaimRequest, by: AbstractBaseUser, comment: str = "", now: datetime | None = None
+) -> ReclaimRequest:
+    """Preempt the task the request is about, if it still runs the attempt the request was raised for."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=request.task_id)
+        if task.state != Task.State.RUNNING or task.attempts != request.attempt:
+            raise Conflict(
+                f"task {task.pk} is {task.state} (attempt {task.attempts}); the run this request is about "
+                "has ended, there is nothing to reclaim (reject the request instead)"
+            )
+        _decided(request=request, to_state=ReclaimRequest.State.APPROVED, by=by, comment=comment, now=now)
+        note = f": {comment}" if comment else ""
+        reason = f"reclaimed while idle: reclaim request {request.pk} approved by {user_actor(by)}{note}"
+        if not _preempt(task=task, reason=reason[:500], now=now):
+            raise Conflict(f"task {task.pk} changed while the request was approved; reload and retry")
+    request.refresh_from_db()
+    return request
+
+
+def reclaim_reject(
+    *, request: ReclaimRequest, by: AbstractBaseUser, comment: str, now: datetime | None = None
+) -> ReclaimRequest:
+    """The task keeps its GPUs; this run of it is not asked about again."""
+    if not comment.strip():
+        raise ValidationError({"comment": ["a rejection needs a comment for the task's owner"]})
+    now = now or timezone.now()
+    with transaction.atomic():
+        _decided(request=request, to_state=ReclaimRequest.State.REJECTED, by=by, comment=comment, now=now)
+        _note(request.task_id, f"reclaim request {request.pk} rejected by {user_actor(by)}: {comment}"[:500])
+    request.refresh_from_db()
+    return request
