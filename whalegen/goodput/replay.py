@@ -46,6 +46,7 @@ from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
     PartitionMode,
+    RunningTask,
     TaskProfile,
     TaskRequest,
     UnitKind,
@@ -261,6 +262,7 @@ def run_goodput(
 ) -> RunResult:
     started_cpu = time.process_time()
     nodes = fleet_nodes(fleet)
+    names = [n.name for n in nodes]
     node_model = [n.model or "" for n in nodes]
     modes = [[g.mode for g in n.gpus] for n in nodes]
     gpus = sum(len(n.gpus) for n in nodes)
@@ -421,6 +423,18 @@ def run_goodput(
             for t in ordered[: config.lookahead]:
                 profile = job_profile(t) if t.job is not None else service_profile(t, now)
                 pending.append(replace(t.request, profile=profile))
+            # The session's snapshot names what runs now: the decision keeps only preemptions of running
+            # tasks (victims placed in this very step are not stoppable).
+            decider.snapshot = replace(
+                snapshot,
+                cluster=replace(
+                    snapshot.cluster,
+                    running=tuple(
+                        RunningTask(t.task_id, names[t.node], (), 0, 0, 0, priority=t.request.priority)
+                        for t in running.values()
+                    ),
+                ),
+            )
             decisions = decider.step(tuple(pending), now, estimates=False, nodes_after=False)
             for preemption in decisions.preemptions:
                 victim = running.get(preemption.victim_task_id)

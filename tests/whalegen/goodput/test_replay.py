@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -166,3 +167,17 @@ def test_dense_part_drops_the_stragglers_created_long_before_the_rest() -> None:
     ]
     kept = dense_part(jobs)
     assert [j.job_id for j in kept][:1] == ["j1"] and len(kept) == 198  # the first 1 % (2 of 200) go
+
+
+def test_a_guaranteed_job_preempts_a_best_effort_one_which_loses_its_work_since_the_checkpoint(
+    world: World,
+) -> None:
+    # One GPU. A best-effort 2 h job starts at 0; a guaranteed (priority 1) job arrives after ~40 s and
+    # preempts it at once: no checkpoint yet (every 30 min), so the victim loses what it ran, then reruns.
+    best_effort = replace(_job("be", A, 7200), preemptible=True)
+    urgent = _job("ls", B, 600, arrival_s=600)
+    late = _job("x", B, 60, arrival_s=100_000)  # stretches the scaled arrivals: "ls" comes at ~47 s
+    result = run_goodput(_fleet(), [best_effort, urgent, late], [], world, "fgd", 0, ReplayConfig(load=1.0))  # type: ignore[arg-type]
+    assert result.preemptions == 1
+    assert 0 < result.work_lost_gpu_h <= 120 / 3600
+    assert result.finished == 3
