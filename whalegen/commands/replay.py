@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from multiprocessing import Pool
 from pathlib import Path
 
-from whalegen.commands import _dynamic, _scenario
+from whalegen.commands import _dynamic, _goodput, _scenario
 from whalegen.placement.registry import make_policy
 from whalegen.placement.types import NodeState, TaskRequest
 from whalegen.sim.replay import MAX_PCT, RunResult, run_replay
@@ -55,12 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="default", help="NAME in openb_pod_list_<NAME>.csv")
     parser.add_argument("--policy", default="fgd,whalegen", help="comma-separated policy names")
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"), help="e.g. 42-51")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--jobs", type=_jobs, default=1, help="worker processes (default 1); with --goodput: the job source"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--curves", type=Path, help="write every run's curves (arrived 0…130 %%) to CSV")
     parser.add_argument("--plot", type=Path, help="draw unallocated GPU %% against arrived %% to a PNG")
     _dynamic.add_arguments(parser)
     _scenario.add_arguments(parser)
+    _goodput.add_arguments(parser)
+
+
+def _jobs(text: str) -> int | str:
+    """A worker count, or (for --goodput) a job source: an openb workload name or a CSV path."""
+    return int(text) if text.isdigit() else text
 
 
 _NODES: tuple[NodeState, ...] = ()
@@ -103,6 +111,14 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.goodput:
+        return _goodput.run(args)
+    if not isinstance(args.jobs, int):
+        print(
+            f"whalegen replay: --jobs {args.jobs}: a worker count (a job source needs --goodput)",
+            file=sys.stderr,
+        )
+        return 2
     if args.scenario is not None or args.from_pool is not None:
         return _scenario.run(args)
     traces: Path = args.traces or default_traces()

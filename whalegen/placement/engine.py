@@ -190,10 +190,11 @@ class Engine:
         5,000-node bench: a third of its tasks), so they are answered without scoring a node.
         """
         releases = self.state.releases
-        if self.failed_at.get(req) == releases:
+        aware = self.policy.task_aware  # its "no" is for one task, not for every equal request
+        if not aware and self.failed_at.get(req) == releases:
             return None
         pick = self.policy.select(req, lambda: self._cache_for(req))
-        if pick is None:
+        if pick is None and not aware:
             self.failed_at[req] = releases
         return pick
 
@@ -262,6 +263,7 @@ class Engine:
             failed: TaskRequest | None = None
             for task in unit:
                 req = Request.of(task)
+                self.policy.begin_task(task, now)
                 pick = self.choose(req)
                 if pick is None:
                     failed = task

@@ -20,7 +20,7 @@ import numpy as np
 
 from whalegen.placement.fragmentation import ModelMix, model_mix, node_fragmentation_milli
 from whalegen.placement.state import ClusterState, Request
-from whalegen.placement.types import WHOLE_GPU_MILLI, ShapeMix
+from whalegen.placement.types import WHOLE_GPU_MILLI, ShapeMix, TaskRequest
 
 MAX_NODE_CPU_MILLI = 128_000
 MAX_NODE_GPU_MILLI = 8 * WHOLE_GPU_MILLI
@@ -61,6 +61,7 @@ class Policy:
     name = "base"
     whole_gpus_only = False  # treat every GPU as whole-only (the stock device plugin)
     node_pure = True  # the score reads only the node's free resources, so equal nodes score equally
+    task_aware = False  # reads the task itself (`begin_task`): equal requests may get different answers
 
     def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
         self.state = state
@@ -69,6 +70,9 @@ class Policy:
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         raise NotImplementedError
+
+    def begin_task(self, task: TaskRequest, now_s: float) -> None:
+        """The task the next `select` is for; only task-aware policies read it."""
 
     def score_node(self, n: int, req: Request) -> Choice:
         """Node n's score and devices for `req`; NEG_INF where it cannot host it (what the engine caches).

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from whalegen.placement.aware import GOODPUT_POLICIES, AwarePolicy
 from whalegen.placement.policies import BASELINES, Policy
 from whalegen.placement.whalegen_policy import WhalegenPolicy
 
-POLICY_NAMES = (*BASELINES, "whalegen")
+POLICY_NAMES = (*BASELINES, *GOODPUT_POLICIES, "whalegen", "whalegen-aware")
 
 
 def make_policy(name: str) -> Policy:
@@ -13,7 +14,9 @@ def make_policy(name: str) -> Policy:
     base, *options = name.split(":")
     if base == "whalegen":
         return WhalegenPolicy(**dict(option.split("=", 1) for option in options))
-    factory = BASELINES.get(base)
+    if base == "whalegen-aware":
+        return AwarePolicy(**dict(option.split("=", 1) for option in options))
+    factory = BASELINES.get(base) or GOODPUT_POLICIES.get(base)
     if factory is None or options:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
     return factory()

@@ -86,6 +86,20 @@ class TaskPrediction:
 
 
 @dataclass(frozen=True)
+class TaskProfile:
+    """What telemetry says about a task (learned from history, never declared): for profile-aware placement.
+
+    `compute_exponent` is the task's compute-boundness, 0 (its speed follows HBM bandwidth) … 1 (FP32
+    TFLOPS); `sm_util_pct` its SM utilisation alone; `sla_min_factor`, for an online service, the lowest
+    throughput factor (shared over alone) it tolerates. None: not known.
+    """
+
+    compute_exponent: float | None = None
+    sm_util_pct: float | None = None
+    sla_min_factor: float | None = None
+
+
+@dataclass(frozen=True)
 class TaskRequest:
     """A pending task. `gpu_milli` is per GPU: < 1000 only with `num_gpu == 1` (a shared GPU)."""
 
@@ -108,6 +122,7 @@ class TaskRequest:
     # When set, the cycle's own order (e.g. fair share): tasks with a key go first, lowest key first, and
     # the engine's priority/age order applies only among tasks without one.
     order_key: int | None = None
+    profile: TaskProfile | None = None  # read by profile-aware policies only (whalegen.placement.aware)
 
     @property
     def gpu_request_milli(self) -> int:

@@ -1,0 +1,343 @@
+"""Policies of the goodput comparison (docs/goodput.md §6): two baselines, and profile-aware `whalegen-aware`.
+
+- `volcano-binpack`: whole GPUs only (the stock device plugin), the most-allocated node first (Volcano's
+  binpack plugin: GPU weighted over CPU); a multi-GPU task is one task on one node, so it is its own gang.
+- `share-binpack`: HAMi-style GPU shares: the most-allocated node, and on it the most-used GPU that still
+  has the share free; no interference model.
+- `whalegen-aware`: the `whalegen` policy's fragmentation descent with the task's *profile*
+  (`TaskRequest.profile`, learned from telemetry) in the choice:
+  1. **Effective throughput.** The task's speed on each GPU model from its learned compute exponent
+     `a`: `FP32_TFLOPS^a × HBM_GBps^(1−a)` (the speed rule of whalegen/goodput/speed.py), times the
+     MIG slice's share where the unit is a slice. Nodes are ranked by it; fragmentation breaks ties
+     (equal speed, e.g. two nodes of one model).
+  2. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
+     from the SM utilisations (the Lucid-fitted rule of whalegen/goodput/interference.py, summed over
+     the neighbours); a GPU where a predicted factor falls below an online task's SLA, or below
+     `floor` for batch work, is refused. Among admissible GPUs a co-location that keeps every factor
+     above the floor goes before an idle GPU of the same model (two tasks at 0.7 each do 1.4 GPUs of
+     work on one), and a slower model is taken only when nothing faster has room.
+  3. **Reasons.** Every choice says why (`reasons[task_id]`): "H100-80GB chosen: 3.7× this task's
+     V100M16 speed (bandwidth-bound, a = 0.08)"; every refusal too (`refusals[task_id]`).
+  A task without a profile is placed as `whalegen` places it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from whalegen.goodput.speed import GpuFigures, gpu_figures
+from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES
+from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache
+from whalegen.placement.state import ClusterState, Request, mig_profile_for
+from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix, TaskProfile, TaskRequest
+from whalegen.placement.whalegen_policy import OPTIONS, WhalegenPolicy
+
+# The utilisation rule fitted on all of Lucid (docs/goodput.md §3): factor = (1 − c) / max(1, demand)^k.
+LUCID_CONTENTION = 0.005
+LUCID_EXPONENT = 0.6
+# A neighbour whose utilisation nobody measured yet counts as a busy training job.
+UNKNOWN_UTIL_PCT = 100.0
+DEFAULT_FLOOR = 0.6  # the lowest predicted factor a batch task is co-located at
+DEFAULT_ADVANTAGE = 0.5  # a batch task defers models slower than this × its fleet-average speed …
+DEFAULT_DEFER_S = 900.0  # … for at most this long
+REFERENCE_MODEL = "V100M16"  # the speed ratios in reasons and the replay's reference
+
+
+class VolcanoBinpackPolicy(Policy):
+    """Whole GPUs; the node that is fullest after placement (GPU counted twice, CPU once)."""
+
+    name = "volcano-binpack"
+    whole_gpus_only = True
+
+    def score(self, n: int, req: Request, devices: list[int]) -> Choice:
+        s = self.state
+        gpus = len(s.gpu_free[n]) * WHOLE_GPU_MILLI
+        gpu_used = (gpus - sum(s.gpu_free[n]) + req.num_gpu * WHOLE_GPU_MILLI) / gpus if gpus else 0.0
+        cpu_used = (
+            (s.cpu_total[n] - s.cpu_free[n] + req.cpu_milli) / s.cpu_total[n] if s.cpu_total[n] else 0.0
+        )
+        return float(int(100 * (2 * gpu_used + cpu_used) / 3)), self.first_devices(req, devices)
+
+
+class ShareBinpackPolicy(Policy):
+    """GPU shares; the fullest node after placement, and on it the most-used GPU with room (HAMi binpack)."""
+
+    name = "share-binpack"
+
+    def score(self, n: int, req: Request, devices: list[int]) -> Choice:
+        s = self.state
+        gpus = len(s.gpu_free[n]) * WHOLE_GPU_MILLI
+        used = (gpus - sum(s.gpu_free[n]) + req.num_gpu * req.gpu_milli) / gpus if gpus else 0.0
+        return float(int(100 * used)), self.best_fit_devices(n, req, devices)
+
+
+def predicted_factor(util_pct: float, others_util_pct: float) -> float:
+    """The Lucid-fitted utilisation rule with the neighbours' utilisations summed."""
+    demand = (util_pct + others_util_pct) / 100.0
+    slowdown: float = max(1.0, demand) ** LUCID_EXPONENT
+    return min(1.0, (1.0 - LUCID_CONTENTION) / slowdown)
+
+
+def relative_speed(figures: GpuFigures, reference: GpuFigures, exponent: float) -> float:
+    """The speed rule's ratio between two models for a task of compute exponent `exponent`."""
+    ratio: float = (figures.fp32_tflops / reference.fp32_tflops) ** exponent * (
+        figures.mem_bandwidth_gbps / reference.mem_bandwidth_gbps
+    ) ** (1 - exponent)
+    return ratio
+
+
+def bound_label(exponent: float) -> str:
+    if exponent >= 0.6:
+        return "compute-bound"
+    if exponent <= 0.4:
+        return "bandwidth-bound"
+    return "balanced"
+
+
+@dataclass(frozen=True)
+class _Option:
+    speed: float  # the unit's speed over the reference model's, alone
+    value: float  # effective speed: with the predicted co-location factor
+    colocated: bool  # shares a GPU with admissible neighbours
+    frag: float  # the fragmentation score (tie-break)
+    node: int
+    devices: tuple[int, ...]
+    why: str
+    isolated: bool = False  # a MIG instance
+
+
+class AwarePolicy(WhalegenPolicy):
+    name = "whalegen-aware"
+    task_aware = True
+
+    def __init__(self, **options: str) -> None:
+        floor = options.pop("floor", str(DEFAULT_FLOOR))
+        advantage = options.pop("advantage", str(DEFAULT_ADVANTAGE))
+        defer = options.pop("defer_s", str(DEFAULT_DEFER_S))
+        super().__init__(**{k: v for k, v in options.items() if k in OPTIONS})
+        unknown = set(options) - set(OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"whalegen-aware options are floor and {', '.join(OPTIONS)}, got {sorted(unknown)}"
+            )
+        self.floor = float(floor)
+        self.advantage = float(advantage)
+        self.defer_s = float(defer)
+        self.now_s = 0.0
+        self._fleet_mean: dict[float, float] = {}
+        self.task: TaskRequest | None = None
+        self.profiles: dict[str, TaskProfile] = {}  # every task seen, for its later neighbours
+        self.reasons: dict[str, str] = {}
+        self.refusals: dict[str, str] = {}
+        self._occupants: dict[tuple[int, int], list[str]] = {}
+        self._occupants_at = -1
+
+    def attach(self, state: ClusterState, mix: ShapeMix, rng: random.Random) -> None:
+        super().attach(state, mix, rng)
+        self.reference = gpu_figures(REFERENCE_MODEL)
+        self.figures: dict[str, GpuFigures | None] = {}
+        for model in {m for m in state.models if m is not None}:
+            try:
+                self.figures[model] = gpu_figures(model)
+            except ValueError:
+                self.figures[model] = None
+
+    def begin_task(self, task: TaskRequest, now_s: float) -> None:
+        self.task = task
+        self.now_s = now_s
+        if task.profile is not None:
+            self.profiles[task.task_id] = task.profile
+
+    # -- the choice --------------------------------------------------------------------------------
+
+    def select(self, req: Request, scores: Callable[[], ScoreCache]) -> tuple[int, tuple[int, ...]] | None:
+        task = self.task
+        profile = task.profile if task is not None else None
+        if task is None or profile is None or req.num_gpu == 0 or profile.compute_exponent is None:
+            return super().select(req, scores)
+        cache = scores()
+        feasible = np.flatnonzero(cache.scores > NEG_INF)
+        if len(feasible) == 0:
+            return None
+        options: list[_Option] = []
+        refused: list[str] = []
+        for n in feasible.tolist():
+            frag = float(cache.scores[n])
+            if req.is_share:
+                for d in self.state.eligible_devices(n, req) or []:
+                    option = self._share_option(n, d, req, task.task_id, profile, frag, refused)
+                    if option is not None:
+                        options.append(option)
+            else:
+                speed = self._speed(n, profile)
+                if speed is not None:
+                    options.append(_Option(speed, speed, False, frag, n, cache.devices_of(n), ""))
+        considered = options
+        if profile.sla_min_factor is None and options and self.now_s - task.submitted_at_s < self.defer_s:
+            # Comparative advantage: a model on which this task runs at less than `advantage` × its
+            # fleet-average speed is left to tasks that run well there, until it has waited `defer_s`.
+            mean = self._mean_speed(profile)
+            kept = [o for o in options if o.speed >= self.advantage * mean]
+            if not kept:
+                best_slow = max(options, key=lambda o: o.speed)
+                refused.append(
+                    f"deferred: the best unit with room ({self.state.models[best_slow.node]}) runs it at "
+                    f"{best_slow.speed / mean:.2f}× its fleet-average speed, below {self.advantage:g}×; it "
+                    f"takes it after {self.defer_s:g} s of waiting"
+                )
+            options = kept
+        if not options:
+            self.refusals[task.task_id] = "; ".join(refused[:3]) or "no GPU model with known figures has room"
+            return None
+        if profile.sla_min_factor is not None:
+            # An online service: a MIG instance first (isolated: no neighbour can break its SLA), then
+            # the slowest model (the fast ones are worth more to batch work); it needs no speed.
+            best = max(
+                options, key=lambda o: (o.isolated, -round(o.speed, 6), not o.colocated, o.frag, -o.node)
+            )
+        else:
+            # The fastest unit first; on it an admissible co-location before an idle GPU (it keeps the idle
+            # one for the next task), the least slowed co-location first; fragmentation breaks ties.
+            best = max(
+                options, key=lambda o: (round(o.speed, 6), o.colocated, round(o.value, 6), o.frag, -o.node)
+            )
+        self.reasons[task.task_id] = self._reason(best, considered, profile)
+        self.refusals.pop(task.task_id, None)
+        return best.node, best.devices
+
+    def _speed(
+        self, n: int, profile: TaskProfile, slice_fraction: tuple[float, float] = (1.0, 1.0)
+    ) -> float | None:
+        model = self.state.models[n]
+        figures = self.figures.get(model) if model is not None else None
+        if figures is None or profile.compute_exponent is None:
+            return None
+        a = profile.compute_exponent
+        compute, bandwidth = slice_fraction
+        speed: float = relative_speed(figures, self.reference, a) * compute**a * bandwidth ** (1 - a)
+        return speed
+
+    def _mean_speed(self, profile: TaskProfile) -> float:
+        """The task's speed averaged over every GPU of the pool (over the reference model's)."""
+        a = profile.compute_exponent if profile.compute_exponent is not None else 0.5
+        key = round(a, 3)
+        mean = self._fleet_mean.get(key)
+        if mean is None:
+            total = weight = 0.0
+            for n in range(len(self.state)):
+                speed = self._speed(n, profile)
+                if speed is not None:
+                    total += speed * self.state.gpu_count[n]
+                    weight += self.state.gpu_count[n]
+            mean = total / weight if weight else 1.0
+            self._fleet_mean[key] = mean
+        return mean
+
+    def _share_option(
+        self,
+        n: int,
+        d: int,
+        req: Request,
+        task_id: str,
+        profile: TaskProfile,
+        frag: float,
+        refused: list[str],
+    ) -> _Option | None:
+        s = self.state
+        mode = s.modes[n][d]
+        model = s.models[n] or "?"
+        if mode is PartitionMode.MIG:
+            mig = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib)
+            if mig is None:
+                return None
+            speed = self._speed(
+                n, profile, (mig.compute_slices / COMPUTE_SLICES, mig.memory_slices / MEMORY_SLICES)
+            )
+            return (
+                None
+                if speed is None
+                else _Option(speed, speed, False, frag, n, (d,), f"MIG {mig.name}", True)
+            )
+        speed = self._speed(n, profile)
+        if speed is None:
+            return None
+        if mode is not PartitionMode.SHARED:
+            return _Option(speed, speed, False, frag, n, (d,), "")
+        neighbours = self._on(n, d)
+        if not neighbours:
+            return _Option(speed, speed, False, frag, n, (d,), "")
+        members = [(task_id, profile)] + [(t, self.profiles.get(t, TaskProfile())) for t in neighbours]
+        utils = [p.sm_util_pct if p.sm_util_pct is not None else UNKNOWN_UTIL_PCT for _, p in members]
+        total = sum(utils)
+        factors = []
+        for (member, p), u in zip(members, utils, strict=True):
+            f = predicted_factor(u, total - u)
+            limit = p.sla_min_factor if p.sla_min_factor is not None else self.floor
+            if f < limit:
+                what = (
+                    f"{member}'s SLA {limit:.2f}"
+                    if p.sla_min_factor is not None
+                    else f"the floor {limit:.2f}"
+                )
+                refused.append(
+                    f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: sharing it predicts {f:.2f}× for "
+                    f"{member}, below {what}"
+                )
+                return None
+            factors.append((member, f))
+        shown = ", ".join(f"{m} {f:.2f}×" for m, f in factors[1:])
+        return _Option(
+            speed,
+            speed * factors[0][1],
+            True,
+            frag,
+            n,
+            (d,),
+            f"shares GPU {s.gpu_index[n][d]}: predicted {factors[0][1]:.2f}× for it, {shown}",
+        )
+
+    def _on(self, n: int, d: int) -> list[str]:
+        """Tasks bound on device position d of node n (rebuilt when the working copy changed)."""
+        s = self.state
+        if self._occupants_at != s.changes:
+            occupants: dict[tuple[int, int], list[str]] = {}
+            for task_id, binding in s.bindings.items():
+                for position, milli in zip(binding.gpu_indexes, binding.held_milli, strict=True):
+                    if milli:
+                        occupants.setdefault((binding.node, position), []).append(task_id)
+            self._occupants = occupants
+            self._occupants_at = s.changes
+        return sorted(self._occupants.get((n, d), []))
+
+    def _reason(self, best: _Option, options: list[_Option], profile: TaskProfile) -> str:
+        s = self.state
+        model = s.models[best.node] or "?"
+        if profile.sla_min_factor is not None:
+            where = (
+                "a MIG instance (isolated: no neighbour can break its SLA)"
+                if best.isolated
+                else ("the slowest model with room (the fast ones are worth more to batch work)")
+            )
+            return f"{model} chosen for an online task: {where}" + (f"; {best.why}" if best.why else "")
+        a = profile.compute_exponent if profile.compute_exponent is not None else 0.5
+        label = f"{bound_label(a)}, a = {a:.2f}"
+        others = [o for o in options if (s.models[o.node] or "?") != model]
+        if others:
+            runner = max(others, key=lambda o: o.value)
+            other_model = s.models[runner.node] or "?"
+            ratio = best.value / runner.value if runner.value > 0 else math.inf
+            head = f"{model} chosen: {ratio:.1f}× this task's {other_model} speed ({label})"
+        else:
+            head = f"{model} chosen: the only model with room ({label})"
+        return f"{head}; {best.why}" if best.why else head
+
+
+GOODPUT_POLICIES: dict[str, Callable[[], Policy]] = {
+    "volcano-binpack": VolcanoBinpackPolicy,
+    "share-binpack": ShareBinpackPolicy,
+}
