@@ -7,10 +7,23 @@ tenant B), `eve` (signed in, member of nothing) and `root` (platform admin, memb
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing() -> Iterator[None]:
+    """Passwords set in tests are hashed with MD5, not PBKDF2's million rounds (~0.5 s of CPU per hash,
+    paid again on every login check). Logins still fail on a wrong password and pass on the right one;
+    the hash's strength is Django's, not what these tests check. Processes the tests start (the demo,
+    the fault and ops stacks) keep the production hasher."""
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 @dataclass

@@ -148,7 +148,22 @@ def agents(live_server: Any, transactional_db: None, tmp_path: Path) -> Iterator
     for agent in made:
         agent.cleanup()
     if made:
-        time.sleep(1.5)  # let the server finish the long polls in flight (wait_s 1) before the flush
+        # The agents are dead, so their connections are closed; let the server finish the long polls in
+        # flight (wait_s 1) before the flush.
+        wait_requests_served(at_most_s=1.5)
+
+
+def wait_requests_served(at_most_s: float) -> None:
+    """Wait until the live server (a threaded WSGI server in this process: one thread per connection)
+    has no request thread left, so every request in flight has been answered, or `at_most_s` passed (a
+    client that keeps its connection open holds a thread; that is no request in flight)."""
+    import threading
+
+    deadline = time.monotonic() + at_most_s
+    while time.monotonic() < deadline and any(
+        t.name.endswith("(process_request_thread)") and t.is_alive() for t in threading.enumerate()
+    ):
+        time.sleep(0.05)
 
 
 class CeleryWorker:
