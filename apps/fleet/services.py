@@ -398,6 +398,8 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
             cursor.execute(sql, [value for row in rows for value in row])
     runs = {s.pid: parse_run(s.task_id, s.attempt) for s in message.processes if s.task_id}
     task_ids = {run[0] for run in runs.values() if run is not None}
+    if not task_ids:  # no task process sampled: nothing to check or store (not even a query to build)
+        return
     # Only tasks this node was given: a process claiming another node's task is not recorded.
     mine = set(Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True))
     TaskSample.objects.bulk_create(
