@@ -11,20 +11,25 @@ is the real agent HTTP client (`agents.client.PlaneClient`: its session, timeout
 sending `Register` once and then a `Heartbeat` with its GPUs' inventory and telemetry every interval,
 spread evenly over the interval; a pool of sender threads keeps the schedule.
 
-Windows, in this order, each with a progress line on stderr: registration; an idle baseline (two
-intervals, no heartbeats); one warm-up heartbeat per agent; the load window (`--duration-s`); one more
-node-health check; the floor (two intervals of the same request rate on the heartbeat endpoint with a
-token no node holds, refused after the token lookup: what gunicorn + Django + DRF + one indexed query
-cost per request, the part of a heartbeat's cost the heartbeat code cannot remove).
+Windows, in this order, each with a progress line on stderr: registration; one warm-up heartbeat per
+agent; the load window (`--duration-s`); one more node-health check; the idle baseline (two intervals,
+no heartbeats: every agent silent at once, which the plane takes for its own deafness and loses nobody
+for); the floors (`--floor-s` each, default one interval, at the load's request rate, each a request
+refused by design): the heartbeat front refusing an unknown token, Django's handler with its middleware
+to the plain heartbeat view refusing the method, Django + DRF refusing an unknown token on the reports
+endpoint, and gunicorn alone (`benchmarks/floor_wsgi.py` in place of the plane's application).
 
-Prints, as text and JSON: the settings, heartbeats ok / failed, p50/p99/max latency, plane CPU from
-/proc utime+stime as a share of one core, by part (web: gunicorn master+workers; db: every PostgreSQL
-backend; worker: Celery worker + beat) and in all, for the load window and the idle baseline of the
-same run, their ratio, CPU per heartbeat above the idle baseline, the floor's CPU per request and the
-heartbeat/floor ratio, and nodes falsely lost (every agent kept beating; any node the health check
-marked lost is a false loss). The load generator's own CPU is not counted: it shares the 2 cores, so
-wall-clock latency is noisy; CPU seconds and same-run ratios are the figures that count. Nothing here
-fails on timing.
+Prints, as text and JSON: the settings, heartbeats ok / failed / due / not sent, p50/p99/max latency,
+plane CPU from /proc utime+stime as a share of one core, by part (web: gunicorn master+workers; db:
+every PostgreSQL backend; worker: Celery worker + beat) and in all, for the load window and the idle
+baseline of the same run, their ratio, CPU per heartbeat above the idle baseline against the budget
+(half a core over the heartbeats due per second), each floor's CPU per request and the heartbeat/floor
+ratios, and nodes lost: before the load (silent from registration to their warm-up heartbeat past the
+threshold: the generator's pause, not the plane's fault), falsely lost (every agent kept beating
+through the load window: any node lost by its end is a false loss), and lost in the idle baseline
+(should be none). The load generator's own CPU is not counted: it shares the 2 cores, so wall-clock
+latency is noisy; CPU seconds and same-run ratios are the figures that count. Nothing here fails on
+timing.
 """
 
 from __future__ import annotations
@@ -50,7 +55,14 @@ sys.path.insert(0, str(ROOT))
 
 from agents.client import PlaneClient, PlaneRejected, PlaneUnavailable  # noqa: E402
 from tests.faults.services import PostgresServer, RedisServer  # noqa: E402
-from whalegen.protocol import GpuInventory, Heartbeat, Register, TelemetrySample  # noqa: E402
+from whalegen.protocol import (  # noqa: E402
+    HEARTBEAT_PATH,
+    REPORT_PATH,
+    GpuInventory,
+    Heartbeat,
+    Register,
+    TelemetrySample,
+)
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 _STARTED = time.monotonic()
@@ -130,9 +142,7 @@ class Plane:
             self.run("-m", "tests.faults.plane_scripts", "seed-fleet", str(nodes), str(gpus))
         )["tokens"]
         progress(f"starting gunicorn (port {self.web_port}), Celery worker and beat")
-        self.web = self.spawn("gunicorn", "-m", "gunicorn", "whalegen.config.wsgi", "--bind",
-                              f"127.0.0.1:{self.web_port}", "--workers", str(self.gunicorn_workers),
-                              "--threads", str(self.threads), "--timeout", "60")  # fmt: skip
+        self.web = self.gunicorn("whalegen.config.wsgi")
         self.worker = self.spawn("worker", "-m", "celery", "-A", "whalegen.config", "worker", "--pool",
                                  "solo", "--loglevel", "WARNING")  # fmt: skip
         schedule, pidfile = str(self.work / "beat-schedule"), str(self.work / "beat.pid")
@@ -144,6 +154,23 @@ class Plane:
                 raise SystemExit("gunicorn did not answer in 120 s")
             time.sleep(0.5)
         return tokens
+
+    def gunicorn(self, app: str) -> subprocess.Popen[bytes]:
+        return self.spawn("gunicorn", "-m", "gunicorn", app, "--bind", f"127.0.0.1:{self.web_port}",
+                          "--workers", str(self.gunicorn_workers), "--threads", str(self.threads),
+                          "--timeout", "60")  # fmt: skip
+
+    def serve_bare_floor(self) -> None:
+        """Replace the plane's gunicorn by one serving `benchmarks/floor_wsgi.py` (same workers, threads
+        and port): the bare-WSGI floor. Celery and PostgreSQL keep running."""
+        self.web.terminate()
+        self.web.wait(timeout=30)
+        self.web = self.gunicorn("benchmarks.floor_wsgi")
+        deadline = time.monotonic() + 60
+        while not self._answers():
+            if time.monotonic() > deadline:
+                raise SystemExit("the bare gunicorn did not answer in 60 s")
+            time.sleep(0.5)
 
     def _answers(self) -> bool:
         import requests
@@ -229,24 +256,27 @@ class SimAgent:
         with contextlib.suppress(PlaneUnavailable, PlaneRejected):
             self.heartbeat()
 
-    def heartbeat(self) -> None:
+    def message(self) -> Heartbeat:
+        """The heartbeat of an idle node of this many GPUs: inventory, telemetry, no runs."""
         assert self.node_id is not None
         now = time.time()
         telemetry = tuple(
             TelemetrySample(g.uuid, now, 1024, 46_068, 37, 12, 140.0, 350.0, 55, 1800, 9000, 0)
             for g in self.inventory
         )
-        message = Heartbeat(node_id=self.node_id, agent_version="bench", sent_at_s=now,
-                            inventory=self.inventory, telemetry=telemetry, running=())  # fmt: skip
-        self.client.heartbeat(message)
+        return Heartbeat(node_id=self.node_id, agent_version="bench", sent_at_s=now,
+                         inventory=self.inventory, telemetry=telemetry, running=())  # fmt: skip
 
-    def refused_heartbeat(self) -> bool:
-        """The floor's request: the same heartbeat with a token no node holds, refused (401) after the
-        token lookup. True when it was refused as expected."""
+    def heartbeat(self) -> None:
+        self.client.heartbeat(self.message())
+
+    def floor_request(self, method: str, path: str, expect: int) -> bool:
+        """A floor's request: the heartbeat this agent would send, as `method` to `path`, through the same
+        client; True when the plane answered `expect` (the floors are refusals by design)."""
         try:
-            self.heartbeat()
+            self.client._request(method, path, body=self.message())
         except PlaneRejected as error:
-            return error.status == 401
+            return error.status == expect
         except PlaneUnavailable:
             return False
         return False
@@ -376,11 +406,33 @@ class Window:
         return sum(self.cpu[part] for part in parts) / self.wall_s
 
 
+# The floors: requests at the heartbeat rate that cost less than a heartbeat by design, each answered
+# with a refusal, measured in the same run (web + database CPU above the idle baseline, per request).
+# name: (method, path, token, expected status, what it is)
+FLOORS = {
+    "front_refused": ("POST", HEARTBEAT_PATH, "bad", 401,
+                      "the heartbeat path's front (whalegen.config.wsgi) refusing an unknown token after its "
+                      "one indexed lookup"),
+    "django_plain_view": ("PUT", HEARTBEAT_PATH, "good", 405,
+                          "Django's handler, its middleware and URL resolution to the plain heartbeat view, "
+                          "which refuses the method (no query)"),
+    "drf_refused": ("POST", REPORT_PATH, "bad", 401,
+                    "Django + DRF refusing an unknown token after the token lookup (the agents' other "
+                    "endpoints; the heartbeat's path before)"),
+    "bare_wsgi": ("POST", HEARTBEAT_PATH, "bad", 401,
+                  "gunicorn alone: benchmarks/floor_wsgi.py reads the body and answers 401 (no Django, no "
+                  "database)"),
+}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=2000)
     parser.add_argument("--interval-s", type=float, default=10.0)
     parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument(
+        "--floor-s", type=float, default=None, help="each floor window (default: one interval)"
+    )
     parser.add_argument("--gpus", type=int, default=4, help="GPUs per simulated node")
     parser.add_argument("--senders", type=int, default=64, help="load-generator threads")
     parser.add_argument("--gunicorn-workers", type=int, default=2)
@@ -397,30 +449,36 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="whalegen-heartbeat-bench-"))
     work.chmod(0o755)
     plane = Plane(work, web_port=args.web_port, gunicorn_workers=args.gunicorn_workers, threads=args.threads)
-    # Idle and floor windows: two intervals each (below the loss threshold of three, so no node is lost by
-    # the pause itself).
-    short_s = min(args.duration_s, 2 * args.interval_s)
-    idle, loaded, floor = Window(plane), Window(plane), Window(plane)
+    # The idle baseline: two intervals after the load, every agent silent at once. Each node is silent
+    # up to three intervals by its end — at the loss threshold — and the plane, hearing no node at all
+    # for two intervals, takes itself for deaf (docs/fleet.md, "Node health" 2) and loses nobody.
+    idle_s = min(args.duration_s, 2 * args.interval_s)
+    floor_s = args.floor_s or args.interval_s
+    idle, loaded = Window(plane), Window(plane)
+    floors = {name: Window(plane) for name in FLOORS}
+    floor_counts: dict[str, tuple[list[float], int, int]] = {}
     try:
         tokens = plane.start(args.agents, args.gpus, args.interval_s)
         agents = [SimAgent(plane.url, name, token, args.gpus) for name, token in tokens.items()]
         progress(f"registering {len(agents)} agents")
+        registering = time.monotonic()
         # Registration is not what is measured: fewer at once than the load's senders.
         with ThreadPoolExecutor(max_workers=min(16, args.senders)) as pool:
             for n, _ in enumerate(pool.map(SimAgent.register, agents), 1):
                 if n % 500 == 0 or n == len(agents):
                     progress(f"registered {n}/{len(agents)}")
-        # 1. Same-run baseline: the plane idle (worker and beat running, no heartbeats).
-        progress(f"idle baseline: {short_s:.0f} s without heartbeats")
-        idle.start()
-        time.sleep(short_s)
-        idle.stop()
-        lost_before = plane.lost_nodes()
-        # Every node has beaten once (registration): restart the clock of the measured window.
+        registration_s = time.monotonic() - registering
+        # Every node has beaten once (registration): one more heartbeat each, in registration order, so
+        # that the load window starts with every node freshly heard.
         progress("warm-up: one heartbeat per agent (not measured)")
+        warming = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.senders) as pool:
             list(pool.map(SimAgent.warm_up, agents))
-        # 2. The load: every agent beats every interval.
+        warm_up_s = time.monotonic() - warming
+        # Lost before the load: silent from their registration to their warm-up heartbeat for longer
+        # than the threshold (the generator's pace, not a heartbeat the plane failed to take).
+        lost_before = plane.lost_nodes()
+        # 1. The load: every agent beats every interval.
         progress(f"load window: {args.agents} agents every {args.interval_s:g} s for {args.duration_s:g} s")
         updates_before = plane.node_row_updates()
         loaded.start()
@@ -433,22 +491,32 @@ def main() -> int:
         progress("waiting 6 s for one more node-health check after the last heartbeat")
         time.sleep(6)
         lost = plane.lost_nodes()
-        # 3. The floor: the same request rate on the same endpoint with a token no node holds, refused
-        # after the token lookup: what gunicorn + Django + DRF + one indexed query cost per request.
+        # 2. Same-run baseline: the plane idle (worker and beat running, no heartbeats).
+        progress(f"idle baseline: {idle_s:.0f} s without heartbeats")
+        idle.start()
+        time.sleep(idle_s)
+        idle.stop()
+        lost_in_idle = plane.lost_nodes() - lost
+        # 3. The floors, at the load's request rate.
         strangers = [SimAgent(plane.url, a.name, "wgn_not-a-node-token", args.gpus) for a in agents]
         for stranger, agent in zip(strangers, agents, strict=True):
             stranger.node_id = agent.node_id
-        progress(f"floor window: the same rate of refused heartbeats (bad token) for {short_s:.0f} s")
-        floor.start()
-        refused, floor_failures, floor_skipped = drive(
-            lambda n: strangers[n].refused_heartbeat(),
-            len(strangers),
-            args.interval_s,
-            short_s,
-            args.senders,
-            "floor",
-        )
-        floor.stop()
+        for name, (method, path, token, expect, _what) in FLOORS.items():
+            if name == "bare_wsgi":
+                progress("replacing the plane's gunicorn by the bare WSGI floor")
+                plane.serve_bare_floor()
+            senders_of = strangers if token == "bad" else agents
+            progress(f"floor {name}: {method} {path} answered {expect}, for {floor_s:.0f} s")
+            floors[name].start()
+            floor_counts[name] = drive(
+                lambda n, who=senders_of, m=method, at=path, e=expect: who[n].floor_request(m, at, e),
+                len(senders_of),
+                args.interval_s,
+                floor_s,
+                args.senders,
+                name,
+            )
+            floors[name].stop()
     finally:
         progress("stopping the plane")
         plane.stop()
@@ -459,6 +527,19 @@ def main() -> int:
         return round(1000 * (window.cores(parts) - idle_cores) * window.wall_s / max(1, requests), 2)
 
     serving = ("web", "db")
+    due = int(args.agents * args.duration_s / args.interval_s)
+    heartbeat_ms = per_request_ms(loaded, len(latencies), serving)
+    floor_results: dict[str, dict[str, object]] = {}
+    for name, (method, path, _token, expect, what) in FLOORS.items():
+        answered, other, _overdue = floor_counts.get(name, ([], 0, 0))
+        floor_results[name] = {
+            "what": what,
+            "request": f"{method} {path} -> {expect}",
+            "answered": len(answered),
+            "other": other,
+            "p99_ms": round(quantile(answered, 0.99) * 1000, 1),
+            "cpu_ms_per_request_web_db": per_request_ms(floors[name], len(answered), serving),
+        }
     result = {
         "settings": {**vars(args), "heartbeat_rate_per_s": args.agents / args.interval_s},
         "heartbeats_ok": len(latencies),
@@ -466,10 +547,8 @@ def main() -> int:
         # Due in the window (every agent every interval) but never sent: the load generator shares the
         # cores and falls behind when the plane answers slowly (`skipped` counts only the agents whose
         # next heartbeat was already overdue when the window closed).
-        "heartbeats_due": int(args.agents * args.duration_s / args.interval_s),
-        "heartbeats_not_sent": max(
-            0, int(args.agents * args.duration_s / args.interval_s) - len(latencies) - failures
-        ),
+        "heartbeats_due": due,
+        "heartbeats_not_sent": max(0, due - len(latencies) - failures),
         "agents_overdue_at_the_end": skipped,
         "latency_p50_ms": round(quantile(latencies, 0.50) * 1000, 1),
         "latency_p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
@@ -482,31 +561,38 @@ def main() -> int:
         "plane_cpu_cores_by_part_loaded": {k: round(v / loaded.wall_s, 3) for k, v in loaded.cpu.items()},
         "plane_cpu_cores_by_part_idle": {k: round(v / idle.wall_s, 3) for k, v in idle.cpu.items()},
         # Per heartbeat above the idle baseline: web + database (the request path), and all parts.
-        "cpu_ms_per_heartbeat_web_db": per_request_ms(loaded, len(latencies), serving),
+        "cpu_ms_per_heartbeat_web_db": heartbeat_ms,
         "cpu_ms_per_heartbeat_plane": per_request_ms(loaded, len(latencies), ("web", "db", "worker")),
         # What the plane processed in the window, answered in time or not (a client gives up after 10 s;
         # the plane still does the work): the CPU per heartbeat that does not depend on the client.
         "heartbeats_processed_by_plane": processed,
         "cpu_ms_per_processed_heartbeat_web_db": per_request_ms(loaded, processed, serving),
-        "floor_requests_refused": len(refused),
-        "floor_requests_other": floor_failures,
-        "floor_agents_overdue_at_the_end": floor_skipped,
-        "floor_latency_p99_ms": round(quantile(refused, 0.99) * 1000, 1),
-        "floor_cpu_cores_web_db": round(floor.cores(serving), 3),
-        "floor_cpu_ms_per_request_web_db": per_request_ms(floor, len(refused), serving),
-        "heartbeat_vs_floor_cpu_ratio": round(
-            per_request_ms(loaded, len(latencies), serving) / per_request_ms(floor, len(refused), serving), 2
-        )
-        if per_request_ms(floor, len(refused), serving) > 0
-        else None,
-        "nodes_lost_before_load": lost_before,
+        # The budget: half of one core over the heartbeats due per second.
+        "budget_cpu_ms_per_heartbeat": round(500 / (args.agents / args.interval_s), 2),
+        "floors": floor_results,
+        "heartbeat_vs_floor_cpu_ratio": {
+            name: round(heartbeat_ms / floor["cpu_ms_per_request_web_db"], 2)  # type: ignore[operator]
+            for name, floor in floor_results.items()
+            if floor["cpu_ms_per_request_web_db"] > 0  # type: ignore[operator]
+        },
+        "registration_s": round(registration_s, 1),
+        "warm_up_s": round(warm_up_s, 1),
+        # Silent from registration to their warm-up heartbeat past the threshold: the benchmark's pause.
+        "nodes_lost_before_load_by_the_pause": lost_before,
+        # Every agent kept beating through the load window: any node lost by its end is a false loss.
         "nodes_falsely_lost": lost,
+        # The idle baseline silences every agent at once: the plane should take itself for deaf.
+        "nodes_lost_in_idle_baseline": lost_in_idle,
         "wall_s": round(loaded.wall_s, 1),
     }
     if args.json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
+            if key == "floors":
+                for name, floor in floor_results.items():
+                    print(f"floor {name:27} {json.dumps(floor)}")
+                continue
             print(f"{key:32} {value}")
     return 0
 

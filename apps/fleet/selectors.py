@@ -38,10 +38,15 @@ def node_for_token(*, raw: str) -> Node | None:
     return Node.objects.select_related("cluster").filter(agent_credential_hash=credential_hash(raw)).first()
 
 
+_NODE_GPUS_SQL = f'SELECT * FROM {Gpu._meta.db_table} WHERE node_id = %s ORDER BY "index"'
+
+
 def node_gpus(*, node: Node) -> list[Gpu]:
     """The node's GPUs in index order; the compute units of those in MIG mode prefetched (a MIG layout
     lists its instances; the other modes' layouts need no unit), so a node without MIG costs one query."""
-    gpus = list(Gpu.objects.filter(node=node).order_by("index"))
+    # Raw SQL: the query is fixed, and compiling it through the ORM cost more than running it (every
+    # heartbeat and every long-poll check reads it).
+    gpus = list(Gpu.objects.raw(_NODE_GPUS_SQL, [node.pk]))
     prefetch_related_objects([gpu for gpu in gpus if gpu.partition_mode == Gpu.PartitionMode.MIG], "units")
     return gpus
 
@@ -123,6 +128,7 @@ def desired_state_build(
     agent_protocol: str = p.PROTOCOL_VERSION,
     gpus: list[Gpu] | None = None,
     alive_runs: list[tuple[int, int]] | None = None,
+    live: list[Assignment] | None = None,
 ) -> p.DesiredState:
     """The node's desired state without its generation (0): GPU layouts, then tasks in id order.
 
@@ -135,7 +141,8 @@ def desired_state_build(
     protocol (`agent_protocol`): a 1.0 agent gets the attempt folded into the task id.
 
     `gpus` (`node_gpus`) and `alive_runs` ((task id, attempt) of its
-    starting/running TaskRuns) may be passed by a caller that has just read them (the heartbeat).
+    starting/running TaskRuns) may be passed by a caller that has just read them (the heartbeat), and
+    `live` ([]) by one that knows the node has no unreleased assignment.
     """
     legacy = not p.speaks_attempts(agent_protocol)
     knows_dir = p.speaks_working_dir(agent_protocol)
@@ -145,11 +152,12 @@ def desired_state_build(
     layouts = tuple(_layout(gpu) for gpu in gpus)
     # 2. Live assignments with their tasks and units (two queries).
     unit_query = ComputeUnit.objects.select_related("gpu")
-    live = list(
-        Assignment.objects.filter(node=node, released_at__isnull=True, task__state__in=RUNNABLE)
-        .select_related("task")
-        .prefetch_related(Prefetch("units", queryset=unit_query))
-    )
+    if live is None:
+        live = list(
+            Assignment.objects.filter(node=node, released_at__isnull=True, task__state__in=RUNNABLE)
+            .select_related("task")
+            .prefetch_related(Prefetch("units", queryset=unit_query))
+        )
     # 3. Runs the agent last said are alive that are not the live attempt here: cancelled, preempted,
     # requeued (perhaps handed back to this very node as a new attempt). Their units come from the
     # task's latest released assignment here (two or three queries).
@@ -165,14 +173,15 @@ def desired_state_build(
     started = live_runs.intersection(alive_runs)
     horizon = now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
     released: dict[int, Assignment] = {}
-    for assignment in (
+    stopping_query = (
         Assignment.objects.filter(
             node=node, released_at__gte=horizon, task_id__in={task_id for task_id, _ in alive}
         )
         .select_related("task")
         .prefetch_related(Prefetch("units", queryset=unit_query))
         .order_by("task_id", "-released_at")
-    ):
+    )
+    for assignment in stopping_query if alive else ():  # none to stop: not even compiled
         released.setdefault(assignment.task_id, assignment)
     specs: dict[tuple[int, int], p.TaskSpec] = {}
     busy_unit_ids: set[int] = set()
@@ -202,10 +211,24 @@ def desired_state_build(
     return p.DesiredState(generation=0, gpus=layouts, tasks=tasks)
 
 
+# Digests of desired states without tasks (a node with nothing to run: layouts only), by content: the
+# heartbeat of an idle node asks for the same one every time, and encoding it cost more than its queries.
+_LAYOUT_DIGESTS: dict[tuple[p.GpuLayout, ...], str] = {}
+_LAYOUT_DIGESTS_MAX = 4096
+
+
 def desired_digest(desired: p.DesiredState) -> str:
+    memo = not desired.tasks and not desired.allow_mig_mode_change
+    if memo and (known := _LAYOUT_DIGESTS.get(desired.gpus)) is not None:
+        return known
     body = desired.to_dict()
     body.pop("generation")
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    if memo:
+        if len(_LAYOUT_DIGESTS) >= _LAYOUT_DIGESTS_MAX:
+            _LAYOUT_DIGESTS.clear()
+        _LAYOUT_DIGESTS[desired.gpus] = digest
+    return digest
 
 
 def gpu_partition_applied(*, gpu: Gpu, generation: int) -> bool:

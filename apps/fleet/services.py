@@ -14,13 +14,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import (
     Case,
     Count,
     Exists,
     F,
-    FloatField,
     Max,
     OuterRef,
     PositiveBigIntegerField,
@@ -31,6 +30,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from apps.common.errors import Conflict, NotAllowed
+from apps.fleet.credentials import credentials_changed
 from apps.fleet.models import (
     AgentReport,
     FleetIngestion,
@@ -76,6 +76,7 @@ def node_token_issue(*, node: Node) -> str:
     raw = "wgn_" + secrets.token_urlsafe(32)
     Node.objects.filter(pk=node.pk).update(agent_credential_hash=credential_hash(raw))
     node.agent_credential_hash = credential_hash(raw)
+    credentials_changed()  # the old credential is forgotten by the heartbeat path of this process now
     return raw
 
 
@@ -199,11 +200,12 @@ def _check_node(node: Node, node_id: str) -> None:
 def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = None) -> p.HeartbeatAck:
     """Record a heartbeat; answer the desired-state generation.
 
-    The steady state (docs/fleet.md, "Heartbeat load") is a fixed handful of indexed queries whatever
-    the fleet: two UPDATEs (node, agent row), one read of the agent row, the GPUs with their units, the
-    runs the plane believes alive, the live assignments; nothing is written that does not change, and
-    telemetry, due once per WHALEGEN_TELEMETRY_SAMPLE_S, is two bulk INSERTs. The desired state is
-    built from the rows the heartbeat read rather than read again.
+    The steady state (docs/fleet.md, "Heartbeat load") of a node with nothing assigned and no run alive
+    is three statements: one `UPDATE … RETURNING` of the node row, one of the agent row (pace, telemetry
+    claim, and whether anything is assigned to the node or alive on it), the GPUs; telemetry, due once
+    per WHALEGEN_TELEMETRY_SAMPLE_S, is one multi-row INSERT. A node with work reads its alive runs and
+    live assignments too; nothing is written that does not change, and the desired state is built from
+    the rows the heartbeat read rather than read again.
     """
     now = now or timezone.now()
     _check_node(node, message.node_id)
@@ -212,8 +214,8 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
     with transaction.atomic():
         # 0. The node row first, the agent row after: the scheduling cycle locks them in that order (and
         # quotas before both, which a heartbeat never touches here), so the two can never deadlock.
-        _seen(node=node, now=now, agent_version=message.agent_version)
-        agent = _agent_beat(node=node, message=message, now=now)
+        _seen_beat(node=node, now=now, agent_version=message.agent_version)
+        beat = _agent_beat(node=node, message=message, now=now)
         gpus = _sync_inventory(node=node, inventory=message.inventory, lost=set(message.lost_gpus), now=now)
         # 1. Events: Xid 79 (fatal) or a double-bit ECC error takes the GPU out of placement.
         for event in message.events:
@@ -226,12 +228,12 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
             else:
                 GpuEvent.objects.create(gpu=gpu, kind=event.kind, xid=event.xid, fatal=False, at=at)
         # 2. Telemetry for profiles: one row per GPU sample, one per task process sample, at most once
-        # per WHALEGEN_TELEMETRY_SAMPLE_S per node.
-        if _telemetry_due(agent=agent, now=now):
+        # per WHALEGEN_TELEMETRY_SAMPLE_S per node (claimed in the agent row's UPDATE).
+        if beat.telemetry_claimed:
             _store_telemetry(node=node, message=message, gpus=gpus, now=now)
         # 3. Runs the agent no longer supervises but never reported ended (1.1 agents list them).
-        alive = list(TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE))
-        if message.running is not None:
+        alive = list(TaskRun.objects.filter(node=node, state__in=TaskRun.ALIVE)) if beat.any_alive else []
+        if message.running is not None and alive:
             declared = _runs_missing(runs=alive, running=message.running, now=now)
     # 4. Runs missing past the grace are declared lost, each in its own transaction with quotas locked
     # first (the cycle's order). A crash before one commits leaves it alive and missing: the next
@@ -243,36 +245,67 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
     desired = desired_state_current(
         node=node,
         now=now,
-        agent=agent,
+        agent=beat.agent,
         gpus=list(gpus.values()),
         alive_runs=[(run.task_id, run.attempt) for run in alive],
+        # Nothing assigned here (not even a released-but-unreleased row): no live assignment to read.
+        nothing_assigned=not beat.any_assigned,
     )
     return p.HeartbeatAck(generation=desired.generation)
 
 
-def _agent_beat(*, node: Node, message: p.Heartbeat, now: datetime) -> NodeAgent:
-    """Record the heartbeat on the agent row (one UPDATE in the steady state; the first heartbeat
-    creates the row first) and return the row as it is now."""
-    for _ in range(2):
-        if NodeAgent.objects.filter(pk=node.pk).update(
-            generation_applied=message.generation_applied,
-            protocol_version=message.protocol_version[:16],
-            **_pace_updates(sent_at_s=message.sent_at_s, received_s=now.timestamp()),
-        ):
-            break
-        NodeAgent.objects.get_or_create(node=node)
-    return NodeAgent.objects.get(pk=node.pk)
+_NODE = Node._meta.db_table
+_AGENT = NodeAgent._meta.db_table
+_ASSIGNMENT = Assignment._meta.db_table
+_RUN = TaskRun._meta.db_table
+
+# The node row of a heartbeat, in one statement: the return from `lost` is decided on the row as it is
+# (locked by the UPDATE), and the state before and after come back with it.
+_NODE_BEAT_SQL = f"""
+UPDATE {_NODE} AS n SET
+    last_heartbeat_at = %(now)s,
+    agent_version = %(agent_version)s,
+    state = CASE WHEN old.state <> %(lost)s THEN old.state
+                 WHEN old.state_before_lost = ANY(%(held)s) THEN %(cordoned)s ELSE %(ready)s END,
+    state_before_lost = CASE WHEN old.state = %(lost)s THEN '' ELSE old.state_before_lost END,
+    version = CASE WHEN old.state = %(lost)s THEN old.version + 1 ELSE old.version END
+FROM (SELECT id, state, state_before_lost, version FROM {_NODE} WHERE id = %(node)s FOR UPDATE) AS old
+WHERE n.id = old.id
+RETURNING old.state, n.state
+"""
 
 
-def _telemetry_due(*, agent: NodeAgent, now: datetime) -> bool:
-    """Whether this heartbeat's telemetry is stored: the last store is WHALEGEN_TELEMETRY_SAMPLE_S old
-    (or there was none). Claimed by compare-and-set on the agent row, so one heartbeat stores it."""
-    last = agent.telemetry_at
-    if last is not None and now - last < timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S):
-        return False
-    claimed = NodeAgent.objects.filter(pk=agent.pk, telemetry_at=last).update(telemetry_at=now) == 1
-    agent.telemetry_at = now if claimed else agent.telemetry_at
-    return claimed
+def _seen_beat(*, node: Node, now: datetime, agent_version: str) -> None:
+    """`_seen` for the heartbeat path: the same change as one `UPDATE … RETURNING` (no ORM expression
+    compilation; the heartbeat's largest single cost was building that statement)."""
+    held = [Node.State.CORDONED.value, Node.State.DRAINING.value]
+    params = {"now": now, "agent_version": agent_version[:32], "node": node.pk, "held": held,
+              "lost": Node.State.LOST.value, "cordoned": Node.State.CORDONED.value,
+              "ready": Node.State.READY.value}  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(_NODE_BEAT_SQL, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise Node.DoesNotExist(f"node {node.pk} is gone")
+    before, after = row
+    node.last_heartbeat_at = now
+    node.state = after
+    if before == Node.State.LOST:
+        node.refresh_from_db()
+        log.info(
+            "node %s is back after being lost (now %s)", node.name, node.state, extra={"node": node.name}
+        )
+
+
+@dataclass(frozen=True)
+class _Beat:
+    """What the agent row's UPDATE answered: the row's desired-state columns, whether this heartbeat
+    claimed the telemetry slot, and whether anything is assigned to or alive on the node."""
+
+    agent: NodeAgent
+    telemetry_claimed: bool
+    any_assigned: bool
+    any_alive: bool
 
 
 # How fast the recorded clock offset follows a receive-minus-send difference above it: slow enough that
@@ -280,59 +313,93 @@ def _telemetry_due(*, agent: NodeAgent, now: datetime) -> bool:
 # steps (2 % a heartbeat: half of a step is absorbed after ~35 heartbeats).
 _OFFSET_CREEP = 0.02
 
+# The agent row of a heartbeat, in one statement (docs/fleet.md, "Node health" 3): `raw` = receive
+# time − the agent's send time = the agents' clock offset + delivery delay. The lowest `raw` seen
+# (`clock_offset_s`) stands for the offset; how far this heartbeat is above it is the delay the plane
+# added (`heartbeat_lag_s`). The agent's own send gap (its clock only, so skew-free) shows a loop slowed
+# down by a slow plane. Telemetry is claimed here when due (the row lock makes one of two racing
+# heartbeats the one that stores it). Every right-hand side reads the row as it was.
+_AGENT_BEAT_SQL = f"""
+UPDATE {_AGENT} AS a SET
+    generation_applied = %(applied)s,
+    protocol_version = %(protocol)s,
+    last_sent_s = CASE WHEN last_sent_s IS NULL OR last_sent_s < %(sent)s THEN %(sent)s
+                       ELSE last_sent_s END,
+    heartbeat_gap_s = CASE WHEN last_sent_s IS NULL THEN NULL
+                           WHEN last_sent_s < %(sent)s THEN %(sent)s - last_sent_s
+                           ELSE heartbeat_gap_s END,
+    clock_offset_s = CASE WHEN clock_offset_s IS NULL OR clock_offset_s >= %(raw)s THEN %(raw)s
+                          ELSE clock_offset_s + %(creep)s * (%(raw)s - clock_offset_s) END,
+    heartbeat_lag_s = CASE WHEN clock_offset_s IS NULL OR clock_offset_s >= %(raw)s THEN 0.0
+                           ELSE (1 - %(creep)s) * (%(raw)s - clock_offset_s) END,
+    telemetry_at = CASE WHEN old.due THEN %(now)s ELSE old.telemetry_at END
+FROM (SELECT node_id, telemetry_at, telemetry_at IS NULL OR telemetry_at <= %(due_before)s AS due
+      FROM {_AGENT} WHERE node_id = %(node)s FOR UPDATE) AS old
+WHERE a.node_id = old.node_id
+RETURNING a.generation, a.desired_digest, a.protocol_version, a.telemetry_at, old.due,
+    EXISTS (SELECT 1 FROM {_ASSIGNMENT} WHERE node_id = %(node)s AND released_at IS NULL),
+    EXISTS (SELECT 1 FROM {_RUN} WHERE node_id = %(node)s AND state = ANY(%(alive)s))
+"""
 
-def _pace_updates(*, sent_at_s: float, received_s: float) -> dict[str, Any]:
-    """Column updates that record one heartbeat's pace (SQL expressions over the old values: no read).
 
-    `raw` = receive time − the agent's send time = the agents' clock offset + delivery delay. The lowest
-    `raw` seen (`clock_offset_s`) stands for the offset; how far this heartbeat is above it is the delay
-    the plane added (`heartbeat_lag_s`). The agent's own send gap (its clock only, so skew-free) shows a
-    loop slowed down by a slow plane.
-    """
-    raw = received_s - sent_at_s
-    fresh = Q(clock_offset_s__isnull=True) | Q(clock_offset_s__gte=raw)
-    newer = Q(last_sent_s__isnull=True) | Q(last_sent_s__lt=sent_at_s)
-    return {
-        "last_sent_s": Case(When(newer, then=Value(sent_at_s)), default=F("last_sent_s")),
-        "heartbeat_gap_s": Case(
-            When(last_sent_s__isnull=True, then=Value(None)),
-            When(last_sent_s__lt=sent_at_s, then=Value(sent_at_s) - F("last_sent_s")),
-            default=F("heartbeat_gap_s"),
-            output_field=FloatField(),
-        ),
-        "clock_offset_s": Case(
-            When(fresh, then=Value(raw)),
-            default=F("clock_offset_s") + _OFFSET_CREEP * (Value(raw) - F("clock_offset_s")),
-            output_field=FloatField(),
-        ),
-        "heartbeat_lag_s": Case(
-            When(fresh, then=Value(0.0)),
-            default=(1 - _OFFSET_CREEP) * (Value(raw) - F("clock_offset_s")),
-            output_field=FloatField(),
-        ),
+def _agent_beat(*, node: Node, message: p.Heartbeat, now: datetime) -> _Beat:
+    """Record the heartbeat on the agent row (one `UPDATE … RETURNING` in the steady state; the first
+    heartbeat creates the row first)."""
+    params = {
+        "applied": message.generation_applied,
+        "protocol": message.protocol_version[:16],
+        "sent": message.sent_at_s,
+        "raw": now.timestamp() - message.sent_at_s,
+        "creep": _OFFSET_CREEP,
+        "now": now,
+        "due_before": now - timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S),
+        "node": node.pk,
+        "alive": sorted(TaskRun.ALIVE),
     }
+    for _ in range(2):
+        with connection.cursor() as cursor:
+            cursor.execute(_AGENT_BEAT_SQL, params)
+            row = cursor.fetchone()
+        if row is not None:
+            break
+        NodeAgent.objects.get_or_create(node=node)
+    assert row is not None
+    generation, digest, protocol, telemetry_at, claimed, assigned, alive = row
+    agent = NodeAgent(
+        node_id=node.pk,
+        generation=generation,
+        desired_digest=digest,
+        protocol_version=protocol,
+        telemetry_at=telemetry_at,
+    )
+    agent._state.adding = False
+    agent._state.db = connection.alias
+    return _Beat(agent=agent, telemetry_claimed=claimed, any_assigned=bool(assigned), any_alive=bool(alive))
+
+
+_SAMPLES_SQL = (
+    f"INSERT INTO {GpuSample._meta.db_table} (gpu_id, at, mem_used_mib, mem_total_mib, util_gpu_pct, "
+    "util_mem_pct, power_w, temperature_c, sm_clock_mhz, ecc_uncorrected_aggregate) VALUES "
+)
+_SAMPLE_ROW = "(" + ", ".join(["%s"] * 10) + ")"
 
 
 def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], now: datetime) -> None:
     """Stamped with the plane's clock (agents' clocks may drift); within a heartbeat of the truth."""
-    GpuSample.objects.bulk_create(
-        GpuSample(
-            gpu=gpus[s.gpu_uuid],
-            at=now,
-            mem_used_mib=s.mem_used_mib,
-            mem_total_mib=s.mem_total_mib,
-            util_gpu_pct=s.util_gpu_pct,
-            util_mem_pct=s.util_mem_pct,
-            power_w=s.power_w,
-            temperature_c=s.temperature_c,
-            sm_clock_mhz=s.sm_clock_mhz,
-            ecc_uncorrected_aggregate=s.ecc_uncorrected_aggregate,
-        )
+    rows = [
+        (gpus[s.gpu_uuid].pk, now, s.mem_used_mib, s.mem_total_mib, s.util_gpu_pct, s.util_mem_pct, s.power_w,
+         s.temperature_c, s.sm_clock_mhz, s.ecc_uncorrected_aggregate)
         for s in message.telemetry
         if s.gpu_uuid in gpus
-    )
+    ]  # fmt: skip
+    if rows:  # one multi-row INSERT (the ORM's bulk_create cost more CPU to build than the insert took)
+        with connection.cursor() as cursor:
+            sql = _SAMPLES_SQL + ", ".join([_SAMPLE_ROW] * len(rows))
+            cursor.execute(sql, [value for row in rows for value in row])
     runs = {s.pid: parse_run(s.task_id, s.attempt) for s in message.processes if s.task_id}
     task_ids = {run[0] for run in runs.values() if run is not None}
+    if not task_ids:  # no task process sampled: nothing to check or store (not even a query to build)
+        return
     # Only tasks this node was given: a process claiming another node's task is not recorded.
     mine = set(Assignment.objects.filter(node=node, task_id__in=task_ids).values_list("task_id", flat=True))
     TaskSample.objects.bulk_create(
@@ -414,13 +481,15 @@ def desired_state_current(
     agent: NodeAgent | None = None,
     gpus: list[Gpu] | None = None,
     alive_runs: list[tuple[int, int]] | None = None,
+    nothing_assigned: bool = False,
 ) -> p.DesiredState:
     """The node's desired state with its generation, raised when the content changed since last served.
 
     The generation is a counter on NodeAgent, bumped by compare-and-set on (generation, digest): the
     plane's writers (cycles, cancels, drains) need not know about agents, and two polls racing on one
     change bump it once. A caller that has just read the agent row, the GPUs (units prefetched) or the
-    alive runs passes them (the heartbeat); the rest is read here.
+    alive runs passes them (the heartbeat); the rest is read here. `nothing_assigned`: the caller has
+    just seen that the node has no unreleased assignment (the heartbeat's agent-row UPDATE answers it).
     """
     now = now or timezone.now()
     if agent is None:
@@ -431,6 +500,7 @@ def desired_state_current(
         agent_protocol=agent.protocol_version or p.PROTOCOL_VERSION,
         gpus=gpus,
         alive_runs=alive_runs,
+        live=[] if nothing_assigned else None,
     )
     digest = desired_digest(desired)
     while agent.desired_digest != digest:

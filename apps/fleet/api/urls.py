@@ -3,6 +3,7 @@
 from django.urls import path
 
 from apps.fleet.api import views
+from apps.fleet.api.heartbeat import heartbeat_view
 from whalegen import protocol as p
 
 PREFIX = "/api/v1/"
@@ -15,7 +16,7 @@ def _route(full_path: str) -> str:
 
 urlpatterns = [
     path(_route(p.REGISTER_PATH), views.RegisterApi.as_view(), name="agent-register"),
-    path(_route(p.HEARTBEAT_PATH), views.HeartbeatApi.as_view(), name="agent-heartbeat"),
+    path(_route(p.HEARTBEAT_PATH), heartbeat_view, name="agent-heartbeat"),
     path(_route(p.DESIRED_STATE_PATH), views.DesiredStateApi.as_view(), name="agent-desired-state"),
     path(_route(p.REPORT_PATH), views.ReportApi.as_view(), name="agent-reports"),
     path("nodes/<int:node_id>/cordon/", views.NodeCordonApi.as_view(), name="node-cordon"),

@@ -1,5 +1,5 @@
 """Agent endpoints (`whalegen.protocol` paths) and operator actions on nodes. Thin: parse, call a
-service, answer."""
+service, answer. The heartbeat is answered without DRF (`apps.fleet.api.heartbeat`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from rest_framework.views import APIView
 from apps.common.api import request_access, require_platform_admin
 from apps.fleet.authentication import IsNodeAgent, NodeTokenAuthentication
 from apps.fleet.services import (
-    agent_heartbeat,
     agent_register,
     agent_report,
     desired_state_wait,
@@ -83,14 +82,6 @@ class RegisterApi(_AgentApi):
         if isinstance(message, Response):
             return message
         return Response(agent_register(node=self.node(request), message=message).to_dict())
-
-
-class HeartbeatApi(_AgentApi):
-    def post(self, request: Request) -> Response:
-        message = self.message(request, p.Heartbeat)
-        if isinstance(message, Response):
-            return message
-        return Response(agent_heartbeat(node=self.node(request), message=message).to_dict())
 
 
 class ReportApi(_AgentApi):

@@ -227,17 +227,27 @@ def test_the_heartbeat_path_costs_a_fixed_number_of_queries(
     fleet: Any, django_assert_num_queries: Any
 ) -> None:
     """Steady state (agent row present, telemetry not due, runs listed): pinned, whatever the fleet.
-    Savepoint, two UPDATEs (node, agent row), the agent row, the GPUs and the units of its MIG GPU, the
-    alive runs, release, the live assignment and its units: nothing written that did not change, nothing
-    read twice (was 13: the GPUs, the agent row and the alive runs were read again for the desired state,
-    and the newest telemetry sample was looked up on every heartbeat)."""
+    Savepoint, two `UPDATE … RETURNING`s (node; agent row, which answers whether anything is assigned or
+    alive), the GPUs and the units of its MIG GPU, the alive runs, release, the live assignment and its
+    units: nothing written that did not change, nothing read twice (was 13: the GPUs, the agent row and
+    the alive runs were read again for the desired state, and the newest telemetry sample was looked up
+    on every heartbeat; then 10, with the agent row read after its UPDATE). A node with nothing assigned
+    and nothing alive skips the last three reads."""
     now = timezone.now()
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])
     report(fleet.node, 1, p.TaskReport(str(fleet.task_a.pk), p.TaskState.RUNNING, 0.0, pid=7))
     running = (p.RunningTask(str(fleet.task_a.pk), 0, 7),)
     heartbeat(fleet.node, now, running=running)
-    with django_assert_num_queries(10):
+    with django_assert_num_queries(9):
         heartbeat(fleet.node, now + timedelta(seconds=10), running=running)
+    from apps.fleet.models import TaskRun
+    from apps.scheduling.models import Assignment
+
+    Assignment.objects.filter(task=fleet.task_a).update(released_at=now)
+    TaskRun.objects.filter(node=fleet.node).update(state=TaskRun.State.SUCCEEDED)
+    heartbeat(fleet.node, now + timedelta(seconds=20), running=())  # the desired state changed: bumped
+    with django_assert_num_queries(6):  # savepoint, node, agent row, GPUs, MIG units, release
+        heartbeat(fleet.node, now + timedelta(seconds=30), running=())
 
 
 # --------------------------------------------------------- 4. the desired state keeps a started run

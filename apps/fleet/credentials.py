@@ -1,0 +1,102 @@
+"""A short-lived, per-process memory of which node a heartbeat's credential is, so 200 heartbeats a
+second do not hash-and-look-up the same 2,000 tokens again and again (docs/fleet.md, "Heartbeat load").
+
+Why it is safe:
+- An entry lives at most `WHALEGEN_AUTH_CACHE_S` seconds (5 by default; 0 turns the memory off), the
+  same bound as user tokens (`apps.tenants.callers`). A credential replaced in *another* process
+  (`node_token_issue`) still works here for at most that long; in the process that replaced it, at once
+  (`node_token_issue` clears this memory, now and on commit).
+- Only the node's id and name are kept, never a `Node` row: every heartbeat builds its own row object
+  and reads the node's state from its own `UPDATE … RETURNING`, so nothing shared is written to.
+- A node deleted meanwhile is found by that `UPDATE` (no row): the entry is dropped and the heartbeat
+  refused as an unknown credential.
+- Only credentials that worked are remembered; an unknown one is looked up every time.
+- Bounded (`MAX_ENTRIES`); when full it starts again empty.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from apps.fleet.selectors import credential_hash
+from apps.inventory.models import Node
+
+# Far above one plane's fleet: a process answers heartbeats of every node.
+MAX_ENTRIES = 65_536
+
+
+@dataclass(frozen=True)
+class KnownNode:
+    node_id: int
+    name: str
+    fresh_until_s: float  # on the memory's monotonic clock
+
+    def row(self) -> Node:
+        """A `Node` of this id and name for this request only (the heartbeat's services read `pk` and
+        `name` and set `state` and `last_heartbeat_at` from the row they update)."""
+        node = Node(pk=self.node_id, name=self.name)
+        node._state.adding = False
+        return node
+
+
+class NodeCredentials:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries: dict[str, KnownNode] = {}
+        self._clock = clock
+        self._generation = 0  # a clear between a lookup and its put makes the put a no-op
+        self._lock = threading.Lock()
+
+    def node_for(self, raw: str) -> Node | None:
+        """The node whose credential `raw` is, from memory when fresh, else looked up (one indexed
+        query); None when no node holds it."""
+        if not raw:
+            return None
+        digest = credential_hash(raw)
+        known = self._entries.get(digest)
+        if known is not None:
+            if self._clock() < known.fresh_until_s:
+                return known.row()
+            self._entries.pop(digest, None)
+        generation = self._generation
+        found = Node.objects.filter(agent_credential_hash=digest).values_list("pk", "name").first()
+        if found is None:
+            return None
+        known = KnownNode(node_id=found[0], name=found[1], fresh_until_s=self._clock() + self.ttl_s)
+        if self.ttl_s > 0:
+            with self._lock:
+                if generation == self._generation:
+                    if len(self._entries) >= MAX_ENTRIES:
+                        self._entries.clear()
+                    self._entries[digest] = known
+        return known.row()
+
+    @property
+    def ttl_s(self) -> float:
+        return float(settings.WHALEGEN_AUTH_CACHE_S)
+
+    def forget(self, node_id: int) -> None:
+        with self._lock:
+            self._generation += 1
+            for digest in [d for d, known in self._entries.items() if known.node_id == node_id]:
+                self._entries.pop(digest, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._entries.clear()
+
+
+credentials = NodeCredentials()
+
+
+def credentials_changed() -> None:
+    """A node credential was replaced: forget every remembered one, now and once the change commits
+    (a lookup in another thread between the two would otherwise remember the old row)."""
+    credentials.clear()
+    transaction.on_commit(credentials.clear)
