@@ -20,6 +20,7 @@ from django.db.models import (
     Count,
     Exists,
     F,
+    FloatField,
     Max,
     OuterRef,
     PositiveBigIntegerField,
@@ -278,6 +279,9 @@ RETURNING old.state, n.state
 def _seen_beat(*, node: Node, now: datetime, agent_version: str) -> None:
     """`_seen` for the heartbeat path: the same change as one `UPDATE … RETURNING` (no ORM expression
     compilation; the heartbeat's largest single cost was building that statement)."""
+    if connection.vendor != "postgresql":  # the embedded SQLite default: the ORM's portable UPDATE
+        _seen(node=node, now=now, agent_version=agent_version)
+        return
     held = [Node.State.CORDONED.value, Node.State.DRAINING.value]
     params = {"now": now, "agent_version": agent_version[:32], "node": node.pk, "held": held,
               "lost": Node.State.LOST.value, "cordoned": Node.State.CORDONED.value,
@@ -345,6 +349,8 @@ RETURNING a.generation, a.desired_digest, a.protocol_version, a.telemetry_at, ol
 def _agent_beat(*, node: Node, message: p.Heartbeat, now: datetime) -> _Beat:
     """Record the heartbeat on the agent row (one `UPDATE … RETURNING` in the steady state; the first
     heartbeat creates the row first)."""
+    if connection.vendor != "postgresql":
+        return _agent_beat_portable(node=node, message=message, now=now)
     params = {
         "applied": message.generation_applied,
         "protocol": message.protocol_version[:16],
@@ -375,6 +381,54 @@ def _agent_beat(*, node: Node, message: p.Heartbeat, now: datetime) -> _Beat:
     agent._state.adding = False
     agent._state.db = connection.alias
     return _Beat(agent=agent, telemetry_claimed=claimed, any_assigned=bool(assigned), any_alive=bool(alive))
+
+
+def _agent_beat_portable(*, node: Node, message: p.Heartbeat, now: datetime) -> _Beat:
+    """`_agent_beat` for the embedded SQLite default, which has no `FOR UPDATE`, no arrays and no
+    `RETURNING` of a joined row: the same changes through the ORM in a few statements (SQLite holds
+    the database's one write lock for the whole transaction, so the reads cannot race)."""
+    raw = now.timestamp() - message.sent_at_s
+    sent = message.sent_at_s
+    fresh = Q(clock_offset_s__isnull=True) | Q(clock_offset_s__gte=raw)
+    pace = {
+        "last_sent_s": Case(
+            When(Q(last_sent_s__isnull=True) | Q(last_sent_s__lt=sent), then=Value(sent)),
+            default=F("last_sent_s"),
+        ),
+        "heartbeat_gap_s": Case(
+            When(last_sent_s__isnull=True, then=Value(None)),
+            When(last_sent_s__lt=sent, then=Value(sent) - F("last_sent_s")),
+            default=F("heartbeat_gap_s"),
+            output_field=FloatField(),
+        ),
+        "clock_offset_s": Case(
+            When(fresh, then=Value(raw)),
+            default=F("clock_offset_s") + _OFFSET_CREEP * (Value(raw) - F("clock_offset_s")),
+            output_field=FloatField(),
+        ),
+        "heartbeat_lag_s": Case(
+            When(fresh, then=Value(0.0)),
+            default=(1 - _OFFSET_CREEP) * (Value(raw) - F("clock_offset_s")),
+            output_field=FloatField(),
+        ),
+    }
+    rows = NodeAgent.objects.filter(node_id=node.pk)
+    updates = {
+        "generation_applied": message.generation_applied,
+        "protocol_version": message.protocol_version[:16],
+    }
+    if not rows.update(**updates, **pace):
+        NodeAgent.objects.get_or_create(node=node)
+        rows.update(**updates, **pace)
+    agent = rows.get()
+    due_before = now - timedelta(seconds=settings.WHALEGEN_TELEMETRY_SAMPLE_S)
+    claimed = agent.telemetry_at is None or agent.telemetry_at <= due_before
+    if claimed:
+        claimed = rows.filter(telemetry_at=agent.telemetry_at).update(telemetry_at=now) == 1
+        agent.telemetry_at = now if claimed else agent.telemetry_at
+    assigned = Assignment.objects.filter(node_id=node.pk, released_at__isnull=True).exists()
+    alive = TaskRun.objects.filter(node_id=node.pk, state__in=TaskRun.ALIVE).exists()
+    return _Beat(agent=agent, telemetry_claimed=claimed, any_assigned=assigned, any_alive=alive)
 
 
 _SAMPLES_SQL = (
