@@ -604,7 +604,7 @@ def history_charts(history: Any) -> list[Chart]:
     b = history.buckets
     times = [bucket.start for bucket in b]
     pct = lambda v: f"{v:.1f}%"  # noqa: E731
-    count = lambda v: f"{v:.1f}"  # noqa: E731
+    count = lambda v: f"{v:.3g}"  # noqa: E731 (0.05 stays 0.05 on a small axis, 12.5 stays 12.5)
     reasons = [
         (
             reason_label(code),

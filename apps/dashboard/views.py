@@ -8,6 +8,7 @@ invalid forms come back with their messages and a 400, with what was typed kept 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -399,13 +400,24 @@ def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
 HISTORY_HOURS = (1, 6, 24, 72)
 
 
+def _has_cycles_before(pool_id: int, when: Any) -> bool:
+    from apps.scheduling.models import Cycle
+
+    return Cycle.objects.filter(pool_id=pool_id, started_at__lt=when).exists()
+
+
 @login_required
 def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     """The pool over the last hours: allocation and busy %, fragmentation, pending by reason, waits."""
     access = page_access(request)
     pool = inventory.pool_get(access=access, pool_id=pool_id)
+    now = timezone.now()
     try:
-        hours = int(request.GET.get("hours", "6"))
+        # Without a choice: six hours, or one while the pool's history is younger than an hour (a new
+        # pool's few minutes would be squeezed into the last bucket of a longer window).
+        hours = int(
+            request.GET.get("hours") or (6 if _has_cycles_before(pool.pk, now - timedelta(hours=1)) else 1)
+        )
     except ValueError:
         hours = 0
     if hours not in HISTORY_HOURS:
@@ -414,7 +426,6 @@ def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
             ApplicationError(f"hours must be one of {', '.join(map(str, HISTORY_HOURS))}"),
             reverse("dashboard:pool-history", args=[pool.pk]),
         )
-    now = timezone.now()
     history = pool_history(pool=pool, now=now, hours=hours)
     arrivals = pool_arrivals_beside(pool_id=pool.pk, now=now)
     context = {
