@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
-from rest_framework import generics, status
+from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,6 +20,25 @@ from apps.common.api import request_access, require_platform_admin, require_role
 from apps.fleet import idle
 from apps.tenants.models import Membership
 from apps.workloads.selectors import queue_get, task_get
+
+
+def _decide(
+    request: Request,
+    *,
+    read: Callable[[Any], Any],
+    what: str,
+    inputs: type[serializers.Serializer],
+    act: Callable[[Any, Any, str], Any],
+    outputs: type[serializers.Serializer],
+) -> Response:
+    """What every approve and reject shares: read the item as the caller may see it (another tenant's
+    is a 404), platform admins only, validate the comment, decide, answer with the item as it is now."""
+    access = request_access(request)
+    item = read(access)
+    require_platform_admin(access, f"deciding {what}")
+    data = inputs(data=request.data)
+    data.is_valid(raise_exception=True)
+    return Response(outputs(act(item, request.user, data.validated_data.get("comment", ""))).data)
 
 
 class OverrideListRequestApi(generics.ListAPIView):
@@ -74,15 +96,14 @@ class OverrideApproveApi(APIView):
         responses=s.OverrideDetailOutputSerializer,
     )
     def post(self, request: Request, override_id: int) -> Response:
-        access = request_access(request)
-        override = selectors.override_get(access=access, override_id=override_id)
-        require_platform_admin(access, "deciding overrides")
-        data = s.OverrideDecisionInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        override = services.override_approve(
-            override=override, by=request.user, comment=data.validated_data.get("comment", "")
+        return _decide(
+            request,
+            read=lambda access: selectors.override_get(access=access, override_id=override_id),
+            what="overrides",
+            inputs=s.OverrideDecisionInputSerializer,
+            act=lambda item, by, comment: services.override_approve(override=item, by=by, comment=comment),
+            outputs=s.OverrideDetailOutputSerializer,
         )
-        return Response(s.OverrideDetailOutputSerializer(override).data)
 
 
 class OverrideRejectApi(APIView):
@@ -92,15 +113,14 @@ class OverrideRejectApi(APIView):
         responses=s.OverrideDetailOutputSerializer,
     )
     def post(self, request: Request, override_id: int) -> Response:
-        access = request_access(request)
-        override = selectors.override_get(access=access, override_id=override_id)
-        require_platform_admin(access, "deciding overrides")
-        data = s.OverrideDecisionInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        override = services.override_reject(
-            override=override, by=request.user, comment=data.validated_data.get("comment", "")
+        return _decide(
+            request,
+            read=lambda access: selectors.override_get(access=access, override_id=override_id),
+            what="overrides",
+            inputs=s.OverrideDecisionInputSerializer,
+            act=lambda item, by, comment: services.override_reject(override=item, by=by, comment=comment),
+            outputs=s.OverrideDetailOutputSerializer,
         )
-        return Response(s.OverrideDetailOutputSerializer(override).data)
 
 
 class ReclaimListApi(generics.ListAPIView):
@@ -126,15 +146,14 @@ class ReclaimApproveApi(APIView):
         responses=s.ReclaimOutputSerializer,
     )
     def post(self, request: Request, reclaim_id: int) -> Response:
-        access = request_access(request)
-        reclaim = selectors.reclaim_get(access=access, reclaim_id=reclaim_id)
-        require_platform_admin(access, "deciding reclaim requests")
-        data = s.ReclaimDecisionInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        reclaim = idle.reclaim_approve(
-            request=reclaim, by=request.user, comment=data.validated_data.get("comment", "")
+        return _decide(
+            request,
+            read=lambda access: selectors.reclaim_get(access=access, reclaim_id=reclaim_id),
+            what="reclaim requests",
+            inputs=s.ReclaimDecisionInputSerializer,
+            act=lambda item, by, comment: idle.reclaim_approve(request=item, by=by, comment=comment),
+            outputs=s.ReclaimOutputSerializer,
         )
-        return Response(s.ReclaimOutputSerializer(reclaim).data)
 
 
 class ReclaimRejectApi(APIView):
@@ -144,12 +163,11 @@ class ReclaimRejectApi(APIView):
         responses=s.ReclaimOutputSerializer,
     )
     def post(self, request: Request, reclaim_id: int) -> Response:
-        access = request_access(request)
-        reclaim = selectors.reclaim_get(access=access, reclaim_id=reclaim_id)
-        require_platform_admin(access, "deciding reclaim requests")
-        data = s.ReclaimDecisionInputSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        reclaim = idle.reclaim_reject(
-            request=reclaim, by=request.user, comment=data.validated_data.get("comment", "")
+        return _decide(
+            request,
+            read=lambda access: selectors.reclaim_get(access=access, reclaim_id=reclaim_id),
+            what="reclaim requests",
+            inputs=s.ReclaimDecisionInputSerializer,
+            act=lambda item, by, comment: idle.reclaim_reject(request=item, by=by, comment=comment),
+            outputs=s.ReclaimOutputSerializer,
         )
-        return Response(s.ReclaimOutputSerializer(reclaim).data)
