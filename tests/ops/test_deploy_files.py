@@ -19,7 +19,7 @@ COMPOSE = ROOT / "docker" / "compose.yaml"
 # A variable read in the code: through the settings' typed helpers or os.environ / os.getenv, the name
 # possibly on the next line (ruff format wraps long calls).
 READ = re.compile(
-    r"""(?:\benv(?:str|int|float|bool|list)\(|os\.environ(?:\.get\(|\[)|os\.getenv\()\s*["']([A-Z][A-Z0-9_]+)["']"""
+    r"""(?:\benv(?:str|int|float|bool|list|prices)\(|os\.environ(?:\.get\(|\[)|os\.getenv\()\s*["']([A-Z][A-Z0-9_]+)["']"""
 )
 # The system's own, not WhaleGen settings: Django's module variable and the search path tools run with.
 NOT_OURS = {"DJANGO_SETTINGS_MODULE", "PATH", "HOME"}
