@@ -30,7 +30,10 @@ def _client(url: str) -> Celery:
     from whalegen.config.celery import app
 
     client = Celery("faults-client", broker=url, set_as_current=False)
-    client.conf.update({k: v for k, v in app.conf.items() if k.startswith("broker_")}, broker_url=url)
+    # Keys first, values only for the broker's: Celery's view of Django's settings lists a key for every
+    # settings attribute, and some (an override's bookkeeping, say) have no value it can read.
+    broker = {key: app.conf[key] for key in list(app.conf.keys()) if key.startswith("broker_")}
+    client.conf.update(broker, broker_url=url)
     return client
 
 
