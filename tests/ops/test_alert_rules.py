@@ -23,7 +23,8 @@ def exported_series() -> set[str]:
     """Every series name the collector writes, from a scrape of an empty plane (counters as `_total`)."""
     empty = PlaneReadings(
         now=datetime(2026, 12, 1, tzinfo=UTC), pools={}, gpus=[], units=[], tasks=[], pending=[], quotas=[],
-        usage={}, latest_cycles=[], cycle_totals=[], nodes=[], open_claims=[], forecast_models=[], budget_used={},
+        usage={}, latest_cycles=[], cycle_totals=[], nodes=[], open_claims=[], forecast_models=[],
+        budget_used={},
     )  # fmt: skip
     names = set()
     for family in families(empty):
