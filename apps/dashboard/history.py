@@ -224,3 +224,13 @@ def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
         held=Sum("units__gpu_milli", filter=Q(units__task__isnull=False)),
     )
     return GpuTotals(gpus=row["gpus"], allocated_milli=row["held"] or 0)
+
+
+def latest_cycle_id(*, pool_id: int) -> int | None:
+    """The id of the pool's newest cycle (from the (pool, started_at) index): what per-cycle caches key on."""
+    return (
+        Cycle.objects.filter(pool_id=pool_id)
+        .order_by("-started_at", "-id")
+        .values_list("id", flat=True)
+        .first()
+    )

@@ -454,18 +454,35 @@ class WhatIfRow:
 @dataclass(frozen=True)
 class WhatIfRun:
     policy: str
-    placed: list[WhatIfRow]
-    waiting: list[WhatIfRow]
+    placed: list[WhatIfRow]  # the first `rows` placements
+    waiting: list[WhatIfRow]  # the first `rows` waits, by task id
     preempted: int
     layouts: list[str]
     frag_before_pct: float
     frag_after_pct: float
+    placed_total: int = 0
+    waiting_total: int = 0
+    waiting_by_reason: tuple[tuple[str, int], ...] = ()  # (code, tasks), largest first: every wait
+
+    @property
+    def placed_more(self) -> int:
+        return self.placed_total - len(self.placed)
+
+    @property
+    def waiting_more(self) -> int:
+        return self.waiting_total - len(self.waiting)
 
 
-def whatif_run(run: Any, report: Any, names: dict[str, str]) -> WhatIfRun:
-    """One policy's decision as table rows; another tenant's reasons are summarised, not quoted."""
+def whatif_run(run: Any, report: Any, names: dict[str, str], rows: int | None = None) -> WhatIfRun:
+    """One policy's decision as table rows (the first `rows` of each list; a pool of 10,000 pending
+    tasks would otherwise draw 10,000 rows per policy); another tenant's reasons are summarised, not
+    quoted. The counts and the waits by reason always cover the whole decision."""
     placed = []
-    for bound in run.decisions.placements:
+    unplaced = run.decisions.unplaced
+    by_reason: dict[str, int] = {}
+    for reason in unplaced.values():
+        by_reason[reason.code] = by_reason.get(reason.code, 0) + 1
+    for bound in run.decisions.placements[:rows]:
         p = bound.placement
         gpus = ",".join(map(str, p.gpu_indexes))
         units = ", ".join(report.unit_names.get(u, str(u)) for u in bound.unit_ids)
@@ -476,9 +493,9 @@ def whatif_run(run: Any, report: Any, names: dict[str, str]) -> WhatIfRun:
             )
         )
     waiting = []
-    for task_id, reason in sorted(
-        run.decisions.unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0
-    ):
+    for task_id, reason in sorted(unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)[
+        :rows
+    ]:
         name = names.get(task_id, task_id)
         sentence = "" if name == OTHER_TENANT else reason.message
         waiting.append(WhatIfRow(task_id, name, reason.code, sentence))
@@ -491,6 +508,9 @@ def whatif_run(run: Any, report: Any, names: dict[str, str]) -> WhatIfRun:
         layouts=layouts,
         frag_before_pct=run.frag_before_pct,
         frag_after_pct=run.frag_after_pct,
+        placed_total=len(run.decisions.placements),
+        waiting_total=len(unplaced),
+        waiting_by_reason=tuple(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))),
     )
 
 
@@ -678,5 +698,23 @@ def arrivals_chart(arrivals: Any) -> Chart:
         unit=unit,
         times=list(arrivals.starts),
         series=[("submitted", list(arrivals.actual)), (label, list(arrivals.forecast))],
+        fmt=lambda v: f"{v:.1f}",
+    )
+
+
+def idle_chart(idle: Any) -> Chart:
+    """Idle GPUs per bin beside the idle-GPU model's one-hour-ahead forecast (the next hour included)."""
+    minutes = idle.bin_s // 60
+    ahead = idle.horizon_s // 60
+    label = f"forecast {ahead} min ahead (model v{idle.model_version})" if idle.model_version else "forecast"
+    unit = f"idle GPUs before each cycle placed, mean per {minutes} minutes; the last 6 hours and the next"
+    if idle.reason:
+        unit += f" — {idle.reason}"
+    return line_chart(
+        key="idle",
+        title="Idle GPUs: actual and forecast",
+        unit=unit,
+        times=list(idle.starts),
+        series=[("idle", list(idle.actual)), (label, list(idle.forecast))],
         fmt=lambda v: f"{v:.1f}",
     )

@@ -29,20 +29,21 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.history import pool_gpu_totals, pool_history
+from apps.dashboard.history import latest_cycle_id, pool_gpu_totals, pool_history
 from apps.dashboard.presenters import (
     age_s,
     arrivals_chart,
     fleet_view,
     heat_map,
     history_charts,
+    idle_chart,
     one_line,
     quota_bars,
     run_view,
     whatif_names,
     whatif_run,
 )
-from apps.forecasting.selectors import pool_arrivals_beside
+from apps.forecasting.selectors import pool_arrivals_beside, pool_idle_beside
 from apps.inventory import selectors as inventory
 from apps.inventory.models import Node
 from apps.logs import selectors as logs
@@ -360,6 +361,23 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     return render(request, "dashboard/pool_detail.html", context)
 
 
+WHATIF_ROWS = 100  # placements and waits listed per policy; the counts and reasons cover all of them
+
+
+def _whatif_report(pool: Any, policies: tuple[str, ...]) -> Any:
+    """The decision on the pool's snapshot, computed once per scheduling cycle: between two cycles the
+    pool changes only by submissions, which the next cycle (seconds away) takes in. A pool without a
+    cycle yet is decided on every request."""
+    from apps.dashboard.caching import per_cycle
+
+    cycle_id = latest_cycle_id(pool_id=pool.pk)
+    if cycle_id is None:
+        return pool_whatif(pool_name=pool.name, policies=list(policies))
+    return per_cycle(
+        ("whatif", pool.pk, policies, cycle_id), lambda: pool_whatif(pool_name=pool.name, policies=list(policies))
+    )
+
+
 @login_required
 def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     """What another placement policy would do with this pool now, beside the cycle's own policy.
@@ -381,10 +399,10 @@ def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
             "error": f"unknown policy {wanted!r}; choose one of {', '.join(POLICY_NAMES)}",
         }
         return render(request, "dashboard/pool_whatif.html", context, status=400)
-    policies = [configured] if wanted == configured else [configured, wanted]
-    report = pool_whatif(pool_name=pool.name, policies=policies)
+    policies = (configured,) if wanted == configured else (configured, wanted)
+    report = _whatif_report(pool, policies)
     shown = whatif_names(report.task_names, access)
-    runs = [whatif_run(run, report, shown) for run in report.runs]
+    runs = [whatif_run(run, report, shown, rows=WHATIF_ROWS) for run in report.runs]
     context = {
         "pool": pool,
         "report": report,
@@ -428,10 +446,11 @@ def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
         )
     history = pool_history(pool=pool, now=now, hours=hours)
     arrivals = pool_arrivals_beside(pool_id=pool.pk, now=now)
+    idle = pool_idle_beside(pool=pool, now=now)
     context = {
         "pool": pool,
         "history": history,
-        "charts": [*history_charts(history), arrivals_chart(arrivals)],
+        "charts": [*history_charts(history), arrivals_chart(arrivals), idle_chart(idle)],
         "hours": hours,
         "choices": HISTORY_HOURS,
         "access": access,

@@ -449,3 +449,117 @@ def pool_arrivals_beside(*, pool_id: int, now: datetime) -> ArrivalsBeside:
         reason=reason,
         model_version=row[1] if row is not None else None,
     )
+
+
+# ------------------------------------------------------------------------- idle GPUs beside the actuals
+
+
+@dataclass(frozen=True)
+class IdleBeside:
+    """Idle GPUs of a pool per bin (the mean of what its cycles recorded before placing), beside what the
+    active idle-GPU model forecast one hour ahead: each bin as forecast an hour before it, from the bins
+    up to then, and the next hour as forecast now."""
+
+    bin_s: int
+    starts: tuple[datetime, ...]
+    actual: tuple[float | None, ...]  # None for bins without a cycle and for bins still to come
+    forecast: tuple[float | None, ...]  # None where the model had no history to forecast from
+    reason: str  # why there is no forecast line, when there is none
+    model_version: int | None = None
+    horizon_s: int = 3_600
+
+
+IDLE_BESIDE_HOURS = 6
+IDLE_BESIDE_HORIZON_S = 3_600  # the envelope holds +10 and +60 minutes; the chart draws the hour ahead
+# The model's features look back a week at the target slot plus a day's window: that much is read, once
+# per (pool, model, bin) — the forecasts of a bin never change once it has started.
+_IDLE_FEATURE_HISTORY = timedelta(days=8)
+_IDLE_CACHE: dict[tuple[int, int, int], dict[float, float]] = {}
+
+
+def _idle_grid(pool: Pool, since: datetime, until: datetime, bin_s: int) -> pd.Series:
+    """The pool's idle GPUs on a regular grid of `bin_s` (tz-naive UTC), NaN where no cycle ran."""
+    raw = pool_idle_series(pool=pool, since=since, until=until)
+    first = pd.Timestamp(math.floor(since.timestamp() / bin_s) * bin_s, unit="s")
+    last = pd.Timestamp(math.floor(until.timestamp() / bin_s) * bin_s, unit="s")
+    grid = pd.date_range(first, last, freq=f"{bin_s}s")
+    if raw.empty:
+        return pd.Series(np.nan, index=grid, dtype=np.float64)
+    return raw.resample(f"{bin_s}s").mean().reindex(grid).astype(np.float64)
+
+
+def _idle_forecasts(pool: Pool, blob: bytes, since: datetime, now: datetime) -> dict[float, float]:
+    """Target bin start (epoch s) → the idle GPUs the model forecast for it an hour before, for the
+    targets from `since` on."""
+    from whalegen.forecast.series import SeriesModel, build_rows, predict_rows
+    from whalegen.forecast.store import load_model
+
+    horizons = load_model(blob, "idle_gpus").meta["horizons"]
+    model = SeriesModel.from_bytes(horizons[str(IDLE_BESIDE_HORIZON_S)].encode())
+    window_from = since - timedelta(seconds=model.config.horizon_s)  # the first target's origin
+    y = _idle_grid(pool, window_from - _IDLE_FEATURE_HISTORY, now, model.config.bin_s)
+    if y.notna().sum() == 0:
+        return {}
+    scale = model.scales.get(pool.name, float(np.nanmax(y.to_numpy())) or 1.0)
+    rows = build_rows(y, model.config, scale)
+    rows = rows[(rows["origin"] >= pd.Timestamp(window_from.timestamp(), unit="s")) & rows["last"].notna()]
+    if rows.empty:
+        return {}
+    predicted = predict_rows(model, rows)
+    return {
+        float(t.timestamp()): max(0.0, float(v))
+        for t, v in zip(rows["target_time"].dt.tz_localize("UTC"), predicted, strict=True)
+    }
+
+
+def pool_idle_beside(*, pool: Pool, now: datetime) -> IdleBeside:
+    """The last IDLE_BESIDE_HOURS of the pool's idle GPUs and the next hour, beside the active idle-GPU
+    model's one-hour-ahead forecast of each bin (two queries; four when the bin's forecast is not cached)."""
+    bin_s = 600
+    row = (
+        ForecastModel.objects.filter(kind=ForecastModel.Kind.IDLE_GPUS, pool=pool, tenant=None,
+                                     state=ForecastModel.State.ACTIVE)
+        .values_list("id", "version")
+        .first()
+    )  # fmt: skip
+    hour_s = 3_600
+    now_s = now.timestamp()
+    end_s = math.floor(now_s / bin_s) * bin_s + IDLE_BESIDE_HORIZON_S
+    start_s = math.floor((now_s - IDLE_BESIDE_HOURS * hour_s) / hour_s) * hour_s
+    n = int((end_s - start_s) // bin_s)
+    since = datetime.fromtimestamp(start_s, tz=now.tzinfo)
+    seen = _idle_grid(pool, since, now, bin_s)
+    by_start = {float(t.timestamp()): v for t, v in zip(seen.index.tz_localize("UTC"), seen, strict=True)}
+    starts = [start_s + i * bin_s for i in range(n)]
+    actual = [None if s >= now_s or np.isnan(by_start.get(s, np.nan)) else float(by_start[s]) for s in starts]
+    forecasts: dict[float, float] = {}
+    reason = ""
+    if row is None:
+        reason = "no active idle-GPU model for this pool yet (one is trained once it has 3 days of cycles)"
+    else:
+        model_id, version = row
+        key = (pool.pk, model_id, int(now_s // bin_s))
+        cached = _IDLE_CACHE.get(key)
+        if cached is None:
+            try:
+                blob = ForecastModel.objects.filter(pk=model_id).values_list("blob", flat=True).get()
+                cached = _idle_forecasts(pool, bytes(blob), since, now)
+            except Exception as exc:  # a chart must not fail the page
+                logger.exception("forecasting: idle GPUs v%s cannot forecast for the dashboard", version)
+                cached = {}
+                reason = f"idle-GPU model v{version} failed: {exc}"[:300]
+            if len(_IDLE_CACHE) > 64:
+                _IDLE_CACHE.clear()
+            if not reason:
+                _IDLE_CACHE[key] = cached
+        forecasts = cached
+        if not forecasts and not reason:
+            reason = "no cycle recorded idle GPUs in the hours the forecasts start from"
+    return IdleBeside(
+        bin_s=bin_s,
+        starts=tuple(datetime.fromtimestamp(s, tz=now.tzinfo) for s in starts),
+        actual=tuple(actual),
+        forecast=tuple(forecasts.get(float(s)) for s in starts),
+        reason=reason,
+        model_version=row[1] if row is not None else None,
+    )

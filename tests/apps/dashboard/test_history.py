@@ -163,3 +163,42 @@ def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -
     assert beside.actual[-6] == 0.0  # the current bin: nothing submitted in its first five minutes
     assert all(a == 1.0 for a in beside.actual[:-6])  # one submission per ten minutes
     assert all(f is not None and 0.3 < f < 3.0 for f in beside.forecast)
+
+
+def test_idle_gpus_are_drawn_beside_the_idle_models_forecast(scene: Any, page: Any) -> None:
+    """Four days of cycles and the pool's idle-GPU model as the plane trains it: every bin of the last
+    six hours and the next hour has a forecast made an hour before it, close to what happened; what was
+    recorded after a forecast's origin does not change it."""
+    from apps.forecasting import selectors
+    from apps.forecasting.selectors import pool_idle_beside
+    from tests.apps.dashboard.idle import trained_idle_model
+
+    w = scene.world
+    Cycle.objects.filter(pool=w.h100).delete()
+    now = timezone.now().replace(minute=35, second=0, microsecond=0)
+    without = pool_idle_beside(pool=w.h100, now=now)
+    assert "no active idle-GPU model" in without.reason and all(f is None for f in without.forecast)
+    model = trained_idle_model(w.h100, now=now)
+    beside = pool_idle_beside(pool=w.h100, now=now)
+    assert beside.reason == "" and beside.model_version == model.version and beside.bin_s == 600
+    # From the whole hour six hours back to an hour after the current bin: 45 bins of ten minutes.
+    assert len(beside.starts) == 45 and f"{beside.starts[0]:%M}" == "00"
+    assert beside.actual[-5:] == (None,) * 5  # the bins still to come
+    assert all(a is not None and 0.0 <= a <= 16.0 for a in beside.actual[:-5])  # a cycle every 5 minutes
+    assert all(f is not None for f in beside.forecast)
+    errors = [abs(f - a) for f, a in zip(beside.forecast, beside.actual, strict=True) if a is not None]
+    assert sum(errors) / len(errors) < 2.0  # the daily rhythm spans 12 GPUs; noise is 0.7
+    # A forecast made at an origin uses bins up to it only: raise the last half hour, forecast again.
+    Cycle.objects.filter(pool=w.h100, started_at__gte=now - timedelta(minutes=30)).update(
+        stats={"fragmentation_before": {"idle_milli": 40_000, "frag_milli": 0.0, "amount_pct": 0.0}}
+    )
+    selectors._IDLE_CACHE.clear()
+    again = pool_idle_beside(pool=w.h100, now=now)
+    changed_from = now.replace(minute=0)  # the bin holding the first raised cycle (hh:05)
+    for start, first, second in zip(beside.starts, beside.forecast, again.forecast, strict=True):
+        if start < changed_from + timedelta(hours=1):  # its origin lies before the change
+            assert second == pytest.approx(first), start
+    assert again.forecast[-1] != pytest.approx(beside.forecast[-1])  # the newest origin saw the change
+    # The page draws it, line and table.
+    body = page(w.root).get(f"/pools/{w.h100.pk}/history/?hours=6").content.decode()
+    assert 'id="chart-idle"' in body and f"forecast 60 min ahead (model v{model.version})" in body

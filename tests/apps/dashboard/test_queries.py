@@ -1,0 +1,81 @@
+"""Every dashboard page's exact number of SQL queries, pinned, on a pool of several nodes with placed,
+pending, cancelled tasks and overrides — and the same number when there are three times as many of each,
+so an N+1 (a query per row) fails here at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.approvals.services import override_request
+from apps.inventory.services import gpu_add, node_register
+from apps.scheduling.services import cycle_run
+from apps.workloads.services import TaskRequest, task_cancel, task_submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(params=[2, 6], ids=["a few of each", "three times as many"])
+def crowd(request: Any, scene: Any) -> Any:
+    """`n` more nodes of two whole H100s, per tenant `n` one-GPU tasks (some fit, some wait) and an
+    eight-GPU task that never fits, a cancelled task each, `n` pending overrides; then one more cycle."""
+    w = scene.world
+    n = request.param
+    for i in range(n):
+        node, _ = node_register(
+            cluster=w.node.cluster, pool=w.h100, name=f"gpu-1{i:02d}", cpu_milli=96_000, mem_mib=1_048_576
+        )
+        gpu_add(node=node, index=0, model="H100-80GB")
+        gpu_add(node=node, index=1, model="H100-80GB")
+    for tenant, user in ((w.tenant_a, w.alice), (w.tenant_b, w.bob)):
+        for i in range(n):
+            task_submit(tenant=tenant, request=TaskRequest(queue="train", name=f"t{i}"), submitted_by=user)
+        task_submit(tenant=tenant, request=TaskRequest(queue="train", name="huge", gpu_count=8), submitted_by=user)
+        gone, _ = task_submit(tenant=tenant, request=TaskRequest(queue="train", name="gone"), submitted_by=user)
+        task_cancel(task=gone, by=user, reason="not needed")
+        for i in range(n):
+            pending, _ = task_submit(
+                tenant=tenant, request=TaskRequest(queue="train", name=f"o{i}", gpu_count=8), submitted_by=user
+            )
+            override_request(tenant=tenant, task=pending, wanted_priority=40, reason="deadline", requested_by=user)
+    cycle_run(pool_id=w.h100.pk)
+    return scene
+
+
+def pages(scene: Any) -> dict[str, str]:
+    w = scene.world
+    return {
+        "overview": "/",
+        "tasks": "/tasks/",
+        "tasks pending": "/tasks/?state=pending",
+        "task": f"/tasks/{scene.placed.pk}/",
+        "overrides": "/overrides/",
+        "pools": "/pools/",
+        "pool": f"/pools/{w.h100.pk}/",
+        "history": f"/pools/{w.h100.pk}/history/?hours=6",
+        "whatif": f"/pools/{w.h100.pk}/whatif/?policy=fgd",
+        "accounting": "/accounting/",
+    }
+
+
+# (persona, page) → queries of one request with a warm session; pinned, so a change shows here.
+EXPECTED: dict[tuple[str, str], int] = {}
+
+
+@pytest.mark.parametrize("persona", ["root", "alice"])
+@pytest.mark.parametrize(
+    "name",
+    ["overview", "tasks", "tasks pending", "task", "overrides", "pools", "pool", "history", "whatif", "accounting"],
+)
+def test_page_query_count_is_pinned(
+    crowd: Any, page: Any, persona: str, name: str, django_assert_num_queries: Any
+) -> None:
+    from apps.dashboard.caching import clear
+
+    client = page(getattr(crowd.world, persona))
+    client.get("/login/")  # a first request reads the session and the user: count a warm one
+    path = pages(crowd)[name]
+    clear()  # per-cycle figures cached by an earlier request would hide the page's own reads
+    with django_assert_num_queries(EXPECTED[(persona, name)]):
+        assert client.get(path).status_code == 200
