@@ -234,3 +234,32 @@ def latest_cycle_id(*, pool_id: int) -> int | None:
         .values_list("id", flat=True)
         .first()
     )
+
+
+def latest_cycle_rows(*, pool_ids: list[int]) -> dict[int, dict]:
+    """The newest cycle of each pool in one query (a correlated subquery per pool, each answered from
+    the newest end of the cycle history), with only the figures the pool list shows — never the whole
+    `stats` of a cycle, which on a large pool holds thousands of entries."""
+    from django.db.models import OuterRef, Subquery
+
+    newest = Cycle.objects.filter(pool_id=OuterRef("pk")).order_by("-started_at", "-id").values("id")[:1]
+    rows = Cycle.objects.filter(
+        pk__in=Pool.objects.filter(pk__in=pool_ids).annotate(cycle_id=Subquery(newest)).values("cycle_id")
+    ).values_list(
+        "pool_id",
+        "started_at",
+        "policy",
+        "tasks_placed",
+        "stats__unplaced_by_reason",
+        "stats__fragmentation_after__amount_pct",
+    )
+    return {
+        pool_id: {
+            "started_at": started_at,
+            "policy": policy,
+            "tasks_placed": placed,
+            "left_pending": sum((reasons or {}).values()),
+            "frag_after_pct": frag,
+        }
+        for pool_id, started_at, policy, placed, reasons, frag in rows
+    }

@@ -29,7 +29,7 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.history import latest_cycle_id, pool_gpu_totals, pool_history
+from apps.dashboard.history import latest_cycle_id, latest_cycle_rows, pool_gpu_totals, pool_history
 from apps.dashboard.presenters import (
     age_s,
     arrivals_chart,
@@ -312,11 +312,9 @@ def override_reject(request: HttpRequest, override_id: int) -> HttpResponse:
 @login_required
 def pool_list(request: HttpRequest) -> HttpResponse:
     access = page_access(request)
-    rows = []
-    for pool in inventory.pool_list(access=access):
-        cycle = cycle_list(pool_id=pool.pk).first()
-        left = sum((cycle.stats.get("unplaced_by_reason") or {}).values()) if cycle is not None else None
-        rows.append({"pool": pool, "cycle": cycle, "left_pending": left})
+    pools = list(inventory.pool_list(access=access))
+    latest = latest_cycle_rows(pool_ids=[pool.pk for pool in pools])
+    rows = [{"pool": pool, "cycle": latest.get(pool.pk)} for pool in pools]
     return render(request, "dashboard/pool_list.html", {"rows": rows, "access": access})
 
 

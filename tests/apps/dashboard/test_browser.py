@@ -219,7 +219,7 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     browser.find_element(By.ID, "history-link").click()
     charts = browser.find_elements(By.CSS_SELECTOR, "section.chart")
     keys = [c.get_attribute("data-chart") for c in charts]
-    assert keys == ["allocation", "fragmentation", "pending", "tenants", "wait", "arrivals"]
+    assert keys == ["allocation", "fragmentation", "pending", "tenants", "wait", "arrivals", "idle"]
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-allocation polyline.series")
     screenshot(browser, "pool-history")
     browser.back()
@@ -241,3 +241,35 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     screenshot(browser, "not-found-tablet")
     severe = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert all("999999" in m for m in severe), severe  # only the 404 itself
+
+
+def test_pool_history_draws_idle_gpus_beside_their_forecast(live_server: Any, scene: Any, browser: Any) -> None:
+    """With the pool's idle-GPU model trained by the plane's training step, the history page draws the
+    actual idle GPUs and the hour-ahead forecast as two lines, with their numbers in a table."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from selenium.webdriver.common.by import By
+
+    from apps.scheduling.models import Cycle
+    from tests.apps.dashboard.idle import trained_idle_model
+
+    w = scene.world
+    Cycle.objects.filter(pool=w.h100).delete()
+    model = trained_idle_model(w.h100, now=timezone.now() - timedelta(seconds=1))
+    log_in(browser, live_server, w.root, "root-idle-pass")
+    browser.get(f"{live_server.url}/pools/{w.h100.pk}/history/?hours=6")
+    chart = browser.find_element(By.ID, "chart-idle")
+    assert "Idle GPUs: actual and forecast" in chart.text
+    assert f"forecast 60 min ahead (model v{model.version})" in chart.text
+    actual = chart.find_elements(By.CSS_SELECTOR, "polyline.series.line-1")
+    forecast = chart.find_elements(By.CSS_SELECTOR, "polyline.series.line-2")
+    assert actual and forecast, "both lines are drawn"
+    # The forecast runs an hour past the last actual point: it ends further right.
+    right = lambda lines: max(float(p.split(",")[0]) for line in lines for p in line.get_attribute("points").split())  # noqa: E731
+    assert right(forecast) > right(actual)
+    chart.find_element(By.CSS_SELECTOR, "details summary").click()
+    rows = chart.find_elements(By.CSS_SELECTOR, "table.chart-table tbody tr")
+    assert len(rows) >= 40  # six hours and the next of ten-minute bins, each with its figures
+    browser.execute_script("arguments[0].scrollIntoView();", chart)
+    screenshot(browser, "pool-history-idle-forecast")
