@@ -7,8 +7,9 @@ Each page is requested through Django's test client (the whole middleware stack,
 template; no network) as a platform admin, `--repeat` times after one warm-up; the figures are the
 median wall, CPU and database milliseconds (the sum of the queries' times as Django measures them:
 execute and fetch) and the number of SQL queries; then one more request after the per-cycle cache
-(`apps.dashboard.caching`) is cleared, as the first request after a new cycle finds it ("uncached"). The same run measures the floor: the
-login page (no database work beyond the session), so the ratios say what each page adds.
+(`apps.dashboard.caching`) is cleared, as the first request after a new cycle finds it ("uncached").
+The same run measures the floor: the login page (no database work beyond the session), so the ratios
+say what each page adds.
 
 1. The demo fleet (`whalegen demo`'s seed: 10 nodes in three pools), after one scheduling cycle per
    pool. Goal: every page within 300 ms.

@@ -372,7 +372,8 @@ def _whatif_report(pool: Any, policies: tuple[str, ...]) -> Any:
     if cycle_id is None:
         return pool_whatif(pool_name=pool.name, policies=list(policies))
     return per_cycle(
-        ("whatif", pool.pk, policies, cycle_id), lambda: pool_whatif(pool_name=pool.name, policies=list(policies))
+        ("whatif", pool.pk, policies, cycle_id),
+        lambda: pool_whatif(pool_name=pool.name, policies=list(policies)),
     )
 
 

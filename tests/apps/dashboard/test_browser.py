@@ -243,7 +243,9 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     assert all("999999" in m for m in severe), severe  # only the 404 itself
 
 
-def test_pool_history_draws_idle_gpus_beside_their_forecast(live_server: Any, scene: Any, browser: Any) -> None:
+def test_pool_history_draws_idle_gpus_beside_their_forecast(
+    live_server: Any, scene: Any, browser: Any
+) -> None:
     """With the pool's idle-GPU model trained by the plane's training step, the history page draws the
     actual idle GPUs and the hour-ahead forecast as two lines, with their numbers in a table."""
     from datetime import timedelta
@@ -265,8 +267,11 @@ def test_pool_history_draws_idle_gpus_beside_their_forecast(live_server: Any, sc
     actual = chart.find_elements(By.CSS_SELECTOR, "polyline.series.line-1")
     forecast = chart.find_elements(By.CSS_SELECTOR, "polyline.series.line-2")
     assert actual and forecast, "both lines are drawn"
+
     # The forecast runs an hour past the last actual point: it ends further right.
-    right = lambda lines: max(float(p.split(",")[0]) for line in lines for p in line.get_attribute("points").split())  # noqa: E731
+    def right(lines: list[Any]) -> float:
+        return max(float(p.split(",")[0]) for line in lines for p in line.get_attribute("points").split())
+
     assert right(forecast) > right(actual)
     chart.find_element(By.CSS_SELECTOR, "details summary").click()
     rows = chart.find_elements(By.CSS_SELECTOR, "table.chart-table tbody tr")

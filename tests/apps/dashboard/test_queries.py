@@ -33,19 +33,29 @@ def crowd(request: Any, scene: Any) -> Any:
         quota_set(tenant=tenant, pool=w.h100, guaranteed_milli=200_000)  # room for every request below
         for i in range(n):
             task_submit(tenant=tenant, request=TaskRequest(queue="train", name=f"t{i}"), submitted_by=user)
-        task_submit(tenant=tenant, request=TaskRequest(queue="train", name="huge", gpu_count=8), submitted_by=user)
-        gone, _ = task_submit(tenant=tenant, request=TaskRequest(queue="train", name="gone"), submitted_by=user)
+        task_submit(
+            tenant=tenant, request=TaskRequest(queue="train", name="huge", gpu_count=8), submitted_by=user
+        )
+        gone, _ = task_submit(
+            tenant=tenant, request=TaskRequest(queue="train", name="gone"), submitted_by=user
+        )
         task_cancel(task=gone, by=user, reason="not needed")
         for i in range(n):
             pending, _ = task_submit(
-                tenant=tenant, request=TaskRequest(queue="train", name=f"o{i}", gpu_count=8), submitted_by=user
+                tenant=tenant,
+                request=TaskRequest(queue="train", name=f"o{i}", gpu_count=8),
+                submitted_by=user,
             )
-            override_request(tenant=tenant, task=pending, wanted_priority=40, reason="deadline", requested_by=user)
+            override_request(
+                tenant=tenant, task=pending, wanted_priority=40, reason="deadline", requested_by=user
+            )
     # More pools (one, then three), each with a node, A's quota and queue and a task: the lists of
     # pools and the fleet overview read them all at once.
     for i in range(n // 2):
         pool = pool_create(name=f"extra-{i}")
-        node, _ = node_register(cluster=w.node.cluster, pool=pool, name=f"x-{i}", cpu_milli=32_000, mem_mib=262_144)
+        node, _ = node_register(
+            cluster=w.node.cluster, pool=pool, name=f"x-{i}", cpu_milli=32_000, mem_mib=262_144
+        )
         gpu_add(node=node, index=0, model="L4")
         quota_set(tenant=w.tenant_a, pool=pool, guaranteed_milli=1000)
         queue_create(tenant=w.tenant_a, pool=pool, name=f"q{i}")
@@ -99,7 +109,18 @@ EXPECTED: dict[tuple[str, str], int] = {
 @pytest.mark.parametrize("persona", ["root", "alice"])
 @pytest.mark.parametrize(
     "name",
-    ["overview", "tasks", "tasks pending", "task", "overrides", "pools", "pool", "history", "whatif", "accounting"],
+    [
+        "overview",
+        "tasks",
+        "tasks pending",
+        "task",
+        "overrides",
+        "pools",
+        "pool",
+        "history",
+        "whatif",
+        "accounting",
+    ],
 )
 def test_page_query_count_is_pinned(
     crowd: Any, page: Any, persona: str, name: str, django_assert_num_queries: Any
