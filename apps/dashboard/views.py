@@ -19,6 +19,7 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.safestring import mark_safe
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
@@ -35,6 +36,7 @@ from apps.dashboard.presenters import (
     arrivals_chart,
     fleet_view,
     heat_map,
+    heat_map_svg,
     history_charts,
     idle_chart,
     one_line,
@@ -47,7 +49,7 @@ from apps.forecasting.selectors import pool_arrivals_beside, pool_idle_beside
 from apps.inventory import selectors as inventory
 from apps.inventory.models import Node
 from apps.logs import selectors as logs
-from apps.metrics.selectors import plane_readings
+from apps.metrics.selectors import fleet_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
 from apps.scheduling.whatif import pool_whatif
 from apps.tenants.models import Membership
@@ -108,7 +110,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         if not access.platform_admin or bars[t.pk] or queues[t.pk] or access.role(t.pk)
     ]
     # A platform admin's home page opens with the whole fleet: every pool and cluster in one table.
-    fleet = fleet_view(plane_readings(now=now)) if access.platform_admin else None
+    fleet = fleet_view(fleet_readings()) if access.platform_admin else None
     context = {"sections": sections, "access": access, "fleet": fleet, "now": now}
     return render(request, "dashboard/overview.html", context)
 
@@ -339,14 +341,16 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     node_ids = Node.objects.filter(pool=pool).order_by("cluster__name", "name").values_list("pk", flat=True)
     nodes = Paginator(node_ids, HEATMAP_NODES_PER_PAGE).get_page(request.GET.get("page"))
     gpus = inventory.gpu_list(access=access).filter(node_id__in=list(nodes))
-    totals = pool_gpu_totals(pool_id=pool.pk)
     visible = None if access.platform_admin else set(access.tenant_ids)
+    drawn = heat_map(gpus, visible)
+    totals = pool_gpu_totals(pool_id=pool.pk)
     cycles = list(cycle_list(pool_id=pool.pk)[:10])
     latest = cycles[0] if cycles else None
     stats = latest.stats if latest is not None else {}
     context = {
         "pool": pool,
-        "map": heat_map(gpus, visible),
+        "map": drawn,
+        "map_svg": mark_safe(heat_map_svg(drawn, pool.name)),  # noqa: S308 (every text in it is escaped)
         "nodes": nodes,
         "totals": totals,
         "latest": latest,

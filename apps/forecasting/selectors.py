@@ -404,7 +404,8 @@ def pool_arrivals_beside(*, pool_id: int, now: datetime) -> ArrivalsBeside:
     end_s = math.floor(now.timestamp() / bin_s) * bin_s + hour_s
     start_s = math.floor((now.timestamp() - ARRIVALS_BESIDE_HOURS * hour_s) / hour_s) * hour_s
     n = int((end_s - start_s) // bin_s)
-    history_from = datetime.fromtimestamp(start_s, tz=now.tzinfo) - _MIX_HISTORY
+    # The model's features look back 8 days; without a model only the window's counts are drawn.
+    history_from = datetime.fromtimestamp(start_s, tz=now.tzinfo) - (_MIX_HISTORY if model else timedelta(0))
     rows = list(
         Task.objects.filter(pool_id=pool_id, created_at__gte=history_from, created_at__lt=now)
         .order_by("created_at", "id")

@@ -44,9 +44,21 @@ class PlaneReadings:
     forecast_models: list[Row]  # the active models with their metrics
 
 
-def plane_readings(*, now: datetime) -> PlaneReadings:
-    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two), 14
-    when some tenant has a GPU-hour budget (its month's usage)."""
+@dataclass(frozen=True)
+class FleetReadings:
+    """The part of `PlaneReadings` the dashboard's fleet overview draws: six grouped queries."""
+
+    pools: dict[int, str]
+    gpus: list[Row]
+    units: list[Row]
+    pending: list[Row]
+    latest_cycles: list[Row]
+    nodes: list[Row]
+
+
+def fleet_readings() -> FleetReadings:
+    """Pools, GPUs, held units, pending tasks by reason, the newest cycle and nodes by state, per pool and
+    cluster: the fleet overview without the rest of a scrape (quotas, usage, budgets, models)."""
     pools = dict(Pool.objects.values_list("id", "name"))
     gpus = list(
         Gpu.objects.values("health", pool_id=F("node__pool_id"), cluster=F("node__cluster__name"))
@@ -66,15 +78,40 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
         )
         .order_by()
     )
-    tasks = list(
-        Task.objects.values("pool_id", "state")
-        .annotate(tasks=Count("id"), idle=Count("id", filter=Q(idle_flagged_at__isnull=False)))
-        .order_by()
-    )
     pending = list(
         Task.objects.filter(state=Task.State.PENDING)
         .values("pool_id", "why_pending_code")
         .annotate(tasks=Count("id"), oldest=Min("created_at"))
+        .order_by()
+    )
+    # The newest cycle of each pool: one correlated subquery per pool (the pool table is small), each
+    # answered from the (pool, started_at) end of the cycle history, never a scan of all cycles.
+    newest = Cycle.objects.filter(pool_id=OuterRef("pk")).order_by("-started_at", "-id").values("id")[:1]
+    latest_cycles = list(
+        Cycle.objects.filter(
+            pk__in=Pool.objects.annotate(cycle_id=Subquery(newest)).values("cycle_id")
+        ).values(
+            "pool_id", "policy", "started_at", "finished_at", "snapshot_ms", "solve_ms", "commit_ms", "stats"
+        )
+    )
+    # A node that never heartbeated counts from its creation, as the lost-node check does.
+    nodes = list(
+        Node.objects.values(
+            "pool_id", "state", cluster_name=F("cluster__name"), cordoned=F("cluster__cordoned")
+        )
+        .annotate(nodes=Count("id"), oldest_heartbeat=Min(Coalesce("last_heartbeat_at", "created_at")))
+        .order_by()
+    )
+    return FleetReadings(pools, gpus, units, pending, latest_cycles, nodes)
+
+
+def plane_readings(*, now: datetime) -> PlaneReadings:
+    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two), 14
+    when some tenant has a GPU-hour budget (its month's usage)."""
+    fleet = fleet_readings()
+    tasks = list(
+        Task.objects.values("pool_id", "state")
+        .annotate(tasks=Count("id"), idle=Count("id", filter=Q(idle_flagged_at__isnull=False)))
         .order_by()
     )
     quotas = list(
@@ -92,16 +129,6 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
     # This month's GPU-hours of the tenants with a budget: one more query, only when there are budgets.
     budgeted = sorted({q["tenant_id"] for q in quotas if q["budget_gpu_hours"] is not None})
     budget_used = month_usage(tenant_ids=budgeted, now=now) if budgeted else {}
-    # The newest cycle of each pool: one correlated subquery per pool (the pool table is small), each
-    # answered from the (pool, started_at) end of the cycle history, never a scan of all cycles.
-    newest = Cycle.objects.filter(pool_id=OuterRef("pk")).order_by("-started_at", "-id").values("id")[:1]
-    latest_cycles = list(
-        Cycle.objects.filter(
-            pk__in=Pool.objects.annotate(cycle_id=Subquery(newest)).values("cycle_id")
-        ).values(
-            "pool_id", "policy", "started_at", "finished_at", "snapshot_ms", "solve_ms", "commit_ms", "stats"
-        )
-    )
     # Running totals kept by the cycles themselves: one row per pool, not a sum over the cycle history.
     cycle_totals = list(
         PoolCycleTotals.objects.values(
@@ -112,14 +139,6 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
             placed=F("tasks_placed"),
             preempted=F("tasks_preempted"),
         )
-    )
-    # A node that never heartbeated counts from its creation, as the lost-node check does.
-    nodes = list(
-        Node.objects.values(
-            "pool_id", "state", cluster_name=F("cluster__name"), cordoned=F("cluster__cordoned")
-        )
-        .annotate(nodes=Count("id"), oldest_heartbeat=Min(Coalesce("last_heartbeat_at", "created_at")))
-        .order_by()
     )
     open_claims = list(
         Repartition.objects.filter(state=Repartition.State.WAITING)
@@ -140,17 +159,17 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
     )
     return PlaneReadings(
         now=now,
-        pools=pools,
-        gpus=gpus,
-        units=units,
+        pools=fleet.pools,
+        gpus=fleet.gpus,
+        units=fleet.units,
         tasks=tasks,
-        pending=pending,
+        pending=fleet.pending,
         quotas=quotas,
         usage=usage,
         budget_used=budget_used,
-        latest_cycles=latest_cycles,
+        latest_cycles=fleet.latest_cycles,
         cycle_totals=cycle_totals,
-        nodes=nodes,
+        nodes=fleet.nodes,
         open_claims=open_claims,
         forecast_models=forecast_models,
     )

@@ -83,7 +83,7 @@ def pages(scene: Any) -> dict[str, str]:
 
 # (persona, page) → queries of one request with a warm session; pinned, so a change shows here.
 EXPECTED: dict[tuple[str, str], int] = {
-    ("root", "overview"): 22,
+    ("root", "overview"): 15,
     ("alice", "overview"): 9,
     ("root", "tasks"): 8,
     ("alice", "tasks"): 8,
