@@ -745,8 +745,9 @@ def heat_map_svg(drawn: HeatMap, pool_name: str) -> str:
             out.append(
                 f'<g class="gpu heat-{cell.heat} health-{escape(cell.health)}" '
                 f'data-allocated="{cell.allocated_milli}"><title>{escape(cell.title)}</title>'
-                f'<rect class="cell" x="{cell.x}" y="{cell.y}" width="{drawn.cell_w}" height="{drawn.cell_h}" '
-                f'rx="4"></rect><text class="model" x="{x + 5}" y="{y + 14}">{escape(cell.model)}</text>'
+                f'<rect class="cell" x="{cell.x}" y="{cell.y}" width="{drawn.cell_w}" '
+                f'height="{drawn.cell_h}" rx="4"></rect>'
+                f'<text class="model" x="{x + 5}" y="{y + 14}">{escape(cell.model)}</text>'
                 f'<text class="alloc" x="{x + 5}" y="{y + 29}">{cell.allocated_pct}% · '
                 f"{escape(cell.partition_mode)}</text>"
             )
