@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from statistics import quantiles
+from typing import Any
 
 from django.db.models import Avg
 from django.db.models.functions import TruncMinute
@@ -263,3 +264,21 @@ def latest_cycle_rows(*, pool_ids: list[int]) -> dict[int, dict]:
         }
         for pool_id, started_at, policy, placed, reasons, frag in rows
     }
+
+
+def heat_map_gpus(*, node_ids: list[int]) -> Any:
+    """The GPUs of one heat-map page with their units and each unit's holder's tenant (two queries): only
+    the columns the map draws, so a page of 800 GPUs and thousands of units builds light instances.
+    The caller has checked the pool is visible; the nodes are that pool's."""
+    from django.db.models import F, Prefetch
+
+    from apps.inventory.models import ComputeUnit
+
+    units = ComputeUnit.objects.only("gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli", "task_id")
+    return (
+        Gpu.objects.filter(node_id__in=node_ids)
+        .select_related("node__cluster")
+        .only("node_id", "index", "model", "partition_mode", "health", "node__name", "node__state",
+              "node__cluster__name")
+        .prefetch_related(Prefetch("units", queryset=units.annotate(task_tenant_id=F("task__tenant_id"))))
+    )  # fmt: skip

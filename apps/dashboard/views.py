@@ -30,7 +30,13 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
-from apps.dashboard.history import latest_cycle_id, latest_cycle_rows, pool_gpu_totals, pool_history
+from apps.dashboard.history import (
+    heat_map_gpus,
+    latest_cycle_id,
+    latest_cycle_rows,
+    pool_gpu_totals,
+    pool_history,
+)
 from apps.dashboard.presenters import (
     age_s,
     arrivals_chart,
@@ -340,7 +346,7 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     # A large pool's heat-map comes a page of nodes at a time; the header counts the whole pool.
     node_ids = Node.objects.filter(pool=pool).order_by("cluster__name", "name").values_list("pk", flat=True)
     nodes = Paginator(node_ids, HEATMAP_NODES_PER_PAGE).get_page(request.GET.get("page"))
-    gpus = inventory.gpu_list(access=access).filter(node_id__in=list(nodes))
+    gpus = heat_map_gpus(node_ids=list(nodes))
     visible = None if access.platform_admin else set(access.tenant_ids)
     drawn = heat_map(gpus, visible)
     totals = pool_gpu_totals(pool_id=pool.pk)
