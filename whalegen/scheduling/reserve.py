@@ -177,9 +177,9 @@ def delays(
     """
     if candidate.node not in reservation.nodes:
         return False
+    # Without a predicted start the nodes are drained: every holder counts as gone, the candidate as staying.
     at_s = math.inf if reservation.start_s is None else reservation.start_s
-    end_s = _end(candidate, now_s, config)
-    if end_s <= at_s:
+    if reservation.start_s is not None and _end(candidate, now_s, config) <= at_s:
         return False
     state = _rooms(rooms)
     for holder in holders:
