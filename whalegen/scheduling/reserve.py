@@ -122,7 +122,7 @@ def _fit(members: Sequence[TaskRequest], rooms: list[_Room], nodes: Sequence[int
 def _end(holder: Holder, now_s: float, config: ReserveConfig) -> float:
     if holder.end_s is None:
         return math.inf
-    return max(holder.end_s, now_s + config.overdue_s)
+    return holder.end_s if holder.end_s > now_s else now_s + config.overdue_s
 
 
 def plan(
