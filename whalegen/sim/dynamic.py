@@ -449,7 +449,8 @@ def run_dynamic(
         t.request.gpu_request_milli * (min(t.creation_s + t.lifetime_s, horizon_end_s) - t.creation_s)
         for t in ordered
     )
-    large_waits, small_waits = [], []
+    large_waits: list[float] = []
+    small_waits: list[float] = []
     for t in ordered:
         if start_of.get(t.request.task_id, math.inf) <= horizon_end_s:
             wait_s = start_of[t.request.task_id] - t.creation_s
