@@ -534,8 +534,11 @@ def oracle_predictions(window: Sequence[TimedTask]) -> dict[str, float]:
     return {t.request.task_id: t.lifetime_s for t in window}
 
 
-def model_predictions(pod_path: Path, split_s: float, window: Sequence[TimedTask]) -> dict[str, float]:
-    """P50 run time from `whalegen.forecast.durations`, trained on the tasks finished before `split_s`.
+def model_predictions(
+    pod_path: Path, split_s: float, window: Sequence[TimedTask], quantile: int = 0
+) -> dict[str, float]:
+    """P50 (`quantile` 0; 1: P90) run time from `whalegen.forecast.durations`, trained on the tasks
+    finished before `split_s`.
 
     Same key and features as docs/forecasting.md §4.2. A task alive at the split is predicted from its
     submission; it arrives in the window with the prediction minus the time it had already lived.
@@ -551,8 +554,8 @@ def model_predictions(pod_path: Path, split_s: float, window: Sequence[TimedTask
     start = frame["creation_time"].to_numpy(dtype=float)
     end = frame["deletion_time"].to_numpy(dtype=float)
     model, feats = train_durations(frame, start, end, cfg, split_s)
-    p50 = predict_quantiles_s(model, feats.reset_index(drop=True))[:, 0]
-    by_name = dict(zip(frame["name"].tolist(), zip(p50.tolist(), start.tolist(), strict=True), strict=True))
+    pred = predict_quantiles_s(model, feats.reset_index(drop=True))[:, quantile]
+    by_name = dict(zip(frame["name"].tolist(), zip(pred.tolist(), start.tolist(), strict=True), strict=True))
     out = {}
     for t in window:
         predicted, created = by_name[t.request.task_id]
