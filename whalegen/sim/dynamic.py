@@ -19,6 +19,11 @@ The static replay (`replay.py`) follows the FGD paper: nothing departs. Here tim
 equally good places a task takes: the one whose other tasks are predicted to end nearest this task's
 predicted end, so nodes and GPUs free up together. With no prediction it decides exactly as the wrapped
 policy.
+
+`POLICY+reserve` turns on the decision's reservations for large and gang tasks (`Config.reserve`,
+`whalegen.scheduling.reserve`): one decision per event over the queue window, the predicted ends of what
+runs in the snapshot it reads (docs/dynamic-replay.md §6). Every run also records the start each queued
+task was shown on arrival and, for reserved tasks, the predicted start they were given.
 """
 
 from __future__ import annotations
