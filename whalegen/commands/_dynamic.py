@@ -21,6 +21,7 @@ from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.registry import make_policy
 from whalegen.sim.dynamic import (
     FORECAST_SUFFIX,
+    RESERVE_SUFFIX,
     DynamicResult,
     load_timed_tasks,
     model_predictions,
@@ -32,7 +33,7 @@ from whalegen.sim.dynamic import (
 )
 from whalegen.sim.trace import NODE_FILE, load_nodes, pod_file
 
-FORECASTS = ("none", "oracle", "model")
+FORECASTS = ("none", "oracle", "model", "model-p90")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--forecast",
         default="oracle,model",
-        help="for POLICY+forecast: none, oracle (true run time), model (P50 of the duration model); "
-        "comma-separated, one run each",
+        help="for POLICY+forecast and POLICY+reserve: none, oracle (true run time), model (P50 of the "
+        "duration model), model-p90 (its P90); comma-separated, one run each",
     )
     group.add_argument("--cluster-frac", type=float, default=1.0, help="share of nodes drawn per seed")
     group.add_argument(
@@ -79,11 +80,11 @@ def run(args: argparse.Namespace, traces: Path) -> int:
     runs: list[tuple[str, str]] = []
     for policy in (p.strip() for p in args.policy.split(",") if p.strip()):
         try:
-            make_policy(policy.removesuffix(FORECAST_SUFFIX))
+            make_policy(policy.removesuffix(RESERVE_SUFFIX).removesuffix(FORECAST_SUFFIX))
         except ValueError as error:
             print(f"whalegen replay: {error}", file=sys.stderr)
             return 2
-        if policy.endswith(FORECAST_SUFFIX):
+        if policy.endswith((FORECAST_SUFFIX, RESERVE_SUFFIX)):
             runs += [(policy, f) for f in forecasts]
         else:
             runs.append((policy, "none"))
@@ -96,9 +97,10 @@ def run(args: argparse.Namespace, traces: Path) -> int:
     predictions: dict[str, dict[str, float]] = {"none": {}}
     if "oracle" in forecasts:
         predictions["oracle"] = oracle_predictions(window)
-    if "model" in forecasts and any(f == "model" for _, f in runs):
-        print("training the duration model on the tasks before the window …", file=sys.stderr, flush=True)
-        predictions["model"] = model_predictions(pod_path, split_s, window)
+    for name, quantile in (("model", 0), ("model-p90", 1)):
+        if any(f == name for _, f in runs):
+            print(f"training the duration model ({name}) on the tasks before the window …", file=sys.stderr)
+            predictions[name] = model_predictions(pod_path, split_s, window, quantile)
     # 2. One run per (policy, forecast, seed), sequentially (the runs are cheap on a sampled cluster).
     results: list[DynamicResult] = []
     started = time.perf_counter()
@@ -172,6 +174,29 @@ def run(args: argparse.Namespace, traces: Path) -> int:
             f"{_mean([r.cpu_seconds for r in rs]):.1f}",
         ]
         print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
+    # 3b. Large and small tasks, and the start estimates queued tasks were shown.
+    print()
+    print(
+        "| policy | forecast | large started | large P95 wait h | small mean wait h | queued | estimated "
+        "| estimate MAE h | estimate median abs h | reserved | reserved with start | reserved start MAE h |"
+    )
+    print("|" + "---|" * 12)
+    for policy, forecast in groups:
+        rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
+        cells = [
+            f"{_mean([r.large_started for r in rs]):.1f}",
+            f"{_mean([r.large_p95_delay_s for r in rs]) / 3600:.2f}",
+            f"{_mean([r.small_mean_delay_s for r in rs]) / 3600:.2f}",
+            f"{_mean([r.queued for r in rs]):.1f}",
+            f"{_mean([r.estimated for r in rs]):.1f}",
+            f"{_mean([r.estimate_mae_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{_mean([r.estimate_median_abs_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{_mean([r.reserved for r in rs]):.1f}",
+            f"{_mean([r.reserved_with_start for r in rs]):.1f}",
+            f"{_mean([r.reserve_mae_s for r in rs if r.reserved_with_start]) / 3600:.2f}",
+        ]
+        print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
+    print()
     # 4. Paired by seed against the first row: the seeds' clusters differ far more than the policies do.
     base = [r for r in results if (r.policy, r.forecast) == groups[0]]
     for policy, forecast in groups[1:]:
@@ -181,10 +206,16 @@ def run(args: argparse.Namespace, traces: Path) -> int:
         less = sum(r.alloc_pct < b.alloc_pct - 1e-9 for b, r in pairs)
         shorter = sum(r.mean_delay_s < b.mean_delay_s - 1e-9 for b, r in pairs)
         longer = sum(r.mean_delay_s > b.mean_delay_s + 1e-9 for b, r in pairs)
+        large_shorter = sum(r.large_p95_delay_s < b.large_p95_delay_s - 1e-9 for b, r in pairs)
+        large_longer = sum(r.large_p95_delay_s > b.large_p95_delay_s + 1e-9 for b, r in pairs)
+        small_shorter = sum(r.small_mean_delay_s < b.small_mean_delay_s - 1e-9 for b, r in pairs)
+        small_longer = sum(r.small_mean_delay_s > b.small_mean_delay_s + 1e-9 for b, r in pairs)
         print(
             f"{policy} ({forecast}) vs {groups[0][0]} ({groups[0][1]}), {len(pairs)} seeds: "
             f"allocation higher on {more}, lower on {less}; "
-            f"mean wait shorter on {shorter}, longer on {longer}"
+            f"mean wait shorter on {shorter}, longer on {longer}; "
+            f"large P95 wait shorter on {large_shorter}, longer on {large_longer}; "
+            f"small mean wait shorter on {small_shorter}, longer on {small_longer}"
         )
     return 0
 

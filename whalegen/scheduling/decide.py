@@ -59,6 +59,8 @@ from whalegen.placement.types import (
 )
 from whalegen.scheduling.estimate import estimate_starts
 from whalegen.scheduling.order import order_units
+from whalegen.scheduling.reserve import Reservation, delays, is_large, pool_view, with_holders
+from whalegen.scheduling.reserve import plan as plan_reservation
 from whalegen.scheduling.snapshot import engine_gpu
 from whalegen.scheduling.types import (
     Bound,
@@ -165,6 +167,13 @@ class Decider:
         self.requests.update(requests)
         # 3. Present units.
         placements, left, preemptions = self._present(ordered, now_s)
+        # 3b. Reservation (only with `Config.reserve`): backfill that would delay the first large task
+        #     left waiting is taken back (whalegen.scheduling.reserve).
+        reservation: Reservation | None = None
+        held: dict[str, Reason] = {}
+        if self.config.reserve is not None:
+            placements, reservation, held = self._reserve(ordered, placements, left, now_s)
+            unplaced.update(held)
         # 4. Units.
         if snapshot.unit_exact:
             bound += self._bind_units(placements, left, now_s)
@@ -228,6 +237,12 @@ class Decider:
                     unplaced[task_id] = Reason(
                         reason.code, f"{reason.message}; estimated start unknown: {estimate.why_unknown}"
                     )
+            if reservation is not None and reservation.start_s is not None:
+                # The reserved task starts when its reservation says; what is held for it, not before.
+                for task_id in reservation.task_ids:
+                    starts[task_id] = reservation.start_s
+                for task_id in unplaced.keys() & held.keys():
+                    starts[task_id] = max(starts.get(task_id) or now_s, reservation.start_s)
         return Decisions(
             placements=tuple(bound),
             preemptions=tuple(kept),
@@ -235,7 +250,84 @@ class Decider:
             unplaced=unplaced,
             estimates=starts,
             nodes_after=after,
+            reservation=reservation,
         )
+
+    # -- 3b. reservation ---------------------------------------------------------------------------
+
+    def _reserve(
+        self,
+        ordered: Sequence[TaskRequest],
+        placements: list[Placement],
+        left: dict[str, Unplaced],
+        now_s: float,
+    ) -> tuple[list[Placement], Reservation | None, dict[str, Reason]]:
+        """Reserve for the first large task (or gang) in order that found no room; hold the placements of
+        tasks behind it that would delay its predicted start."""
+        config = self.config.reserve
+        assert config is not None
+        head = next(
+            (
+                t
+                for t in ordered
+                if t.task_id in left and left[t.task_id].outcome in CAPACITY_OUTCOMES and is_large(t, config)
+            ),
+            None,
+        )
+        if head is None:
+            return placements, None, {}
+        members = [
+            t for t in ordered if t is head or (head.gang_id is not None and t.gang_id == head.gang_id)
+        ]
+        position = {t.task_id: i for i, t in enumerate(ordered)}
+        behind = position[head.task_id]
+        backfills = [p for p in placements if position.get(p.task_id, -1) > behind]
+        placed_now = {p.task_id for p in placements}
+        backfill_ids = {p.task_id for p in backfills}
+        rooms_now, holders = pool_view(
+            self.engine.state, head, lambda task_id: self._end_of(task_id, task_id in placed_now, now_s)
+        )
+        others = [h for task_id, h in holders.items() if task_id not in backfill_ids]
+        rooms = with_holders(rooms_now, [holders[task_id] for task_id in backfill_ids], +1)
+        reservation = plan_reservation(members, rooms, others, now_s, config)
+        kept = [p for p in placements if p.task_id not in backfill_ids]
+        held: dict[str, Reason] = {}
+        units: dict[str, list[Placement]] = defaultdict(list)  # a gang is kept or held as a whole
+        for p in backfills:
+            gang = self.requests[p.task_id].gang_id
+            units[gang if gang is not None else p.task_id].append(p)
+        when = (
+            "until its nodes drain (no expected end frees enough)"
+            if reservation.start_s is None
+            else f"predicted to start in {(reservation.start_s - now_s) / 60:.0f} min"
+        )
+        for unit in units.values():
+            trial_rooms, trial_others = rooms, list(others)
+            for p in unit:
+                if delays(reservation, members, trial_rooms, trial_others, holders[p.task_id], now_s, config):
+                    break
+                trial_rooms = with_holders(trial_rooms, [holders[p.task_id]], -1)
+                trial_others.append(holders[p.task_id])
+            else:
+                rooms, others = trial_rooms, trial_others
+                kept += unit
+                continue
+            for p in unit:
+                self.engine.release(p.task_id)
+                held[p.task_id] = Reason(
+                    Code.HELD_FOR_RESERVATION,
+                    f"it would delay {head.task_id}, which holds a reservation on "
+                    f"{len(reservation.nodes)} node(s) {when}",
+                )
+        return kept, reservation, held
+
+    def _end_of(self, task_id: str, placed_now: bool, now_s: float) -> float | None:
+        """A bound task's expected end: the snapshot's, else (placed this step) now + its run time."""
+        end_s = self.snapshot.expected_end_s.get(task_id)
+        if end_s is None and placed_now:
+            runtime_s = self.snapshot.expected_runtime_s.get(task_id)
+            end_s = None if runtime_s is None else now_s + runtime_s
+        return end_s
 
     # -- 3. present units --------------------------------------------------------------------------
 

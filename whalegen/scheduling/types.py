@@ -17,6 +17,7 @@ from whalegen.placement.engine import EngineConfig
 from whalegen.placement.recarve import IdleMigGpu
 from whalegen.placement.repartition import ClaimAction, GpuView, MigSlot, RepartitionPlan
 from whalegen.placement.types import ClusterSnapshot, NodeState, Placement, Preemption, TaskRequest
+from whalegen.scheduling.reserve import Reservation, ReserveConfig
 
 GpuKey = tuple[str, int]  # (engine node name, GPU index)
 
@@ -31,6 +32,7 @@ class Code:
     NEEDS_LAYOUT = "needs_layout_change"  # only a new MIG layout would hold it, and none is planned
     WAITING_FOR_LAYOUT = "waiting_for_layout"  # a GPU is being re-carved for it
     VICTIM_CLAIMED = "victim_claimed"  # the tasks it could displace were placed this very cycle
+    HELD_FOR_RESERVATION = "held_for_reservation"  # starting it would delay a reserved large task
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ class Config:
     seed: int = 0
     preemption: bool = True
     online_reserve_milli: int = 0
+    # Reservations for large and gang tasks with backfill around them (whalegen.scheduling.reserve);
+    # None (the default) = no reservations, backfill unrestricted.
+    reserve: ReserveConfig | None = None
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
@@ -138,3 +143,4 @@ class Decisions:
     # Unplaced task id → estimated start (seconds since the epoch), None when unknown.
     estimates: Mapping[str, float | None] = field(default_factory=_empty)
     nodes_after: tuple[NodeState, ...] = ()  # the pool after the placements (fragmentation figures)
+    reservation: Reservation | None = None  # the large task or gang held for (Config.reserve)

@@ -19,18 +19,24 @@ The static replay (`replay.py`) follows the FGD paper: nothing departs. Here tim
 equally good places a task takes: the one whose other tasks are predicted to end nearest this task's
 predicted end, so nodes and GPUs free up together. With no prediction it decides exactly as the wrapped
 policy.
+
+`POLICY+reserve` turns on the decision's reservations for large and gang tasks (`Config.reserve`,
+`whalegen.scheduling.reserve`): one decision per event over the queue window, the predicted ends of what
+runs in the snapshot it reads (docs/dynamic-replay.md §6). Every run also records the start each queued
+task was shown on arrival and, for reserved tasks, the predicted start they were given.
 """
 
 from __future__ import annotations
 
 import csv
 import heapq
+import itertools
 import math
 import random
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +47,12 @@ from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
 from whalegen.placement.state import Request
 from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState, ShapeMix, TaskRequest
 from whalegen.scheduling import Config, Decider, Snapshot
+from whalegen.scheduling.reserve import ReserveConfig, is_large, plan, pool_view
 from whalegen.sim.replay import shuffled_nodes
 from whalegen.sim.trace import load_tasks
 
 FORECAST_SUFFIX = "+forecast"
+RESERVE_SUFFIX = "+reserve"  # reservations for large and gang tasks (whalegen.scheduling.reserve)
 REMAINING_FLOOR_S = 60.0  # remaining times are compared as ratios; a floor keeps "ends now" finite
 SERIES_BINS = 400  # points of the allocation-over-time curve kept per run
 
@@ -79,6 +87,19 @@ class DynamicResult:
     series_t_s: tuple[float, ...]  # bin starts, seconds since the first arrival
     series_alloc_pct: tuple[float, ...]  # time-averaged allocation in each bin
     start_s: Mapping[str, float]  # task id → start time (tasks that started), for per-task analysis
+    large_p95_delay_s: float = 0.0  # P95 wait of large tasks (ReserveConfig.min_gpus GPUs or more)
+    small_mean_delay_s: float = 0.0  # mean wait of the others
+    large_started: int = 0  # large tasks started within the horizon (the P95's sample)
+    # Start estimates a queued task was shown on arrival (node-level earliest start from the predicted ends
+    # of what runs, `whalegen.scheduling.reserve.plan`), against its real start; over the tasks that queued.
+    queued: int = 0
+    estimated: int = 0  # of those, how many got an estimate (none without a forecast)
+    estimate_mae_s: float = 0.0
+    estimate_median_abs_s: float = 0.0
+    # The reserved start a large task was given when it first became the reserved one (+reserve only).
+    reserved: int = 0
+    reserved_with_start: int = 0
+    reserve_mae_s: float = 0.0
 
 
 class ForecastAligned(Policy):
@@ -223,23 +244,34 @@ def run_dynamic(
     """
     started_cpu = time.process_time()
     # 1. The engine, with the wrapper policy in place of the engine's own when asked for.
-    aligned = policy.endswith(FORECAST_SUFFIX)
-    base = policy.removesuffix(FORECAST_SUFFIX)
+    reserved = policy.endswith(RESERVE_SUFFIX)
+    base = policy.removesuffix(RESERVE_SUFFIX)
+    aligned = base.endswith(FORECAST_SUFFIX)
+    base = base.removesuffix(FORECAST_SUFFIX)
     requests = [t.request for t in tasks]
     if mix is None:
         mix = shape_mix_from_tasks(requests, with_memory=base.startswith("whalegen"))
     # Every placement goes through the production decision (`Decider.step`); the trace has no tenants or
     # units, so one tenant without a quota and nothing to map.
+    # The decision reads the predicted ends of what runs (`ends`, kept by the harness: start + predicted
+    # run time) and the predicted run time of what it places (`predictions`); only +reserve acts on them.
+    predictions = predicted_s or {}
+    ends: dict[str, float] = {}
+    reserve_config = ReserveConfig()
     decider = Decider(
-        Snapshot(ClusterSnapshot(tuple(nodes), shape_mix=mix), unit_exact=False),
-        Config(policy=base, seed=seed, preemption=False),
+        Snapshot(
+            ClusterSnapshot(tuple(nodes), shape_mix=mix),
+            expected_end_s=ends,
+            expected_runtime_s=predictions,
+            unit_exact=False,
+        ),
+        Config(policy=base, seed=seed, preemption=False, reserve=reserve_config if reserved else None),
     )
     engine = decider.engine
     wrapper: ForecastAligned | None = None
     if aligned:
         wrapper = ForecastAligned(engine.policy, align_slack)
         wrapper.adopt(engine)
-    predictions = predicted_s or {}
     # A task that fits no node even of the empty cluster is rejected on arrival (counted as never
     # started) instead of queueing forever: with a narrow window it would block the queue for good.
     empty = Engine(ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy="bestfit"))
@@ -250,6 +282,13 @@ def run_dynamic(
     horizon_end_s = max((t.creation_s + t.lifetime_s for t in ordered), default=0.0)
     horizon_s = max(horizon_end_s - first_s, 1e-9)
     by_id = {t.request.task_id: t for t in ordered}
+    # Submission times order a multi-task step (the engine's age order) the way the FIFO queue is.
+    request_of = {
+        t.request.task_id: replace(t.request, submitted_at_s=t.creation_s) if reserved else t.request
+        for t in ordered
+    }
+    estimate_of: dict[str, float | None] = {}  # queued on arrival → the start it was shown
+    reserved_at: dict[str, float | None] = {}  # large task → its predicted start when first reserved
 
     # 2. State of the run: queue, departures heap, the allocation integral.
     queue: deque[TimedTask] = deque()
@@ -277,7 +316,6 @@ def run_dynamic(
         last_s = max(last_s, to_s)
 
     def try_start(task: TimedTask, now_s: float) -> bool:
-        nonlocal allocated
         req = task.request
         predicted = predictions.get(req.task_id)
         end_s = now_s + predicted if predicted is not None else None
@@ -288,17 +326,67 @@ def run_dynamic(
         result = decider.step((req,), now_s, estimates=False, nodes_after=False)
         if not result.placements:
             return False
-        placement = result.placements[0].placement
+        book(task, now_s)
+        return True
+
+    def book(task: TimedTask, now_s: float) -> None:
+        """A task the decision placed starts now: allocation, its departure, its predicted end."""
+        nonlocal allocated
+        req = task.request
+        predicted = predictions.get(req.task_id)
+        end_s = now_s + predicted if predicted is not None else None
         binding = engine.state.bindings[req.task_id]
         if len(binding.gpu_indexes) != req.num_gpu:
             # Allocation is counted from the request, so a binding short of devices would inflate it.
             raise RuntimeError(f"{req.task_id} bound to {len(binding.gpu_indexes)} of {req.num_gpu} GPUs")
         if wrapper is not None:
             wrapper.started(req.task_id, binding.node, binding.gpu_indexes, end_s)
+        if end_s is not None:
+            ends[req.task_id] = end_s
         allocated += req.gpu_request_milli
         start_of[req.task_id] = now_s
-        heapq.heappush(departures, (now_s + max(task.lifetime_s, 1.0), placement.task_id))
-        return True
+        heapq.heappush(departures, (now_s + max(task.lifetime_s, 1.0), req.task_id))
+
+    def retry_reserved(now_s: float) -> None:
+        """+reserve: one decision over the first `queue_window` queued tasks that could fit now, plus
+        the first large one that cannot (the decision reserves for it and holds backfill that would
+        delay it). A request that does not fit now is not offered again in the pass."""
+        offered: list[TimedTask] = []
+        failed: set[Request] = set()
+        head = False
+        for task in itertools.islice(queue, queue_window):
+            req = Request.of(task.request)
+            if req not in failed and engine.choose(req) is not None:
+                offered.append(task)
+                continue
+            failed.add(req)
+            if not head and is_large(task.request, reserve_config):
+                offered.append(task)
+                head = True
+        if not offered:
+            return
+        result = decider.step(
+            tuple(request_of[t.request.task_id] for t in offered), now_s, estimates=False, nodes_after=False
+        )
+        if result.reservation is not None:
+            reserved_at.setdefault(result.reservation.task_ids[0], result.reservation.start_s)
+        placed = {b.task_id for b in result.placements}
+        if not placed:
+            return
+        for task in offered:
+            if task.request.task_id in placed:
+                book(task, now_s)
+        kept = [t for t in queue if t.request.task_id not in placed]
+        queue.clear()
+        queue.extend(kept)
+
+    def estimate(task: TimedTask, now_s: float) -> float | None:
+        """The start a queued task is shown on arrival: the first predicted end after which some node
+        holds it (None when nothing running has a predicted end)."""
+        if not ends:
+            return None
+        rooms, holders = pool_view(engine.state, task.request, ends.get)
+        return plan((task.request,), rooms, tuple(holders.values()), now_s, reserve_config).start_s
 
     def retry(now_s: float, window: int) -> None:
         """Try the first `window` queued tasks in order; a request that failed in this pass is skipped
@@ -321,11 +409,14 @@ def run_dynamic(
             when, task_id = heapq.heappop(departures)
             advance(when)
             decider.release(task_id)
+            ends.pop(task_id, None)
             if wrapper is not None:
                 wrapper.departed(task_id)
             allocated -= by_id[task_id].request.gpu_request_milli
             last_departure_s = when
-            if queue:
+            if queue and reserved:
+                retry_reserved(when)
+            elif queue:
                 retry(when, queue_window)
 
     # 3. Arrivals in time order; departures due before each arrival come first.
@@ -335,10 +426,17 @@ def run_dynamic(
         req = Request.of(task.request)
         if req not in fits_empty:
             fits_empty[req] = empty.choose(req) is not None
-        if fits_empty[req] and (len(queue) >= queue_window or not try_start(task, task.creation_s)):
+        if fits_empty[req] and reserved:
+            # The new task may backfill only around the reservation: the pass decides with the head.
+            queue.append(task)
+            if len(queue) <= queue_window:
+                retry_reserved(task.creation_s)
+        elif fits_empty[req] and (len(queue) >= queue_window or not try_start(task, task.creation_s)):
             # Inside the window only the new task can have changed since the last pass, so only it is
             # tried; behind a full window it waits its turn.
             queue.append(task)
+        if fits_empty[req] and task.request.task_id not in start_of:
+            estimate_of[task.request.task_id] = estimate(task, task.creation_s)
         if on_progress is not None and (i % 500 == 0 or i == len(ordered) - 1):
             on_progress(i + 1, len(ordered))
     # 4. Drain: run departures until nothing is left that could start.
@@ -356,9 +454,18 @@ def run_dynamic(
         t.request.gpu_request_milli * (min(t.creation_s + t.lifetime_s, horizon_end_s) - t.creation_s)
         for t in ordered
     )
+    large_waits: list[float] = []
+    small_waits: list[float] = []
+    for t in ordered:
+        if start_of.get(t.request.task_id, math.inf) <= horizon_end_s:
+            wait_s = start_of[t.request.task_id] - t.creation_s
+            (large_waits if is_large(t.request, reserve_config) else small_waits).append(wait_s)
+    shown = [(start_of[i], e) for i, e in estimate_of.items() if e is not None and i in start_of]
+    shown_err = [abs(e - real) for real, e in shown]
+    promised = [(start_of[i], e) for i, e in reserved_at.items() if e is not None and i in start_of]
     return DynamicResult(
         policy=policy,
-        forecast=forecast if aligned else "none",
+        forecast=forecast if aligned or reserved else "none",
         seed=seed,
         nodes=len(nodes),
         gpus=capacity // WHOLE_GPU_MILLI,
@@ -378,6 +485,16 @@ def run_dynamic(
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
         series_alloc_pct=tuple(100 * v / (capacity * bin_width) if capacity else 0.0 for v in bins),
         start_s=start_of,
+        large_p95_delay_s=_percentile(large_waits, 95),
+        small_mean_delay_s=float(np.mean(small_waits)) if small_waits else 0.0,
+        large_started=len(large_waits),
+        queued=len(estimate_of),
+        estimated=len(shown),
+        estimate_mae_s=float(np.mean(shown_err)) if shown_err else 0.0,
+        estimate_median_abs_s=float(np.median(shown_err)) if shown_err else 0.0,
+        reserved=len(reserved_at),
+        reserved_with_start=len(promised),
+        reserve_mae_s=float(np.mean([abs(e - real) for real, e in promised])) if promised else 0.0,
     )
 
 
@@ -422,8 +539,11 @@ def oracle_predictions(window: Sequence[TimedTask]) -> dict[str, float]:
     return {t.request.task_id: t.lifetime_s for t in window}
 
 
-def model_predictions(pod_path: Path, split_s: float, window: Sequence[TimedTask]) -> dict[str, float]:
-    """P50 run time from `whalegen.forecast.durations`, trained on the tasks finished before `split_s`.
+def model_predictions(
+    pod_path: Path, split_s: float, window: Sequence[TimedTask], quantile: int = 0
+) -> dict[str, float]:
+    """P50 (`quantile` 0; 1: P90) run time from `whalegen.forecast.durations`, trained on the tasks
+    finished before `split_s`.
 
     Same key and features as docs/forecasting.md §4.2. A task alive at the split is predicted from its
     submission; it arrives in the window with the prediction minus the time it had already lived.
@@ -439,8 +559,8 @@ def model_predictions(pod_path: Path, split_s: float, window: Sequence[TimedTask
     start = frame["creation_time"].to_numpy(dtype=float)
     end = frame["deletion_time"].to_numpy(dtype=float)
     model, feats = train_durations(frame, start, end, cfg, split_s)
-    p50 = predict_quantiles_s(model, feats.reset_index(drop=True))[:, 0]
-    by_name = dict(zip(frame["name"].tolist(), zip(p50.tolist(), start.tolist(), strict=True), strict=True))
+    pred = predict_quantiles_s(model, feats.reset_index(drop=True))[:, quantile]
+    by_name = dict(zip(frame["name"].tolist(), zip(pred.tolist(), start.tolist(), strict=True), strict=True))
     out = {}
     for t in window:
         predicted, created = by_name[t.request.task_id]
