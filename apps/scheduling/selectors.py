@@ -228,16 +228,15 @@ def _read_gpus(r: _Reading) -> None:
     for gpu in r.gpu_rows:
         r.gpus_of_node[gpu["node_id"]].append(gpu)
     horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
-    r.stopping = set(
-        ComputeUnit.objects.filter(
-            gpu__node__pool_id=r.pool_id,
-            assignments__released_at__gte=horizon,
-            assignments__task__runs__state__in=TaskRun.ALIVE,
-            assignments__task__runs__node_id=F("gpu__node_id"),
-        )
-        .values_list("gpu_id", flat=True)
-        .distinct()
-    )
+    released = Assignment.objects.filter(
+        node__pool_id=r.pool_id,
+        released_at__gte=horizon,
+        task__runs__state__in=TaskRun.ALIVE,
+        task__runs__node_id=F("node_id"),
+    ).values_list("unit_ids", flat=True)
+    gpu_of_unit = {unit["id"]: unit["gpu_id"] for unit in r.unit_rows}
+    # An id of a unit deleted since (re-carved) names no GPU: it was skipped when links were rows too.
+    r.stopping = {gpu_of_unit[u] for unit_ids in released for u in unit_ids if u in gpu_of_unit}
 
 
 def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:

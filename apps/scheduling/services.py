@@ -376,33 +376,29 @@ def _write_placements(
     assignments: Sequence[tuple[int, int, bool]],
     cycle: Cycle,
 ) -> None:
-    """Bind units, raise node versions, insert assignments and their unit links.
+    """Bind units, raise node versions, insert assignments with the ids of the units they hold.
 
     `binds` are (unit, task, unit version seen): each unit gets its holder by compare-and-set, and every
     one must be touched. The rows are locked and checked already (nodes); the condition stays so that a
     unit taken by any path that skipped the lock still makes the cycle roll back instead of double-booking.
 
-    On PostgreSQL this is two round trips: the new assignments' ids from their sequence, then one statement
-    of four data-modifying CTEs fed by arrays (`unnest`), none joining another: a cycle binds tens of
-    thousands of units, and neither model instances nor one round trip per table are worth their cost.
-    Elsewhere (the embedded SQLite) the ORM does the same steps.
+    On PostgreSQL this is one statement of three data-modifying CTEs fed by array literals (`unnest`),
+    none joining another: a cycle binds tens of thousands of units, and neither model instances nor one
+    round trip per table are worth their cost. Each assignment's unit ids go as one element of a text
+    array (`{"{1,2}","{3}"}`), cast per row: no link rows (see `UnitIdsField`). Elsewhere (the embedded
+    SQLite) the ORM does the same steps.
     """
     if not binds and not nodes:
         return
+    held: dict[int, list[int]] = defaultdict(list)  # task → unit ids, in bind order
+    for unit_id, task_id, _ in binds:
+        held[task_id].append(unit_id)
     if connection.vendor != "postgresql":
-        _write_placements_orm(binds=binds, nodes=nodes, assignments=assignments, cycle=cycle)
+        _write_placements_orm(binds=binds, nodes=nodes, assignments=assignments, held=held, cycle=cycle)
         return
     units = ComputeUnit._meta.db_table
     table = Assignment._meta.db_table
     with connection.cursor() as cursor:
-        # Assignment ids first (one round trip), so that the links need no join back to the new rows:
-        # joining on task id, the planner, seeing two `unnest`s of unknown size, may pick a nested loop.
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
-            [table, len(assignments)],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
-        assignment_of = {task: pk for pk, (task, _, _) in zip(ids, assignments, strict=True)}
         cursor.execute(
             f"WITH bound AS ("
             f"  UPDATE {units} AS u SET task_id = v.task, version = u.version + 1"
@@ -412,17 +408,14 @@ def _write_placements(
             f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
             "   RETURNING id"
             "), made AS ("
-            f"  INSERT INTO {table} (id, task_id, node_id, cycle_id, borrowed, created_at, release_reason)"
-            "   SELECT id, t, n, %(cycle)s, b, %(at)s, ''"
-            "   FROM unnest(%(a_id)s::bigint[], %(a_task)s::bigint[], %(a_node)s::bigint[],"
-            "   %(a_borrowed)s::boolean[]) AS a(id, t, n, b)"
-            "   RETURNING 1"
-            "), linked AS ("
-            f"  INSERT INTO {Assignment.units.through._meta.db_table} (assignment_id, computeunit_id)"
-            "   SELECT * FROM unnest(%(link)s::bigint[], %(unit)s::bigint[])"
+            f"  INSERT INTO {table}"
+            "   (task_id, node_id, cycle_id, borrowed, created_at, release_reason, unit_ids)"
+            "   SELECT t, n, %(cycle)s, b, %(at)s, '', h::bigint[]"
+            "   FROM unnest(%(a_task)s::bigint[], %(a_node)s::bigint[], %(a_borrowed)s::boolean[],"
+            "   %(a_units)s::text[]) AS a(t, n, b, h)"
             "   RETURNING 1"
             ") SELECT (SELECT count(*) FROM bound), (SELECT count(*) FROM raised),"
-            " (SELECT count(*) FROM made), (SELECT count(*) FROM linked)",
+            " (SELECT count(*) FROM made)",
             {
                 "unit": _int_array(b[0] for b in binds),
                 "task": _int_array(b[1] for b in binds),
@@ -432,15 +425,15 @@ def _write_placements(
                 # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
                 # simulated).
                 "at": timezone.now(),
-                "a_id": _int_array(ids),
                 "a_task": _int_array(a[0] for a in assignments),
                 "a_node": _int_array(a[1] for a in assignments),
                 "a_borrowed": _bool_array(a[2] for a in assignments),
-                "link": _int_array(assignment_of[b[1]] for b in binds),
+                # Elements are `{1,2}` quoted: digits, commas and braces only, so no escaping is needed.
+                "a_units": "{" + ",".join(f'"{_int_array(held[a[0]])}"' for a in assignments) + "}",
             },
         )
-        bound, _, made, linked = cursor.fetchone()
-    if bound != len(binds) or made != len(assignments) or linked != len(binds):
+        bound, _, made = cursor.fetchone()
+    if bound != len(binds) or made != len(assignments):
         raise Conflict(f"{len(binds) - bound} of {len(binds)} compute units were taken during the commit")
 
 
@@ -449,6 +442,7 @@ def _write_placements_orm(
     binds: Sequence[tuple[int, int, int]],
     nodes: set[int],
     assignments: Sequence[tuple[int, int, bool]],
+    held: dict[int, list[int]],
     cycle: Cycle,
 ) -> None:
     bound = 0
@@ -459,14 +453,10 @@ def _write_placements_orm(
     if bound != len(binds):
         raise Conflict(f"{len(binds) - bound} of {len(binds)} compute units were taken during the commit")
     Node.objects.filter(pk__in=nodes).update(version=F("version") + 1)
-    made = Assignment.objects.bulk_create(
-        [Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b) for t, n, b in assignments]
-    )
-    assignment_of = {a.task_id: a.pk for a in made}
-    Assignment.units.through.objects.bulk_create(
+    Assignment.objects.bulk_create(
         [
-            Assignment.units.through(assignment_id=assignment_of[task_id], computeunit_id=unit_id)
-            for unit_id, task_id, _ in binds
+            Assignment(task_id=t, node_id=n, cycle=cycle, borrowed=b, unit_ids=held[t])
+            for t, n, b in assignments
         ]
     )
 
