@@ -290,6 +290,9 @@ def run(args: argparse.Namespace) -> int:
         "goal_s": GOAL_S,
         "within_goal": cycle_s <= GOAL_S,
         "commit_phases_ms": cycle.stats.get("commit_phases_ms"),
+        # This process's CPU per step and commit phase: comparable on a loaded host, where wall is not.
+        "cpu_ms": cycle.stats.get("cpu_ms"),
+        "commit_phases_cpu_ms": cycle.stats.get("commit_phases_cpu_ms"),
         "fragmentation_before": cycle.stats.get("fragmentation_before"),
         "fragmentation_after": cycle.stats.get("fragmentation_after"),
         "baseline_engine_alone_s": round(engine_alone_s, 3),
