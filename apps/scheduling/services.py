@@ -10,12 +10,14 @@ retries it.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -526,6 +528,24 @@ def decision_input(snapshot: PoolSnapshot, mix: ShapeMix) -> Snapshot:
     return replace(snapshot.pure, cluster=replace(snapshot.pure.cluster, shape_mix=mix))
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold the cyclic garbage collector off for one cycle (it is enabled again after, if it was).
+
+    A cycle over a large pool allocates about a million short-lived objects (rows, requests, free units,
+    decisions), almost none in reference cycles: refcounting frees them, while the collector's young
+    passes would scan them over and over (measured: about an eighth of snapshot + decide CPU at 10,000
+    pending tasks). Whatever cyclic garbage one cycle makes waits until it ends.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _try_lock(pool_id: int) -> bool:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -574,7 +594,7 @@ def cycle_run(
     if local is not None and not local.acquire(blocking=False):
         return CycleReport(status="busy", pool_id=pool_id)
     try:
-        with transaction.atomic():
+        with gc_paused(), transaction.atomic():
             # 1. One cycle per pool at a time; the lock goes with the transaction.
             if lock and not _try_lock(pool_id):
                 return CycleReport(status="busy", pool_id=pool_id)
