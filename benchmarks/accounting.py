@@ -77,10 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             Task(tenant=tenant, queue=queue, pool=pool, priority=0, state=Task.State.SUCCEEDED)
             for _ in range(args.assignments)
         )
-        made = Assignment.objects.bulk_create(Assignment(task=task, node=node) for task in tasks)
-        Assignment.units.through.objects.bulk_create(
-            Assignment.units.through(assignment_id=a.pk, computeunit_id=units[i % len(units)])
-            for i, a in enumerate(made)
+        Assignment.objects.bulk_create(
+            Assignment(task=task, node=node, unit_ids=[units[i % len(units)]]) for i, task in enumerate(tasks)
         )
         with connection.cursor() as cursor:
             cursor.execute(

@@ -8,7 +8,7 @@ units; an assignment is charged for what its units are, not for what the task as
 - a MIG instance is its compute slices over the GPU's 7 (a 3g.40gb instance of an H100 80 GB is 3/7);
 - an MPS share or a time slice is its `gpu_milli` / 1000 (a 300-milli MPS share is 0.3).
 
-Links to units a re-carve deleted are read from `HeldUnit` (see there), so history survives re-carves.
+Units a re-carve deleted are read from `HeldUnit` (see there), so history survives re-carves.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from django.db import connection
 
 from apps.accounting.models import Budget, HeldUnit
 from apps.inventory.models import ComputeUnit, Gpu, Pool
+from apps.scheduling.fields import unit_ids_sql
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import Access
@@ -50,20 +51,21 @@ def unit_fraction(*, kind: str, mig_profile: str, gpu_milli: int) -> float:
 
 
 def _held_sources() -> list[tuple[str, str, str]]:
-    """(joins from `a`, GPU model, fraction) for the two places an assignment's units are read from: its
-    live unit links, and the copies `HeldUnit` keeps of links a re-carve deleted.
+    """(joins from `a`, GPU model, fraction) for the two places an assignment's units are read from: the
+    unit ids in its row, and the copies `HeldUnit` keeps of units a re-carve deleted.
 
-    Two branches of a UNION ALL, each joined from the filtered assignments: a union of all links joined
-    afterwards makes PostgreSQL read every link ever made (measured: 0.5 s at 50,000 assignments).
+    Two branches of a UNION ALL, each joined from the filtered assignments: a union of both sources joined
+    afterwards makes PostgreSQL read every source row ever made (measured: 0.5 s at 50,000 assignments).
     """
     slices = sorted({p.compute_slices for table in MIG_TABLES.values() for p in table})
     # A MIG profile's name starts with its compute slices ("3g.40gb", "1g.10gb+me"); `%%` is a literal %.
     mig = " ".join(f"WHEN u.mig_profile LIKE '{n}g.%%' THEN {n}" for n in slices)
-    through = Assignment.units.through._meta.db_table
     units, gpus = ComputeUnit._meta.db_table, Gpu._meta.db_table
+    # One row per id in the assignment's `unit_ids`; an id whose unit a re-carve deleted joins nothing
+    # (its share is in `HeldUnit`), as a link row deleted with its unit used to.
+    held, unit_id = unit_ids_sql("a.unit_ids", connection.vendor)
     live = (
-        f"JOIN {through} l ON l.assignment_id = a.id JOIN {units} u ON u.id = l.computeunit_id"
-        f" JOIN {gpus} g ON g.id = u.gpu_id",
+        f"CROSS JOIN {held} JOIN {units} u ON u.id = {unit_id} JOIN {gpus} g ON g.id = u.gpu_id",
         "g.model",
         f"CASE WHEN u.kind = 'mig' THEN (CASE {mig} END) / {float(COMPUTE_SLICES)}"
         " ELSE u.gpu_milli / 1000.0 END",

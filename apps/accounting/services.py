@@ -8,7 +8,7 @@ from django.db import transaction
 
 from apps.accounting.models import Budget, BudgetChange, HeldUnit
 from apps.accounting.selectors import unit_fraction
-from apps.inventory.models import Pool
+from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
 from apps.workloads.models import Quota
@@ -44,18 +44,33 @@ def budget_set(*, tenant: Tenant, pool: Pool, gpu_hours: float, reason: str, by:
 
 def held_units_keep(*, gpu_id: int) -> int:
     """Copy what each finished assignment held on `gpu_id`'s free units before they are deleted (a
-    re-carve); returns how many links were copied. Runs inside the re-carving transaction."""
-    through = Assignment.units.through
-    links = through.objects.filter(computeunit__gpu_id=gpu_id, computeunit__task__isnull=True).values_list(
-        "assignment_id", "computeunit__gpu__model", "computeunit__kind", "computeunit__mig_profile",
-        "computeunit__gpu_milli",
-    )  # fmt: skip
+    re-carve); returns how many (assignment, unit) pairs were copied. Runs inside the re-carving
+    transaction.
+
+    The assignments are found by the GPU's node (indexed) and matched to the units in Python: a re-carve
+    is rare, and an index over every assignment's unit ids would cost every cycle's insert.
+    """
+    units = {
+        pk: (model, kind, profile, milli)
+        for pk, model, kind, profile, milli in ComputeUnit.objects.filter(
+            gpu_id=gpu_id, task__isnull=True
+        ).values_list("pk", "gpu__model", "kind", "mig_profile", "gpu_milli")
+    }
+    if not units:
+        return 0
+    node_id = Gpu.objects.filter(pk=gpu_id).values_list("node_id", flat=True).get()
     made = HeldUnit.objects.bulk_create(
         HeldUnit(
             assignment_id=assignment_id,
-            gpu_model=model,
-            fraction=unit_fraction(kind=kind, mig_profile=profile, gpu_milli=milli),
+            gpu_model=units[unit_id][0],
+            fraction=unit_fraction(
+                kind=units[unit_id][1], mig_profile=units[unit_id][2], gpu_milli=units[unit_id][3]
+            ),
         )
-        for assignment_id, model, kind, profile, milli in links
+        for assignment_id, unit_ids in Assignment.objects.filter(node_id=node_id)
+        .order_by("pk")
+        .values_list("pk", "unit_ids")
+        for unit_id in unit_ids
+        if unit_id in units
     )
     return len(made)

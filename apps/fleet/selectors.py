@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F, Max, Min, Prefetch, Value, prefetch_related_objects
+from django.db.models import F, Max, Min, Value, prefetch_related_objects
 from django.db.models.functions import Coalesce
 
 from apps.fleet.models import GpuPartition, GpuSample, TaskRun
@@ -121,6 +122,20 @@ def _spec(
     )
 
 
+def _units_of(assignments: Iterable[Assignment]) -> dict[int, list[ComputeUnit]]:
+    """Assignment id → the units it holds that still exist, GPUs loaded, in the units' own order (GPU,
+    id: the first unit's GPU is device 0); one query, none when no assignment holds a unit."""
+    rows = list(assignments)
+    wanted = {unit_id for a in rows for unit_id in a.unit_ids}
+    if not wanted:
+        return {}
+    by_id = {u.pk: u for u in ComputeUnit.objects.select_related("gpu").filter(pk__in=wanted)}
+    return {
+        a.pk: sorted((by_id[u] for u in a.unit_ids if u in by_id), key=lambda u: (u.gpu_id, u.pk))
+        for a in rows
+    }
+
+
 def desired_state_build(
     *,
     node: Node,
@@ -151,13 +166,13 @@ def desired_state_build(
         gpus = node_gpus(node=node)
     layouts = tuple(_layout(gpu) for gpu in gpus)
     # 2. Live assignments with their tasks and units (two queries).
-    unit_query = ComputeUnit.objects.select_related("gpu")
     if live is None:
         live = list(
-            Assignment.objects.filter(node=node, released_at__isnull=True, task__state__in=RUNNABLE)
-            .select_related("task")
-            .prefetch_related(Prefetch("units", queryset=unit_query))
+            Assignment.objects.filter(
+                node=node, released_at__isnull=True, task__state__in=RUNNABLE
+            ).select_related("task")
         )
+    units_of = _units_of(live)
     # 3. Runs the agent last said are alive that are not the live attempt here: cancelled, preempted,
     # requeued (perhaps handed back to this very node as a new attempt). Their units come from the
     # task's latest released assignment here (two or three queries).
@@ -178,16 +193,16 @@ def desired_state_build(
             node=node, released_at__gte=horizon, task_id__in={task_id for task_id, _ in alive}
         )
         .select_related("task")
-        .prefetch_related(Prefetch("units", queryset=unit_query))
         .order_by("task_id", "-released_at")
     )
     for assignment in stopping_query if alive else ():  # none to stop: not even compiled
         released.setdefault(assignment.task_id, assignment)
+    units_of.update(_units_of(released.values()))
     specs: dict[tuple[int, int], p.TaskSpec] = {}
     busy_unit_ids: set[int] = set()
     for task_id, attempt in alive:
         stopping = released.get(task_id)
-        units = list(stopping.units.all()) if stopping is not None else []
+        units = units_of.get(stopping.pk, []) if stopping is not None else []
         if stopping is None or not units:
             continue
         specs[(task_id, attempt)] = _spec(
@@ -195,7 +210,7 @@ def desired_state_build(
         )
         busy_unit_ids |= {u.pk for u in units}
     for assignment in live:
-        units = list(assignment.units.all())
+        units = units_of.get(assignment.pk, [])
         key = (assignment.task_id, assignment.task.attempts)
         if not units or (key not in started and busy_unit_ids & {u.pk for u in units}):
             continue

@@ -26,4 +26,4 @@ class AssignmentAdmin(admin.ModelAdmin):
     list_display = ["task", "node", "borrowed", "created_at", "released_at", "release_reason"]
     list_filter = ["borrowed"]
     raw_id_fields = ["task", "cycle"]
-    filter_horizontal = ["units"]
+    readonly_fields = ["unit_ids"]  # written by the cycle only

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 
 from apps.inventory.models import ComputeUnit, Node, Pool
+from apps.scheduling.fields import UnitIdsField
 from apps.workloads.models import Task
 
 
@@ -56,7 +57,9 @@ class Assignment(models.Model):
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="assignments")
-    units = models.ManyToManyField(ComputeUnit, related_name="assignments")
+    # The compute units held, by id (a list in the row, not a link table: see `UnitIdsField` for why).
+    # Ids of units a re-carve has since deleted stay here; their history is in `accounting.HeldUnit`.
+    unit_ids = UnitIdsField(default=list, blank=True)
     cycle = models.ForeignKey(
         Cycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="assignments"
     )
@@ -79,6 +82,11 @@ class Assignment(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} on node {self.node_id}"
+
+    @property
+    def units(self) -> models.QuerySet[ComputeUnit]:
+        """The units held that still exist, in the units' own order (gpu, id)."""
+        return ComputeUnit.objects.filter(pk__in=self.unit_ids)
 
 
 class Repartition(models.Model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -14,6 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
@@ -862,9 +864,15 @@ def tasks_transition_bulk(
     }
     if to_state == Task.State.RUNNING:
         updates["started_at"] = now
+    postgres = connection.vendor == "postgresql"
     with transaction.atomic():
         for version, pks in by_version.items():
-            moved = Task.objects.filter(pk__in=pks, state=from_state, version=version).update(**updates)
+            # On PostgreSQL the ids go as one array literal: thousands of IN placeholders cost the client
+            # more CPU (query text, adaptation) than the UPDATE costs the server.
+            ids: Any = RawSQL("SELECT unnest(%s::bigint[])", ["{" + ",".join(map(str, pks)) + "}"])
+            moved = Task.objects.filter(
+                pk__in=ids if postgres else pks, state=from_state, version=version
+            ).update(**updates)
             if moved != len(pks):
                 raise Conflict(
                     f"{len(pks) - moved} of {len(pks)} tasks changed while the scheduler moved them"
@@ -874,15 +882,21 @@ def tasks_transition_bulk(
             for pk, _ in tasks
             for (before, after), reason in zip(pairwise(states), reasons[pk], strict=True)
         ]
-        if connection.vendor == "postgresql":
-            # Thousands of events per cycle: one INSERT … SELECT FROM unnest, no model instances.
+        if postgres:
+            # Thousands of events per cycle: one INSERT … SELECT, no model instances. The rows go as one
+            # JSON document (json.dumps runs in C; psycopg dumps a list of strings element by element).
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"INSERT INTO {TaskEvent._meta.db_table} "
                     "(task_id, from_state, to_state, reason, actor, created_at) "
-                    "SELECT *, %s, %s FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[])",
+                    "SELECT v.t, v.f, v.s, v.r, %s, %s "
+                    "FROM jsonb_to_recordset(%s::jsonb) AS v(t bigint, f text, s text, r text)",
                     # created_at is when the event is written, as auto_now_add would set it.
-                    [actor, timezone.now(), *(list(column) for column in zip(*events, strict=True))],
+                    [
+                        actor,
+                        timezone.now(),
+                        json.dumps([{"t": t, "f": b, "s": a, "r": r} for t, b, a, r in events]),
+                    ],
                 )
         else:
             TaskEvent.objects.bulk_create(

@@ -70,8 +70,7 @@ def held(
             gpu_milli=1000 if all(u.gpu_milli == 1000 for u in units) else min(u.gpu_milli for u in units),
             state=state,
         )
-    assignment = Assignment.objects.create(task=task, node=units[0].gpu.node)
-    assignment.units.set(units)
+    assignment = Assignment.objects.create(task=task, node=units[0].gpu.node, unit_ids=[u.pk for u in units])
     # created_at is auto_now_add: the start is written after.
     Assignment.objects.filter(pk=assignment.pk).update(
         created_at=start, released_at=end, release_reason="finished" if end else ""

@@ -18,8 +18,7 @@ def assign(task: Any, node: Any, units: Iterable[Any]) -> Any:
     units = list(units)
     task_transition(task=task, to_state=Task.State.ADMITTED, actor="scheduler", reason="admitted (test)")
     task_transition(task=task, to_state=Task.State.ASSIGNED, actor="scheduler", reason="placed (test)")
-    assignment = Assignment.objects.create(task=task, node=node)
-    assignment.units.set(units)
+    assignment = Assignment.objects.create(task=task, node=node, unit_ids=[u.pk for u in units])
     for unit in units:
         type(unit).objects.filter(pk=unit.pk).update(task=task)
     task.refresh_from_db()

@@ -15,9 +15,7 @@ LIVE = {Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING}
 def violations(pool_id: int) -> list[str]:
     found: list[str] = []
     tasks = {t.pk: t for t in Task.objects.filter(pool_id=pool_id)}
-    live = Assignment.objects.filter(released_at__isnull=True, node__pool_id=pool_id).prefetch_related(
-        "units"
-    )
+    live = Assignment.objects.filter(released_at__isnull=True, node__pool_id=pool_id)
     live_by_task: dict[int, list[Assignment]] = defaultdict(list)
     for assignment in live:
         live_by_task[assignment.task_id].append(assignment)
@@ -33,6 +31,8 @@ def violations(pool_id: int) -> list[str]:
     # Units: held exactly by the task whose live assignment lists them; a GPU never gives more than it has.
     held_by: dict[int, int] = {}
     for task_id, rows in live_by_task.items():
+        if len(set(rows[0].unit_ids)) != len(rows[0].unit_ids):
+            found.append(f"task {task_id}'s assignment lists a unit twice: {rows[0].unit_ids}")
         for unit in rows[0].units.all():
             if unit.pk in held_by:
                 found.append(f"unit {unit.pk} is in the assignments of {held_by[unit.pk]} and {task_id}")
