@@ -140,13 +140,14 @@ class Engine:
         stale = stale[possible]
         # 3. Score the rest. A node-pure policy scores each distinct node state once (one node stands
         #    for its class, through the request's memo kept across cycles) and numpy spreads the score.
-        score_node = self.policy.score_node
+        score_nodes = self.policy.score_nodes
         if not self.policy.node_pure:
-            scored: list[float] = []
             devices_of = cache.devices
-            for n in stale.tolist():
-                value, devices_of[n] = score_node(n, req)
+            scored: list[float] = []
+            order = stale.tolist()
+            for n, (value, devices) in zip(order, score_nodes(order, req), strict=True):
                 scored.append(value)
+                devices_of[n] = devices
             cache.scores[stale] = scored
             return cache
         # 4. Classes this request has met before are one gather; only new ones are scored, each once.
@@ -163,12 +164,15 @@ class Engine:
         values = known[classes]
         missing = np.flatnonzero(np.isnan(values))
         if len(missing):
+            # One node per new class (its first stale one) is scored; the scores go back in one store.
+            new_classes, first = np.unique(classes[missing], return_index=True)
             class_devices = cache.class_devices
-            for cls, n in zip(classes[missing].tolist(), stale[missing].tolist(), strict=True):
-                if known[cls] == known[cls]:  # scored already in this sweep (a NaN is unequal to itself)
-                    continue
-                value, class_devices[cls] = score_node(n, req)
-                known[cls] = value
+            class_values: list[float] = []
+            choices = score_nodes(stale[missing[first]].tolist(), req)
+            for cls, (value, devices) in zip(new_classes.tolist(), choices, strict=True):
+                class_values.append(value)
+                class_devices[cls] = devices
+            known[new_classes] = class_values
             values = known[classes]
         cache.scores[stale] = values
         cache.classes[stale] = classes

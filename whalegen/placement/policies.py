@@ -83,6 +83,11 @@ class Policy:
             return NEG_INF, ()
         return self.score(n, req, devices)
 
+    def score_nodes(self, nodes: list[int], req: Request) -> list[Choice]:
+        """`score_node` for each of `nodes`, in that order (the engine scores a request's stale nodes in
+        one call, so a policy can read what depends only on the request once per sweep)."""
+        return [self.score_node(n, req) for n in nodes]
+
     def device_threshold(self, req: Request) -> int:
         """Free milli a device of a shared-mode node needs before `score` can give the node a finite
         score (the engine's numpy pre-filter drops the other nodes without scoring them)."""
