@@ -37,11 +37,12 @@ class ScoreCache:
     current); other policies keep one choice per node.
     """
 
-    __slots__ = ("class_devices", "class_scores", "classes", "devices", "scores", "versions")
+    __slots__ = ("class_devices", "class_scores", "classes", "devices", "log_position", "scores", "versions")
 
     def __init__(self, size: int) -> None:
         self.scores = np.full(size, NEG_INF)
         self.versions = np.full(size, -1, np.int64)
+        self.log_position = -1  # the state's change count when last brought up to date (-1: never)
         self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
         self.classes = np.full(size, -1, np.int64)
         # The request's memo over node state classes, kept across cycles: the score of every class

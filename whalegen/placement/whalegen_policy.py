@@ -501,15 +501,23 @@ class WhalegenPolicy(Policy):
         best node overall when there is none."""
         cache = scores()
         state = self.state
+        best = int(np.argmax(cache.scores))
+        if cache.scores[best] == NEG_INF:
+            return None
+        # The first best node overall is also the first best among sparing ones when it spares (one
+        # that came before it would have been the first best overall): the mask is only needed otherwise.
+        if (
+            state.cpu_free[best] - req.cpu_milli >= self.reserved_cpu[best]
+            and state.mem_free[best] - req.mem_mib >= self.reserved_mem[best]
+        ):
+            return best, cache.devices_of(best)
         spare = (state.np_cpu_free - req.cpu_milli >= self.reserved_cpu) & (
             state.np_mem_free - req.mem_mib >= self.reserved_mem
         )
         masked = np.where(spare, cache.scores, NEG_INF)
         n = int(np.argmax(masked))
         if masked[n] == NEG_INF:
-            n = int(np.argmax(cache.scores))
-            if cache.scores[n] == NEG_INF:
-                return None
+            n = best
         return n, cache.devices_of(n)
 
     def _open_planned(
@@ -520,24 +528,39 @@ class WhalegenPolicy(Policy):
         size = req.gpu_milli
         cache = scores()
         state = self.state
-        feasible = cache.scores > NEG_INF
-        if not feasible.any():
+        best = int(np.argmax(cache.scores))
+        if cache.scores[best] == NEG_INF:
             return None
-        cpu_after = state.np_cpu_free - req.cpu_milli
-        mem_after = state.np_mem_free - req.mem_mib
+        # What the first best node overall keeps after the share; when it can start a pattern's waiting
+        # shares it is that pattern's node (see `_select_sparing`), and the masks over all nodes are
+        # built only for a pattern it cannot serve.
+        best_cpu = state.cpu_free[best] - req.cpu_milli
+        best_mem = state.mem_free[best] - req.mem_mib
         if self.spare:
-            cpu_after = cpu_after - self.reserved_cpu
-            mem_after = mem_after - self.reserved_mem
+            best_cpu -= int(self.reserved_cpu[best])
+            best_mem -= int(self.reserved_mem[best])
+        after: tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
         # Patterns in order of how far the GPUs opened with them lag behind the plan's rate.
         ordered = sorted(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
         for j, _ in ordered:
             waiting = _without(self.plan.patterns[j], size)
             need_cpu = sum(self.expected_request[t][0] for t in waiting)
             need_mem = sum(self.expected_request[t][1] for t in waiting)
-            mask = feasible & (cpu_after >= need_cpu) & (mem_after >= need_mem)
-            if not mask.any():
-                continue
-            n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
+            if best_cpu >= need_cpu and best_mem >= need_mem:
+                n = best
+            else:
+                if after is None:
+                    cpu_after = state.np_cpu_free - req.cpu_milli
+                    mem_after = state.np_mem_free - req.mem_mib
+                    if self.spare:
+                        cpu_after = cpu_after - self.reserved_cpu
+                        mem_after = mem_after - self.reserved_mem
+                    after = (cache.scores > NEG_INF, cpu_after, mem_after)
+                feasible, cpu_after, mem_after = after
+                mask = feasible & (cpu_after >= need_cpu) & (mem_after >= need_mem)
+                if not mask.any():
+                    continue
+                n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
             devices = cache.devices_of(n)
             d = devices[0]
             if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
@@ -548,8 +571,7 @@ class WhalegenPolicy(Policy):
             self.opened[j] += 1
             self.opening = (n * self.width + d, waiting, size)  # starts waiting when the share lands
             return n, devices
-        n = int(np.argmax(cache.scores))
-        return n, cache.devices_of(n)
+        return best, cache.devices_of(best)
 
     def _adopt(self, n: int, d: int, free: int) -> None:
         s = self.state
