@@ -281,6 +281,7 @@ class WhalegenPolicy(Policy):
         before_value, frag_memo, cuts = self.before_value, self.frag_memo, self.cuts
         strand, cpu_per_milli, mem_per_milli = self.strand, self.cpu_per_milli, self.mem_per_milli
         pressure = self.pressure
+        extras: dict[str | None, float] = {}  # per model: the scarcity term, the same for every node
         exp = math.exp
         out: list[Choice] = []
         for n in nodes:
@@ -325,18 +326,22 @@ class WhalegenPolicy(Policy):
             if after is None:
                 after = frag_memo[key] = self._shape_part(model, cpu, mem, ordered, idle)
             if strand and idle:
+                # `min(reachable, x)` written out: it keeps `reachable` unless x is smaller, as `min` does.
                 reachable = float(idle)
-                if cpu_per_milli:
-                    reachable = min(reachable, cpu / cpu_per_milli)
-                if mem_per_milli:
-                    reachable = min(reachable, mem / mem_per_milli)
+                if cpu_per_milli and (fed := cpu / cpu_per_milli) < reachable:
+                    reachable = fed
+                if mem_per_milli and (fed := mem / mem_per_milli) < reachable:
+                    reachable = fed
                 after += idle - reachable
             # `_value(after − _before(n), req, model)`:
             before = before_value[n]
             if before is None:
                 before = before_value[n] = self.frag(model, cpu_free[n], mem_free[n], gpu_free[n])
             delta = after - before
-            delta += pressure.get(model, 0.0) * num_gpu * milli
+            extra = extras.get(model)
+            if extra is None:
+                extra = extras[model] = pressure.get(model, 0.0) * num_gpu * milli
+            delta += extra
             x = delta / 1000
             out.append(((0.0 if x > 700 else float(int(100 / (1 + exp(x))))), chosen))
         return out
