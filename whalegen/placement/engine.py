@@ -39,6 +39,9 @@ from whalegen.placement.types import (
 # Class scores kept over all requests (8 bytes each); dropped when exceeded so a long-lived engine stays
 # bounded (about the memory the earlier dict memo of a million entries took).
 MEMO_LIMIT = 16_000_000
+# A score cache reads the change log when it names at most 1/LOG_READ_FRACTION of the nodes (a Python
+# pass over that many entries costs about one numpy sweep of all versions).
+LOG_READ_FRACTION = 16
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,20 @@ class Engine:
             cache = ScoreCache(len(state))
             self.caches[req] = cache
             self.allowed[req] = state.allowed_mask(req)
-        # 1. Only nodes that changed since this request was last scored need a look.
-        stale = np.flatnonzero(cache.versions != state.version)
-        if len(stale) == 0:
-            return cache
+        # 1. Only nodes that changed since this request was last scored need a look. When few changes
+        #    happened since, the state's change log names them (ascending, as a sweep would); otherwise
+        #    one sweep compares every node's version. Both give the same nodes.
+        log = state.change_log
+        start = cache.log_position - state.log_start
+        cache.log_position = state.log_start + len(log)
+        if start >= 0 and (len(log) - start) * LOG_READ_FRACTION <= len(state):
+            if start == len(log):
+                return cache
+            stale = np.array(sorted(set(log[start:])), np.int64)
+        else:
+            stale = np.flatnonzero(cache.versions != state.version)
+            if len(stale) == 0:
+                return cache
         cache.versions[stale] = state.version[stale]
         # 2. A numpy pre-filter drops nodes that surely cannot host the request (model, CPU, memory and,
         #    for shared-mode nodes, free milli); most stale nodes late in a run are full ones.
@@ -140,13 +153,14 @@ class Engine:
         stale = stale[possible]
         # 3. Score the rest. A node-pure policy scores each distinct node state once (one node stands
         #    for its class, through the request's memo kept across cycles) and numpy spreads the score.
-        score_node = self.policy.score_node
+        score_nodes = self.policy.score_nodes
         if not self.policy.node_pure:
-            scored: list[float] = []
             devices_of = cache.devices
-            for n in stale.tolist():
-                value, devices_of[n] = score_node(n, req)
+            scored: list[float] = []
+            order = stale.tolist()
+            for n, (value, devices) in zip(order, score_nodes(order, req), strict=True):
                 scored.append(value)
+                devices_of[n] = devices
             cache.scores[stale] = scored
             return cache
         # 4. Classes this request has met before are one gather; only new ones are scored, each once.
@@ -163,12 +177,15 @@ class Engine:
         values = known[classes]
         missing = np.flatnonzero(np.isnan(values))
         if len(missing):
-            class_devices = cache.class_devices
+            # One node per new class (its first stale one) is scored; the scores go back in one store.
+            first: dict[int, int] = {}
             for cls, n in zip(classes[missing].tolist(), stale[missing].tolist(), strict=True):
-                if known[cls] == known[cls]:  # scored already in this sweep (a NaN is unequal to itself)
-                    continue
-                value, class_devices[cls] = score_node(n, req)
-                known[cls] = value
+                first.setdefault(cls, n)
+            choices = score_nodes(list(first.values()), req)
+            class_devices = cache.class_devices
+            for cls, (_, devices) in zip(first, choices, strict=True):
+                class_devices[cls] = devices
+            known[list(first)] = [value for value, _ in choices]
             values = known[classes]
         cache.scores[stale] = values
         cache.classes[stale] = classes

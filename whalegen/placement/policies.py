@@ -37,11 +37,12 @@ class ScoreCache:
     current); other policies keep one choice per node.
     """
 
-    __slots__ = ("class_devices", "class_scores", "classes", "devices", "scores", "versions")
+    __slots__ = ("class_devices", "class_scores", "classes", "devices", "log_position", "scores", "versions")
 
     def __init__(self, size: int) -> None:
         self.scores = np.full(size, NEG_INF)
         self.versions = np.full(size, -1, np.int64)
+        self.log_position = -1  # the state's change count when last brought up to date (-1: never)
         self.devices: list[tuple[int, ...]] = [() for _ in range(size)]
         self.classes = np.full(size, -1, np.int64)
         # The request's memo over node state classes, kept across cycles: the score of every class
@@ -82,6 +83,11 @@ class Policy:
         if devices is None:
             return NEG_INF, ()
         return self.score(n, req, devices)
+
+    def score_nodes(self, nodes: list[int], req: Request) -> list[Choice]:
+        """`score_node` for each of `nodes`, in that order (the engine scores a request's stale nodes in
+        one call, so a policy can read what depends only on the request once per sweep)."""
+        return [self.score_node(n, req) for n in nodes]
 
     def device_threshold(self, req: Request) -> int:
         """Free milli a device of a shared-mode node needs before `score` can give the node a finite

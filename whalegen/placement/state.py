@@ -168,6 +168,12 @@ class ClusterState:
         count = len(nodes)
         width = max(self.gpu_count, default=0)
         self.version = np.zeros(count, np.int64)
+        # Every node change in order (`change_log[i]` is change `log_start + i`): a score cache that
+        # last looked a few changes ago reads the nodes to redo here instead of comparing every node's
+        # version. Only the recent part is kept; an older reader compares versions.
+        self.change_log: list[int] = []
+        self.log_start = 0
+        self.log_limit = max(4096, 4 * count)
         # numpy mirrors for whole-cluster sweeps (selection and explanations); -1 marks "no device".
         self.np_cpu_free = np.array(self.cpu_free, np.int64)
         self.np_mem_free = np.array(self.mem_free, np.int64)
@@ -392,6 +398,12 @@ class ClusterState:
             del self.bindings[binding.task_id]
         self.version[n] += 1
         self.changes += 1
+        log = self.change_log
+        log.append(n)
+        if len(log) > self.log_limit:
+            dropped = len(log) // 2
+            del log[:dropped]
+            self.log_start += dropped
         key = self._key(n)
         self.node_key[n] = key
         self.class_id[n] = self._class_of(key)

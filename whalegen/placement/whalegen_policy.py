@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import math
 import random
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import numpy.typing as npt
@@ -148,15 +149,16 @@ class WhalegenPolicy(Policy):
                 for _, cpu_m, mem_m, k in rows:
                     if k == 1 and milli < WHOLE_GPU_MILLI:
                         self.share_requests.setdefault((model, milli), []).append((cpu_m, mem_m))
+        self.frag_memo: dict[tuple[object, ...], float] = {}
+        # Each node's measure as it is (None: not computed since its last change; see `_before`).
+        self.before_value: list[float | None] = [None] * len(state)
         for n in range(len(state)):
             self._reindex(n)
         state.listeners.append(self._reindex)
-        self.frag_memo: dict[tuple[object, ...], float] = {}
-        self.before_version = [-1] * len(state)
-        self.before_value = [0.0] * len(state)
 
     def _reindex(self, n: int) -> None:
         s = self.state
+        self.before_value[n] = None  # the node changed: its measure is recomputed when next asked
         registered = self.registered[n]
         for d, free in enumerate(s.gpu_free[n]):
             gap = free if 0 < free < WHOLE_GPU_MILLI and s.modes[n][d] is PartitionMode.SHARED else 0
@@ -226,14 +228,14 @@ class WhalegenPolicy(Policy):
     ) -> float:
         base, groups = self.groups[model]
         value = base * idle
+        count = len(ordered)
+        # `ordered` is sorted, so per GPU size the devices too small for it are a prefix: one bisection
+        # and a prefix sum instead of a pass over the devices per size (integers: the same figures).
+        prefix = [0, *accumulate(ordered)]
         for milli, rows in groups:
-            fitting = 0
-            small = 0
-            for g in ordered:
-                if g >= milli:
-                    fitting += 1
-                else:
-                    small += g
+            small_devices = bisect_left(ordered, milli)
+            fitting = count - small_devices
+            small = prefix[small_devices]
             for weight, cpu_m, mem_m, k in rows:
                 if cpu < cpu_m or mem < mem_m or fitting < k:
                     value += weight * idle
@@ -246,58 +248,103 @@ class WhalegenPolicy(Policy):
         return float(fgd_score(delta))
 
     def _before(self, n: int) -> float:
-        """The node's measure as it is: the same for every request until the node changes (per version)."""
-        version = int(self.state.version[n])
-        if self.before_version[n] == version:
-            return self.before_value[n]
-        s = self.state
-        before = self.frag(s.models[n], s.cpu_free[n], s.mem_free[n], s.gpu_free[n])
-        self.before_version[n] = version
-        self.before_value[n] = before
+        """The node's measure as it is: the same for every request until the node changes (every change
+        reaches `_reindex`, which forgets it)."""
+        before = self.before_value[n]
+        if before is None:
+            s = self.state
+            before = self.frag(s.models[n], s.cpu_free[n], s.mem_free[n], s.gpu_free[n])
+            self.before_value[n] = before
         return before
 
     def score_node(self, n: int, req: Request) -> Choice:
+        return self.score_nodes([n], req)[0]
+
+    def score_nodes(self, nodes: list[int], req: Request) -> list[Choice]:
         """`score` after the engine's filter, in one step for the common case: a node of shared-mode
         GPUs and no GPU-memory bound (every node of the trace clusters), where feasibility is CPU,
         memory, model and free milli, and the candidate device is fixed (see `score`). It is the
-        engine's innermost call (about 850,000 times on the 5,000-node bench), so `frag` and `_value`
-        are written out here; the property test holds it to the generic path."""
+        engine's innermost loop (about 850,000 node scorings on the 5,000-node bench), so `frag`,
+        `_before` and `_value` are written out here, and what depends only on the request is read once
+        per sweep; the property test holds it to the generic path. Every float operation is the one
+        `frag` and `_value` make, in their order, so the scores are the same to the last bit."""
         s = self.state
         num_gpu = req.num_gpu
-        share = num_gpu == 1 and req.gpu_milli < WHOLE_GPU_MILLI
-        if not s.plain[n] or req.gpu_mem_mib or (share and not self.sumsq):
-            return super().score_node(n, req)
-        cpu = s.cpu_free[n] - req.cpu_milli
-        mem = s.mem_free[n] - req.mem_mib
-        if not s.schedulable[n] or cpu < 0 or mem < 0:
-            return NEG_INF, ()
-        model = s.models[n]
-        if num_gpu and req.allowed_models and (model is None or model not in req.allowed_models):
-            return NEG_INF, ()
-        gpus = s.gpu_free[n]
-        chosen: tuple[int, ...] = ()
-        if num_gpu:
-            if req.isolation is Isolation.MIG:
-                return NEG_INF, ()
-            if share:
-                # Partly used GPUs are offered through the gap index: per node only the first fresh one.
-                if WHOLE_GPU_MILLI not in gpus:
-                    return NEG_INF, ()
-                chosen = (gpus.index(WHOLE_GPU_MILLI),)
-            else:
-                milli = req.gpu_milli
-                chosen = tuple([d for d, free in enumerate(gpus) if free >= milli][:num_gpu])
-                if len(chosen) < num_gpu:
-                    return NEG_INF, ()
-            gpus = list(gpus)
-            for d in chosen:
-                gpus[d] -= req.gpu_milli
-        after = self.frag(model, cpu, mem, gpus)
-        # `_value(after − before, req, model)`:
-        delta = after - self._before(n)
-        delta += self.pressure.get(model, 0.0) * num_gpu * req.gpu_milli
-        x = delta / 1000
-        return (0.0 if x > 700 else float(int(100 / (1 + math.exp(x))))), chosen
+        milli = req.gpu_milli
+        share = num_gpu == 1 and milli < WHOLE_GPU_MILLI
+        generic = bool(req.gpu_mem_mib) or (share and not self.sumsq)
+        mig_only = bool(num_gpu) and req.isolation is Isolation.MIG
+        allowed = req.allowed_models if num_gpu else frozenset()
+        req_cpu, req_mem = req.cpu_milli, req.mem_mib
+        plain, schedulable, models = s.plain, s.schedulable, s.models
+        cpu_free, mem_free, gpu_free = s.cpu_free, s.mem_free, s.gpu_free
+        before_value, frag_memo, cuts = self.before_value, self.frag_memo, self.cuts
+        strand, cpu_per_milli, mem_per_milli = self.strand, self.cpu_per_milli, self.mem_per_milli
+        pressure = self.pressure
+        extras: dict[str | None, float] = {}  # per model: the scarcity term, the same for every node
+        exp = math.exp
+        out: list[Choice] = []
+        for n in nodes:
+            if generic or not plain[n]:
+                out.append(super().score_node(n, req))
+                continue
+            cpu = cpu_free[n] - req_cpu
+            mem = mem_free[n] - req_mem
+            if not schedulable[n] or cpu < 0 or mem < 0:
+                out.append((NEG_INF, ()))
+                continue
+            model = models[n]
+            if allowed and (model is None or model not in allowed):
+                out.append((NEG_INF, ()))
+                continue
+            gpus = gpu_free[n]
+            chosen: tuple[int, ...] = ()
+            if num_gpu:
+                if mig_only:
+                    out.append((NEG_INF, ()))
+                    continue
+                if share:
+                    # Partly used GPUs are offered through the gap index: per node only the first fresh one.
+                    if WHOLE_GPU_MILLI not in gpus:
+                        out.append((NEG_INF, ()))
+                        continue
+                    chosen = (gpus.index(WHOLE_GPU_MILLI),)
+                else:
+                    chosen = tuple([d for d, free in enumerate(gpus) if free >= milli][:num_gpu])
+                    if len(chosen) < num_gpu:
+                        out.append((NEG_INF, ()))
+                        continue
+                gpus = list(gpus)
+                for d in chosen:
+                    gpus[d] -= milli
+            # `frag(model, cpu, mem, gpus)`:
+            ordered = tuple(sorted(gpus))
+            idle = sum(ordered)
+            cpu_cuts, mem_cuts = cuts[model]
+            key = (model, bisect_right(cpu_cuts, cpu), bisect_right(mem_cuts, mem), ordered)
+            after = frag_memo.get(key)
+            if after is None:
+                after = frag_memo[key] = self._shape_part(model, cpu, mem, ordered, idle)
+            if strand and idle:
+                # `min(reachable, x)` written out: it keeps `reachable` unless x is smaller, as `min` does.
+                reachable = float(idle)
+                if cpu_per_milli and (fed := cpu / cpu_per_milli) < reachable:
+                    reachable = fed
+                if mem_per_milli and (fed := mem / mem_per_milli) < reachable:
+                    reachable = fed
+                after += idle - reachable
+            # `_value(after − _before(n), req, model)`:
+            before = before_value[n]
+            if before is None:
+                before = before_value[n] = self.frag(model, cpu_free[n], mem_free[n], gpu_free[n])
+            delta = after - before
+            extra = extras.get(model)
+            if extra is None:
+                extra = extras[model] = pressure.get(model, 0.0) * num_gpu * milli
+            delta += extra
+            x = delta / 1000
+            out.append(((0.0 if x > 700 else float(int(100 / (1 + exp(x))))), chosen))
+        return out
 
     def score(self, n: int, req: Request, devices: list[int]) -> Choice:
         s = self.state
@@ -459,15 +506,23 @@ class WhalegenPolicy(Policy):
         best node overall when there is none."""
         cache = scores()
         state = self.state
+        best = int(np.argmax(cache.scores))
+        if cache.scores[best] == NEG_INF:
+            return None
+        # The first best node overall is also the first best among sparing ones when it spares (one
+        # that came before it would have been the first best overall): the mask is only needed otherwise.
+        if (
+            state.cpu_free[best] - req.cpu_milli >= self.reserved_cpu[best]
+            and state.mem_free[best] - req.mem_mib >= self.reserved_mem[best]
+        ):
+            return best, cache.devices_of(best)
         spare = (state.np_cpu_free - req.cpu_milli >= self.reserved_cpu) & (
             state.np_mem_free - req.mem_mib >= self.reserved_mem
         )
         masked = np.where(spare, cache.scores, NEG_INF)
         n = int(np.argmax(masked))
         if masked[n] == NEG_INF:
-            n = int(np.argmax(cache.scores))
-            if cache.scores[n] == NEG_INF:
-                return None
+            n = best
         return n, cache.devices_of(n)
 
     def _open_planned(
@@ -478,24 +533,39 @@ class WhalegenPolicy(Policy):
         size = req.gpu_milli
         cache = scores()
         state = self.state
-        feasible = cache.scores > NEG_INF
-        if not feasible.any():
+        best = int(np.argmax(cache.scores))
+        if cache.scores[best] == NEG_INF:
             return None
-        cpu_after = state.np_cpu_free - req.cpu_milli
-        mem_after = state.np_mem_free - req.mem_mib
+        # What the first best node overall keeps after the share; when it can start a pattern's waiting
+        # shares it is that pattern's node (see `_select_sparing`), and the masks over all nodes are
+        # built only for a pattern it cannot serve.
+        best_cpu = state.cpu_free[best] - req.cpu_milli
+        best_mem = state.mem_free[best] - req.mem_mib
         if self.spare:
-            cpu_after = cpu_after - self.reserved_cpu
-            mem_after = mem_after - self.reserved_mem
+            best_cpu -= int(self.reserved_cpu[best])
+            best_mem -= int(self.reserved_mem[best])
+        after: tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
         # Patterns in order of how far the GPUs opened with them lag behind the plan's rate.
         ordered = sorted(self.plan.by_size[size], key=lambda item: (self.opened[item[0]] / item[1], item[0]))
         for j, _ in ordered:
             waiting = _without(self.plan.patterns[j], size)
             need_cpu = sum(self.expected_request[t][0] for t in waiting)
             need_mem = sum(self.expected_request[t][1] for t in waiting)
-            mask = feasible & (cpu_after >= need_cpu) & (mem_after >= need_mem)
-            if not mask.any():
-                continue
-            n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
+            if best_cpu >= need_cpu and best_mem >= need_mem:
+                n = best
+            else:
+                if after is None:
+                    cpu_after = state.np_cpu_free - req.cpu_milli
+                    mem_after = state.np_mem_free - req.mem_mib
+                    if self.spare:
+                        cpu_after = cpu_after - self.reserved_cpu
+                        mem_after = mem_after - self.reserved_mem
+                    after = (cache.scores > NEG_INF, cpu_after, mem_after)
+                feasible, cpu_after, mem_after = after
+                mask = feasible & (cpu_after >= need_cpu) & (mem_after >= need_mem)
+                if not mask.any():
+                    continue
+                n = int(np.argmax(np.where(mask, cache.scores, NEG_INF)))
             devices = cache.devices_of(n)
             d = devices[0]
             if state.gpu_free[n][d] != WHOLE_GPU_MILLI or state.modes[n][d] is not PartitionMode.SHARED:
@@ -506,8 +576,7 @@ class WhalegenPolicy(Policy):
             self.opened[j] += 1
             self.opening = (n * self.width + d, waiting, size)  # starts waiting when the share lands
             return n, devices
-        n = int(np.argmax(cache.scores))
-        return n, cache.devices_of(n)
+        return best, cache.devices_of(best)
 
     def _adopt(self, n: int, d: int, free: int) -> None:
         s = self.state

@@ -11,6 +11,7 @@ but not the figures much; wall seconds are reported too.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -103,6 +104,57 @@ def time_naive(
     return Timing(len(stream), placed, time.process_time() - started_cpu, time.perf_counter() - started)
 
 
+def bench_stream(
+    nodes: Sequence[NodeState], tasks: Sequence[TaskRequest], *, seed: int, fill: float
+) -> tuple[tuple[NodeState, ...], list[TaskRequest]]:
+    """The protocol's node order and arrival stream for `seed`, cut where arrivals pass `fill` × capacity."""
+    cluster = shuffled_nodes(nodes, seed)
+    capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in cluster)
+    stream = arrivals(tasks, capacity, seed)
+    arrived = 0
+    for i, task in enumerate(stream):
+        arrived += task.gpu_request_milli
+        if arrived > fill * capacity:
+            return cluster, stream[:i]
+    return cluster, stream
+
+
+def fingerprint(
+    nodes: Sequence[NodeState], tasks: Sequence[TaskRequest], policy: str, *, seed: int, fill: float
+) -> dict[str, Any]:
+    """SHA-256 of every decision, in order, through `decide` and through the engine alone.
+
+    A speed change must leave both digests as they were: each step's placements (task, node, GPU indexes,
+    unit, borrowed), preemptions and every unplaced task's code and sentence enter the digest, so a
+    different pick, a different order or a reworded reason all show.
+    """
+    cluster, stream = bench_stream(nodes, tasks, seed=seed, fill=fill)
+    mix = shape_mix_from_tasks(tasks, with_memory=policy.startswith("whalegen"))
+    decider = Decider(
+        Snapshot(ClusterSnapshot(tuple(cluster), shape_mix=mix), unit_exact=False), Config(policy=policy)
+    )
+    engine = Engine(ClusterSnapshot(tuple(cluster), shape_mix=mix), EngineConfig(policy=policy))
+    decided, alone = hashlib.sha256(), hashlib.sha256()
+    placed = 0
+    for i, task in enumerate(stream):
+        step = decider.step((task,), float(i), estimates=False, nodes_after=False)
+        placed += len(step.placements)
+        lines = [repr(b.placement) for b in step.placements] + [repr(p) for p in step.preemptions]
+        lines += [f"{task_id} {r.code} {r.message}" for task_id, r in sorted(step.unplaced.items())]
+        decided.update(("\n".join(lines) + "\n;\n").encode())
+        result = engine.solve((task,), float(i))
+        lines = [repr(p) for p in (*result.placements, *result.preemptions, *result.unplaced)]
+        alone.update(("\n".join(lines) + "\n;\n").encode())
+    return {
+        "policy": policy,
+        "nodes": len(cluster),
+        "tasks": len(stream),
+        "placements": placed,
+        "decide_sha256": decided.hexdigest(),
+        "engine_sha256": alone.hexdigest(),
+    }
+
+
 def bench_cluster(
     nodes: Sequence[NodeState],
     tasks: Sequence[TaskRequest],
@@ -114,17 +166,8 @@ def bench_cluster(
 ) -> dict[str, Any]:
     """`decide` and the engine alone over the protocol's stream up to `fill` × capacity; naive FGD over
     its first tasks."""
-    cluster = shuffled_nodes(nodes, seed)
+    cluster, stream = bench_stream(nodes, tasks, seed=seed, fill=fill)
     capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in cluster)
-    stream = arrivals(tasks, capacity, seed)
-    arrived = 0
-    cut = len(stream)
-    for i, task in enumerate(stream):
-        arrived += task.gpu_request_milli
-        if arrived > fill * capacity:
-            cut = i
-            break
-    stream = stream[:cut]
     head = stream[:naive_tasks]
     decided = time_decide(cluster, stream, policy, tasks)
     engine = time_engine(cluster, stream, policy, tasks)

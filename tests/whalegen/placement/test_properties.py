@@ -181,4 +181,7 @@ def test_whalegens_one_step_node_score_answers_like_filter_then_score(
         req = Request.of(replace(t, gpu_mem_mib=0))
         for n in range(len(engine.state)):
             assert policy.score_node(n, req) == Policy.score_node(policy, n, req)
+        # The engine scores a sweep's nodes in one call, in any order: each answer is the node's own.
+        everyone = list(range(len(engine.state)))[::-1]
+        assert policy.score_nodes(everyone, req) == [Policy.score_node(policy, n, req) for n in everyone]
         engine.solve((t,), 0.0)  # the next request meets a changed cluster

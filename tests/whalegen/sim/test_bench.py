@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from whalegen.placement.types import TaskRequest
-from whalegen.sim.bench import bench_cluster, synthetic_cluster
+from whalegen.sim.bench import bench_cluster, fingerprint, synthetic_cluster
 
 
 def _tasks() -> list[TaskRequest]:
@@ -24,3 +24,15 @@ def test_bench_places_through_decide_exactly_as_the_engine_alone_past_a_full_clu
         assert decided["placements"] == alone["placements"]
         assert figures["decide_first_tasks"]["tasks"] == figures["naive_fgd_first_tasks"]["tasks"] == 10
         assert figures["decide_cpu_over_engine_alone_cpu"] is not None
+
+
+def test_decision_fingerprint_repeats_for_one_policy_and_tells_two_policies_apart() -> None:
+    cluster, tasks = synthetic_cluster(6), _tasks()
+    first = fingerprint(cluster, tasks, "whalegen", seed=3, fill=1.3)
+    again = fingerprint(cluster, tasks, "whalegen", seed=3, fill=1.3)
+    other = fingerprint(cluster, tasks, "random", seed=3, fill=1.3)
+    assert first == again
+    assert 0 < first["placements"] < first["tasks"]
+    # Different decisions give different digests, through decide and through the engine alone.
+    assert other["decide_sha256"] != first["decide_sha256"]
+    assert other["engine_sha256"] != first["engine_sha256"]
