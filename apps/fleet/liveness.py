@@ -236,7 +236,7 @@ def _forget_many(client: redis.Redis, keys: list[str]) -> None:
 class FlushResult:
     nodes: int  # nodes whose beats were moved to PostgreSQL
     telemetry: int  # telemetry entries stored
-    lost_forgotten: int  # lost nodes heard in Redis: fingerprint dropped so they come back the full way
+    lost_forgotten: int  # lost (or deleted) nodes heard in Redis: fingerprint dropped, next beat the full way
 
 
 def _flush_sql() -> tuple[str, str]:
@@ -335,7 +335,10 @@ def _flush_beats(client: redis.Redis, ids: list[int]) -> tuple[int, list[int]]:
         states = cursor.fetchall()
         cursor.execute(agent_sql, params)
     lost = [node_id for node_id, state in states if state == Node.State.LOST]
-    return len(states), lost
+    # A node deleted since its fingerprint was made (the delete forgets it too): no shortcut for it.
+    found = {node_id for node_id, _ in states}
+    gone = [node_id for node_id, _ in beats if node_id not in found]
+    return len(states), lost + gone
 
 
 def _store_telemetry(entries: list[dict[str, Any]]) -> int:
