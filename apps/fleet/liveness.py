@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from whalegen import protocol as p
 
@@ -237,6 +237,9 @@ class FlushResult:
     nodes: int  # nodes whose beats were moved to PostgreSQL
     telemetry: int  # telemetry entries stored
     lost_forgotten: int  # lost (or deleted) nodes heard in Redis: fingerprint dropped, next beat the full way
+    # False when PostgreSQL refused a batch: beats held in Redis did not all arrive, so silence must not
+    # be judged this time (the batch's nodes are marked dirty again for the next flush).
+    complete: bool = True
 
 
 def _flush_sql() -> tuple[str, str]:
@@ -291,7 +294,12 @@ def flush() -> FlushResult:
             ids = [int(raw) for raw in client.spop(dirty_key(), FLUSH_BATCH) or []]
             if not ids:
                 break
-            moved, lost = _flush_beats(client, ids)
+            try:
+                moved, lost = _flush_beats(client, ids)
+            except DatabaseError:
+                log.exception("heartbeat flush to PostgreSQL failed; %d nodes kept for the next", len(ids))
+                client.sadd(dirty_key(), *ids)
+                return FlushResult(nodes, telemetry, forgotten, complete=False)
             nodes += moved
             forget(lost)
             forgotten += len(lost)
@@ -301,10 +309,17 @@ def flush() -> FlushResult:
             entries = client.lpop(telemetry_key(), FLUSH_BATCH) or []
             if not entries:
                 break
-            telemetry += _store_telemetry([json.loads(entry) for entry in entries])
+            try:
+                telemetry += _store_telemetry([json.loads(entry) for entry in entries])
+            except DatabaseError:
+                log.exception("telemetry flush to PostgreSQL failed; kept %d entries", len(entries))
+                client.lpush(telemetry_key(), *reversed(entries))
+                break
             if len(entries) < FLUSH_BATCH:
                 break
     except redis.RedisError as error:
+        # Complete enough: while Redis fails, every heartbeat takes the full way (PostgreSQL), so what
+        # PostgreSQL lacks is at most the beats since the last flush, each node's next beat making up.
         log.warning("heartbeat flush from Redis failed (%s); next check retries", error.__class__.__name__)
     return FlushResult(nodes, telemetry, forgotten)
 

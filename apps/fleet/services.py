@@ -958,10 +958,12 @@ def nodes_mark_lost(*, now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     # 0. Heartbeats recorded in Redis only (apps.fleet.liveness) reach PostgreSQL first: silence is
     # judged on every heartbeat received, whichever way it was taken.
-    liveness.flush()
+    flushed = liveness.flush()
     stranded = Assignment.objects.filter(released_at__isnull=True, node__state=Node.State.LOST)
     for node in Node.objects.filter(pk__in=stranded.values("node_id")).order_by("pk"):
         _node_lose(node=node, now=now, reason=f"node {node.name} is lost (requeued by a later check)")
+    if not flushed.complete:
+        return []  # heartbeats held in Redis did not all reach PostgreSQL: silence cannot be judged now
     pace = fleet_pace(now=now)
     heard_from = _ingestion_check(now=now, pace=pace)
     if heard_from is None:

@@ -215,6 +215,32 @@ def test_the_node_health_check_counts_heartbeats_held_in_redis(fleet: Any, redis
     assert fleet.node.pk in nodes_mark_lost()
 
 
+def test_a_flush_postgresql_refuses_declares_nobody_lost_and_keeps_the_beats(
+    fleet: Any, redis_on: None, monkeypatch: Any
+) -> None:
+    from django.db import DatabaseError
+
+    from apps.fleet import liveness
+    from apps.fleet.services import nodes_mark_lost
+    from apps.inventory.models import Node
+
+    assert front(fleet.token_a, body(message(fleet.node)))[0] == 200
+    assert front(fleet.token_b, body(message(fleet.node_b)))[0] == 200
+    Node.objects.filter(pk=fleet.node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert front(fleet.token_a, body(message(fleet.node)))[0] == 200  # in Redis only
+    real = liveness._flush_beats
+
+    def refused(*args: Any) -> Any:
+        raise DatabaseError("deadlock detected (injected)")
+
+    monkeypatch.setattr(liveness, "_flush_beats", refused)
+    assert nodes_mark_lost() == []
+    assert Node.objects.get(pk=fleet.node.pk).state != Node.State.LOST
+    monkeypatch.setattr(liveness, "_flush_beats", real)
+    assert fleet.node.pk not in nodes_mark_lost()  # the kept beat arrived with the next flush
+    assert Node.objects.get(pk=fleet.node.pk).state != Node.State.LOST
+
+
 def test_without_redis_every_heartbeat_is_a_transaction(fleet: Any, settings: Any) -> None:
     from apps.fleet import liveness
 
