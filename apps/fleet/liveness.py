@@ -129,48 +129,64 @@ class _Redis:
 _redis = _Redis()
 
 
-def fingerprint(node_id: int, message: p.Heartbeat, credential: str) -> str:
-    """What must be unchanged for a heartbeat to skip PostgreSQL: the node and the credential it used,
-    the agent's and protocol's versions, the GPUs it reports (and lost ones) and the runs it lists
-    (None, a 1.0 agent, is kept apart from an empty list)."""
-    listed = message.running
-    runs = None if listed is None else sorted((r.task_id, r.attempt, r.pid or 0) for r in listed)
-    basis = (node_id, credential, message.agent_version[:32], message.protocol_version[:16],
-             message.inventory, message.lost_gpus, runs)  # fmt: skip
-    return blake2b(repr(basis).encode(), digest_size=16).hexdigest()
+# The heartbeat fields a fingerprint covers, and their defaults (`p.Heartbeat`'s) when absent.
+_FINGERPRINTED = (("agent_version", None), ("protocol_version", p.PROTOCOL_VERSION), ("inventory", []),
+                  ("lost_gpus", []), ("running", None))  # fmt: skip
+_INT64_MAX = 2**63 - 1
 
 
-def _telemetry_entry(node_id: int, now_s: float, message: p.Heartbeat) -> str:
-    if not message.telemetry and not message.processes:
-        return ""
-    return json.dumps(
-        {
-            "node": node_id,
-            "at": now_s,
-            "telemetry": [sample.to_dict() for sample in message.telemetry],
-            "processes": [sample.to_dict() for sample in message.processes],
-        },
-        separators=(",", ":"),
-    )
+def fingerprint(node_id: int, data: dict[str, Any], credential: str) -> str:
+    """What must be unchanged for a heartbeat to skip PostgreSQL, from the message as received (JSON):
+    the node and the credential it used, the agent's and protocol's versions, the GPUs it reports (and
+    lost ones) and the runs it lists (absent, a 1.0 agent, is kept apart from an empty list). The full
+    way decoded and accepted exactly these values when it left the fingerprint, so a heartbeat that
+    repeats them needs no decoding of them again."""
+    basis = [node_id, credential, *(data.get(name, default) for name, default in _FINGERPRINTED)]
+    return blake2b(json.dumps(basis, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def beat(*, node_id: int, message: p.Heartbeat, now: datetime, credential: str) -> int | None:
-    """Record a heartbeat that changes nothing, in Redis: the generation last served to the node, or None
-    when it must take the full way (it changes something, Redis has no fingerprint, or no Redis)."""
-    if message.events or message.node_id != str(node_id):
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _telemetry_entry(node_id: int, now_s: float, data: dict[str, Any]) -> str | None:
+    """The queued telemetry: the samples as received (the flush decodes them and drops a malformed
+    one); '' when there are none, None when they are not lists (the full way answers that)."""
+    telemetry, processes = data.get("telemetry", []), data.get("processes", [])
+    if not isinstance(telemetry, list) or not isinstance(processes, list):
         return None
+    if not telemetry and not processes:
+        return ""
+    entry = {"node": node_id, "at": now_s, "telemetry": telemetry, "processes": processes}
+    return json.dumps(entry, separators=(",", ":"))
+
+
+def beat(*, node_id: int, data: Any, now: datetime, credential: str) -> int | None:
+    """Record a heartbeat that changes nothing, in Redis: the generation last served to the node, or None
+    when it must take the full way (it changes something, it is not the shape the shortcut reads,
+    Redis has no fingerprint, or there is no Redis). `data`: the message as received (JSON), checked
+    here for what the shortcut stores; a message with anything unusual goes the full way, which
+    decodes all of it and answers as it always did."""
+    if not isinstance(data, dict) or data.get("node_id") != str(node_id) or data.get("events"):
+        return None
+    sent, applied = data.get("sent_at_s"), data.get("generation_applied", 0)
+    if not _number(sent) or not isinstance(applied, int) or isinstance(applied, bool):
+        return None
+    if not 0 <= applied <= _INT64_MAX:
+        return None
+    entry = _telemetry_entry(node_id, now.timestamp(), data)
     client = _redis.client()
-    if client is None:
+    if entry is None or client is None:
         return None
     now_s = now.timestamp()
     args = [
-        fingerprint(node_id, message, credential),
+        fingerprint(node_id, data, credential),
         repr(now_s),
-        repr(message.sent_at_s),
-        repr(now_s - message.sent_at_s),
-        str(message.generation_applied),
+        repr(float(sent)),
+        repr(now_s - sent),
+        str(applied),
         repr(float(settings.WHALEGEN_TELEMETRY_SAMPLE_S)),
-        _telemetry_entry(node_id, now_s, message),
+        entry,
         str(node_id),
     ]
     try:
@@ -183,7 +199,13 @@ def beat(*, node_id: int, message: p.Heartbeat, now: datetime, credential: str) 
 
 
 def remember(
-    *, node_id: int, message: p.Heartbeat, credential: str, generation: int, telemetry_at: datetime | None
+    *,
+    node_id: int,
+    data: dict[str, Any],
+    message: p.Heartbeat,
+    credential: str,
+    generation: int,
+    telemetry_at: datetime | None,
 ) -> None:
     """After a heartbeat the full way that left nothing pending (the caller decides): the node's
     fingerprint, so that its next heartbeats that change nothing skip PostgreSQL."""
@@ -191,7 +213,7 @@ def remember(
     if client is None:
         return
     mapping = {
-        "digest": fingerprint(node_id, message, credential),
+        "digest": fingerprint(node_id, data, credential),
         "gen": str(generation),
         "sent": repr(message.sent_at_s),
         "tel_at": repr(telemetry_at.timestamp()) if telemetry_at else "0",
@@ -371,13 +393,30 @@ def _store_telemetry(entries: list[dict[str, Any]]) -> int:
     batch = []
     for node_id, node_entries in by_node.items():
         for entry in node_entries:
-            batch.append(
-                (
-                    node_id,
-                    datetime.fromtimestamp(float(entry["at"]), tz=UTC),
-                    tuple(p.TelemetrySample.from_dict(item) for item in entry["telemetry"]),
-                    tuple(p.ProcessSample.from_dict(item) for item in entry["processes"]),
-                )
-            )
+            decoded = _decoded(entry)
+            if decoded is None:
+                log.warning("node %s: malformed telemetry from the heartbeat shortcut dropped", node_id)
+                continue
+            telemetry, processes = decoded
+            at = datetime.fromtimestamp(float(entry["at"]), tz=UTC)
+            batch.append((node_id, at, telemetry, processes))
     store_telemetry_rows(batch=batch, gpus=gpus)
     return len(batch)
+
+
+def _decoded(
+    entry: dict[str, Any],
+) -> tuple[tuple[p.TelemetrySample, ...], tuple[p.ProcessSample, ...]] | None:
+    """The samples of a queued entry as the full way would decode them, or None if it would refuse them
+    (a sample that does not decode, or a number beyond the 64-bit columns)."""
+    from apps.fleet.api.views import _wire_problem
+
+    raw = {"telemetry": entry["telemetry"], "processes": entry["processes"]}
+    try:
+        telemetry = tuple(p.TelemetrySample.from_dict(item) for item in raw["telemetry"])
+        processes = tuple(p.ProcessSample.from_dict(item) for item in raw["processes"])
+    except (p.ProtocolError, TypeError, ValueError, KeyError, AttributeError):
+        return None
+    if _wire_problem(raw, p.HeartbeatAck()) is not None:
+        return None
+    return telemetry, processes

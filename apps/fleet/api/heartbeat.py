@@ -63,6 +63,14 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
         data = json.loads(body) if body else {}
     except (ValueError, UnicodeDecodeError) as error:
         return _refused(400, f"JSON parse error - {error}")
+    now = timezone.now()
+    if known is not None:
+        generation = liveness.beat(node_id=known.node_id, data=data, now=now, credential=known.digest)
+        if generation is not None:
+            return 200, p.HeartbeatAck(generation=generation).to_dict(), {}
+        node = credentials.node_for(parts[1])
+        if node is None:
+            return _refused(401, "unknown node token", CHALLENGE)
     try:
         message = p.Heartbeat.from_dict(data)
     except p.ProtocolError as error:
@@ -70,14 +78,6 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
     problem = _wire_problem(data, message)
     if problem is not None:
         return _refused(400, f"Heartbeat: {problem}")
-    now = timezone.now()
-    if known is not None:
-        generation = liveness.beat(node_id=known.node_id, message=message, now=now, credential=known.digest)
-        if generation is not None:
-            return 200, p.HeartbeatAck(generation=generation).to_dict(), {}
-        node = credentials.node_for(parts[1])
-        if node is None:
-            return _refused(401, "unknown node token", CHALLENGE)
     assert node is not None
     try:
         outcome = agent_heartbeat_outcome(node=node, message=message, now=now)
@@ -93,6 +93,7 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
         if Node.objects.filter(pk=node.pk, agent_credential_hash=digest).exists():
             liveness.remember(
                 node_id=node.pk,
+                data=data,
                 message=message,
                 credential=digest,
                 generation=outcome.ack.generation,
