@@ -51,11 +51,15 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
     parts = authorization.split()
     if len(parts) != 2 or parts[0].lower() != "bearer":
         return _refused(401, _NEEDS_BEARER, CHALLENGE)
-    # The shortcut's credential check is the fingerprint in Redis, which holds the credential's hash.
+    # The shortcut's credential check is the fingerprint in Redis, which holds the credential's hash;
+    # a credential this process has not seen yet (each web process has its own memory) is looked up
+    # once (one indexed query) and may take the shortcut too.
     known = credentials.known(parts[1], within_s=liveness.FINGERPRINT_TTL_S) if shortcut else None
     node = None if known is not None else credentials.node_for(parts[1])
     if known is None and node is None:
         return _refused(401, "unknown node token", CHALLENGE)
+    if shortcut and known is None:
+        known = credentials.known(parts[1], within_s=liveness.FINGERPRINT_TTL_S)
     media = content_type.split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         return _refused(415, f'Unsupported media type "{content_type}" in request.')
@@ -68,7 +72,7 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
         generation = liveness.beat(node_id=known.node_id, data=data, now=now, credential=known.digest)
         if generation is not None:
             return 200, p.HeartbeatAck(generation=generation).to_dict(), {}
-        node = credentials.node_for(parts[1])
+        node = node or credentials.node_for(parts[1])
         if node is None:
             return _refused(401, "unknown node token", CHALLENGE)
     try:

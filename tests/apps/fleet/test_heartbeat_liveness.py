@@ -76,6 +76,20 @@ def test_a_heartbeat_that_changes_nothing_skips_postgresql_until_the_flush(
     assert liveness.flush().nodes == 0  # nothing new since
 
 
+def test_a_web_process_that_has_not_seen_the_credential_takes_the_shortcut_after_one_lookup(
+    fleet: Any, redis_on: None, django_assert_num_queries: Any
+) -> None:
+    """Each web process has its own credential memory: a heartbeat landing on another process than the
+    one that left the fingerprint costs one indexed lookup, not a transaction."""
+    from apps.fleet.credentials import credentials
+
+    assert front(fleet.token_a, body(message(fleet.node)))[0] == 200  # the full way
+    credentials._entries.clear()  # as another web process would be
+    again = body(message(fleet.node))
+    with django_assert_num_queries(1):
+        assert front(fleet.token_a, again)[0] == 200
+
+
 @pytest.mark.parametrize("change", ["inventory", "running", "agent version", "event"])
 def test_a_heartbeat_that_changes_something_takes_the_full_way(
     fleet: Any, redis_on: None, change: str
