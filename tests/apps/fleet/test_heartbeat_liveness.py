@@ -255,10 +255,15 @@ def test_a_flush_postgresql_refuses_declares_nobody_lost_and_keeps_the_beats(
     assert Node.objects.get(pk=fleet.node.pk).state != Node.State.LOST
 
 
-def test_without_redis_every_heartbeat_is_a_transaction(fleet: Any, settings: Any) -> None:
+@pytest.mark.parametrize("without", ["switched off", "no REDIS_URL (the embedded default)"])
+def test_without_redis_every_heartbeat_is_a_transaction(fleet: Any, settings: Any, without: str) -> None:
     from apps.fleet import liveness
 
-    settings.WHALEGEN_HEARTBEAT_REDIS = False
+    if without == "switched off":
+        settings.WHALEGEN_HEARTBEAT_REDIS = False
+    else:
+        settings.REDIS_URL = None
+        liveness._redis.reset()
     seen = []
     for _ in range(2):
         assert front(fleet.token_a, body(message(fleet.node)))[0] == 200
