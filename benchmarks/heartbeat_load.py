@@ -1,7 +1,7 @@
 """Heartbeat load: N simulated agents heartbeating every `interval` seconds against gunicorn + PostgreSQL.
 
     python benchmarks/heartbeat_load.py [--agents 2000] [--interval-s 10] [--duration-s 60] [--gpus 4]
-        [--web-port P]
+        [--web-port P] [--keep-alive-s 2]
 
 Starts a PostgreSQL cluster of its own (port WHALEGEN_FAULTS_POSTGRES_PORT, default 55434), migrates and
 seeds N nodes, starts gunicorn (port --web-port, default $WHALEGEN_BENCH_WEB_PORT or 18601) and one
@@ -21,15 +21,16 @@ endpoint, and gunicorn alone (`benchmarks/floor_wsgi.py` in place of the plane's
 
 Prints, as text and JSON: the settings, heartbeats ok / failed / due / not sent, p50/p99/max latency,
 plane CPU from /proc utime+stime as a share of one core, by part (web: gunicorn master+workers; db:
-every PostgreSQL backend; worker: Celery worker + beat) and in all, for the load window and the idle
-baseline of the same run, their ratio, CPU per heartbeat above the idle baseline against the budget
-(half a core over the heartbeats due per second), each floor's CPU per request and the heartbeat/floor
-ratios, and nodes lost: before the load (silent from registration to their warm-up heartbeat past the
-threshold: the generator's pause, not the plane's fault), falsely lost (every agent kept beating
-through the load window: any node lost by its end is a false loss), and lost in the idle baseline
-(should be none). The load generator's own CPU is not counted: it shares the 2 cores, so wall-clock
-latency is noisy; CPU seconds and same-run ratios are the figures that count. Nothing here fails on
-timing.
+every PostgreSQL backend; redis: the Redis server, broker and heartbeat liveness store; worker: Celery
+worker + beat, whose node-health check flushes the liveness to PostgreSQL) and in all, for the load
+window and the idle baseline of the same run, their ratio, CPU per heartbeat above the idle baseline
+against the budget (half a core over the heartbeats due per second), each floor's CPU per request and
+the heartbeat/floor ratios, and nodes lost: before the load (silent from registration to their warm-up
+heartbeat past the threshold: the generator's pause, not the plane's fault), falsely lost (every agent
+kept beating through the load window: any node lost by its end is a false loss), and lost in the idle
+baseline (should be none). The load generator's own CPU is not counted: it shares the 2 cores, so wall-
+clock latency is noisy; CPU seconds and same-run ratios are the figures that count. Nothing here fails
+on timing.
 """
 
 from __future__ import annotations
@@ -96,13 +97,16 @@ def children(pid: int) -> list[int]:
 
 
 class Plane:
-    def __init__(self, work: Path, *, web_port: int, gunicorn_workers: int, threads: int) -> None:
+    def __init__(
+        self, work: Path, *, web_port: int, gunicorn_workers: int, threads: int, keep_alive_s: float
+    ) -> None:
         self.work = work
         self.web_port = web_port
         self.url = f"http://127.0.0.1:{web_port}"
         self.pg = PostgresServer(work / "pg")
         self.redis = RedisServer(work / "redis")
         self.gunicorn_workers, self.threads = gunicorn_workers, threads
+        self.keep_alive_s = keep_alive_s
         self.env = dict(
             os.environ,
             PYTHONPATH=str(ROOT),
@@ -158,7 +162,9 @@ class Plane:
     def gunicorn(self, app: str) -> subprocess.Popen[bytes]:
         return self.spawn("gunicorn", "-m", "gunicorn", app, "--bind", f"127.0.0.1:{self.web_port}",
                           "--workers", str(self.gunicorn_workers), "--threads", str(self.threads),
-                          "--timeout", "60")  # fmt: skip
+                          "--timeout", "60", "--keep-alive", f"{self.keep_alive_s:g}",
+                          # Every agent may hold a connection open between beats (keep-alive).
+                          "--worker-connections", "4000")  # fmt: skip
 
     def serve_bare_floor(self) -> None:
         """Replace the plane's gunicorn by one serving `benchmarks/floor_wsgi.py` (same workers, threads
@@ -182,14 +188,24 @@ class Plane:
 
     def plane_pids(self) -> dict[str, list[int]]:
         """The plane's processes by part: web (gunicorn master and workers), database (postmaster and
-        every backend), worker + beat (Celery, with any child it forks)."""
+        every backend), redis (the broker, and the heartbeats' liveness store: apps.fleet.liveness),
+        worker + beat (Celery, with any child it forks)."""
         postmaster = int((self.pg.data / "postmaster.pid").read_text().split()[0])
         celery = [self.worker.pid, self.beat.pid]
         return {
             "web": [self.web.pid, *children(self.web.pid)],
             "db": [postmaster, *children(postmaster)],
             "worker": [*celery, *(child for pid in celery for child in children(pid))],
+            "redis": [self.redis.proc.pid] if self.redis.proc is not None else [],
         }
+
+    def shortcut_calls(self) -> int:
+        """Heartbeats answered by the liveness script in Redis so far (its EVALSHA calls, including
+        those that sent the heartbeat the full way)."""
+        import redis
+
+        stats = redis.Redis.from_url(self.redis.url).info("commandstats")
+        return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
     def lost_nodes(self) -> int:
         import psycopg
@@ -356,6 +372,9 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+PARTS = ("web", "db", "redis", "worker")
+
+
 class Window:
     """CPU seconds of each plane part between `start()` and `stop()`, process by process, and the wall
     time between them. The processes are listed again every 0.5 s: a database backend or worker started
@@ -399,10 +418,10 @@ class Window:
             part: sum(used - self._first[part][pid] for pid, used in last.items())
             for part, last in self._last.items()
         }
-        for part in ("web", "db", "worker"):
+        for part in PARTS:
             self.cpu.setdefault(part, 0.0)
 
-    def cores(self, parts: tuple[str, ...] = ("web", "db", "worker")) -> float:
+    def cores(self, parts: tuple[str, ...] = ("web", "db", "redis", "worker")) -> float:
         return sum(self.cpu[part] for part in parts) / self.wall_s
 
 
@@ -438,6 +457,12 @@ def main() -> int:
     parser.add_argument("--gunicorn-workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker")
     parser.add_argument(
+        "--keep-alive-s",
+        type=float,
+        default=2.0,
+        help="gunicorn's --keep-alive (default 2, gunicorn's; above the interval agents reuse connections)",
+    )
+    parser.add_argument(
         "--web-port",
         type=int,
         default=int(os.environ.get("WHALEGEN_BENCH_WEB_PORT", "18601")),
@@ -448,7 +473,8 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="whalegen-heartbeat-bench-"))
     work.chmod(0o755)
-    plane = Plane(work, web_port=args.web_port, gunicorn_workers=args.gunicorn_workers, threads=args.threads)
+    plane = Plane(work, web_port=args.web_port, gunicorn_workers=args.gunicorn_workers, threads=args.threads,
+                  keep_alive_s=args.keep_alive_s)  # fmt: skip
     # The idle baseline: two intervals after the load, every agent silent at once. Each node is silent
     # up to three intervals by its end — at the loss threshold — and the plane, hearing no node at all
     # for two intervals, takes itself for deaf (docs/fleet.md, "Node health" 2) and loses nobody.
@@ -481,11 +507,13 @@ def main() -> int:
         # 1. The load: every agent beats every interval.
         progress(f"load window: {args.agents} agents every {args.interval_s:g} s for {args.duration_s:g} s")
         updates_before = plane.node_row_updates()
+        shortcut_before = plane.shortcut_calls()
         loaded.start()
         latencies, failures, skipped = drive(
             lambda n: agents[n].beat(), len(agents), args.interval_s, args.duration_s, args.senders, "load"
         )
         loaded.stop()
+        shortcut_calls = plane.shortcut_calls() - shortcut_before
         time.sleep(1.5)  # statistics of the last transactions reach pg_stat within a second
         processed = plane.node_row_updates() - updates_before
         progress("waiting 6 s for one more node-health check after the last heartbeat")
@@ -526,7 +554,8 @@ def main() -> int:
         idle_cores = idle.cores(parts)
         return round(1000 * (window.cores(parts) - idle_cores) * window.wall_s / max(1, requests), 2)
 
-    serving = ("web", "db")
+    # The request path: gunicorn, PostgreSQL, and Redis (which holds the heartbeats' liveness).
+    serving = ("web", "db", "redis")
     due = int(args.agents * args.duration_s / args.interval_s)
     heartbeat_ms = per_request_ms(loaded, len(latencies), serving)
     floor_results: dict[str, dict[str, object]] = {}
@@ -554,17 +583,25 @@ def main() -> int:
         "latency_p99_ms": round(quantile(latencies, 0.99) * 1000, 1),
         "latency_max_ms": round(max(latencies, default=float("nan")) * 1000, 1),
         "latency_mean_ms": round(statistics.fmean(latencies) * 1000, 1) if latencies else None,
-        # The whole plane: gunicorn, PostgreSQL, Celery worker + beat.
+        # The whole plane: gunicorn, PostgreSQL, Redis, Celery worker + beat.
         "plane_cpu_cores_loaded": round(loaded.cores(), 3),
         "plane_cpu_cores_idle_baseline": round(idle.cores(), 3),
         "plane_cpu_ratio_loaded_vs_idle": round(loaded.cores() / idle.cores(), 1) if idle.cores() else None,
         "plane_cpu_cores_by_part_loaded": {k: round(v / loaded.wall_s, 3) for k, v in loaded.cpu.items()},
         "plane_cpu_cores_by_part_idle": {k: round(v / idle.wall_s, 3) for k, v in idle.cpu.items()},
-        # Per heartbeat above the idle baseline: web + database (the request path), and all parts.
+        # Per heartbeat above the idle baseline: web + database + redis (the request path), and all parts
+        # (the worker's share is the node-health check's flush of the beats held in Redis).
         "cpu_ms_per_heartbeat_web_db": heartbeat_ms,
-        "cpu_ms_per_heartbeat_plane": per_request_ms(loaded, len(latencies), ("web", "db", "worker")),
+        "cpu_ms_per_heartbeat_plane": per_request_ms(loaded, len(latencies), PARTS),
+        "cpu_ms_per_heartbeat_by_part": {
+            part: per_request_ms(loaded, len(latencies), (part,)) for part in PARTS
+        },
+        # Heartbeats the liveness script in Redis saw (those it answered and those it sent the full way).
+        "heartbeats_seen_by_the_redis_shortcut": shortcut_calls,
         # What the plane processed in the window, answered in time or not (a client gives up after 10 s;
-        # the plane still does the work): the CPU per heartbeat that does not depend on the client.
+        # the plane still does the work): the CPU per heartbeat that does not depend on the client. Node
+        # rows updated: one per heartbeat taken the full way, one per node per flush for those held in
+        # Redis (two beats of one node between flushes count once: a lower bound then).
         "heartbeats_processed_by_plane": processed,
         "cpu_ms_per_processed_heartbeat_web_db": per_request_ms(loaded, processed, serving),
         # The budget: half of one core over the heartbeats due per second.

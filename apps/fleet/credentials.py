@@ -12,6 +12,11 @@ Why it is safe:
   refused as an unknown credential.
 - Only credentials that worked are remembered; an unknown one is looked up every time.
 - Bounded (`MAX_ENTRIES`); when full it starts again empty.
+
+The heartbeat shortcut (`apps.fleet.liveness`) also reads an entry past `WHALEGEN_AUTH_CACHE_S`
+(`known`, up to `liveness.FINGERPRINT_TTL_S`): it is safe there because the shortcut is only taken when
+Redis holds the node's fingerprint made with this very credential, which `node_token_issue` drops for
+every process at once; otherwise the heartbeat takes the full way and `node_for` checks it.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ MAX_ENTRIES = 65_536
 class KnownNode:
     node_id: int
     name: str
-    fresh_until_s: float  # on the memory's monotonic clock
+    digest: str  # the credential's hash
+    checked_at_s: float  # on the memory's monotonic clock
 
     def row(self) -> Node:
         """A `Node` of this id and name for this request only (the heartbeat's services read `pk` and
@@ -59,22 +65,30 @@ class NodeCredentials:
             return None
         digest = credential_hash(raw)
         known = self._entries.get(digest)
-        if known is not None:
-            if self._clock() < known.fresh_until_s:
-                return known.row()
-            self._entries.pop(digest, None)
+        if known is not None and self._clock() < known.checked_at_s + self.ttl_s:
+            return known.row()
         generation = self._generation
         found = Node.objects.filter(agent_credential_hash=digest).values_list("pk", "name").first()
         if found is None:
             return None
-        known = KnownNode(node_id=found[0], name=found[1], fresh_until_s=self._clock() + self.ttl_s)
-        if self.ttl_s > 0:
-            with self._lock:
-                if generation == self._generation:
-                    if len(self._entries) >= MAX_ENTRIES:
-                        self._entries.clear()
-                    self._entries[digest] = known
+        known = KnownNode(node_id=found[0], name=found[1], digest=digest, checked_at_s=self._clock())
+        # Kept even with the memory off (ttl 0): only `known` reads it then, bound to a fingerprint.
+        with self._lock:
+            if generation == self._generation:
+                if len(self._entries) >= MAX_ENTRIES:
+                    self._entries.clear()
+                self._entries[digest] = known
         return known.row()
+
+    def known(self, raw: str, *, within_s: float) -> KnownNode | None:
+        """The node this credential was last found to be, checked at most `within_s` ago, with no query:
+        only for a caller that verifies it otherwise (the heartbeat shortcut's fingerprint)."""
+        if not raw:
+            return None
+        known = self._entries.get(credential_hash(raw))
+        if known is None or self._clock() >= known.checked_at_s + within_s:
+            return None
+        return known
 
     @property
     def ttl_s(self) -> float:

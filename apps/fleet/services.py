@@ -31,6 +31,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from apps.common.errors import Conflict, NotAllowed
+from apps.fleet import liveness
 from apps.fleet.credentials import credentials_changed
 from apps.fleet.models import (
     AgentReport,
@@ -78,6 +79,9 @@ def node_token_issue(*, node: Node) -> str:
     Node.objects.filter(pk=node.pk).update(agent_credential_hash=credential_hash(raw))
     node.agent_credential_hash = credential_hash(raw)
     credentials_changed()  # the old credential is forgotten by the heartbeat path of this process now
+    # And by every process's shortcut (its fingerprint holds the credential), now and once committed.
+    liveness.forget([node.pk])
+    transaction.on_commit(lambda: liveness.forget([node.pk]))
     return raw
 
 
@@ -199,6 +203,24 @@ def _check_node(node: Node, node_id: str) -> None:
 
 
 def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = None) -> p.HeartbeatAck:
+    """Record a heartbeat; answer the desired-state generation (`agent_heartbeat_outcome`)."""
+    return agent_heartbeat_outcome(node=node, message=message, now=now).ack
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    """A heartbeat taken the full way: the answer, and whether it left nothing for the next heartbeat
+    to check (`quiet`: the node is not lost and every run the plane believes alive there was listed,
+    so a next heartbeat with the same content may skip PostgreSQL, `apps.fleet.liveness`)."""
+
+    ack: p.HeartbeatAck
+    quiet: bool
+    telemetry_at: datetime | None
+
+
+def agent_heartbeat_outcome(
+    *, node: Node, message: p.Heartbeat, now: datetime | None = None
+) -> HeartbeatOutcome:
     """Record a heartbeat; answer the desired-state generation.
 
     The steady state (docs/fleet.md, "Heartbeat load") of a node with nothing assigned and no run alive
@@ -242,7 +264,8 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
     for run in declared:
         _run_lose(node=node, run=run, now=now)
     if declared:  # runs and tasks changed under the rows read above: build from fresh reads
-        return p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+        ack = p.HeartbeatAck(generation=desired_state_current(node=node, now=now).generation)
+        return HeartbeatOutcome(ack=ack, quiet=False, telemetry_at=beat.agent.telemetry_at)
     desired = desired_state_current(
         node=node,
         now=now,
@@ -252,7 +275,17 @@ def agent_heartbeat(*, node: Node, message: p.Heartbeat, now: datetime | None = 
         # Nothing assigned here (not even a released-but-unreleased row): no live assignment to read.
         nothing_assigned=not beat.any_assigned,
     )
-    return p.HeartbeatAck(generation=desired.generation)
+    listed = (
+        None
+        if message.running is None
+        else {run for item in message.running if (run := parse_run(item.task_id, item.attempt)) is not None}
+    )
+    quiet = node.state != Node.State.LOST and (
+        listed is None or listed == {(run.task_id, run.attempt) for run in alive}
+    )
+    return HeartbeatOutcome(
+        ack=p.HeartbeatAck(generation=desired.generation), quiet=quiet, telemetry_at=beat.agent.telemetry_at
+    )
 
 
 _NODE = Node._meta.db_table
@@ -461,6 +494,44 @@ def _store_telemetry(*, node: Node, message: p.Heartbeat, gpus: dict[str, Gpu], 
         for s in message.processes
         if (run := runs.get(s.pid)) is not None and run[0] in mine and s.gpu_uuid in gpus
     )
+
+
+def store_telemetry_rows(
+    *,
+    batch: list[tuple[int, datetime, tuple[p.TelemetrySample, ...], tuple[p.ProcessSample, ...]]],
+    gpus: dict[int, dict[str, Gpu]],
+) -> None:
+    """Telemetry of many heartbeats at once (the liveness flush): (node id, when, GPU samples, process
+    samples) each, `gpus` by node id then UUID. The same rows `_store_telemetry` writes: GPU samples in
+    multi-row INSERTs, task-process samples only for tasks the node was given."""
+    rows = [
+        (node_gpus[s.gpu_uuid].pk, at, s.mem_used_mib, s.mem_total_mib, s.util_gpu_pct, s.util_mem_pct,
+         s.power_w, s.temperature_c, s.sm_clock_mhz, s.ecc_uncorrected_aggregate)
+        for node_id, at, telemetry, _ in batch
+        for s in telemetry
+        if s.gpu_uuid in (node_gpus := gpus.get(node_id, {}))
+    ]  # fmt: skip
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), 1_000):  # bounded statements (10 parameters a row)
+            chunk = rows[start : start + 1_000]
+            sql = _SAMPLES_SQL + ", ".join([_SAMPLE_ROW] * len(chunk))
+            cursor.execute(sql, [value for row in chunk for value in row])
+    claimed = [(node_id, at, s) for node_id, at, _, processes in batch for s in processes if s.task_id]
+    if not claimed:
+        return
+    wanted = {(node_id, run[0]) for node_id, _, s in claimed if (run := parse_run(s.task_id, s.attempt))}
+    mine = set(
+        Assignment.objects.filter(
+            node_id__in={node_id for node_id, _ in wanted}, task_id__in={task_id for _, task_id in wanted}
+        ).values_list("node_id", "task_id")
+    )
+    samples = []
+    for node_id, at, s in claimed:
+        run = parse_run(s.task_id, s.attempt)
+        gpu = gpus.get(node_id, {}).get(s.gpu_uuid)
+        if run is not None and (node_id, run[0]) in mine and gpu is not None:
+            samples.append(TaskSample(task_id=run[0], gpu=gpu, at=at, pid=s.pid, used_mib=s.used_mib))
+    TaskSample.objects.bulk_create(samples)
 
 
 def _runs_missing(*, runs: list[TaskRun], running: tuple[p.RunningTask, ...], now: datetime) -> list[TaskRun]:
@@ -786,6 +857,8 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
         pass
     stored = AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0
     NodeAgent.objects.filter(pk=agent.pk).update(stored_seq=stored)
+    # Runs may have changed state: the next heartbeat compares them the full way (apps.fleet.liveness).
+    liveness.forget([node.pk])
     return p.ReportAck(stored_seq=stored)
 
 
@@ -883,9 +956,14 @@ def nodes_mark_lost(*, now: datetime | None = None) -> list[int]:
     in one transaction (quotas, then the node, then its tasks: the cycle's lock order).
     """
     now = now or timezone.now()
+    # 0. Heartbeats recorded in Redis only (apps.fleet.liveness) reach PostgreSQL first: silence is
+    # judged on every heartbeat received, whichever way it was taken.
+    flushed = liveness.flush()
     stranded = Assignment.objects.filter(released_at__isnull=True, node__state=Node.State.LOST)
     for node in Node.objects.filter(pk__in=stranded.values("node_id")).order_by("pk"):
         _node_lose(node=node, now=now, reason=f"node {node.name} is lost (requeued by a later check)")
+    if not flushed.complete:
+        return []  # heartbeats held in Redis did not all reach PostgreSQL: silence cannot be judged now
     pace = fleet_pace(now=now)
     heard_from = _ingestion_check(now=now, pace=pace)
     if heard_from is None:
@@ -923,6 +1001,8 @@ def _node_lose(*, node: Node, now: datetime, reason: str, expect: Node | None = 
                 if not went:
                     return False
                 log.warning(reason, extra={"node": node.name})
+                # Its next heartbeat must take the full way (which brings a node back from lost).
+                transaction.on_commit(lambda: liveness.forget([node.pk]))
             elif not Node.objects.select_for_update().filter(pk=node.pk, state=Node.State.LOST).exists():
                 return False  # its agent came back meanwhile: its work is its own again
             for task in _live_tasks(node):

@@ -288,6 +288,9 @@ WHALEGEN_REQUEUE_BACKOFF_MAX_S = envfloat("WHALEGEN_REQUEUE_BACKOFF_MAX_S", 300.
 WHALEGEN_MAX_ATTEMPTS = envint("WHALEGEN_MAX_ATTEMPTS", 5)
 # Telemetry is kept at most once per this many seconds per node (heartbeats come more often).
 WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
+# Heartbeats that change nothing are recorded in Redis and moved to PostgreSQL in batches by the
+# node-health check (apps.fleet.liveness); needs REDIS_URL. false: every heartbeat is a transaction.
+WHALEGEN_HEARTBEAT_REDIS = envbool("WHALEGEN_HEARTBEAT_REDIS", True)
 # Idle reclaim (docs/operations.md, "Idle reclaim"): a running task whose every GPU reported SM utilisation
 # below WHALEGEN_IDLE_UTIL_PCT in every sample of the last WHALEGEN_IDLE_AFTER_S is flagged idle.
 WHALEGEN_IDLE_AFTER_S = envfloat("WHALEGEN_IDLE_AFTER_S", 1_800.0)

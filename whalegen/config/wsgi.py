@@ -79,6 +79,7 @@ def _heartbeat(environ: dict[str, Any], start_response: StartResponse) -> Iterab
                 authorization=environ.get("HTTP_AUTHORIZATION", ""),
                 content_type=environ.get("CONTENT_TYPE", ""),
                 body=body,
+                shortcut=True,
             )
         except Exception:
             log.exception("Internal Server Error: %s", p.HEARTBEAT_PATH)

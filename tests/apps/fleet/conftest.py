@@ -25,6 +25,18 @@ def assign(task: Any, node: Any, units: Iterable[Any]) -> Any:
     return assignment
 
 
+@pytest.fixture(autouse=True)
+def _no_heartbeat_liveness_left() -> Iterable[None]:
+    """Heartbeats recorded in Redis (apps.fleet.liveness) by one test are not another test's: the test
+    database's keys go before and after each test."""
+    from apps.fleet import liveness
+
+    liveness._redis.reset()
+    liveness.clear()
+    yield
+    liveness.clear()
+
+
 @pytest.fixture
 def fleet(world: Any) -> Any:
     """`world` plus agent credentials: node A (gpu-001, H100 MIG + whole) and node B (l4-001)."""
