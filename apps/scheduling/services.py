@@ -33,6 +33,7 @@ from apps.scheduling.selectors import PoolSnapshot, live_usage_milli, snapshot_f
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
 from whalegen.gpus.mig import profile_by_name
+from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
     cluster_fragmentation,
@@ -232,6 +233,8 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         where = ",".join(str(i) for i in placement.gpu_indexes)
         unit = placement.unit.mig_profile or placement.unit.kind.value
         placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
+        if (why := decisions.placement_reasons.get(placement.task_id)) is not None:
+            placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
         reasons[info.pk] = [admitted, placed]
     clock = out.lap("gangs_and_quota", clock)
     tasks_transition_bulk(
@@ -576,7 +579,7 @@ def cycle_run(
                 return CycleReport(status="busy", pool_id=pool_id)
             started = time.perf_counter()
             # 2. Snapshot.
-            snapshot = snapshot_for_pool(pool_id, now)
+            snapshot = snapshot_for_pool(pool_id, now, with_profiles=reads_profiles(policy))
             snapshot_ms = (time.perf_counter() - started) * 1000
             # 3. Decide.
             started = time.perf_counter()

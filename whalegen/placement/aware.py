@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from whalegen.forecast.interference import utilisation_factor
+from whalegen.forecast.profiles import BoundClass, BoundProfile, bound_class
 from whalegen.goodput.speed import GpuFigures, gpu_figures
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache
@@ -37,9 +39,6 @@ from whalegen.placement.state import ClusterState, Request, mig_profile_for
 from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix, TaskProfile, TaskRequest
 from whalegen.placement.whalegen_policy import OPTIONS, WhalegenPolicy
 
-# The utilisation rule fitted on all of Lucid (docs/goodput.md §3): factor = (1 − c) / max(1, demand)^k.
-LUCID_CONTENTION = 0.005
-LUCID_EXPONENT = 0.6
 # A neighbour whose utilisation nobody measured yet counts as a busy training job.
 UNKNOWN_UTIL_PCT = 100.0
 DEFAULT_FLOOR = 0.6  # the lowest predicted factor a batch task is co-located at
@@ -78,9 +77,7 @@ class ShareBinpackPolicy(Policy):
 
 def predicted_factor(util_pct: float, others_util_pct: float) -> float:
     """The Lucid-fitted utilisation rule with the neighbours' utilisations summed."""
-    demand = (util_pct + others_util_pct) / 100.0
-    slowdown: float = max(1.0, demand) ** LUCID_EXPONENT
-    return min(1.0, (1.0 - LUCID_CONTENTION) / slowdown)
+    return utilisation_factor(util_pct, others_util_pct)
 
 
 def relative_speed(figures: GpuFigures, reference: GpuFigures, exponent: float) -> float:
@@ -92,11 +89,19 @@ def relative_speed(figures: GpuFigures, reference: GpuFigures, exponent: float) 
 
 
 def bound_label(exponent: float) -> str:
-    if exponent >= 0.6:
-        return "compute-bound"
-    if exponent <= 0.4:
-        return "bandwidth-bound"
-    return "balanced"
+    return bound_class(exponent).value
+
+
+def reads_profiles(policy: str) -> bool:
+    """Whether a cycle under `policy` reads task profiles (the snapshot then loads them)."""
+    return policy.split(":", 1)[0] == AwarePolicy.name
+
+
+def task_profile(bound: BoundProfile) -> TaskProfile | None:
+    """What the placement reads of a profile key's telemetry; None when the key is not classified."""
+    if bound.bound is BoundClass.UNKNOWN or bound.compute_exponent is None:
+        return None
+    return TaskProfile(compute_exponent=bound.compute_exponent, sm_util_pct=bound.sm_util_pct)
 
 
 @dataclass(frozen=True)

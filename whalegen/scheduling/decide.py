@@ -30,7 +30,7 @@ Steps of one decision (`Decider.step`):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from whalegen.placement.engine import Engine
@@ -228,6 +228,8 @@ class Decider:
                     unplaced[task_id] = Reason(
                         reason.code, f"{reason.message}; estimated start unknown: {estimate.why_unknown}"
                     )
+        # A policy that explains its choices (whalegen.placement.aware) keeps them by task id.
+        said: Mapping[str, str] = getattr(self.engine.policy, "reasons", {})
         return Decisions(
             placements=tuple(bound),
             preemptions=tuple(kept),
@@ -235,6 +237,7 @@ class Decider:
             unplaced=unplaced,
             estimates=starts,
             nodes_after=after,
+            placement_reasons={b.task_id: said[b.task_id] for b in bound if b.task_id in said},
         )
 
     # -- 3. present units --------------------------------------------------------------------------

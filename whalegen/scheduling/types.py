@@ -138,3 +138,6 @@ class Decisions:
     # Unplaced task id → estimated start (seconds since the epoch), None when unknown.
     estimates: Mapping[str, float | None] = field(default_factory=_empty)
     nodes_after: tuple[NodeState, ...] = ()  # the pool after the placements (fragmentation figures)
+    # Placed task id → why the policy chose that unit, where the policy says (profile-aware placement:
+    # "H200-141GB chosen: 1.4× this task's H100-80GB speed (bandwidth-bound, a = 0.10)").
+    placement_reasons: Mapping[str, str] = field(default_factory=_empty)
