@@ -185,11 +185,29 @@ class Decider:
         layout_tasks = {t for plan in layouts for t, _ in plan.plan.for_tasks}
         # 6. Preemptions.
         placed_ids = {b.task_id for b in bound} | layout_tasks
+        # A task the policy deferred while units had room waits by choice: displacing work would free a
+        # unit it declines too (a policy that defers keeps `deferred`: whalegen.placement.aware).
+        # Victims on a model it would take are kept: they free a unit it accepts.
+        waits: Mapping[str, tuple[float, str, frozenset[str]]] = getattr(self.engine.policy, "deferred", {})
+        deferred = {
+            t: (why, models)
+            for t, (at_s, why, models) in waits.items()
+            if at_s == now_s and t in left and t not in placed_ids
+        }
+        model_of = (
+            dict(zip(self.engine.state.names, self.engine.state.models, strict=True)) if deferred else {}
+        )
         running = {t.task_id for t in snapshot.cluster.running}
         proposals: dict[str, list[Preemption]] = defaultdict(list)
         for preemption in preemptions:
-            if preemption.for_task_id not in placed_ids:
-                proposals[preemption.for_task_id].append(preemption)
+            for_task = preemption.for_task_id
+            if for_task in deferred and model_of.get(preemption.node) not in deferred[for_task][1]:
+                continue
+            if for_task not in placed_ids:
+                proposals[for_task].append(preemption)
+        for task_id, (why, _) in deferred.items():
+            if task_id not in proposals:
+                unplaced[task_id] = Reason(Code.DEFERRED, why)
         kept: list[Preemption] = []
         for for_task, victims in proposals.items():
             if all(v.victim_task_id in running for v in victims):

@@ -31,6 +31,7 @@ class Code:
     NEEDS_LAYOUT = "needs_layout_change"  # only a new MIG layout would hold it, and none is planned
     WAITING_FOR_LAYOUT = "waiting_for_layout"  # a GPU is being re-carved for it
     VICTIM_CLAIMED = "victim_claimed"  # the tasks it could displace were placed this very cycle
+    DEFERRED = "deferred"  # the policy declined units with room, for a while (whalegen.placement.aware)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ profile-aware choice and its reason coming out of the production decision (`deci
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from whalegen.forecast.profiles import BoundClass, classify_bound
@@ -17,9 +18,10 @@ from whalegen.placement.types import (
     GpuState,
     NodeState,
     PartitionMode,
+    RunningTask,
     TaskRequest,
 )
-from whalegen.scheduling import Config, Snapshot, decide
+from whalegen.scheduling import Code, Config, Decisions, Snapshot, decide
 
 GIB = 1024
 
@@ -65,6 +67,7 @@ def test_too_little_or_idle_telemetry_classifies_nothing(
     assert task_profile(bound) is None  # the placement then treats it as `whalegen` does
 
 
+@settings(deadline=None)  # a shared, loaded machine: the timing says nothing here
 @given(
     sm=st.floats(5.0, 100.0),
     low=st.floats(0.0, 100.0),
@@ -138,3 +141,76 @@ def test_a_policy_that_gives_no_reasons_leaves_them_empty() -> None:
     decisions = decide(snapshot, Config(policy="whalegen", preemption=False), 0.0)
     assert len(decisions.placements) == 1
     assert dict(decisions.placement_reasons) == {}
+
+
+# -- a deferral is a wait, not a shortage: no victim on a model the task declines ----------------------
+
+
+def _pool_with(victim_model: str) -> tuple[NodeState, ...]:
+    """An L4 node (GPU 0 free, GPU 1 held by the preemptible `victim` when it is an L4) and an H100 node
+    whose one GPU is held (by `victim` when it is an H100, else by work that cannot be preempted)."""
+    mem = 40 * GIB
+    l4_used = victim_model == "L4"
+    l4 = NodeState(
+        "l4",
+        64_000,
+        62_000 if l4_used else 64_000,
+        512 * GIB,
+        512 * GIB - (GIB if l4_used else 0),
+        (
+            GpuState(0, "L4", WHOLE_GPU_MILLI, mem, mem, PartitionMode.WHOLE),
+            GpuState(
+                1, "L4", 0 if l4_used else WHOLE_GPU_MILLI, 0 if l4_used else mem, mem, PartitionMode.WHOLE
+            ),
+        ),
+    )
+    h100 = NodeState(
+        "h100",
+        64_000,
+        62_000,
+        512 * GIB,
+        511 * GIB,
+        (GpuState(0, "H100-80GB", 0, 0, mem, PartitionMode.WHOLE),),
+    )
+    return (l4, h100)
+
+
+def _running(victim_model: str) -> tuple[RunningTask, ...]:
+    on_l4 = victim_model == "L4"
+    victim = RunningTask(
+        "victim",
+        "l4" if on_l4 else "h100",
+        (1 if on_l4 else 0,),
+        WHOLE_GPU_MILLI,
+        2000,
+        GIB,
+        preemptible=True,
+    )
+    keeper = RunningTask("keeper", "h100", (0,), WHOLE_GPU_MILLI, 2000, GIB, priority=9)
+    return (victim,) if not on_l4 else (victim, keeper)
+
+
+def _decide_urgent(victim_model: str, policy: str) -> Decisions:
+    # A bandwidth-bound task (a = 0.1) runs at 0.33× V100 on an L4 and 3.7× on an H100: at under half its
+    # pool-average speed on the free L4, so `whalegen-aware` defers it for up to 15 minutes.
+    urgent = replace(_pending("urgent", 90.0, 81.0), priority=5, cpu_milli=2000)
+    cluster = ClusterSnapshot(_pool_with(victim_model), pending=(urgent,), running=_running(victim_model))
+    return decide(Snapshot(cluster=cluster, unit_exact=False), Config(policy=policy), 0.0)
+
+
+def test_a_deferred_task_displaces_no_work_on_the_model_it_declines() -> None:
+    decisions = _decide_urgent("L4", "whalegen-aware")
+    assert decisions.placements == () and decisions.preemptions == ()
+    reason = decisions.unplaced["urgent"]
+    assert reason.code == Code.DEFERRED
+    assert reason.message.startswith("deferred: the best unit with room (L4) runs it at")
+    # The first version proposed the L4 victim, whose freed GPU the policy then declined again (the churn
+    # of docs/goodput.md §8): still there behind the option.
+    before = _decide_urgent("L4", "whalegen-aware:preempt_deferred=1")
+    assert [p.victim_task_id for p in before.preemptions] == ["victim"]
+
+
+def test_a_deferred_task_still_displaces_work_on_a_model_it_takes() -> None:
+    decisions = _decide_urgent("H100-80GB", "whalegen-aware")
+    assert [(p.victim_task_id, p.node) for p in decisions.preemptions] == [("victim", "h100")]
+    assert decisions.unplaced["urgent"].code == "waiting_for_preemption"
