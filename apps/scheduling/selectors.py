@@ -687,9 +687,8 @@ def _read_quotas(r: _Reading) -> list[QuotaState]:
     return quotas
 
 
-def snapshot_for_pool(pool_id: int, now: datetime, *, with_profiles: bool = False) -> PoolSnapshot:
-    """An immutable picture of one pool for one cycle, in nine queries (see the readers for each step);
-    `with_profiles` (a profile-aware policy) adds two for the pending tasks' learned profiles."""
+def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
+    """An immutable picture of one pool for one cycle, in nine queries (see the readers for each step)."""
     r = _Reading(pool_id=pool_id, now=now)
     _read_nodes(r)
     _read_gpus(r)
@@ -698,8 +697,6 @@ def snapshot_for_pool(pool_id: int, now: datetime, *, with_profiles: bool = Fals
     _read_claims(r)
     gpus = _read_nodes_state(r)
     pending, held, pending_info, runtimes = _read_pending(r, effective)
-    if with_profiles:
-        pending = with_bound_profiles(pending, now)
     quotas = _read_quotas(r)
     cluster = ClusterSnapshot(
         nodes=tuple(gpus.nodes), pending=tuple(pending), running=tuple(running), quotas=tuple(quotas)
@@ -807,6 +804,14 @@ def quota_usage(*, tenant_ids: list[int]) -> dict[tuple[int, int], QuotaUsage]:
 
 
 # ------------------------------------------------------------ learned profiles for profile-aware placement
+
+
+def snapshot_with_profiles(snapshot: PoolSnapshot) -> PoolSnapshot:
+    """`snapshot` with its pending tasks' learned profiles (`with_bound_profiles`), for a profile-aware
+    policy's cycle; two more queries."""
+    pending = with_bound_profiles(list(snapshot.cluster.pending), snapshot.now)
+    cluster = replace(snapshot.cluster, pending=tuple(pending))
+    return replace(snapshot, cluster=cluster, pure=replace(snapshot.pure, cluster=cluster))
 
 
 def with_bound_profiles(pending: list[TaskRequest], now: datetime) -> list[TaskRequest]:

@@ -29,7 +29,12 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
-from apps.scheduling.selectors import PoolSnapshot, live_usage_milli, snapshot_for_pool
+from apps.scheduling.selectors import (
+    PoolSnapshot,
+    live_usage_milli,
+    snapshot_for_pool,
+    snapshot_with_profiles,
+)
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
 from whalegen.gpus.mig import profile_by_name
@@ -579,7 +584,9 @@ def cycle_run(
                 return CycleReport(status="busy", pool_id=pool_id)
             started = time.perf_counter()
             # 2. Snapshot.
-            snapshot = snapshot_for_pool(pool_id, now, with_profiles=reads_profiles(policy))
+            snapshot = snapshot_for_pool(pool_id, now)
+            if reads_profiles(policy):
+                snapshot = snapshot_with_profiles(snapshot)
             snapshot_ms = (time.perf_counter() - started) * 1000
             # 3. Decide.
             started = time.perf_counter()

@@ -12,7 +12,7 @@ import pytest
 
 from apps.fleet.models import GpuSample, TaskSample
 from apps.scheduling.models import Assignment
-from apps.scheduling.selectors import snapshot_for_pool
+from apps.scheduling.selectors import snapshot_for_pool, snapshot_with_profiles
 from apps.workloads.models import Task, TaskEvent
 from tests.apps.scheduling.conftest import NOW, run
 
@@ -120,7 +120,7 @@ def test_profiles_come_only_from_the_keys_own_busy_unshared_samples_in_the_windo
     idle = fleet.submit("a", name="idle", profile_key="idle")
     shared = fleet.submit("a", name="shared", profile_key="shared")
     unkeyed = fleet.submit("a", name="plain")
-    snapshot = snapshot_for_pool(fleet.pool.pk, NOW, with_profiles=True)
+    snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW))
     profiles = {t.task_id: t.profile for t in snapshot.cluster.pending}
     mine_profile = profiles[str(mine.pk)]
     assert mine_profile is not None and mine_profile.compute_exponent == pytest.approx(0.1)
@@ -130,7 +130,7 @@ def test_profiles_come_only_from_the_keys_own_busy_unshared_samples_in_the_windo
     plain = snapshot_for_pool(fleet.pool.pk, NOW)
     assert all(t.profile is None for t in plain.cluster.pending)
     # Samples older than the lookback window are forgotten.
-    later = snapshot_for_pool(fleet.pool.pk, NOW + timedelta(days=400), with_profiles=True)
+    later = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW + timedelta(days=400)))
     assert all(t.profile is None for t in later.cluster.pending)
 
 
@@ -144,6 +144,6 @@ def test_another_tenants_key_of_the_same_name_is_its_own_profile(fleet) -> None:
     seed_history(tenant=other, gpu=node.gpus.get(index=1), key="decode", sm_pct=90, mem_ctrl_pct=9, until=NOW)
     mine = fleet.submit("a", name="decode", profile_key="decode")
     theirs = fleet.submit("b", name="decode", profile_key="decode")
-    snapshot = snapshot_for_pool(fleet.pool.pk, NOW, with_profiles=True)
+    snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW))
     exponents = {t.task_id: t.profile.compute_exponent for t in snapshot.cluster.pending if t.profile}
     assert exponents == {str(mine.pk): pytest.approx(0.1), str(theirs.pk): pytest.approx(0.9)}
