@@ -32,10 +32,16 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
-from apps.scheduling.selectors import PoolSnapshot, live_usage_milli, snapshot_for_pool
+from apps.scheduling.selectors import (
+    PoolSnapshot,
+    live_usage_milli,
+    snapshot_for_pool,
+    snapshot_with_profiles,
+)
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
 from whalegen.gpus.mig import profile_by_name
+from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
     cluster_fragmentation,
@@ -241,6 +247,8 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         where = ",".join(str(i) for i in placement.gpu_indexes)
         unit = placement.unit.mig_profile or placement.unit.kind.value
         placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
+        if (why := decisions.placement_reasons.get(placement.task_id)) is not None:
+            placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
         reasons[info.pk] = [admitted, placed]
     clock = out.lap("gangs_and_quota", clock)
     tasks_transition_bulk(
@@ -602,6 +610,8 @@ def cycle_run(
             cpu_ms: dict[str, float] = {}
             # 2. Snapshot.
             snapshot = snapshot_for_pool(pool_id, now)
+            if reads_profiles(policy):
+                snapshot = snapshot_with_profiles(snapshot)
             snapshot_ms = (time.perf_counter() - started) * 1000
             cpu_ms["snapshot"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()
             # 3. Decide.

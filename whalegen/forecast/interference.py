@@ -88,3 +88,20 @@ def evaluate_interference(
         for name, p in cands.items()
     }
     return InterferenceEvaluation(int(ok.sum()), models)
+
+
+# -- the utilisation rule of the goodput replay and the profile-aware placement -----------------------
+
+# Fitted on all of Lucid's pairs (docs/goodput.md §3): factor = (1 − c) / max(1, summed demand)^k, with the
+# demand each side's SM utilisation alone. It needs only what NVML reports, so the production plane can
+# apply it to any profile key with telemetry.
+LUCID_CONTENTION = 0.005
+LUCID_EXPONENT = 0.6
+
+
+def utilisation_factor(util_pct: float, others_util_pct: float) -> float:
+    """Predicted throughput (shared over alone) of a task at `util_pct` SM utilisation beside neighbours
+    whose SM utilisations sum to `others_util_pct`."""
+    demand = (util_pct + others_util_pct) / 100.0
+    slowdown: float = max(1.0, demand) ** LUCID_EXPONENT
+    return min(1.0, (1.0 - LUCID_CONTENTION) / slowdown)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from whalegen.forecast import metrics
+from whalegen.forecast.interference import utilisation_factor
 from whalegen.gpus.catalogue import get_model
 from whalegen.gpus.mig import mig_profiles
 
@@ -231,4 +232,74 @@ def right_size(
         min(mem_limit, model.mem_mib),
         thread_pct,
         f"MPS share: {min(mem_limit, model.mem_mib)} MiB pinned, {thread_pct} % threads",
+    )
+
+
+# ------------------------------------------------------------ compute- or bandwidth-bound, from NVML
+
+
+class BoundClass(StrEnum):
+    """Which ceiling a task's speed follows (the speed rule of docs/goodput.md §2)."""
+
+    COMPUTE = "compute-bound"  # speed follows FP32 TFLOPS
+    BANDWIDTH = "bandwidth-bound"  # speed follows HBM bandwidth
+    BALANCED = "balanced"
+    UNKNOWN = "unknown"  # too little telemetry, or the GPU was idle
+
+
+# The exponent's cut-offs for the two classes (the same as the replay's reasons).
+COMPUTE_BOUND_MIN_EXPONENT = 0.6
+BANDWIDTH_BOUND_MAX_EXPONENT = 0.4
+# Samples of a busy GPU needed before a key is classified, and what "busy" means: an SM utilisation below
+# this says the task waited on the host (data loading, I/O), which tells nothing about its kernels.
+MIN_BOUND_SAMPLES = 3
+MIN_BUSY_SM_PCT = 5.0
+
+
+def bound_class(exponent: float | None) -> BoundClass:
+    if exponent is None:
+        return BoundClass.UNKNOWN
+    if exponent >= COMPUTE_BOUND_MIN_EXPONENT:
+        return BoundClass.COMPUTE
+    if exponent <= BANDWIDTH_BOUND_MAX_EXPONENT:
+        return BoundClass.BANDWIDTH
+    return BoundClass.BALANCED
+
+
+@dataclass(frozen=True)
+class BoundProfile:
+    """A profile key's compute/bandwidth split and interference sensitivity, learned from NVML telemetry.
+
+    `compute_exponent` is the `a` of the speed rule (0: bandwidth … 1: compute); `sensitivity` is the
+    share of its speed the task is predicted to lose beside a copy of itself on one GPU (0 … 1).
+    """
+
+    samples: int
+    sm_util_pct: float | None
+    mem_ctrl_util_pct: float | None
+    compute_exponent: float | None
+    bound: BoundClass
+    sensitivity: float | None
+
+
+def classify_bound(samples: int, sm_util_pct: float | None, mem_ctrl_util_pct: float | None) -> BoundProfile:
+    """Classify a profile key from its mean SM and memory-controller utilisation (NVML's
+    `utilization.gpu` and `utilization.memory`, over the samples where its GPU was busy).
+
+    Rule: `a = 1 − mem_ctrl / sm`, clipped to [0, 1]. NVML's memory utilisation is the share of time the
+    DRAM was being read or written, its GPU utilisation the share of time a kernel ran; their ratio is
+    the share of kernel time spent moving memory, so a task whose DRAM is busy whenever its kernels run
+    is bandwidth-bound (a → 0), one whose kernels run with the DRAM mostly quiet is compute-bound (a → 1).
+    A roofline reading of two duty cycles, not a measurement of arithmetic intensity (docs/goodput.md §10
+    states what it misses). The sensitivity is the Lucid utilisation rule of
+    `whalegen.forecast.interference.utilisation_factor` beside a copy of itself.
+    """
+    if samples < MIN_BOUND_SAMPLES or sm_util_pct is None or mem_ctrl_util_pct is None:
+        return BoundProfile(samples, sm_util_pct, mem_ctrl_util_pct, None, BoundClass.UNKNOWN, None)
+    if sm_util_pct < MIN_BUSY_SM_PCT:
+        return BoundProfile(samples, sm_util_pct, mem_ctrl_util_pct, None, BoundClass.UNKNOWN, None)
+    exponent = float(min(1.0, max(0.0, 1.0 - mem_ctrl_util_pct / sm_util_pct)))
+    sensitivity = 1.0 - utilisation_factor(sm_util_pct, sm_util_pct)
+    return BoundProfile(
+        samples, sm_util_pct, mem_ctrl_util_pct, exponent, bound_class(exponent), round(sensitivity, 4)
     )

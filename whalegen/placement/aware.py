@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from whalegen.forecast.interference import utilisation_factor
+from whalegen.forecast.profiles import BoundClass, BoundProfile, bound_class
 from whalegen.goodput.speed import GpuFigures, gpu_figures
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache
@@ -37,9 +39,6 @@ from whalegen.placement.state import ClusterState, Request, mig_profile_for
 from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix, TaskProfile, TaskRequest
 from whalegen.placement.whalegen_policy import OPTIONS, WhalegenPolicy
 
-# The utilisation rule fitted on all of Lucid (docs/goodput.md §3): factor = (1 − c) / max(1, demand)^k.
-LUCID_CONTENTION = 0.005
-LUCID_EXPONENT = 0.6
 # A neighbour whose utilisation nobody measured yet counts as a busy training job.
 UNKNOWN_UTIL_PCT = 100.0
 DEFAULT_FLOOR = 0.6  # the lowest predicted factor a batch task is co-located at
@@ -78,9 +77,7 @@ class ShareBinpackPolicy(Policy):
 
 def predicted_factor(util_pct: float, others_util_pct: float) -> float:
     """The Lucid-fitted utilisation rule with the neighbours' utilisations summed."""
-    demand = (util_pct + others_util_pct) / 100.0
-    slowdown: float = max(1.0, demand) ** LUCID_EXPONENT
-    return min(1.0, (1.0 - LUCID_CONTENTION) / slowdown)
+    return utilisation_factor(util_pct, others_util_pct)
 
 
 def relative_speed(figures: GpuFigures, reference: GpuFigures, exponent: float) -> float:
@@ -92,11 +89,19 @@ def relative_speed(figures: GpuFigures, reference: GpuFigures, exponent: float) 
 
 
 def bound_label(exponent: float) -> str:
-    if exponent >= 0.6:
-        return "compute-bound"
-    if exponent <= 0.4:
-        return "bandwidth-bound"
-    return "balanced"
+    return bound_class(exponent).value
+
+
+def reads_profiles(policy: str) -> bool:
+    """Whether a cycle under `policy` reads task profiles (the snapshot then loads them)."""
+    return policy.split(":", 1)[0] == AwarePolicy.name
+
+
+def task_profile(bound: BoundProfile) -> TaskProfile | None:
+    """What the placement reads of a profile key's telemetry; None when the key is not classified."""
+    if bound.bound is BoundClass.UNKNOWN or bound.compute_exponent is None:
+        return None
+    return TaskProfile(compute_exponent=bound.compute_exponent, sm_util_pct=bound.sm_util_pct)
 
 
 @dataclass(frozen=True)
@@ -119,21 +124,29 @@ class AwarePolicy(WhalegenPolicy):
         floor = options.pop("floor", str(DEFAULT_FLOOR))
         advantage = options.pop("advantage", str(DEFAULT_ADVANTAGE))
         defer = options.pop("defer_s", str(DEFAULT_DEFER_S))
+        # `preempt_deferred=1` restores the first version, where a deferred task proposed victims.
+        preempt_deferred = options.pop("preempt_deferred", "0")
         super().__init__(**{k: v for k, v in options.items() if k in OPTIONS})
         unknown = set(options) - set(OPTIONS)
         if unknown:
             raise ValueError(
-                f"whalegen-aware options are floor and {', '.join(OPTIONS)}, got {sorted(unknown)}"
+                "whalegen-aware options are floor, advantage, defer_s, preempt_deferred and "
+                f"{', '.join(OPTIONS)}, got {sorted(unknown)}"
             )
         self.floor = float(floor)
         self.advantage = float(advantage)
         self.defer_s = float(defer)
+        self.preempt_deferred = preempt_deferred not in ("0", "false", "no")
         self.now_s = 0.0
         self._fleet_mean: dict[float, float] = {}
         self.task: TaskRequest | None = None
         self.profiles: dict[str, TaskProfile] = {}  # every task seen, for its later neighbours
         self.reasons: dict[str, str] = {}
         self.refusals: dict[str, str] = {}
+        # Task id → (the step's clock, why, the models it would take) for a task this policy deferred while
+        # units had room: a wait by choice, not a shortage, so the decision drops preemptions for it on the
+        # models it declines (a victim there would free a unit it declines again; whalegen.scheduling).
+        self.deferred: dict[str, tuple[float, str, frozenset[str]]] = {}
         self._occupants: dict[tuple[int, int], list[str]] = {}
         self._occupants_at = -1
 
@@ -150,6 +163,7 @@ class AwarePolicy(WhalegenPolicy):
     def begin_task(self, task: TaskRequest, now_s: float) -> None:
         self.task = task
         self.now_s = now_s
+        self.deferred.pop(task.task_id, None)
         if task.profile is not None:
             self.profiles[task.task_id] = task.profile
 
@@ -185,11 +199,14 @@ class AwarePolicy(WhalegenPolicy):
             kept = [o for o in options if o.speed >= self.advantage * mean]
             if not kept:
                 best_slow = max(options, key=lambda o: o.speed)
-                refused.append(
+                why = (
                     f"deferred: the best unit with room ({self.state.models[best_slow.node]}) runs it at "
                     f"{best_slow.speed / mean:.2f}× its fleet-average speed, below {self.advantage:g}×; it "
                     f"takes it after {self.defer_s:g} s of waiting"
                 )
+                refused.append(why)
+                if not self.preempt_deferred:
+                    self.deferred[task.task_id] = (self.now_s, why, self._accepted_models(profile, mean))
             options = kept
         if not options:
             self.refusals[task.task_id] = "; ".join(refused[:3]) or "no GPU model with known figures has room"
@@ -221,6 +238,15 @@ class AwarePolicy(WhalegenPolicy):
         compute, bandwidth = slice_fraction
         speed: float = relative_speed(figures, self.reference, a) * compute**a * bandwidth ** (1 - a)
         return speed
+
+    def _accepted_models(self, profile: TaskProfile, mean: float) -> frozenset[str]:
+        """The pool's models on which the task runs at `advantage` × its fleet-average speed or more."""
+        a = profile.compute_exponent if profile.compute_exponent is not None else 0.5
+        return frozenset(
+            model
+            for model, figures in self.figures.items()
+            if figures is not None and relative_speed(figures, self.reference, a) >= self.advantage * mean
+        )
 
     def _mean_speed(self, profile: TaskProfile) -> float:
         """The task's speed averaged over every GPU of the pool (over the reference model's)."""

@@ -30,7 +30,7 @@ Steps of one decision (`Decider.step`):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from whalegen.placement.engine import Engine
@@ -194,11 +194,29 @@ class Decider:
         layout_tasks = {t for plan in layouts for t, _ in plan.plan.for_tasks}
         # 6. Preemptions.
         placed_ids = {b.task_id for b in bound} | layout_tasks
+        # A task the policy deferred while units had room waits by choice: displacing work would free a
+        # unit it declines too (a policy that defers keeps `deferred`: whalegen.placement.aware).
+        # Victims on a model it would take are kept: they free a unit it accepts.
+        waits: Mapping[str, tuple[float, str, frozenset[str]]] = getattr(self.engine.policy, "deferred", {})
+        deferred = {
+            t: (why, models)
+            for t, (at_s, why, models) in waits.items()
+            if at_s == now_s and t in left and t not in placed_ids
+        }
+        model_of = (
+            dict(zip(self.engine.state.names, self.engine.state.models, strict=True)) if deferred else {}
+        )
         running = {t.task_id for t in snapshot.cluster.running}
         proposals: dict[str, list[Preemption]] = defaultdict(list)
         for preemption in preemptions:
-            if preemption.for_task_id not in placed_ids:
-                proposals[preemption.for_task_id].append(preemption)
+            for_task = preemption.for_task_id
+            if for_task in deferred and model_of.get(preemption.node) not in deferred[for_task][1]:
+                continue
+            if for_task not in placed_ids:
+                proposals[for_task].append(preemption)
+        for task_id, (why, _) in deferred.items():
+            if task_id not in proposals:
+                unplaced[task_id] = Reason(Code.DEFERRED, why)
         kept: list[Preemption] = []
         for for_task, victims in proposals.items():
             if all(v.victim_task_id in running for v in victims):
@@ -243,6 +261,8 @@ class Decider:
                     starts[task_id] = reservation.start_s
                 for task_id in unplaced.keys() & held.keys():
                     starts[task_id] = max(starts.get(task_id) or now_s, reservation.start_s)
+        # A policy that explains its choices (whalegen.placement.aware) keeps them by task id.
+        said: Mapping[str, str] = getattr(self.engine.policy, "reasons", {})
         return Decisions(
             placements=tuple(bound),
             preemptions=tuple(kept),
@@ -251,6 +271,7 @@ class Decider:
             estimates=starts,
             nodes_after=after,
             reservation=reservation,
+            placement_reasons={b.task_id: said[b.task_id] for b in bound if b.task_id in said},
         )
 
     # -- 3b. reservation ---------------------------------------------------------------------------

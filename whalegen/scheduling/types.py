@@ -33,6 +33,7 @@ class Code:
     WAITING_FOR_LAYOUT = "waiting_for_layout"  # a GPU is being re-carved for it
     VICTIM_CLAIMED = "victim_claimed"  # the tasks it could displace were placed this very cycle
     HELD_FOR_RESERVATION = "held_for_reservation"  # starting it would delay a reserved large task
+    DEFERRED = "deferred"  # the policy declined units with room, for a while (whalegen.placement.aware)
 
 
 @dataclass(frozen=True)
@@ -144,3 +145,6 @@ class Decisions:
     estimates: Mapping[str, float | None] = field(default_factory=_empty)
     nodes_after: tuple[NodeState, ...] = ()  # the pool after the placements (fragmentation figures)
     reservation: Reservation | None = None  # the large task or gang held for (Config.reserve)
+    # Placed task id → why the policy chose that unit, where the policy says (profile-aware placement:
+    # "H200-141GB chosen: 1.4× this task's H100-80GB speed (bandwidth-bound, a = 0.10)").
+    placement_reasons: Mapping[str, str] = field(default_factory=_empty)

@@ -1,0 +1,149 @@
+"""The production cycle with profile-aware placement (#14): profiles learned from the agents' NVML
+telemetry (GpuSample SM and memory-controller utilisation at the instants a key's tasks were sampled)
+send a bandwidth-bound task to the HBM-rich model and a compute-bound one to the FLOPS-rich model, and
+the assigned event's reason says why."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from apps.fleet.models import GpuSample, TaskSample
+from apps.scheduling.models import Assignment
+from apps.scheduling.selectors import snapshot_for_pool, snapshot_with_profiles
+from apps.workloads.models import Task, TaskEvent
+from tests.apps.scheduling.conftest import NOW, run
+
+
+def seed_history(
+    *,
+    tenant: Any,
+    gpu: Any,
+    key: str,
+    sm_pct: int,
+    mem_ctrl_pct: int,
+    until: datetime,
+    samples: int = 6,
+    gpu_samples: bool = True,
+) -> Any:
+    """An earlier task of `key` that ran on `gpu`, with the samples its node's heartbeats stored (one GPU
+    sample and one process sample per instant, stamped alike, as `_store_telemetry` writes them), then
+    cancelled so that the cycle under test does not place it. `gpu_samples=False`: only process samples
+    (a second task on a GPU whose samples an earlier call wrote)."""
+    from apps.workloads.services import TaskRequest, task_submit, task_transition
+
+    task, _ = task_submit(
+        tenant=tenant,
+        request=TaskRequest(queue="q", name=f"{key}-history", profile_key=key),
+        submitted_by=None,
+    )
+    for i in range(samples):
+        at = until - timedelta(minutes=samples - i)
+        if gpu_samples:
+            GpuSample.objects.create(
+                gpu=gpu, at=at, mem_used_mib=20_000, util_gpu_pct=sm_pct, util_mem_pct=mem_ctrl_pct
+            )
+        TaskSample.objects.create(task=task, gpu=gpu, at=at, pid=4242, used_mib=20_000)
+    return task_transition(task=task, to_state=Task.State.CANCELLED, actor="test", reason="history only")
+
+
+def _gpu(node: Any) -> Any:
+    return node.gpus.get(index=0)
+
+
+def _model_of(task: Task) -> str:
+    assignment = Assignment.objects.get(task=task, released_at__isnull=True)
+    return assignment.units.select_related("gpu").get().gpu.model
+
+
+def _assigned_reason(task: Task) -> str:
+    return TaskEvent.objects.get(task=task, to_state=Task.State.ASSIGNED).reason
+
+
+def test_the_cycle_places_each_learned_class_on_its_model_and_writes_why(fleet) -> None:
+    h200 = fleet.node(model="H200-141GB", name="h200-01")
+    l40s = fleet.node(model="L40S", name="l40s-01")
+    tenant = fleet.tenant("a", guaranteed=4000)
+    # Decode-style serving: the DRAM busy 81 of the 90 % the kernels run (a = 0.10). GEMM-heavy training:
+    # 9 of 90 % (a = 0.90). The history ran on the "wrong" model each time: where it ran does not matter.
+    seed_history(tenant=tenant, gpu=_gpu(l40s), key="decode", sm_pct=90, mem_ctrl_pct=81, until=NOW)
+    seed_history(tenant=tenant, gpu=_gpu(h200), key="gemm", sm_pct=90, mem_ctrl_pct=9, until=NOW)
+    # The compute-bound task is older, so it is offered first: both models are free for it.
+    gemm = fleet.submit("a", name="gemm", profile_key="gemm")
+    decode = fleet.submit("a", name="decode", profile_key="decode")
+    report = run(fleet, policy="whalegen-aware")
+    assert (report.placed, report.unplaced) == (2, 0)
+    assert _model_of(decode) == "H200-141GB"
+    assert _model_of(gemm) == "L40S"
+    assert _assigned_reason(gemm).endswith(
+        "policy whalegen-aware: L40S chosen: 1.1× this task's H200-141GB speed (compute-bound, a = 0.90)"
+    )
+    assert _assigned_reason(decode).endswith(
+        "policy whalegen-aware: H200-141GB chosen: the only model with room (bandwidth-bound, a = 0.10)"
+    )
+
+
+def test_a_bandwidth_bound_task_offered_both_models_says_how_much_faster_the_hbm_rich_one_is(fleet) -> None:
+    fleet.node(model="H200-141GB", name="h200-01")
+    l40s = fleet.node(model="L40S", name="l40s-01")
+    tenant = fleet.tenant("a", guaranteed=4000)
+    seed_history(tenant=tenant, gpu=_gpu(l40s), key="decode", sm_pct=90, mem_ctrl_pct=81, until=NOW)
+    decode = fleet.submit("a", name="decode", profile_key="decode")
+    run(fleet, policy="whalegen-aware")
+    assert _model_of(decode) == "H200-141GB"
+    ratio = (67 / 91.6) ** 0.1 * (4800 / 864) ** 0.9  # the speed rule at a = 0.10: 4.5×
+    assert _assigned_reason(decode).endswith(
+        f"H200-141GB chosen: {ratio:.1f}× this task's L40S speed (bandwidth-bound, a = 0.10)"
+    )
+
+
+def test_profiles_come_only_from_the_keys_own_busy_unshared_samples_in_the_window(fleet) -> None:
+    node = fleet.node(model="H200-141GB", name="h200-01", gpus=2)
+    tenant = fleet.tenant("a", guaranteed=4000)
+    other = fleet.tenant("b", guaranteed=4000)
+    first, second = node.gpus.get(index=0), node.gpus.get(index=1)
+    seed_history(tenant=tenant, gpu=first, key="decode", sm_pct=90, mem_ctrl_pct=81, until=NOW)
+    # The same key of another tenant is another profile; an idle GPU (a host-bound task) says nothing.
+    seed_history(tenant=other, gpu=second, key="decode", sm_pct=90, mem_ctrl_pct=9, until=NOW)
+    seed_history(
+        tenant=tenant, gpu=first, key="idle", sm_pct=2, mem_ctrl_pct=1, until=NOW - timedelta(hours=1)
+    )
+    # A task that only ever shared a GPU (the second GPU, beside b's decode run) has no reading of its own;
+    # and the instants it shared are dropped from b's profile too, which then has none left.
+    seed_history(
+        tenant=tenant, gpu=second, key="shared", sm_pct=0, mem_ctrl_pct=0, until=NOW, gpu_samples=False
+    )
+    mine = fleet.submit("a", name="decode", profile_key="decode")
+    theirs = fleet.submit("b", name="decode", profile_key="decode")
+    idle = fleet.submit("a", name="idle", profile_key="idle")
+    shared = fleet.submit("a", name="shared", profile_key="shared")
+    unkeyed = fleet.submit("a", name="plain")
+    snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW))
+    profiles = {t.task_id: t.profile for t in snapshot.cluster.pending}
+    mine_profile = profiles[str(mine.pk)]
+    assert mine_profile is not None and mine_profile.compute_exponent == pytest.approx(0.1)
+    assert mine_profile.sm_util_pct == pytest.approx(90.0)
+    assert [profiles[str(t.pk)] for t in (theirs, idle, shared, unkeyed)] == [None, None, None, None]
+    # A cycle of a policy that reads no profiles does not load them.
+    plain = snapshot_for_pool(fleet.pool.pk, NOW)
+    assert all(t.profile is None for t in plain.cluster.pending)
+    # Samples older than the lookback window are forgotten.
+    later = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW + timedelta(days=400)))
+    assert all(t.profile is None for t in later.cluster.pending)
+
+
+def test_another_tenants_key_of_the_same_name_is_its_own_profile(fleet) -> None:
+    node = fleet.node(model="H200-141GB", name="h200-01", gpus=2)
+    tenant = fleet.tenant("a", guaranteed=4000)
+    other = fleet.tenant("b", guaranteed=4000)
+    seed_history(
+        tenant=tenant, gpu=node.gpus.get(index=0), key="decode", sm_pct=90, mem_ctrl_pct=81, until=NOW
+    )
+    seed_history(tenant=other, gpu=node.gpus.get(index=1), key="decode", sm_pct=90, mem_ctrl_pct=9, until=NOW)
+    mine = fleet.submit("a", name="decode", profile_key="decode")
+    theirs = fleet.submit("b", name="decode", profile_key="decode")
+    snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW))
+    exponents = {t.task_id: t.profile.compute_exponent for t in snapshot.cluster.pending if t.profile}
+    assert exponents == {str(mine.pk): pytest.approx(0.1), str(theirs.pk): pytest.approx(0.9)}
