@@ -28,6 +28,8 @@ REASON_LABELS: dict[str, str] = {
     Code.NEEDS_LAYOUT: "only a new MIG layout would fit",
     Code.WAITING_FOR_LAYOUT: "a GPU is being re-carved for it",
     Code.VICTIM_CLAIMED: "its preemption victims were just placed",
+    Code.HELD_FOR_RESERVATION: "held so a reserved large task can start on time",
+    Code.DEFERRED: "waiting for a faster GPU model to free up",
     BACKING_OFF: "backing off before a retry",
 }
 
