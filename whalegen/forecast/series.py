@@ -120,41 +120,10 @@ def _feature_frame(y: pd.Series, cfg: SeriesConfig, scale: float) -> pd.DataFram
         at_target = y.shift(p - h)
         out[f"{name}_target_minus_last"] = at_target - last
         out[f"{name}_change"] = at_target - y.shift(p)
-    if cfg.agg is Aggregation.SUM:
-        out.update(_count_features(y, cfg, last))
     target_time = y.index + pd.Timedelta(seconds=cfg.horizon_s)
     out["target_hour"] = pd.Series(target_time.hour + target_time.minute / 60.0, index=y.index)
     out["target_weekday"] = pd.Series(target_time.day_of_week, index=y.index, dtype=np.float64)
     return pd.DataFrame(out)
-
-
-def _count_features(y: pd.Series, cfg: SeriesConfig, last: pd.Series) -> dict[str, pd.Series]:
-    """Extra features for count series (arrivals per bin, `--agg sum`), all from bins at or before
-    the origin. Arrivals are sparse and bursty and the metric is MAE, so the forecast that wins is a
-    conditional median: how often recent bins were empty, the recent medians, and how long since the
-    last burst tell the trees where "0" or "the usual level" is the median. The daily cycle comes from
-    the target slot on each of the last seven days (their mean and median smooth one day's burst)."""
-    h = cfg.horizon_bins
-    out: dict[str, pd.Series] = {}
-    empty = (y == 0).astype(np.float64).where(y.notna())
-    for w_s in (3_600, 6 * 3_600, DAY_S):
-        w = cfg.bins(w_s)
-        out[f"zero_share{w_s}s"] = empty.rolling(w, min_periods=1).mean()
-        out[f"median{w_s}s_minus_last"] = y.rolling(w, min_periods=1).median() - last
-    # Bins since the last non-empty bin (capped at one day): "quiet since the burst ended".
-    idx = pd.Series(np.arange(len(y), dtype=np.float64), index=y.index)
-    last_busy = idx.where(y > 0).ffill()
-    out["bins_since_busy"] = (idx - last_busy).clip(upper=cfg.bins(DAY_S)).fillna(cfg.bins(DAY_S))
-    p = cfg.bins(DAY_S)
-    slots = pd.concat([y.shift(k * p - h) for k in range(1, 8)], axis=1)
-    out["slot7d_mean_minus_last"] = slots.mean(axis=1) - last
-    out["slot7d_median_minus_last"] = slots.median(axis=1) - last
-    out["slot7d_zero_share"] = (slots == 0).where(slots.notna()).mean(axis=1)
-    # Yesterday's target slot and its neighbours (a burst one bin early or late), only where the
-    # neighbour is still at or before the origin (p − h − 1 ≥ 0).
-    near = [y.shift(p - h + d) for d in (-1, 0, 1) if p - h + d >= 0]
-    out["day_slot3_sum"] = pd.concat(near, axis=1).sum(axis=1, min_count=1)
-    return out
 
 
 def build_rows(y: pd.Series, cfg: SeriesConfig, scale: float) -> pd.DataFrame:

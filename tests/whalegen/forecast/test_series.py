@@ -72,41 +72,6 @@ def test_features_never_look_past_the_origin() -> None:
     assert not a.loc[cut - 6 : cut, "target"].equals(b.loc[cut - 6 : cut, "target"])
 
 
-@pytest.mark.parametrize("horizon_s", [600, 3_600, 86_400])
-def test_count_series_features_never_look_past_the_origin(horizon_s: int) -> None:
-    # Count series (`--agg sum`) get the extra arrival features; a one-day horizon is where the
-    # yesterday-slot neighbours would reach past the origin if they were not guarded.
-    cfg = SeriesConfig(horizon_s=horizon_s, bin_s=600, agg=Aggregation.SUM)
-    rng = np.random.default_rng(2)
-    base = pd.Series(
-        (rng.random(2_500) < 0.3) * rng.integers(1, 6, 2_500).astype(np.float64),
-        index=pd.date_range("2020-01-01", periods=2_500, freq="600s"),
-    )
-    cut = 2_000
-    changed = base.copy()
-    changed.iloc[cut + 1 :] = rng.integers(20, 40, len(base) - cut - 1)
-    a = build_rows(base, cfg, 5.0)
-    b = build_rows(changed, cfg, 5.0)
-    assert {"zero_share3600s", "bins_since_busy", "slot7d_median_minus_last", "day_slot3_sum"} <= set(a)
-    features = [c for c in a.columns if c not in {"target", "origin", "target_time"}]
-    pd.testing.assert_frame_equal(a.loc[:cut, features], b.loc[:cut, features])
-    assert not a.loc[cut - 6 : cut, "target"].equals(b.loc[cut - 6 : cut, "target"])
-
-
-def test_count_features_on_a_hand_made_series() -> None:
-    cfg = SeriesConfig(horizon_s=600, bin_s=600, agg=Aggregation.SUM)
-    y = pd.Series(
-        [0.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0], index=pd.date_range("2020-01-01", periods=8, freq="600s")
-    )
-    rows = build_rows(y, cfg, scale=3.0)
-    assert rows["bins_since_busy"].tolist()[1:8] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0]
-    # Last hour (6 bins) at origin 6: bins 1..6 hold one busy bin.
-    assert rows.loc[6, "zero_share3600s"] == pytest.approx(5 / 6)
-    assert rows.loc[6, "median3600s_minus_last"] == 0.0
-    # Level series do not get them (their figures in docs §4.1 stay as measured).
-    assert "bins_since_busy" not in build_rows(y, SeriesConfig(horizon_s=600, bin_s=600), scale=3.0)
-
-
 def test_horizon_must_be_whole_bins_and_at_most_a_day() -> None:
     with pytest.raises(ValueError, match="whole number"):
         SeriesConfig(horizon_s=900, bin_s=600)
