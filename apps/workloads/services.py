@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models import BooleanField, Exists, F, OuterRef, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -868,11 +868,18 @@ def tasks_transition_bulk(
     with transaction.atomic():
         for version, pks in by_version.items():
             # On PostgreSQL the ids go as one array literal: thousands of IN placeholders cost the client
-            # more CPU (query text, adaptation) than the UPDATE costs the server.
-            ids: Any = RawSQL("SELECT unnest(%s::bigint[])", ["{" + ",".join(map(str, pks)) + "}"])
-            moved = Task.objects.filter(
-                pk__in=ids if postgres else pks, state=from_state, version=version
-            ).update(**updates)
+            # more CPU (query text, adaptation) than the UPDATE costs the server. `id = ANY(array)` is an
+            # index (or hashed) condition; `id IN (SELECT unnest(array))` let the planner pick a join that
+            # took 6.2 s for 6,780 rows on a freshly filled, unanalysed task table.
+            rows = Task.objects.filter(state=from_state, version=version)
+            if postgres:
+                literal = "{" + ",".join(map(str, pks)) + "}"
+                rows = rows.filter(
+                    RawSQL(f'"{Task._meta.db_table}"."id" = ANY(%s::bigint[])', [literal], BooleanField())
+                )
+            else:
+                rows = rows.filter(pk__in=pks)
+            moved = rows.update(**updates)
             if moved != len(pks):
                 raise Conflict(
                     f"{len(pks) - moved} of {len(pks)} tasks changed while the scheduler moved them"
