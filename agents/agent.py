@@ -106,7 +106,10 @@ class Agent:
         self.client = PlaneClient(config.server, config.token)
         self.poll_client = PlaneClient(config.server, config.token)
         self.runner = Runner(
-            config.state_dir / "tasks", log_cap_bytes=config.log_cap_bytes, node_name=config.node_name
+            config.state_dir / "tasks",
+            log_cap_bytes=config.log_cap_bytes,
+            node_name=config.node_name,
+            plane=config.server.rstrip("/"),
         )
         self.mps = MpsManager(config.state_dir / "mps")
         self.state_file = StateFile(config.state_dir)

@@ -10,10 +10,13 @@ it ever crashes) go to `<task dir>/launcher.log`.
 Stopping is SIGTERM to the group → `stop_grace_s` → SIGKILL to the group, driven by `poll()` so the
 agent's loop never blocks on a slow task.
 
-Every launcher carries `WHALEGEN_RUN=<node>/<task>/<attempt>` in its environment. The state file is the
-first way back to running work after a restart, the marker the second: an agent whose state directory
-was wiped (or whose state file lags the last start) finds its own launchers in `/proc` (`scan`), so it
-neither starts a run that is still going nor leaves one it no longer wants running unsupervised.
+Every launcher carries `WHALEGEN_RUN=<node>/<task>/<attempt>` in its environment, and
+`WHALEGEN_RUN_PLANE=<plane URL>`. The state file is the first way back to running work after a restart,
+the marker the second: an agent whose state directory was wiped (or whose state file lags the last
+start) finds its own launchers in `/proc` (`scan`), so it neither starts a run that is still going nor
+leaves one it no longer wants running unsupervised. A node name is unique only within one plane: two
+planes' agents on one host (two demos, a demo beside the test suite) may both call a node `us-h200-01`,
+and without the plane in the marker each would adopt, then stop, the other's runs.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from whalegen.protocol import run_key
 
 LAUNCHER = Path(__file__).with_name("launch.py")
 RUN_MARKER = "WHALEGEN_RUN"
+RUN_PLANE = "WHALEGEN_RUN_PLANE"
 
 
 def run_marker(node_name: str, task_id: str, attempt: int) -> str:
@@ -165,9 +169,12 @@ def _safe_name(task_id: str) -> str:
 
 
 class Runner:
-    def __init__(self, tasks_dir: Path, *, log_cap_bytes: int = 10 << 20, node_name: str = "") -> None:
+    def __init__(
+        self, tasks_dir: Path, *, log_cap_bytes: int = 10 << 20, node_name: str = "", plane: str = ""
+    ) -> None:
         self.tasks_dir = tasks_dir
         self.node_name = node_name
+        self.plane = plane  # the plane's URL: with the node name, whose runs `scan` may adopt
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         self.log_cap_bytes = log_cap_bytes  # per run: head and tail kept, the middle dropped
         self.tasks: dict[str, TaskProcess] = {}  # by run key (`protocol.run_key`)
@@ -193,7 +200,7 @@ class Runner:
         task_dir = self.tasks_dir / _safe_name(run_key(task_id, attempt))
         task_dir.mkdir(parents=True, exist_ok=True)
         (task_dir / "exit.json").unlink(missing_ok=True)
-        env = {**env, RUN_MARKER: run_marker(self.node_name, task_id, attempt)}
+        env = {**env, RUN_MARKER: run_marker(self.node_name, task_id, attempt), RUN_PLANE: self.plane}
         launch = [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json")]
         launch += ["--output", str(task_dir / "output"), "--cap-bytes", str(self.log_cap_bytes)]
         if working_dir:
@@ -242,6 +249,9 @@ class Runner:
         for found in find_launchers():
             node, task_id, attempt = found.marker
             if node != self.node_name or found.pid in known or run_key(task_id, attempt) in self.tasks:
+                continue
+            # Another plane's node of the same name. A launcher without the tag predates it: ours.
+            if found.env.get(RUN_PLANE, self.plane) != self.plane:
                 continue
             task_dir = Path(found.exit_file).parent
             # The launcher writes its exit file here when the task ends: the directory must exist again.

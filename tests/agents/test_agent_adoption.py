@@ -204,3 +204,25 @@ def test_scan_adopts_only_this_nodes_launchers(tmp_path: Path, record_dir: Path)
             for task in proc.tasks.values():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(task.pid, signal.SIGKILL)
+
+
+def test_scan_leaves_another_planes_node_of_the_same_name_alone(tmp_path: Path, record_dir: Path) -> None:
+    """Two planes' agents on one host (a demo beside the test suite's demos) may both run a node called
+    `us-h200-01`: an agent started with a fresh state directory takes back only its own plane's runs, so
+    it never stops the other plane's work as an orphan."""
+    node = f"us-h200-01-{tmp_path.name}"  # one name for both planes, not a demo's running on this host
+    ours = Runner(tmp_path / "a", node_name=node, plane="http://127.0.0.1:8000")
+    theirs = Runner(tmp_path / "b", node_name=node, plane="http://127.0.0.1:9000")
+    env = dict(os.environ, RECORD_DIR=str(record_dir))
+    command = [sys.executable, "-c", RECORDING_SLEEP, "30"]
+    try:
+        mine = ours.start("7", command, env, device_uuid=None, now_s=time.time())
+        other = theirs.start("7", command, env, device_uuid=None, now_s=time.time())
+        fresh = Runner(tmp_path / "a-again", node_name=node, plane="http://127.0.0.1:8000")
+        assert [p.pid for p in fresh.scan()] == [mine.pid]
+        assert _alive(other.pid)
+    finally:
+        for runner in (ours, theirs):
+            for task in runner.tasks.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(task.pid, signal.SIGKILL)
