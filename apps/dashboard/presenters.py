@@ -688,36 +688,43 @@ def history_charts(history: Any) -> list[Chart]:
 def arrivals_chart(arrivals: Any) -> Chart:
     """Submissions per bin beside the arrivals model's one-hour-ahead forecast (the next hour included)."""
     minutes = arrivals.bin_s // 60
-    label = (
-        f"forecast one hour ahead (model v{arrivals.model_version})" if arrivals.model_version else "forecast"
-    )
-    unit = f"tasks submitted per {minutes} minutes; the last 6 hours and the next"
-    if arrivals.reason:
-        unit += f" — {arrivals.reason}"
-    return line_chart(
+    return _beside_chart(
+        arrivals,
         key="arrivals",
         title="Submissions: actual and forecast",
-        unit=unit,
-        times=list(arrivals.starts),
-        series=[("submitted", list(arrivals.actual)), (label, list(arrivals.forecast))],
-        fmt=lambda v: f"{v:.1f}",
+        unit=f"tasks submitted per {minutes} minutes; the last 6 hours and the next",
+        actual="submitted",
+        forecast=f"forecast one hour ahead (model v{arrivals.model_version})",
     )
 
 
 def idle_chart(idle: Any) -> Chart:
     """Idle GPUs per bin beside the idle-GPU model's one-hour-ahead forecast (the next hour included)."""
     minutes = idle.bin_s // 60
-    ahead = idle.horizon_s // 60
-    label = f"forecast {ahead} min ahead (model v{idle.model_version})" if idle.model_version else "forecast"
-    unit = f"idle GPUs before each cycle placed, mean per {minutes} minutes; the last 6 hours and the next"
-    if idle.reason:
-        unit += f" — {idle.reason}"
-    return line_chart(
+    return _beside_chart(
+        idle,
         key="idle",
         title="Idle GPUs: actual and forecast",
+        unit=f"idle GPUs before each cycle placed, mean per {minutes} minutes; the last 6 hours and the next",
+        actual="idle",
+        forecast=f"forecast {idle.horizon_s // 60} min ahead (model v{idle.model_version})",
+    )
+
+
+def _beside_chart(beside: Any, *, key: str, title: str, unit: str, actual: str, forecast: str) -> Chart:
+    """What happened per bin and what a model forecast for it; without a model the line is "forecast" and
+    the unit says why."""
+    if beside.reason:
+        unit += f" — {beside.reason}"
+    return line_chart(
+        key=key,
+        title=title,
         unit=unit,
-        times=list(idle.starts),
-        series=[("idle", list(idle.actual)), (label, list(idle.forecast))],
+        times=list(beside.starts),
+        series=[
+            (actual, list(beside.actual)),
+            (forecast if beside.model_version else "forecast", list(beside.forecast)),
+        ],
         fmt=lambda v: f"{v:.1f}",
     )
 
