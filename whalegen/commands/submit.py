@@ -98,20 +98,17 @@ def wait_for(
         for task_id in task_ids:
             task = client.call("GET", f"/tasks/{task_id}/")
             last[task_id] = task
+            final = task["state"] in FINAL
+            # A change to a running state is said before the output it brings; a final state after the
+            # last of the output, so the exit code is the last line.
+            if not final:
+                _say_change(client, task, seen)
             follower = followers.get(task_id)
             if follower is not None:
                 # One task: the output long poll paces the loop; several: a quick look at each.
                 waited |= _stream(client, follower, task, wait_s=interval_s if len(task_ids) == 1 else 0)
-            now = (task["state"], task.get("why_pending") or "")
-            if seen.get(task_id) != now:
-                seen[task_id] = now
-                why = f" ({now[1]})" if now[1] else ""
-                extra = f" exit code {task['exit_code']}" if task.get("exit_code") is not None else ""
-                print(f"task {task_id}: {now[0]}{why}{extra}", flush=True)
-                if now[0] == "failed":
-                    print(
-                        f"whalegen: task {task_id} failed: {failure_reason(client, task_id)}", file=sys.stderr
-                    )
+            if final:
+                _say_change(client, task, seen)
         if all(state in FINAL for state, _ in seen.values()):
             return next((code for tid in task_ids if (code := _exit_status(last[tid])) != 0), 0)
         if time.monotonic() >= deadline:
@@ -120,6 +117,20 @@ def wait_for(
             return EXIT_TIMEOUT
         if not waited:
             time.sleep(interval_s)
+
+
+def _say_change(client: Client, task: dict[str, Any], seen: dict[int, tuple[str, str]]) -> None:
+    """Print the task's state (and why-pending reason) when it differs from what was last printed."""
+    task_id = task["id"]
+    now = (task["state"], task.get("why_pending") or "")
+    if seen.get(task_id) == now:
+        return
+    seen[task_id] = now
+    why = f" ({now[1]})" if now[1] else ""
+    extra = f" exit code {task['exit_code']}" if task.get("exit_code") is not None else ""
+    print(f"task {task_id}: {now[0]}{why}{extra}", flush=True)
+    if now[0] == "failed":
+        print(f"whalegen: task {task_id} failed: {failure_reason(client, task_id)}", file=sys.stderr)
 
 
 def _stream(client: Client, follower: Follower, task: dict[str, Any], *, wait_s: float) -> bool:
