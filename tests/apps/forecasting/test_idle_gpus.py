@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-import numpy as np
-
 from apps.forecasting.models import ForecastModel
 from apps.forecasting.services import forecast_model_train, idle_models_from_bytes
 from apps.forecasting.tasks import forecasting_train_all
-from apps.scheduling.models import Cycle
+from tests.apps.dashboard.idle import idle_cycles
 from tests.apps.scheduling.conftest import NOW
 from whalegen.forecast.series import BASELINES
 from whalegen.forecast.store import should_promote
 
 
-def _cycles(pool, *, days: float, every_s: int = 300, seed: int = 5) -> None:
-    """Cycles every 5 minutes: idle GPUs follow a daily cycle (≈2 busy by day, ≈14 idle at night)
-    with some noise, as recorded by the cycle before placing anything."""
-    rng = np.random.default_rng(seed)
-    n = int(days * 86_400 / every_s)
-    rows = []
-    for i in range(n):
-        at = NOW - timedelta(seconds=(n - i) * every_s)
-        hour = at.hour + at.minute / 60.0
-        idle = 8.0 + 6.0 * np.cos(2 * np.pi * (hour - 3.0) / 24.0) + rng.normal(0, 0.7)
-        milli = int(max(0.0, round(idle, 1)) * 1000)
-        rows.append(
-            Cycle(pool=pool, policy="whalegen", started_at=at,
-                  stats={"fragmentation_before": {"idle_milli": milli, "frag_milli": 0.0, "amount_pct": 0.0}})
-        )  # fmt: skip
-    Cycle.objects.bulk_create(rows, batch_size=2_000)
+def _cycles(pool, *, days: float) -> None:
+    """Cycles every 5 minutes up to NOW with a daily rhythm of idle GPUs (the dashboard tests' builder)."""
+    idle_cycles(pool, now=NOW, days=days)
 
 
 def test_idle_gpus_train_per_pool_for_both_horizons_and_follow_the_rule(world, api) -> None:
