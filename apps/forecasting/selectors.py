@@ -152,6 +152,18 @@ def forecast_model_active(
     ).first()
 
 
+def _active_pool_model_row(kind: str, pool_id: int, *columns: str) -> tuple[object, ...] | None:
+    """The named columns of the pool-wide (no tenant) active model of `kind`, or None: the charts and the
+    shape mix read a version and the blob or id, never the whole row."""
+    return (
+        ForecastModel.objects.filter(
+            kind=kind, pool_id=pool_id, tenant=None, state=ForecastModel.State.ACTIVE
+        )
+        .values_list(*columns)
+        .first()
+    )
+
+
 def forecast_model_list() -> QuerySet[ForecastModel]:
     """The registry. Every signed-in caller may read it (kinds, versions, metrics); the envelope bytes
     are deferred here and only the admin serializer ever shows their size."""
@@ -331,12 +343,7 @@ def pool_shape_mix(*, pool_id: int, now: datetime) -> PoolShapeMix:
     """The pool's expected shape mix over the next hour from its active arrivals model, as a
     `ShapeMix` for placement; without a usable forecast, `mix` is None and the reason is given (the
     cycle then uses the mix of the tasks it knows). Cached per model and 10-minute bin."""
-    row = (
-        ForecastModel.objects.filter(kind=ForecastModel.Kind.ARRIVALS, pool_id=pool_id, tenant=None,
-                                     state=ForecastModel.State.ACTIVE)
-        .values_list("id", "version")
-        .first()
-    )  # fmt: skip
+    row = _active_pool_model_row(ForecastModel.Kind.ARRIVALS, pool_id, "id", "version")
     if row is None:
         return PoolShapeMix(None, "history", "no active arrivals model for the pool")
     model_id, version = row
@@ -391,12 +398,7 @@ def pool_arrivals_beside(*, pool_id: int, now: datetime) -> ArrivalsBeside:
     """The last ARRIVALS_BESIDE_HOURS of submissions to the pool and the next hour, with the active
     arrivals model's one-hour-ahead forecast of each hour (summed over task shapes)."""
     bin_s = 600
-    row = (
-        ForecastModel.objects.filter(kind=ForecastModel.Kind.ARRIVALS, pool_id=pool_id, tenant=None,
-                                     state=ForecastModel.State.ACTIVE)
-        .values_list("blob", "version")
-        .first()
-    )  # fmt: skip
+    row = _active_pool_model_row(ForecastModel.Kind.ARRIVALS, pool_id, "blob", "version")
     model = ArrivalModel.from_bytes(bytes(row[0])) if row is not None else None
     if model is not None:
         bin_s = model.config.bin_s
@@ -517,12 +519,7 @@ def pool_idle_beside(*, pool: Pool, now: datetime) -> IdleBeside:
     """The last IDLE_BESIDE_HOURS of the pool's idle GPUs and the next hour, beside the active idle-GPU
     model's one-hour-ahead forecast of each bin (two queries; four when the bin's forecast is not cached)."""
     bin_s = 600
-    row = (
-        ForecastModel.objects.filter(kind=ForecastModel.Kind.IDLE_GPUS, pool=pool, tenant=None,
-                                     state=ForecastModel.State.ACTIVE)
-        .values_list("id", "version")
-        .first()
-    )  # fmt: skip
+    row = _active_pool_model_row(ForecastModel.Kind.IDLE_GPUS, pool.pk, "id", "version")
     hour_s = 3_600
     now_s = now.timestamp()
     end_s = math.floor(now_s / bin_s) * bin_s + IDLE_BESIDE_HORIZON_S
