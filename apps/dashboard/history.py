@@ -227,14 +227,18 @@ def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
     return GpuTotals(gpus=row["gpus"], allocated_milli=row["held"] or 0)
 
 
-def latest_cycle_id(*, pool_id: int) -> int | None:
-    """The id of the pool's newest cycle (from the (pool, started_at) index): what per-cycle caches key on."""
-    return (
+def latest_cycle_ref(*, pool_id: int) -> Any:
+    """The pool's newest cycle as a `CycleRef` (id and start, from the (pool, started_at) index), or None:
+    what per-cycle figures are keyed on."""
+    from apps.dashboard.whatif import CycleRef
+
+    row = (
         Cycle.objects.filter(pool_id=pool_id)
         .order_by("-started_at", "-id")
-        .values_list("id", flat=True)
+        .values_list("id", "started_at")
         .first()
     )
+    return None if row is None else CycleRef(*row)
 
 
 def latest_cycle_rows(*, pool_ids: list[int]) -> dict[int, dict]:

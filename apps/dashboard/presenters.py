@@ -429,22 +429,6 @@ def fleet_view(readings: Any) -> FleetView:
 OTHER_TENANT = "another tenant's task"
 
 
-def whatif_names(task_names: dict[str, str], access: Any) -> dict[str, str]:
-    """Task id → the name to show: a platform admin sees every name, a member their tenants' only."""
-    from apps.workloads.models import Task
-
-    if access.platform_admin:
-        return dict(task_names)
-    ids = [int(t) for t in task_names if t.isdigit()]
-    own = {
-        str(pk)
-        for pk in Task.objects.filter(pk__in=ids, tenant_id__in=access.tenant_ids).values_list(
-            "pk", flat=True
-        )
-    }
-    return {t: (name if t in own else OTHER_TENANT) for t, name in task_names.items()}
-
-
 @dataclass(frozen=True)
 class WhatIfRow:
     task_id: str
@@ -475,45 +459,40 @@ class WhatIfRun:
         return self.waiting_total - len(self.waiting)
 
 
-def whatif_run(run: Any, report: Any, names: dict[str, str], rows: int | None = None) -> WhatIfRun:
-    """One policy's decision as table rows (the first `rows` of each list; a pool of 10,000 pending
-    tasks would otherwise draw 10,000 rows per policy); another tenant's reasons are summarised, not
-    quoted. The counts and the waits by reason always cover the whole decision."""
-    placed = []
-    unplaced = run.decisions.unplaced
-    by_reason: dict[str, int] = {}
-    for reason in unplaced.values():
-        by_reason[reason.code] = by_reason.get(reason.code, 0) + 1
-    for bound in run.decisions.placements[:rows]:
-        p = bound.placement
-        gpus = ",".join(map(str, p.gpu_indexes))
-        units = ", ".join(report.unit_names.get(u, str(u)) for u in bound.unit_ids)
-        name = names.get(bound.task_id, bound.task_id)
-        placed.append(
-            WhatIfRow(
-                bound.task_id, name, f"{p.node} GPU {gpus}", units + (" (borrowed)" if p.borrowed else "")
+def whatif_runs(summary: dict[str, Any], access: Any) -> list[WhatIfRun]:
+    """The stored decision (`apps.dashboard.whatif.summary`) as the viewer may see it: a platform admin
+    sees every name, a member their tenants' tasks only; another tenant's reasons are summarised, not
+    quoted. No query: the summary carries each listed task's tenant."""
+    names, tenants = summary["names"], summary["tenants"]
+    own = None if access.platform_admin else set(access.tenant_ids)
+
+    def name(task_id: str) -> str:
+        if own is not None and tenants.get(task_id) not in own:
+            return OTHER_TENANT
+        return names.get(task_id, task_id)
+
+    runs = []
+    for run in summary["runs"]:
+        placed = [WhatIfRow(t, name(t), where, detail) for t, where, detail in run["placed"]]
+        waiting = []
+        for t, code, message in run["waiting"]:
+            shown = name(t)
+            waiting.append(WhatIfRow(t, shown, code, "" if shown == OTHER_TENANT else message))
+        runs.append(
+            WhatIfRun(
+                policy=run["policy"],
+                placed=placed,
+                waiting=waiting,
+                preempted=run["preempted"],
+                layouts=run["layouts"],
+                frag_before_pct=run["frag_before_pct"],
+                frag_after_pct=run["frag_after_pct"],
+                placed_total=run["placed_total"],
+                waiting_total=run["waiting_total"],
+                waiting_by_reason=tuple((code, n) for code, n in run["waiting_by_reason"]),
             )
         )
-    waiting = []
-    for task_id, reason in sorted(unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)[
-        :rows
-    ]:
-        name = names.get(task_id, task_id)
-        sentence = "" if name == OTHER_TENANT else reason.message
-        waiting.append(WhatIfRow(task_id, name, reason.code, sentence))
-    layouts = [f"{plan.gpu[0]} GPU {plan.gpu[1]} → {plan.plan.text}" for plan in run.decisions.layouts]
-    return WhatIfRun(
-        policy=run.policy,
-        placed=placed,
-        waiting=waiting,
-        preempted=len(run.decisions.preemptions),
-        layouts=layouts,
-        frag_before_pct=run.frag_before_pct,
-        frag_after_pct=run.frag_after_pct,
-        placed_total=len(run.decisions.placements),
-        waiting_total=len(unplaced),
-        waiting_by_reason=tuple(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))),
-    )
+    return runs
 
 
 # ------------------------------------------------------------------------------------------------ charts
