@@ -124,6 +124,47 @@ def test_tenant_usage_is_time_weighted_per_bucket(scene: Any) -> None:
     assert sum(vision.held_milli[:-2]) == 0
 
 
+def test_tenant_usage_read_grouped_equals_the_row_by_row_sum(scene: Any) -> None:
+    """Forty assignments of two tenants, started before or inside the window, released inside, after or
+    not at all, half a GPU, two or three GPUs: the grouped read gives every bucket what summing each
+    assignment's overlap row by row gives (the reference below), though it reads a few rows per tenant."""
+    import random
+
+    from apps.scheduling.models import Assignment
+    from apps.workloads.models import Task
+
+    w = scene.world
+    now = timezone.now()
+    hours = 6
+    since, bucket_s = now - timedelta(hours=hours), hours * 3600 / BUCKETS
+    rng = random.Random(7)
+    expected = {"vision": [0.0] * BUCKETS, "speech": [0.0] * BUCKETS}
+    for n in range(40):
+        tenant, queue = (w.tenant_a, w.queue_a) if n % 2 else (w.tenant_b, w.queue_b)
+        count = rng.choice([1, 2, 3])
+        milli = 500 if count == 1 else 1000  # a fraction of a GPU is asked of one GPU only
+        task = Task.objects.create(
+            tenant=tenant, queue=queue, pool=w.h100, priority=0, gpu_count=count, gpu_milli=milli
+        )
+        start = now - timedelta(seconds=rng.uniform(0, hours * 3600 * 1.3))
+        end = rng.choice([None, start + timedelta(seconds=rng.uniform(1, 9000))])
+        if end is not None and end > now:
+            end = None if rng.random() < 0.5 else end  # released in the future: still held at `now`
+        row = Assignment.objects.create(task=task, node=w.node, released_at=end)
+        Assignment.objects.filter(pk=row.pk).update(created_at=start)
+        s = max(0.0, (start - since).total_seconds())
+        e = min(hours * 3600.0, max(0.0, ((end or now) - since).total_seconds()))
+        for i in range(BUCKETS):
+            overlap = min(e, (i + 1) * bucket_s) - max(s, i * bucket_s)
+            if overlap > 0:
+                expected[tenant.slug][i] += count * milli * overlap / bucket_s
+    Assignment.objects.filter(task=scene.placed).delete()  # only the forty above
+    history = pool_history(pool=w.h100, now=now, hours=hours)
+    got = {u.tenant: u.held_milli for u in history.tenants}
+    for slug, line in expected.items():
+        assert got[slug] == pytest.approx(line, abs=1e-3), slug
+
+
 def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -> None:
     """Three days of submissions every ten minutes; with an active arrivals model every bin of the last
     six hours and the next hour has a forecast, made before the bin from what was submitted before."""
