@@ -254,33 +254,64 @@ class GpuTotals:
 
 
 def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
-    """GPUs and held milli of a whole pool in one query (the heat-map shows one page of nodes): two
-    grouped subqueries, rather than counting distinct GPUs over the join of every GPU with its units."""
-    from django.db.models import Count, OuterRef, Subquery, Sum
+    """GPUs and held milli of a whole pool in one query (the heat-map shows one page of nodes)."""
+    from django.db.models import Count, Q, Sum
 
-    from apps.inventory.models import ComputeUnit
+    row = Gpu.objects.filter(node__pool_id=pool_id).aggregate(
+        gpus=Count("id", distinct=True),
+        held=Sum("units__gpu_milli", filter=Q(units__task__isnull=False)),
+    )
+    return GpuTotals(gpus=row["gpus"], allocated_milli=row["held"] or 0)
 
-    gpus = (
-        Gpu.objects.filter(node__pool_id=OuterRef("pk"))
-        .order_by()
-        .values("node__pool_id")
-        .annotate(n=Count("id"))
-        .values("n")
+
+def _span(delta: timedelta) -> str:
+    """A duration as an operator says it, rounded down: "12 minutes", "5 hours", "2 days 23 hours"."""
+    minutes = int(delta.total_seconds() // 60)
+    if minutes < 60:
+        return f"{max(minutes, 1)} minute{'s' if minutes != 1 else ''}"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    days, hours = divmod(hours, 24)
+    return f"{days} days" + (f" {hours} hour{'s' if hours != 1 else ''}" if hours else "")
+
+
+def idle_forecast_note(*, pool_id: int, now: datetime) -> str:
+    """Why the idle-GPU chart has no forecast line yet, and when it can have one, in the operator's
+    terms: the model learns from the pool's own cycle records (`fragmentation_before.idle_milli`),
+    needs `MIN_IDLE_DAYS` of them in the training window, and is trained by the beat every
+    `WHALEGEN_FORECAST_TRAIN_INTERVAL_S` (one query: the oldest cycle in that window)."""
+    from django.conf import settings
+
+    from apps.forecasting.services import MIN_IDLE_DAYS
+
+    lookback = timedelta(days=settings.WHALEGEN_FORECAST_LOOKBACK_DAYS)
+    first = (
+        Cycle.objects.filter(pool_id=pool_id, started_at__gte=now - lookback)
+        .order_by("started_at")
+        .values_list("started_at", flat=True)
+        .first()
     )
-    held = (
-        ComputeUnit.objects.filter(gpu__node__pool_id=OuterRef("pk"), task__isnull=False)
-        .order_by()
-        .values("gpu__node__pool_id")
-        .annotate(milli=Sum("gpu_milli"))
-        .values("milli")
+    need = timedelta(days=MIN_IDLE_DAYS)
+    every = _span(timedelta(seconds=float(settings.CELERY_BEAT_SCHEDULE["forecasting-train"]["schedule"])))
+    if first is None:
+        return (
+            f"No forecast yet: the idle-GPU model learns from this pool's scheduling cycles and needs "
+            f"{MIN_IDLE_DAYS} days of them; no cycle has run yet."
+        )
+    have = now - first
+    if have < need:
+        return (
+            f"No forecast yet: the idle-GPU model needs {MIN_IDLE_DAYS} days of this pool's cycle history "
+            f"and has {_span(have)} (since {first:%Y-%m-%d %H:%M} UTC), {_span(need - have)} more. Forecasts "
+            f"can start after {first + need:%Y-%m-%d %H:%M} UTC, with the first training after that "
+            f"(every {every})."
+        )
+    return (
+        f"No forecast yet: the pool has {_span(have)} of cycle history, enough to train on; the model is "
+        f"trained every {every} and drawn here once one beats persistence, the same slot yesterday and the "
+        "window mean."
     )
-    count, milli = (
-        Pool.objects.filter(pk=pool_id)
-        .annotate(gpus=Subquery(gpus), held=Subquery(held))
-        .values_list("gpus", "held")
-        .get()
-    )
-    return GpuTotals(gpus=count or 0, allocated_milli=milli or 0)
 
 
 def latest_cycle_ref(*, pool_id: int) -> Any:

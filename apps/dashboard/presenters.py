@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from html import escape  # what Django's escape does, without its lazy-string wrapper (8,000 calls a map)
 from math import ceil
@@ -512,6 +512,7 @@ class Chart:
     width: int = CHART_W
     height: int = CHART_H
     empty: bool = False
+    note: str = ""  # a sentence under the title: why a line is missing and when it comes
 
 
 def _nice_max(value: float) -> float:
@@ -666,10 +667,14 @@ def arrivals_chart(arrivals: Any) -> Chart:
     )
 
 
-def idle_chart(idle: Any) -> Chart:
-    """Idle GPUs per bin beside the idle-GPU model's one-hour-ahead forecast (the next hour included)."""
+def idle_chart(idle: Any, note: str = "") -> Chart:
+    """Idle GPUs per bin beside the idle-GPU model's one-hour-ahead forecast (the next hour included).
+    Without a model, `note` says how much history the pool still needs and when forecasts can start
+    (`history.idle_forecast_note`), in place of the generic reason."""
     minutes = idle.bin_s // 60
-    return _beside_chart(
+    if note and idle.model_version is None:
+        idle = replace(idle, reason="")
+    chart = _beside_chart(
         idle,
         key="idle",
         title="Idle GPUs: actual and forecast",
@@ -677,6 +682,7 @@ def idle_chart(idle: Any) -> Chart:
         actual="idle",
         forecast=f"forecast {idle.horizon_s // 60} min ahead (model v{idle.model_version})",
     )
+    return replace(chart, note=note) if idle.model_version is None else chart
 
 
 def _beside_chart(beside: Any, *, key: str, title: str, unit: str, actual: str, forecast: str) -> Chart:

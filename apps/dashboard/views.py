@@ -34,6 +34,7 @@ from apps.dashboard import whatif
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
 from apps.dashboard.history import (
     heat_map_gpus,
+    idle_forecast_note,
     latest_cycle_ref,
     latest_cycle_rows,
     pool_gpu_totals,
@@ -447,10 +448,11 @@ def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     history = pool_history(pool=pool, now=now, hours=hours)
     arrivals = pool_arrivals_beside(pool_id=pool.pk, now=now)
     idle = pool_idle_beside(pool=pool, now=now)
+    idle_note = idle_forecast_note(pool_id=pool.pk, now=now) if idle.model_version is None else ""
     context = {
         "pool": pool,
         "history": history,
-        "charts": [*history_charts(history), arrivals_chart(arrivals), idle_chart(idle)],
+        "charts": [*history_charts(history), arrivals_chart(arrivals), idle_chart(idle, idle_note)],
         "hours": hours,
         "choices": HISTORY_HOURS,
         "access": access,
