@@ -266,9 +266,9 @@ def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
 
 def _span(delta: timedelta) -> str:
     """A duration as an operator says it, rounded down: "12 minutes", "5 hours", "2 days 23 hours"."""
-    minutes = int(delta.total_seconds() // 60)
+    minutes = max(1, int(delta.total_seconds() // 60))
     if minutes < 60:
-        return f"{max(minutes, 1)} minute{'s' if minutes != 1 else ''}"
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
     hours = minutes // 60
     if hours < 48:
         return f"{hours} hour{'s' if hours != 1 else ''}"
