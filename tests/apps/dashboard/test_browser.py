@@ -305,3 +305,41 @@ def test_pool_history_draws_idle_gpus_beside_their_forecast(
     assert len(rows) >= 40  # six hours and the next of ten-minute bins, each with its figures
     browser.execute_script("arguments[0].scrollIntoView();", chart)
     screenshot(browser, "pool-history-idle-forecast")
+
+
+def test_error_pages_in_the_browser_are_styled_and_say_what_happened(
+    live_server: Any, scene: Any, browser: Any, monkeypatch: Any
+) -> None:
+    """The 403 a stale form meets (Django's CSRF refusal, which was Django's bare page) and the 500 of a
+    failing page, as a browser shows them: styled, one sentence, a way back, and nothing changed."""
+    from selenium.webdriver.common.by import By
+
+    from apps.dashboard import views
+
+    w = scene.world
+    log_in(browser, live_server, w.alice, "alice-errors-pass")
+    browser.get(f"{live_server.url}/tasks/{scene.waiting.pk}/")
+    browser.find_element(By.ID, "id_reason").send_keys("stale form")
+    # The session changed since the page was drawn (a sign-in elsewhere, an expired cookie): the form's
+    # token no longer matches.
+    browser.execute_script(
+        "document.querySelectorAll('input[name=csrfmiddlewaretoken]')"
+        ".forEach(i => { i.value = 'x'.repeat(64); });"
+    )
+    browser.find_element(By.ID, "cancel-task").click()
+    assert browser.find_element(By.CSS_SELECTOR, "#error-page h1").text == "Form out of date"
+    assert "Nothing was changed" in browser.find_element(By.ID, "error-page").text
+    assert browser.find_element(By.LINK_TEXT, "Back to the overview")
+    screenshot(browser, "forbidden-stale-form")
+    scene.waiting.refresh_from_db()
+    assert scene.waiting.state == Task.State.PENDING
+
+    def broken(**_: Any) -> Any:
+        raise RuntimeError("the accounting read failed")
+
+    monkeypatch.setattr(views, "tenant_months", broken)
+    browser.get(f"{live_server.url}/accounting/")
+    page = browser.find_element(By.ID, "error-page")
+    assert "Something went wrong on our side" in page.text and "the accounting read failed" not in page.text
+    assert browser.find_element(By.CSS_SELECTOR, "link[rel=stylesheet]")  # styled like the rest
+    screenshot(browser, "server-error")
