@@ -25,6 +25,11 @@ PREFIX = "whalegen:dashboard:"
 TTL_S = 3_600  # an hour: a pool whose cycles stopped still answers from its last decision
 MAX_ENTRIES = 64  # in-process: a few pools × a few policies, their "latest" pointers and claims
 
+
+class StoreUnavailable(RuntimeError):
+    """Redis did not answer (restarting, unreachable): the caller says so instead of failing."""
+
+
 _entries: OrderedDict[str, tuple[float, str]] = OrderedDict()  # key → (expires at, JSON)
 _lock = threading.Lock()
 _client: Any = None
@@ -43,11 +48,20 @@ def _redis() -> Any:
     return _client
 
 
+def _call(method: str, *args: Any, **kwargs: Any) -> Any:
+    """One Redis command; its errors become `StoreUnavailable`."""
+    import redis
+
+    try:
+        return getattr(_redis(), method)(*args, **kwargs)
+    except redis.RedisError as exc:
+        raise StoreUnavailable(str(exc)) from exc
+
+
 def get(key: str) -> Any:
     """The value stored under `key`, or None."""
-    client = _redis()
-    if client is not None:
-        raw = client.get(PREFIX + key)
+    if _redis() is not None:
+        raw = _call("get", PREFIX + key)
         return None if raw is None else json.loads(raw)
     with _lock:
         entry = _entries.get(key)
@@ -59,9 +73,8 @@ def get(key: str) -> Any:
 
 def put(key: str, value: Any, ttl_s: float = TTL_S) -> None:
     text = json.dumps(value)
-    client = _redis()
-    if client is not None:
-        client.set(PREFIX + key, text, ex=max(1, int(ttl_s)))
+    if _redis() is not None:
+        _call("set", PREFIX + key, text, ex=max(1, int(ttl_s)))
         return
     with _lock:
         _entries[key] = (time.monotonic() + ttl_s, text)
@@ -73,9 +86,8 @@ def put(key: str, value: Any, ttl_s: float = TTL_S) -> None:
 def claim(key: str, ttl_s: float) -> bool:
     """True for the one caller that set `key` first (until it expires): who starts a computation. The
     expiry is the computation's deadline, so a worker that died leaves it to be claimed again."""
-    client = _redis()
-    if client is not None:
-        return bool(client.set(PREFIX + key, "1", nx=True, ex=max(1, int(ttl_s))))
+    if _redis() is not None:
+        return bool(_call("set", PREFIX + key, "1", nx=True, ex=max(1, int(ttl_s))))
     with _lock:
         entry = _entries.get(key)
         if entry is not None and entry[0] >= time.monotonic():
@@ -85,9 +97,8 @@ def claim(key: str, ttl_s: float) -> bool:
 
 
 def release(key: str) -> None:
-    client = _redis()
-    if client is not None:
-        client.delete(PREFIX + key)
+    if _redis() is not None:
+        _call("delete", PREFIX + key)
         return
     with _lock:
         _entries.pop(key, None)

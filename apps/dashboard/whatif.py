@@ -165,7 +165,16 @@ def _start(pool_id: int, policies: tuple[str, ...], cycle: CycleRef) -> None:
 
 def answer(*, pool_id: int, policies: tuple[str, ...], cycle: CycleRef) -> Answer:
     """The stored decision after `cycle`; else start it (once, whoever asks first) and answer with
-    the latest earlier decision meanwhile."""
+    the latest earlier decision meanwhile. Where the decisions are kept cannot be reached (Redis is
+    restarting, say), the page says so rather than failing."""
+    try:
+        return _answer(pool_id, policies, cycle)
+    except caching.StoreUnavailable as exc:
+        logger.warning("dashboard: the what-if store is unavailable: %s", exc)
+        return Answer(None, None, False, f"the decisions' store (Redis) is not answering: {exc}")
+
+
+def _answer(pool_id: int, policies: tuple[str, ...], cycle: CycleRef) -> Answer:
     key = _key(pool_id, policies, cycle)
     stored = caching.get(key)
     if stored is not None and "error" in stored:

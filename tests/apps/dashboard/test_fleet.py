@@ -194,6 +194,22 @@ def test_a_failed_whatif_says_so_and_is_tried_again(
     assert 'data-state="failed"' in body and "Computing…" not in body
 
 
+def test_the_whatif_says_so_when_its_store_does_not_answer(scene: Any, page: Any, monkeypatch: Any) -> None:
+    """Redis restarting (here: a port nothing listens on): the page answers, styled, and says why."""
+    import redis
+
+    from apps.dashboard import caching
+
+    nobody = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, socket_timeout=0.5)
+    w = scene.world
+    with monkeypatch.context() as patched:  # undone before the fixtures clear the real store
+        patched.setattr(caching, "_client", nobody)
+        response = page(w.root).get(f"/pools/{w.h100.pk}/whatif/?policy=fgd")
+    assert response.status_code == 200
+    body = text(response)
+    assert "The decision could not be made: the decisions&#x27; store (Redis) is not answering" in body
+
+
 def test_whatif_names_only_the_members_own_tasks(scene: Any, page: Any, whatif_jobs: Any) -> None:
     w = scene.world
     path = f"/pools/{w.h100.pk}/whatif/?policy=fgd"
