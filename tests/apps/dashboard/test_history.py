@@ -224,6 +224,7 @@ def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -
     for task, offset in zip(tasks, offsets, strict=True):
         task.created_at = now - timedelta(seconds=float(offset) - 1)
     Task.objects.bulk_update(tasks, ["created_at"])
+    counted_in_the_database = pool_arrivals_beside(pool_id=w.h100.pk, now=now)  # still no model
     times = np.asarray([t.created_at.timestamp() for t in tasks])
     labels = ["gpu_count=1|gpu_milli=1000"] * len(tasks)
     model = train_arrivals(times, labels, ArrivalConfig(), now.timestamp(), rounds=30)
@@ -241,6 +242,8 @@ def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -
     assert beside.actual[-6] == 0.0  # the current bin: nothing submitted in its first five minutes
     assert all(a == 1.0 for a in beside.actual[:-6])  # one submission per ten minutes
     assert all(f is not None and 0.3 < f < 3.0 for f in beside.forecast)
+    # Without a model the window is counted per minute in the database: the same bars.
+    assert counted_in_the_database.actual == beside.actual
 
 
 def test_idle_gpus_are_drawn_beside_the_idle_models_forecast(scene: Any, page: Any) -> None:
