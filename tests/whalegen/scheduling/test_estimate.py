@@ -39,9 +39,7 @@ def test_models_a_task_may_not_use_do_not_serve_it_and_the_order_is_kept() -> No
     t4 = task("t4", gpus=2)
     t5 = task("t5", gpus=1, milli=500, models=["A"])
     runs = {"t1": 50.0, "t2": 400.0, "t5": 10.0}
-    starts = queue_starts(
-        [t1, t2, t3, t4, t5], {"A": 500, "B": 0}, {"B": [(100.0, 1000)]}, {}, runs.get, 0.0
-    )
+    starts = queue_starts([t1, t2, t3, t4, t5], {"A": 500, "B": 0}, {"B": [(100.0, 1000)]}, {}, runs.get, 0.0)
     assert [starts[t].start_s for t in ("t1", "t2", "t3", "t4", "t5")] == [100.0, 100.0, 150.0, None, 500.0]
     assert "tasks ahead of it in the queue take 1000 milli-GPU" in starts["t4"].why_unknown
 
