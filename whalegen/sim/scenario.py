@@ -485,6 +485,23 @@ def _check_fits(scenario: Scenario) -> None:
                 f"streams[{i}].shape: {s.num_gpu} GPU(s), {s.cpu_milli} CPU milli, {s.mem_mib} MiB "
                 "fit no node group"
             )
+        # A gang places all its members at once or none: more members than the empty pool can hold
+        # side by side would wait forever (a bound: it counts GPUs and shares, not CPU or memory).
+        per_gpu = WHOLE_GPU_MILLI // s.gpu_milli if s.num_gpu == 1 and s.gpu_milli < WHOLE_GPU_MILLI else 1
+        room = (
+            math.inf
+            if not s.num_gpu
+            else sum(
+                g.count * (g.gpus_per_node // s.num_gpu) * per_gpu
+                for g in scenario.node_groups
+                if g.gpus_per_node >= s.num_gpu and g.cpu_milli >= s.cpu_milli and g.mem_mib >= s.mem_mib
+            )
+        )
+        if s.gang_size > room:
+            raise ScenarioError(
+                f"streams[{i}].gang_size: a gang of {s.gang_size} members of {s.num_gpu} GPU(s) never fits: "
+                f"the empty pool holds at most {room} such members at once"
+            )
         tenant = next(t for t in scenario.tenants if t.name == s.tenant)
         need = s.num_gpu * s.gpu_milli * s.gang_size
         if need > tenant.guaranteed_milli + tenant.borrow_limit_milli:

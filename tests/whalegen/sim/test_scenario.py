@@ -93,6 +93,15 @@ ONE_STREAM = (
             "streams[0]: one arrival asks 2000 milli-GPU, above tenant a's quota",
             id="an arrival above its tenant's quota",
         ),
+        pytest.param(
+            _scenario(
+                "  - {name: a, guaranteed_milli: 8000}\n",
+                ONE_STREAM.replace("shape: {num_gpu: 1}", "gang_size: 3, shape: {num_gpu: 2}"),
+            ),
+            "streams[0].gang_size: a gang of 3 members of 2 GPU(s) never fits: the empty pool holds at most "
+            "2 such members at once",
+            id="a gang bigger than the pool",
+        ),
     ],
 )
 def test_a_bad_scenario_is_one_error_naming_the_field(text: str, error: str) -> None:
@@ -285,7 +294,8 @@ def test_random_scenarios_never_exceed_a_quota_or_split_a_gang(
     try:
         scenario = parse_scenario(text)
     except ScenarioError as error:
-        assume("above tenant" not in str(error))  # an arrival bigger than its tenant's quota is refused
+        # Refused up front: an arrival bigger than its tenant's quota, a gang bigger than the pool.
+        assume("above tenant" not in str(error) and "never fits" not in str(error))
         raise
     result = run_scenario(scenario, policy, 5)  # raises InvariantError on a quota or gang breach
     for tenant in result.tenants:
