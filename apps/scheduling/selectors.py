@@ -9,16 +9,31 @@ needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnaps
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Avg, Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import (
+    Avg,
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
+from django.db.models.fields import TextField
 from django.db.models.functions import Cast, Extract
 
 from apps.accounting.selectors import budgets_spent
@@ -65,6 +80,7 @@ _MODES = {
     Gpu.PartitionMode.MPS: PartitionMode.SHARED,
     Gpu.PartitionMode.TIME_SLICE: PartitionMode.SHARED,
 }
+_ISOLATIONS = {i.value: i for i in Isolation}
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,26 @@ def _profile_p50(tenant: str, key: str) -> Subquery:
     )
 
 
+class _Unit(NamedTuple):
+    """A compute unit's row, read as a tuple: a large pool has tens of thousands of units, and a dict per
+    row was the largest part of reading them. The first six fields are what `gpu_picture` reads of a unit
+    (its shape), so a GPU's shape key takes a slice of each row."""
+
+    kind: str
+    gpu_milli: int
+    mem_mib: int
+    free: bool  # nobody holds it
+    mig_profile: str
+    mig_start: int | None
+    id: int
+    gpu_id: int
+    task_id: int | None
+    version: int
+
+
+SHAPE = slice(0, 6)  # the fields of `_Unit` that make its shape
+
+
 @dataclass
 class _Reading:
     """What the readers below hand each other while one snapshot is built."""
@@ -198,8 +234,9 @@ class _Reading:
     excluded: dict[str, str] = field(default_factory=dict)
     node_rows: list[dict[str, Any]] = field(default_factory=list)
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
-    unit_rows: list[dict[str, Any]] = field(default_factory=list)
-    units_of: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    unit_rows: list[_Unit] = field(default_factory=list)
+    units_of: dict[int, list[_Unit]] = field(default_factory=lambda: defaultdict(list))
+    gpu_of_unit: dict[int, int] = field(default_factory=dict)  # ComputeUnit.pk → Gpu.pk
     pictures: dict[tuple[object, ...], GpuPicture] = field(default_factory=dict)  # per GPU shape
     gpus_of_node: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     stopping: set[int] = field(default_factory=set)
@@ -238,14 +275,17 @@ def _read_gpus(r: _Reading) -> None:
         .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health", "partition__state")
     )
     r.unit_rows = list(
-        ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
-        .order_by("id")
-        .values(
-            "id", "gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli", "mem_mib", "task_id", "version"
+        map(
+            _Unit._make,
+            ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
+            .order_by("id")
+            .annotate(free=ExpressionWrapper(Q(task__isnull=True), output_field=BooleanField()))
+            .values_list(*_Unit._fields),
         )
     )
     for unit in r.unit_rows:
-        r.units_of[unit["gpu_id"]].append(unit)
+        r.units_of[unit.gpu_id].append(unit)
+    r.gpu_of_unit = {unit.id: unit.gpu_id for unit in r.unit_rows}
     for gpu in r.gpu_rows:
         r.gpus_of_node[gpu["node_id"]].append(gpu)
     horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
@@ -255,9 +295,8 @@ def _read_gpus(r: _Reading) -> None:
         task__runs__state__in=TaskRun.ALIVE,
         task__runs__node_id=F("node_id"),
     ).values_list("unit_ids", flat=True)
-    gpu_of_unit = {unit["id"]: unit["gpu_id"] for unit in r.unit_rows}
     # An id of a unit deleted since (re-carved) names no GPU: it was skipped when links were rows too.
-    r.stopping = {gpu_of_unit[u] for unit_ids in released for u in unit_ids if u in gpu_of_unit}
+    r.stopping = {r.gpu_of_unit[u] for unit_ids in released for u in unit_ids if u in r.gpu_of_unit}
 
 
 def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:
@@ -325,15 +364,15 @@ def _read_running(
             "profile_p50_s",
         )
     )
-    gpu_of_unit = {u["id"]: g for g in r.gpu_rows for u in r.units_of[g["id"]]}
+    index_of_gpu = {g["id"]: g["index"] for g in r.gpu_rows}
     held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
     # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
     held_mig: dict[int, tuple[str, int]] = {}
     for unit in r.unit_rows:
-        if unit["task_id"] is not None:
-            held[unit["task_id"]][gpu_of_unit[unit["id"]]["index"]] += unit["gpu_milli"]
-            if unit["kind"] == ComputeUnit.Kind.MIG and unit["mig_start"] is not None:
-                held_mig[unit["task_id"]] = (unit["mig_profile"], unit["mig_start"])
+        if unit.task_id is not None:
+            held[unit.task_id][index_of_gpu[unit.gpu_id]] += unit.gpu_milli
+            if unit.kind == ComputeUnit.Kind.MIG and unit.mig_start is not None:
+                held_mig[unit.task_id] = (unit.mig_profile, unit.mig_start)
     running: list[RunningTask] = []
     info: dict[str, RunningInfo] = {}
     for row in assignment_rows:
@@ -402,8 +441,10 @@ def _read_claims(r: _Reading) -> None:
             "gpu__partition__reason",
         )
     )
+    if not claim_rows:
+        return
     gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
-    unit_by_pk = {unit["id"]: unit for unit in r.unit_rows}
+    unit_by_pk = {unit.id: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
     for row in claim_rows:
         gpu = gpu_by_pk.get(row["gpu_id"])
@@ -419,7 +460,7 @@ def _read_claims(r: _Reading) -> None:
             age_s=(r.now - row["created_at"]).total_seconds(),
             node_schedulable=name not in r.excluded,
             gpu_healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
-            unit_free=unit is not None and unit["task_id"] is None,
+            unit_free=unit is not None and unit.free,
             reported_state=row["gpu__partition__state"],
             reported_generation=row["gpu__partition__generation"],
             reported_slots=frozenset(
@@ -435,9 +476,9 @@ def _read_claims(r: _Reading) -> None:
             node=name,
             gpu_index=gpu["index"],
             unit_id=row["unit_id"],
-            slot=MigSlot(unit["mig_profile"], unit["mig_start"]) if unit is not None else None,
+            slot=MigSlot(unit.mig_profile, unit.mig_start) if unit is not None else None,
             verdict=verdict,
-            gpu_milli=unit["gpu_milli"] if unit is not None else 0,
+            gpu_milli=unit.gpu_milli if unit is not None else 0,
         )
         if verdict.action is not ClaimAction.ABANDON:
             r.claimed_gpus[gpu["id"]].append(key)
@@ -479,17 +520,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             stopping,
             claimed_by,
             layout_ok,
-            tuple(
-                (
-                    u["kind"],
-                    u["gpu_milli"],
-                    u["mem_mib"],
-                    u["task_id"] is None,
-                    u["mig_profile"],
-                    u["mig_start"],
-                )
-                for u in units
-            ),
+            tuple(u[SHAPE] for u in units),
         )
         like = r.pictures.get(shape)
         if like is not None:
@@ -497,11 +528,9 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             picture = GpuPicture(
                 state=like.state,
                 free_units=tuple(
-                    FreeUnit(
-                        u["id"], u["kind"], u["gpu_milli"], u["mem_mib"], u["mig_profile"], u["mig_start"]
-                    )
+                    FreeUnit(u.id, u.kind, u.gpu_milli, u.mem_mib, u.mig_profile, u.mig_start)
                     for u in units
-                    if u["task_id"] is None
+                    if u.free
                 )
                 if like.free_units
                 else (),
@@ -525,15 +554,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
                 mem_mib=gpu["mem_mib"],
                 mode=mode,
                 units=tuple(
-                    UnitFact(
-                        u["id"],
-                        u["kind"],
-                        u["gpu_milli"],
-                        u["mem_mib"],
-                        u["task_id"] is not None,
-                        u["mig_profile"],
-                        u["mig_start"],
-                    )
+                    UnitFact(u.id, u.kind, u.gpu_milli, u.mem_mib, not u.free, u.mig_profile, u.mig_start)
                     for u in units
                 ),
                 healthy=healthy,
@@ -553,7 +574,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
         out.free_units[key] = picture.free_units
     if picture.idle_mig is not None:
         out.idle_mig[key] = picture.idle_mig
-    out.unit_versions.update((u["id"], u["version"]) for u in units if u["task_id"] is None)
+    out.unit_versions.update((u.id, u.version) for u in units if u.free)
     return picture.state
 
 
@@ -597,7 +618,13 @@ def _read_pending(
             pool_id=r.pool_id,
             state=Task.State.PENDING,
         )
-        .annotate(profile_p50_s=_profile_p50("tenant_id", "profile_key"), submitted=_submitted_at_s())
+        .annotate(
+            profile_p50_s=_profile_p50("tenant_id", "profile_key"),
+            submitted=_submitted_at_s(),
+            # As text, parsed once per distinct list below: a pool's tasks name few model lists, and
+            # Django's JSON loader parsed the same few lists ten thousand times.
+            allowed_text=Cast("allowed_gpu_models", TextField()),
+        )
         .values(
             "id",
             "version",
@@ -610,7 +637,7 @@ def _read_pending(
             "gpu_count",
             "gpu_milli",
             "gpu_mem_mib",
-            "allowed_gpu_models",
+            "allowed_text",
             "gang_id",
             "gang_size",
             "priority",
@@ -629,6 +656,7 @@ def _read_pending(
     held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
     info: dict[str, PendingInfo] = {}
     runtimes: dict[str, float | None] = {}
+    allowed_of: dict[str | None, frozenset[str]] = {None: frozenset()}
     for row in pending_rows:
         key = str(row["id"])
         slug = row["tenant__slug"]
@@ -636,6 +664,9 @@ def _read_pending(
         r.queues[key] = (row["queue_id"], row["queue__weight"])
         priority, source = effective(row["id"], row["queue_id"], row["priority"])
         has_prediction = row["predicted_duration_p50_s"] is not None or row["predicted_gpu_mem_peak_mib"]
+        allowed = allowed_of.get(row["allowed_text"])
+        if allowed is None:
+            allowed = allowed_of[row["allowed_text"]] = frozenset(json.loads(row["allowed_text"]) or ())
         claim = r.claims.get(key)
         planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
         (held if planned else pending).append(
@@ -646,14 +677,14 @@ def _read_pending(
                 num_gpu=row["gpu_count"],
                 gpu_milli=row["gpu_milli"],
                 gpu_mem_mib=row["gpu_mem_mib"] or 0,
-                allowed_models=frozenset(row["allowed_gpu_models"] or ()),
+                allowed_models=allowed,
                 # Gang ids are the tenant's own words: scope them so two tenants' "g1" stay apart.
                 gang_id=f"{slug}:{row['gang_id']}" if row["gang_id"] else None,
                 gang_size=row["gang_size"],
                 priority=priority,
                 tenant=slug,
                 preemptible=row["preemptible"],
-                isolation=Isolation(row["isolation"]),
+                isolation=_ISOLATIONS[row["isolation"]],
                 sla_online=row["sla_class"] == Task.SlaClass.ONLINE,
                 submitted_at_s=_seconds(row["submitted"]),
                 prediction=TaskPrediction(

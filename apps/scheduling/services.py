@@ -57,6 +57,7 @@ LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
 # Codes of our own, next to `decide`'s, for tasks the commit had to hold back.
 LOST_RACE = "lost_race"
 WAITING_FOR_LAYOUT = Code.WAITING_FOR_LAYOUT
+CYCLE_WORK_MEM = "64MB"
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
@@ -562,6 +563,18 @@ def _try_lock(pool_id: int) -> bool:
     return True
 
 
+def _cycle_work_mem() -> None:
+    """Sort and hash memory for this cycle's transaction only (`SET LOCAL`).
+
+    The snapshot reads every compute unit of the pool in id order: at the server's default (4 MB) the
+    62,120 unit rows of the benchmark pool were sorted on disk (an external merge, ~100 ms of the read).
+    One cycle per pool runs at a time, so the memory is bounded by the pools, not by the requests.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL work_mem = '{CYCLE_WORK_MEM}'")
+
+
 def _totals_add(pool_id: int, *, considered: int, placed: int, preempted: int, conflicts: int) -> None:
     """Add one cycle to the pool's running totals (the operators' counters), in the cycle's transaction."""
     increments = {
@@ -606,6 +619,7 @@ def cycle_run(
             # 1. One cycle per pool at a time; the lock goes with the transaction.
             if lock and not _try_lock(pool_id):
                 return CycleReport(status="busy", pool_id=pool_id)
+            _cycle_work_mem()
             started, cpu = time.perf_counter(), time.process_time()
             cpu_ms: dict[str, float] = {}
             # 2. Snapshot.
