@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -221,7 +222,7 @@ class _Unit(NamedTuple):
     version: int
 
 
-SHAPE = slice(0, 6)  # the fields of `_Unit` that make its shape
+_shape = itemgetter(slice(0, 6))  # a unit's shape: the first six fields of `_Unit`
 
 
 @dataclass
@@ -520,7 +521,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             stopping,
             claimed_by,
             layout_ok,
-            tuple(u[SHAPE] for u in units),
+            tuple(map(_shape, units)),
         )
         like = r.pictures.get(shape)
         if like is not None:
@@ -574,13 +575,14 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
         out.free_units[key] = picture.free_units
     if picture.idle_mig is not None:
         out.idle_mig[key] = picture.idle_mig
-    out.unit_versions.update((u.id, u.version) for u in units if u.free)
     return picture.state
 
 
 def _read_nodes_state(r: _Reading) -> _Gpus:
     """Step 2c: every node's GPUs as the engine sees them, from units nobody holds."""
-    out = _Gpus()
+    # Every free unit's version (the commit compares-and-sets on it), including those of GPUs left out
+    # below (never bound, so never compared).
+    out = _Gpus(unit_versions={u.id: u.version for u in r.unit_rows if u.free})
     for row in r.node_rows:
         name = r.names[row["id"]]
         gpus = r.gpus_of_node.get(row["id"], [])
