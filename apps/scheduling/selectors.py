@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -205,24 +205,24 @@ def _profile_p50(tenant: str, key: str) -> Subquery:
     )
 
 
-class _Unit(NamedTuple):
-    """A compute unit's row, read as a tuple: a large pool has tens of thousands of units, and a dict per
-    row was the largest part of reading them. The first six fields are what `gpu_picture` reads of a unit
-    (its shape), so a GPU's shape key takes a slice of each row."""
-
-    kind: str
-    gpu_milli: int
-    mem_mib: int
-    free: bool  # nobody holds it
-    mig_profile: str
-    mig_start: int | None
-    id: int
-    gpu_id: int
-    task_id: int | None
-    version: int
-
-
-_shape = itemgetter(slice(0, 6))  # a unit's shape: the first six fields of `_Unit`
+# A compute unit's row is a plain tuple in this column order: a large pool has tens of thousands of units,
+# and a dict per row (or even a named tuple, ~0.7 µs each) was the largest part of reading them. The first
+# six columns are what `gpu_picture` reads of a unit (its shape), so a GPU's shape key is a slice per unit.
+_UNIT_COLUMNS = (
+    "kind",
+    "gpu_milli",
+    "mem_mib",
+    "free",
+    "mig_profile",
+    "mig_start",
+    "id",
+    "gpu_id",
+    "task_id",
+    "version",
+)
+KIND, MILLI, MEM, FREE, PROFILE, START, ID, GPU, TASK, VERSION = range(len(_UNIT_COLUMNS))
+_UnitRow = tuple[Any, ...]
+_shape = itemgetter(slice(KIND, START + 1))
 
 
 @dataclass
@@ -235,9 +235,8 @@ class _Reading:
     excluded: dict[str, str] = field(default_factory=dict)
     node_rows: list[dict[str, Any]] = field(default_factory=list)
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
-    unit_rows: list[_Unit] = field(default_factory=list)
-    units_of: dict[int, list[_Unit]] = field(default_factory=lambda: defaultdict(list))
-    gpu_of_unit: dict[int, int] = field(default_factory=dict)  # ComputeUnit.pk → Gpu.pk
+    unit_rows: list[_UnitRow] = field(default_factory=list)
+    units_of: dict[int, list[_UnitRow]] = field(default_factory=lambda: defaultdict(list))
     pictures: dict[tuple[object, ...], GpuPicture] = field(default_factory=dict)  # per GPU shape
     gpus_of_node: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     stopping: set[int] = field(default_factory=set)
@@ -276,17 +275,13 @@ def _read_gpus(r: _Reading) -> None:
         .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health", "partition__state")
     )
     r.unit_rows = list(
-        map(
-            _Unit._make,
-            ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
-            .order_by("id")
-            .annotate(free=ExpressionWrapper(Q(task__isnull=True), output_field=BooleanField()))
-            .values_list(*_Unit._fields),
-        )
+        ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
+        .order_by("id")
+        .annotate(free=ExpressionWrapper(Q(task__isnull=True), output_field=BooleanField()))
+        .values_list(*_UNIT_COLUMNS)
     )
     for unit in r.unit_rows:
-        r.units_of[unit.gpu_id].append(unit)
-    r.gpu_of_unit = {unit.id: unit.gpu_id for unit in r.unit_rows}
+        r.units_of[unit[GPU]].append(unit)
     for gpu in r.gpu_rows:
         r.gpus_of_node[gpu["node_id"]].append(gpu)
     horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
@@ -296,8 +291,11 @@ def _read_gpus(r: _Reading) -> None:
         task__runs__state__in=TaskRun.ALIVE,
         task__runs__node_id=F("node_id"),
     ).values_list("unit_ids", flat=True)
+    stopping_units = {u for unit_ids in released for u in unit_ids}
     # An id of a unit deleted since (re-carved) names no GPU: it was skipped when links were rows too.
-    r.stopping = {r.gpu_of_unit[u] for unit_ids in released for u in unit_ids if u in r.gpu_of_unit}
+    r.stopping = (
+        {unit[GPU] for unit in r.unit_rows if unit[ID] in stopping_units} if stopping_units else set()
+    )
 
 
 def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:
@@ -370,10 +368,10 @@ def _read_running(
     # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
     held_mig: dict[int, tuple[str, int]] = {}
     for unit in r.unit_rows:
-        if unit.task_id is not None:
-            held[unit.task_id][index_of_gpu[unit.gpu_id]] += unit.gpu_milli
-            if unit.kind == ComputeUnit.Kind.MIG and unit.mig_start is not None:
-                held_mig[unit.task_id] = (unit.mig_profile, unit.mig_start)
+        if unit[TASK] is not None:
+            held[unit[TASK]][index_of_gpu[unit[GPU]]] += unit[MILLI]
+            if unit[KIND] == ComputeUnit.Kind.MIG and unit[START] is not None:
+                held_mig[unit[TASK]] = (unit[PROFILE], unit[START])
     running: list[RunningTask] = []
     info: dict[str, RunningInfo] = {}
     for row in assignment_rows:
@@ -445,7 +443,7 @@ def _read_claims(r: _Reading) -> None:
     if not claim_rows:
         return
     gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
-    unit_by_pk = {unit.id: unit for unit in r.unit_rows}
+    unit_by_pk = {unit[ID]: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
     for row in claim_rows:
         gpu = gpu_by_pk.get(row["gpu_id"])
@@ -461,7 +459,7 @@ def _read_claims(r: _Reading) -> None:
             age_s=(r.now - row["created_at"]).total_seconds(),
             node_schedulable=name not in r.excluded,
             gpu_healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
-            unit_free=unit is not None and unit.free,
+            unit_free=unit is not None and unit[FREE],
             reported_state=row["gpu__partition__state"],
             reported_generation=row["gpu__partition__generation"],
             reported_slots=frozenset(
@@ -477,9 +475,9 @@ def _read_claims(r: _Reading) -> None:
             node=name,
             gpu_index=gpu["index"],
             unit_id=row["unit_id"],
-            slot=MigSlot(unit.mig_profile, unit.mig_start) if unit is not None else None,
+            slot=MigSlot(unit[PROFILE], unit[START]) if unit is not None else None,
             verdict=verdict,
-            gpu_milli=unit.gpu_milli if unit is not None else 0,
+            gpu_milli=unit[MILLI] if unit is not None else 0,
         )
         if verdict.action is not ClaimAction.ABANDON:
             r.claimed_gpus[gpu["id"]].append(key)
@@ -529,9 +527,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             picture = GpuPicture(
                 state=like.state,
                 free_units=tuple(
-                    FreeUnit(u.id, u.kind, u.gpu_milli, u.mem_mib, u.mig_profile, u.mig_start)
-                    for u in units
-                    if u.free
+                    FreeUnit(u[ID], u[KIND], u[MILLI], u[MEM], u[PROFILE], u[START]) for u in units if u[FREE]
                 )
                 if like.free_units
                 else (),
@@ -555,7 +551,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
                 mem_mib=gpu["mem_mib"],
                 mode=mode,
                 units=tuple(
-                    UnitFact(u.id, u.kind, u.gpu_milli, u.mem_mib, not u.free, u.mig_profile, u.mig_start)
+                    UnitFact(u[ID], u[KIND], u[MILLI], u[MEM], not u[FREE], u[PROFILE], u[START])
                     for u in units
                 ),
                 healthy=healthy,
@@ -582,7 +578,7 @@ def _read_nodes_state(r: _Reading) -> _Gpus:
     """Step 2c: every node's GPUs as the engine sees them, from units nobody holds."""
     # Every free unit's version (the commit compares-and-sets on it), including those of GPUs left out
     # below (never bound, so never compared).
-    out = _Gpus(unit_versions={u.id: u.version for u in r.unit_rows if u.free})
+    out = _Gpus(unit_versions={u[ID]: u[VERSION] for u in r.unit_rows if u[FREE]})
     for row in r.node_rows:
         name = r.names[row["id"]]
         gpus = r.gpus_of_node.get(row["id"], [])
