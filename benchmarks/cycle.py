@@ -13,11 +13,17 @@ alone (`solve_cycle` on the same snapshot, its own order, no database), pure `de
 (what the cycle's solve step runs: ordering, units, re-carve, estimates), and the per-task commit path
 (`task_transition` twice per task, on a sample, rolled back) extrapolated to the cycle's placements.
 Goals (issue 10, reported, not asserted): ≤ 3 s per cycle and ≤ 2× the engine alone in the same run.
+
+On a shared host wall time mostly measures the neighbours, so two load-independent figures come with it:
+this process's CPU seconds, and the PostgreSQL backend's (`cycle_db_cpu_s`, read from /proc when the
+server runs on this host). `decisions_sha256` hashes every placement (task, node, GPU indexes, each unit
+by its place on its GPU): identical before and after a change that must not change decisions.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -171,6 +177,40 @@ def _cleanup(built: dict[str, Any]) -> None:
     pool.delete()
 
 
+def _backend_cpu_s() -> float | None:
+    """CPU seconds the database server's process for this connection has used, or None when the server
+    is not on this host (or not PostgreSQL)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _decisions_sha256(cycle_id: int, pool_id: int) -> str:
+    """A hash of the cycle's placements that two scratch pools built alike share (row ids differ)."""
+    from apps.inventory.models import ComputeUnit
+    from apps.scheduling.models import Assignment
+
+    rank: dict[int, tuple[int, int]] = {}  # unit → (its GPU's index, its place among the GPU's units)
+    position: dict[int, int] = {}
+    for unit_id, gpu_id, index in (
+        ComputeUnit.objects.filter(gpu__node__pool_id=pool_id)
+        .order_by("gpu_id", "id")
+        .values_list("id", "gpu_id", "gpu__index")
+    ):
+        position[gpu_id] = position.get(gpu_id, -1) + 1
+        rank[unit_id] = (index, position[gpu_id])
+    rows = Assignment.objects.filter(cycle_id=cycle_id).values_list("task__name", "node__name", "unit_ids")
+    picture = sorted((task, node, tuple(rank[u] for u in ids)) for task, node, ids in rows)
+    return hashlib.sha256(repr(picture).encode()).hexdigest()
+
+
 def _per_task_commit_s(pool_id: int, placed: int) -> float | None:
     """Seconds per task of the one-at-a-time path (two `task_transition` calls), on a rolled-back sample."""
     from django.db import transaction
@@ -269,11 +309,14 @@ def run(args: argparse.Namespace) -> int:
         _progress("baseline: per-task commit on a rolled-back sample")
         per_task_s = _per_task_commit_s(pool_id, len(alone.placements))
         _progress("one production cycle")
+        db_cpu_before = _backend_cpu_s()
         started, started_cpu = time.perf_counter(), time.process_time()
         report = cycle_run(pool_id=pool_id, policy=args.policy, now=now)
         cycle_s = time.perf_counter() - started
         cycle_cpu_s = time.process_time() - started_cpu
+        db_cpu_after = _backend_cpu_s()
         cycle = Cycle.objects.get(pk=report.cycle_id)
+        decisions_sha256 = _decisions_sha256(cycle.pk, pool_id)
     finally:
         if not args.keep:
             _progress("removing the scratch pool")
@@ -293,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
         "placed": report.placed,
         "unplaced": report.unplaced,
         "conflicts": report.conflicts,
+        "decisions_sha256": decisions_sha256,
         "admitted_per_s": round(report.placed / cycle_s, 1) if cycle_s else None,
         "goal_s": GOAL_S,
         "within_goal": cycle_s <= GOAL_S,
@@ -306,6 +350,10 @@ def run(args: argparse.Namespace) -> int:
         "baseline_engine_alone_placed": len(alone.placements),
         "cycle_over_engine_alone": round(cycle_s / engine_alone_s, 2) if engine_alone_s else None,
         "cycle_cpu_s": round(cycle_cpu_s, 3),
+        # The database server's CPU for the same cycle (its COMMIT included), when it runs on this host.
+        "cycle_db_cpu_s": round(db_cpu_after - db_cpu_before, 2)
+        if db_cpu_before is not None and db_cpu_after is not None
+        else None,
         "baseline_engine_alone_cpu_s": round(engine_alone_cpu_s, 3),
         "cycle_cpu_over_engine_alone_cpu": round(cycle_cpu_s / engine_alone_cpu_s, 2)
         if engine_alone_cpu_s

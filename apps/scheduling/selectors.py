@@ -9,16 +9,32 @@ needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnaps
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Avg, Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import (
+    Avg,
+    BooleanField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
+from django.db.models.fields import TextField
 from django.db.models.functions import Cast, Extract
 
 from apps.accounting.selectors import budgets_spent
@@ -65,6 +81,7 @@ _MODES = {
     Gpu.PartitionMode.MPS: PartitionMode.SHARED,
     Gpu.PartitionMode.TIME_SLICE: PartitionMode.SHARED,
 }
+_ISOLATIONS = {i.value: i for i in Isolation}
 
 
 @dataclass(frozen=True)
@@ -188,6 +205,26 @@ def _profile_p50(tenant: str, key: str) -> Subquery:
     )
 
 
+# A compute unit's row is a plain tuple in this column order: a large pool has tens of thousands of units,
+# and a dict per row (or even a named tuple, ~0.7 µs each) was the largest part of reading them. The first
+# six columns are what `gpu_picture` reads of a unit (its shape), so a GPU's shape key is a slice per unit.
+_UNIT_COLUMNS = (
+    "kind",
+    "gpu_milli",
+    "mem_mib",
+    "free",
+    "mig_profile",
+    "mig_start",
+    "id",
+    "gpu_id",
+    "task_id",
+    "version",
+)
+KIND, MILLI, MEM, FREE, PROFILE, START, ID, GPU, TASK, VERSION = range(len(_UNIT_COLUMNS))
+_UnitRow = tuple[Any, ...]
+_shape = itemgetter(slice(KIND, START + 1))
+
+
 @dataclass
 class _Reading:
     """What the readers below hand each other while one snapshot is built."""
@@ -198,8 +235,8 @@ class _Reading:
     excluded: dict[str, str] = field(default_factory=dict)
     node_rows: list[dict[str, Any]] = field(default_factory=list)
     gpu_rows: list[dict[str, Any]] = field(default_factory=list)
-    unit_rows: list[dict[str, Any]] = field(default_factory=list)
-    units_of: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    unit_rows: list[_UnitRow] = field(default_factory=list)
+    units_of: dict[int, list[_UnitRow]] = field(default_factory=lambda: defaultdict(list))
     pictures: dict[tuple[object, ...], GpuPicture] = field(default_factory=dict)  # per GPU shape
     gpus_of_node: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     stopping: set[int] = field(default_factory=set)
@@ -240,12 +277,11 @@ def _read_gpus(r: _Reading) -> None:
     r.unit_rows = list(
         ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
         .order_by("id")
-        .values(
-            "id", "gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli", "mem_mib", "task_id", "version"
-        )
+        .annotate(free=ExpressionWrapper(Q(task__isnull=True), output_field=BooleanField()))
+        .values_list(*_UNIT_COLUMNS)
     )
     for unit in r.unit_rows:
-        r.units_of[unit["gpu_id"]].append(unit)
+        r.units_of[unit[GPU]].append(unit)
     for gpu in r.gpu_rows:
         r.gpus_of_node[gpu["node_id"]].append(gpu)
     horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
@@ -255,9 +291,11 @@ def _read_gpus(r: _Reading) -> None:
         task__runs__state__in=TaskRun.ALIVE,
         task__runs__node_id=F("node_id"),
     ).values_list("unit_ids", flat=True)
-    gpu_of_unit = {unit["id"]: unit["gpu_id"] for unit in r.unit_rows}
+    stopping_units = {u for unit_ids in released for u in unit_ids}
     # An id of a unit deleted since (re-carved) names no GPU: it was skipped when links were rows too.
-    r.stopping = {gpu_of_unit[u] for unit_ids in released for u in unit_ids if u in gpu_of_unit}
+    r.stopping = (
+        {unit[GPU] for unit in r.unit_rows if unit[ID] in stopping_units} if stopping_units else set()
+    )
 
 
 def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:
@@ -325,15 +363,15 @@ def _read_running(
             "profile_p50_s",
         )
     )
-    gpu_of_unit = {u["id"]: g for g in r.gpu_rows for u in r.units_of[g["id"]]}
+    index_of_gpu = {g["id"]: g["index"] for g in r.gpu_rows}
     held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
     # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
     held_mig: dict[int, tuple[str, int]] = {}
     for unit in r.unit_rows:
-        if unit["task_id"] is not None:
-            held[unit["task_id"]][gpu_of_unit[unit["id"]]["index"]] += unit["gpu_milli"]
-            if unit["kind"] == ComputeUnit.Kind.MIG and unit["mig_start"] is not None:
-                held_mig[unit["task_id"]] = (unit["mig_profile"], unit["mig_start"])
+        if unit[TASK] is not None:
+            held[unit[TASK]][index_of_gpu[unit[GPU]]] += unit[MILLI]
+            if unit[KIND] == ComputeUnit.Kind.MIG and unit[START] is not None:
+                held_mig[unit[TASK]] = (unit[PROFILE], unit[START])
     running: list[RunningTask] = []
     info: dict[str, RunningInfo] = {}
     for row in assignment_rows:
@@ -402,8 +440,10 @@ def _read_claims(r: _Reading) -> None:
             "gpu__partition__reason",
         )
     )
+    if not claim_rows:
+        return
     gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
-    unit_by_pk = {unit["id"]: unit for unit in r.unit_rows}
+    unit_by_pk = {unit[ID]: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
     for row in claim_rows:
         gpu = gpu_by_pk.get(row["gpu_id"])
@@ -419,7 +459,7 @@ def _read_claims(r: _Reading) -> None:
             age_s=(r.now - row["created_at"]).total_seconds(),
             node_schedulable=name not in r.excluded,
             gpu_healthy=gpu["health"] != Gpu.Health.UNHEALTHY,
-            unit_free=unit is not None and unit["task_id"] is None,
+            unit_free=unit is not None and unit[FREE],
             reported_state=row["gpu__partition__state"],
             reported_generation=row["gpu__partition__generation"],
             reported_slots=frozenset(
@@ -435,9 +475,9 @@ def _read_claims(r: _Reading) -> None:
             node=name,
             gpu_index=gpu["index"],
             unit_id=row["unit_id"],
-            slot=MigSlot(unit["mig_profile"], unit["mig_start"]) if unit is not None else None,
+            slot=MigSlot(unit[PROFILE], unit[START]) if unit is not None else None,
             verdict=verdict,
-            gpu_milli=unit["gpu_milli"] if unit is not None else 0,
+            gpu_milli=unit[MILLI] if unit is not None else 0,
         )
         if verdict.action is not ClaimAction.ABANDON:
             r.claimed_gpus[gpu["id"]].append(key)
@@ -479,17 +519,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             stopping,
             claimed_by,
             layout_ok,
-            tuple(
-                (
-                    u["kind"],
-                    u["gpu_milli"],
-                    u["mem_mib"],
-                    u["task_id"] is None,
-                    u["mig_profile"],
-                    u["mig_start"],
-                )
-                for u in units
-            ),
+            tuple(map(_shape, units)),
         )
         like = r.pictures.get(shape)
         if like is not None:
@@ -497,11 +527,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             picture = GpuPicture(
                 state=like.state,
                 free_units=tuple(
-                    FreeUnit(
-                        u["id"], u["kind"], u["gpu_milli"], u["mem_mib"], u["mig_profile"], u["mig_start"]
-                    )
-                    for u in units
-                    if u["task_id"] is None
+                    FreeUnit(u[ID], u[KIND], u[MILLI], u[MEM], u[PROFILE], u[START]) for u in units if u[FREE]
                 )
                 if like.free_units
                 else (),
@@ -525,15 +551,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
                 mem_mib=gpu["mem_mib"],
                 mode=mode,
                 units=tuple(
-                    UnitFact(
-                        u["id"],
-                        u["kind"],
-                        u["gpu_milli"],
-                        u["mem_mib"],
-                        u["task_id"] is not None,
-                        u["mig_profile"],
-                        u["mig_start"],
-                    )
+                    UnitFact(u[ID], u[KIND], u[MILLI], u[MEM], not u[FREE], u[PROFILE], u[START])
                     for u in units
                 ),
                 healthy=healthy,
@@ -553,13 +571,14 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
         out.free_units[key] = picture.free_units
     if picture.idle_mig is not None:
         out.idle_mig[key] = picture.idle_mig
-    out.unit_versions.update((u["id"], u["version"]) for u in units if u["task_id"] is None)
     return picture.state
 
 
 def _read_nodes_state(r: _Reading) -> _Gpus:
     """Step 2c: every node's GPUs as the engine sees them, from units nobody holds."""
-    out = _Gpus()
+    # Every free unit's version (the commit compares-and-sets on it), including those of GPUs left out
+    # below (never bound, so never compared).
+    out = _Gpus(unit_versions={u[ID]: u[VERSION] for u in r.unit_rows if u[FREE]})
     for row in r.node_rows:
         name = r.names[row["id"]]
         gpus = r.gpus_of_node.get(row["id"], [])
@@ -597,7 +616,13 @@ def _read_pending(
             pool_id=r.pool_id,
             state=Task.State.PENDING,
         )
-        .annotate(profile_p50_s=_profile_p50("tenant_id", "profile_key"), submitted=_submitted_at_s())
+        .annotate(
+            profile_p50_s=_profile_p50("tenant_id", "profile_key"),
+            submitted=_submitted_at_s(),
+            # As text, parsed once per distinct list below: a pool's tasks name few model lists, and
+            # Django's JSON loader parsed the same few lists ten thousand times.
+            allowed_text=Cast("allowed_gpu_models", TextField()),
+        )
         .values(
             "id",
             "version",
@@ -610,7 +635,7 @@ def _read_pending(
             "gpu_count",
             "gpu_milli",
             "gpu_mem_mib",
-            "allowed_gpu_models",
+            "allowed_text",
             "gang_id",
             "gang_size",
             "priority",
@@ -629,6 +654,7 @@ def _read_pending(
     held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
     info: dict[str, PendingInfo] = {}
     runtimes: dict[str, float | None] = {}
+    allowed_of: dict[str | None, frozenset[str]] = {None: frozenset()}
     for row in pending_rows:
         key = str(row["id"])
         slug = row["tenant__slug"]
@@ -636,6 +662,9 @@ def _read_pending(
         r.queues[key] = (row["queue_id"], row["queue__weight"])
         priority, source = effective(row["id"], row["queue_id"], row["priority"])
         has_prediction = row["predicted_duration_p50_s"] is not None or row["predicted_gpu_mem_peak_mib"]
+        allowed = allowed_of.get(row["allowed_text"])
+        if allowed is None:
+            allowed = allowed_of[row["allowed_text"]] = frozenset(json.loads(row["allowed_text"]) or ())
         claim = r.claims.get(key)
         planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
         (held if planned else pending).append(
@@ -646,14 +675,14 @@ def _read_pending(
                 num_gpu=row["gpu_count"],
                 gpu_milli=row["gpu_milli"],
                 gpu_mem_mib=row["gpu_mem_mib"] or 0,
-                allowed_models=frozenset(row["allowed_gpu_models"] or ()),
+                allowed_models=allowed,
                 # Gang ids are the tenant's own words: scope them so two tenants' "g1" stay apart.
                 gang_id=f"{slug}:{row['gang_id']}" if row["gang_id"] else None,
                 gang_size=row["gang_size"],
                 priority=priority,
                 tenant=slug,
                 preemptible=row["preemptible"],
-                isolation=Isolation(row["isolation"]),
+                isolation=_ISOLATIONS[row["isolation"]],
                 sla_online=row["sla_class"] == Task.SlaClass.ONLINE,
                 submitted_at_s=_seconds(row["submitted"]),
                 prediction=TaskPrediction(

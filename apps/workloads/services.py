@@ -791,10 +791,12 @@ def _transition(
             task=task, from_state=task.state, to_state=to_state, actor=actor, reason=reason
         )
         if to_state in FINAL or to_state in RETRY_FROM:
-            Assignment.objects.filter(task=task, released_at__isnull=True).update(
-                released_at=now, release_reason=reason[:200]
-            )
-            ComputeUnit.objects.filter(task=task).update(task=None, version=F("version") + 1)
+            live = Assignment.objects.filter(task=task, released_at__isnull=True)
+            # The units are found through the assignment's ids: the holder column has no index (binding
+            # is a HOT update, see `ComputeUnit.task`), and the cycle writes both in one statement.
+            held = [unit for ids in live.values_list("unit_ids", flat=True) for unit in ids]
+            live.update(released_at=now, release_reason=reason[:200])
+            ComputeUnit.objects.filter(pk__in=held, task=task).update(task=None, version=F("version") + 1)
         if to_state in FINAL:
             Quota.objects.filter(tenant_id=task.tenant_id, pool_id=task.pool_id).update(
                 charged_milli=F("charged_milli") - task.charge_milli,

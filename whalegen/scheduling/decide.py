@@ -101,6 +101,7 @@ class Decider:
         self._needs_layout: set[str] = set()
         self._before_recarve: dict[GpuKey, GpuState] = {}
         self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
+        self._unit_milli: dict[int, int] | None = None  # free unit → its compute share, built on first use
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -478,11 +479,12 @@ class Decider:
             bound.append(Bound(placement, ids))
             # Units that hold more (or other slices) than the engine took leave its picture wrong there.
             held = self.engine.state.bindings[placement.task_id].held_milli
-            milli = {
-                u.unit_id: u.gpu_milli
-                for i in placement.gpu_indexes
-                for u in self.snapshot.free_units.get((placement.node, i), ())
-            }
+            if self._unit_milli is None:
+                # One lookup for the step, not one per placement over its GPUs' units.
+                self._unit_milli = {
+                    u.unit_id: u.gpu_milli for units in self.snapshot.free_units.values() for u in units
+                }
+            milli = self._unit_milli
             if sum(milli[u] for u in ids) != sum(held) or placement.unit.kind is UnitKind.MIG:
                 self._diverged.update((placement.node, i) for i in placement.gpu_indexes)
         return failed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, TaskRequest
 
@@ -22,6 +23,39 @@ def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
                 units.append(gangs[task.gang_id])
             gangs[task.gang_id].append(task)
     return units
+
+
+@dataclass(frozen=True, slots=True)
+class _Offer:
+    """One unit of work (a task, or a gang's members) with what the ordering reads of it, computed once:
+    the loops below compare and add these for every unit offered, ten thousand per cycle."""
+
+    tasks: list[TaskRequest]
+    age: tuple[float, str]  # oldest submission of its tasks, then its first task's id
+    priority: int  # highest of its tasks
+    gpu_milli: int
+    cpu_milli: int
+    mem_mib: int
+
+    @staticmethod
+    def of(unit: list[TaskRequest]) -> _Offer:
+        if len(unit) == 1:
+            t = unit[0]
+            return _Offer(
+                unit, (t.submitted_at_s, t.task_id), t.priority, t.gpu_request_milli, t.cpu_milli, t.mem_mib
+            )
+        return _Offer(
+            unit,
+            (min(t.submitted_at_s for t in unit), unit[0].task_id),
+            max(t.priority for t in unit),
+            sum(t.gpu_request_milli for t in unit),
+            sum(t.cpu_milli for t in unit),
+            sum(t.mem_mib for t in unit),
+        )
+
+
+def _age(offer: _Offer) -> tuple[float, str]:
+    return offer.age
 
 
 def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]]) -> list[list[TaskRequest]]:
@@ -60,17 +94,11 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
     def share(use: list[float]) -> float:
         return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
 
-    def add(use: list[float], unit: list[TaskRequest]) -> None:
+    def add(use: list[float], offer: _Offer) -> None:
         # Offered counts as held for fairness: the engine places most of what it is offered.
-        use[0] += sum(t.gpu_request_milli for t in unit)
-        use[1] += sum(t.cpu_milli for t in unit)
-        use[2] += sum(t.mem_mib for t in unit)
-
-    def age(unit: list[TaskRequest]) -> tuple[float, str]:
-        return min(t.submitted_at_s for t in unit), unit[0].task_id
-
-    def priority(unit: list[TaskRequest]) -> int:
-        return max(t.priority for t in unit)
+        use[0] += offer.gpu_milli
+        use[1] += offer.cpu_milli
+        use[2] += offer.mem_mib
 
     def queue_of(unit: list[TaskRequest]) -> int:
         queue = queues.get(unit[0].task_id)
@@ -80,55 +108,60 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
         return queue[0]
 
     # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
-    by_tenant: dict[str, dict[int, dict[int, list[list[TaskRequest]]]]] = defaultdict(
+    by_tenant: dict[str, dict[int, dict[int, list[_Offer]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list))
     )
     for unit in _units(cluster.pending):
-        by_tenant[unit[0].tenant][priority(unit)][queue_of(unit)].append(unit)
-    tenant_order: dict[str, list[list[TaskRequest]]] = {}
+        offer = _Offer.of(unit)
+        by_tenant[unit[0].tenant][offer.priority][queue_of(unit)].append(offer)
+    tenant_order: dict[str, list[_Offer]] = {}
     for tenant, levels in by_tenant.items():
-        mine: list[list[TaskRequest]] = []
+        mine: list[_Offer] = []
         for level in sorted(levels, reverse=True):
-            lines = {q: sorted(us, key=age, reverse=True) for q, us in levels[level].items()}
-            while lines:
-                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), age(lines[q][-1])))
-                unit = lines[q].pop()
-                mine.append(unit)
-                add(queue_held[q], unit)
+            lines = {q: sorted(us, key=_age, reverse=True) for q, us in levels[level].items()}
+            while len(lines) > 1:
+                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), lines[q][-1].age))
+                offer = lines[q].pop()
+                mine.append(offer)
+                add(queue_held[q], offer)
                 if not lines[q]:
                     del lines[q]
+            # One queue left: its line in age order, no share to compare.
+            for q, line in lines.items():
+                for offer in reversed(line):
+                    mine.append(offer)
+                    add(queue_held[q], offer)
         tenant_order[tenant] = mine
 
     # 2. Split each tenant's order into within-guarantee and borrowing.
     room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
-    passes: list[dict[int, dict[str, list[list[TaskRequest]]]]] = [
+    passes: list[dict[int, dict[str, list[_Offer]]]] = [
         defaultdict(lambda: defaultdict(list)),
         defaultdict(lambda: defaultdict(list)),
     ]
-    for tenant, units in tenant_order.items():
-        for unit in units:
-            milli = sum(t.gpu_request_milli for t in unit)
+    for tenant, offers in tenant_order.items():
+        for offer in offers:
             if tenant not in room:
                 which = 0
-            elif milli <= room[tenant]:
-                room[tenant] -= milli
+            elif offer.gpu_milli <= room[tenant]:
+                room[tenant] -= offer.gpu_milli
                 which = 0
             else:
                 which = 1
-            passes[which][priority(unit)][tenant].append(unit)
+            passes[which][offer.priority][tenant].append(offer)
 
     # 3. Across tenants: pass, priority, then fair share (a heap of tenants by share, then oldest unit).
     ordered: list[list[TaskRequest]] = []
     for buckets in passes:
         for level in sorted(buckets, reverse=True):
             lines_of = {tenant: list(reversed(us)) for tenant, us in buckets[level].items()}
-            heap = [(share(held[t]), age(q[-1]), t) for t, q in lines_of.items()]
+            heap = [(share(held[t]), q[-1].age, t) for t, q in lines_of.items()]
             heapq.heapify(heap)
             while heap:
                 _, _, tenant = heapq.heappop(heap)
-                unit = lines_of[tenant].pop()
-                ordered.append(unit)
-                add(held[tenant], unit)
+                offer = lines_of[tenant].pop()
+                ordered.append(offer.tasks)
+                add(held[tenant], offer)
                 if lines_of[tenant]:
-                    heapq.heappush(heap, (share(held[tenant]), age(lines_of[tenant][-1]), tenant))
+                    heapq.heappush(heap, (share(held[tenant]), lines_of[tenant][-1].age, tenant))
     return ordered

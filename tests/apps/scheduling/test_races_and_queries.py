@@ -167,3 +167,42 @@ def test_a_unit_taken_behind_the_cycles_back_rolls_the_whole_commit_back(
     for task in (first, second):
         task.refresh_from_db()
         assert task.state == "pending"
+
+
+def test_binding_units_is_a_heap_only_update_and_finishing_frees_them(fleet: Fleet) -> None:
+    """The holder column carries no index and no constraint (`ComputeUnit.task`), so a cycle's binds are
+    HOT updates: no new entry in any of the table's indexes. A finished task frees its units through its
+    assignment's ids (the holder has no index to look them up by)."""
+    from apps.inventory.models import ComputeUnit
+    from apps.workloads.services import task_transition
+
+    if connection.vendor != "postgresql":
+        pytest.fail("HOT updates are PostgreSQL's: set DATABASE_URL")
+    tasks = _busy_pool(fleet)
+    with connection.cursor() as cursor:
+
+        def unit_updates() -> tuple[int, int]:
+            # This transaction's own counts (the test runs in one), updated as statements run.
+            cursor.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+                [ComputeUnit._meta.db_table],
+            )
+            row = cursor.fetchone()
+            return (row[0], row[1]) if row else (0, 0)
+
+        before = unit_updates()
+        report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+        updated, hot = (a - b for a, b in zip(unit_updates(), before, strict=True))
+    held = ComputeUnit.objects.filter(task__isnull=False).count()
+    assert report.placed > 0 and held > 0
+    assert updated == held and hot == held
+    placed = next(t for t in tasks if Assignment.objects.filter(task=t, released_at__isnull=True).exists())
+    placed.refresh_from_db()
+    units = set(Assignment.objects.get(task=placed, released_at__isnull=True).unit_ids)
+    assert set(ComputeUnit.objects.filter(task=placed).values_list("pk", flat=True)) == units
+    running = task_transition(task=placed, to_state=Task.State.RUNNING, actor="agent", reason="started")
+    task_transition(task=running, to_state=Task.State.SUCCEEDED, actor="agent", reason="exit 0")
+    assert not ComputeUnit.objects.filter(task=placed).exists()
+    assert set(ComputeUnit.objects.filter(pk__in=units).values_list("version", flat=True)) == {2}
+    assert ComputeUnit.objects.filter(task__isnull=False).count() == held - len(units)
+    assert violations(fleet.pool.pk) == []
