@@ -2,7 +2,8 @@
 overridable from the environment. Why these (docs/fleet.md, "Heartbeat load"; figures there):
 
 - **Threads, not sync workers.** An agent's long poll (`WHALEGEN_AGENT_POLL_WAIT_S`, 20 s) holds the thread
-  that serves it; a sync worker is a single thread, so four polling agents stopped the whole web tier.
+  that serves it; a sync worker is a single thread, so four polling agents held all four sync workers the
+  image ran before.
   Each process serves `WHALEGEN_WEB_THREADS` requests at once, long polls included: size it for the
   agents (about agents ÷ workers, plus room for API calls). Each thread keeps its own PostgreSQL
   connection (`CONN_MAX_AGE`): workers × threads connections in all.
@@ -21,19 +22,27 @@ overridable from the environment. Why these (docs/fleet.md, "Heartbeat load"; fi
 
 from __future__ import annotations
 
+import math
 import os
 
 
-def envint(name: str, default: int) -> int:
-    """`whalegen.config.env.envint`'s rule (a value that is not an integer stops the start), written out:
-    importing the package would load the Celery app into gunicorn's master."""
+def envfloat(name: str, default: float) -> float:
+    """`whalegen.config.env`'s rule (a value that is not a number stops the start), written out: importing
+    the package would load the Celery app into gunicorn's master."""
     value = os.environ.get(name, "")
     if value == "":
         return default
     try:
-        return int(value)
+        return float(value)
     except ValueError:
-        raise SystemExit(f"{name}={value!r} is not an integer") from None
+        raise SystemExit(f"{name}={value!r} is not a number") from None
+
+
+def envint(name: str, default: int) -> int:
+    value = envfloat(name, default)
+    if value != int(value):
+        raise SystemExit(f"{name}={os.environ[name]!r} is not an integer")
+    return int(value)
 
 
 bind = os.environ.get("WHALEGEN_WEB_BIND", "0.0.0.0:8000")
@@ -42,7 +51,7 @@ bind = os.environ.get("WHALEGEN_WEB_BIND", "0.0.0.0:8000")
 workers = envint("WEB_CONCURRENCY", 4)
 worker_class = "gthread"
 threads = envint("WHALEGEN_WEB_THREADS", 8)
-keepalive = envint("WHALEGEN_WEB_KEEPALIVE_S", 3 * envint("WHALEGEN_AGENT_HEARTBEAT_S", 10))
+keepalive = envint("WHALEGEN_WEB_KEEPALIVE_S", math.ceil(3 * envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)))
 worker_connections = envint("WHALEGEN_WEB_CONNECTIONS", 2_000)
 graceful_timeout = 20
 accesslog = "-"
