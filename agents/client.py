@@ -77,16 +77,24 @@ class PlaneClient:
     def _request(
         self, method: str, path: str, *, body: Message | None = None, **kwargs: Any
     ) -> requests.Response:
-        try:
-            response = self.session.request(
-                method,
-                self.server + path,
-                json=None if body is None else body.to_dict(),
-                timeout=kwargs.pop("timeout", self.timeout_s),
-                **kwargs,
-            )
-        except requests.RequestException as error:
-            raise PlaneUnavailable(f"{method} {path}: {error.__class__.__name__}") from None
+        """One request. A connection error — not a timeout — is tried once more at once, on a new
+        connection: the session reuses a kept-alive connection, and the plane may close it just as the
+        request goes out (its keep-alive ran out), which is the server's doing, not an outage. Every agent
+        request is safe to repeat (RFC 9112 §9.3.1 allows the retry then): registration and heartbeats
+        write the same state again, a report is applied once by its sequence number, a poll reads."""
+        payload = None if body is None else body.to_dict()
+        timeout = kwargs.pop("timeout", self.timeout_s)
+        for attempt in (1, 2):
+            try:
+                response = self.session.request(
+                    method, self.server + path, json=payload, timeout=timeout, **kwargs
+                )
+                break
+            except requests.ConnectionError as error:
+                if attempt == 2 or isinstance(error, requests.Timeout):
+                    raise PlaneUnavailable(f"{method} {path}: {error.__class__.__name__}") from None
+            except requests.RequestException as error:
+                raise PlaneUnavailable(f"{method} {path}: {error.__class__.__name__}") from None
         if response.status_code >= 500:
             raise PlaneUnavailable(f"{method} {path}: HTTP {response.status_code}")
         if response.status_code >= 400:

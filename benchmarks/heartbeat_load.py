@@ -1,7 +1,7 @@
 """Heartbeat load: N simulated agents heartbeating every `interval` seconds against gunicorn + PostgreSQL.
 
     python benchmarks/heartbeat_load.py [--agents 2000] [--interval-s 10] [--duration-s 60] [--gpus 4]
-        [--web-port P] [--keep-alive-s 2]
+        [--web-port P] [--keep-alive-s 30]
 
 Starts a PostgreSQL cluster of its own (port WHALEGEN_FAULTS_POSTGRES_PORT, default 55434), migrates and
 seeds N nodes, starts gunicorn (port --web-port, default $WHALEGEN_BENCH_WEB_PORT or 18601) and one
@@ -206,6 +206,24 @@ class Plane:
 
         stats = redis.Redis.from_url(self.redis.url).info("commandstats")
         return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+    def web_footprint(self) -> tuple[float, int]:
+        """The web tier's resident memory (MiB, master and workers) and the TCP connections open to it
+        (server side, established): what agents holding their connection between beats cost it."""
+        rss_kib = 0
+        for pid in [self.web.pid, *children(self.web.pid)]:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        rss_kib += int(line.split()[1])
+        port = f"{self.web_port:04X}"
+        open_ = 0
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError):
+                for row in Path(table).read_text().splitlines()[1:]:
+                    local, state = row.split()[1], row.split()[3]
+                    open_ += int(local.endswith(f":{port}") and state == "01")
+        return round(rss_kib / 1024, 1), open_
 
     def lost_nodes(self) -> int:
         import psycopg
@@ -459,8 +477,9 @@ def main() -> int:
     parser.add_argument(
         "--keep-alive-s",
         type=float,
-        default=2.0,
-        help="gunicorn's --keep-alive (default 2, gunicorn's; above the interval agents reuse connections)",
+        default=30.0,
+        help="gunicorn's --keep-alive (default 30, the image's: above the interval, agents reuse their "
+        "connection; 2 is gunicorn's own default, below it every beat opens a new one)",
     )
     parser.add_argument(
         "--web-port",
@@ -501,11 +520,20 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=args.senders) as pool:
             list(pool.map(SimAgent.warm_up, agents))
         warm_up_s = time.monotonic() - warming
+        # The first agents warmed up are silent for the whole warm-up when the window begins. Past the
+        # loss threshold (3 intervals, WHALEGEN_NODE_LOST_HEARTBEATS' default; the plane stretches it
+        # with the fleet's pace, so not always) the health check may lose them during the window: such
+        # losses, the full-way heartbeats that bring the nodes back and the backlog they make are the
+        # generator's pause, not the plane's doing.
+        warm_up_long = warm_up_s > 3 * args.interval_s
+        if warm_up_long:
+            progress(f"warm-up took {warm_up_s:.0f} s, past the loss threshold: losses may be the warm-up's")
         # Lost before the load: silent from their registration to their warm-up heartbeat for longer
         # than the threshold (the generator's pace, not a heartbeat the plane failed to take).
         lost_before = plane.lost_nodes()
         # 1. The load: every agent beats every interval.
         progress(f"load window: {args.agents} agents every {args.interval_s:g} s for {args.duration_s:g} s")
+        load_average_before = os.getloadavg()[0]
         updates_before = plane.node_row_updates()
         shortcut_before = plane.shortcut_calls()
         loaded.start()
@@ -513,6 +541,8 @@ def main() -> int:
             lambda n: agents[n].beat(), len(agents), args.interval_s, args.duration_s, args.senders, "load"
         )
         loaded.stop()
+        load_average = os.getloadavg()[0]
+        web_rss_mib, web_connections = plane.web_footprint()
         shortcut_calls = plane.shortcut_calls() - shortcut_before
         time.sleep(1.5)  # statistics of the last transactions reach pg_stat within a second
         processed = plane.node_row_updates() - updates_before
@@ -614,6 +644,8 @@ def main() -> int:
         },
         "registration_s": round(registration_s, 1),
         "warm_up_s": round(warm_up_s, 1),
+        # The warm-up outlasted the loss threshold (above): losses in this run may be the warm-up's.
+        "warm_up_past_the_loss_threshold": warm_up_long,
         # Silent from registration to their warm-up heartbeat past the threshold: the benchmark's pause.
         "nodes_lost_before_load_by_the_pause": lost_before,
         # Every agent kept beating through the load window: any node lost by its end is a false loss.
@@ -621,6 +653,12 @@ def main() -> int:
         # The idle baseline silences every agent at once: the plane should take itself for deaf.
         "nodes_lost_in_idle_baseline": lost_in_idle,
         "wall_s": round(loaded.wall_s, 1),
+        # The machine's 1-minute load average as the load window began and as it ended (other work on
+        # the shared cores inflates every CPU figure).
+        "load_average_before_and_after": [round(load_average_before, 1), round(load_average, 1)],
+        # At the end of the load window: the web tier's memory and the connections held open to it.
+        "web_rss_mib": web_rss_mib,
+        "web_connections_open": web_connections,
     }
     if args.json:
         print(json.dumps(result))

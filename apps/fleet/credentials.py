@@ -27,13 +27,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from apps.fleet.selectors import credential_hash
 from apps.inventory.models import Node
 
 # Far above one plane's fleet: a process answers heartbeats of every node.
 MAX_ENTRIES = 65_536
+
+# The lookup as fixed SQL: the ORM compiled this one-table read afresh on every call, and it runs for
+# every request with an unknown credential (never remembered), which made refusing a heartbeat cost more
+# than answering one (docs/fleet.md, "Heartbeat load"). Lowest id first, as `.first()` read it.
+_LOOKUP_SQL = (
+    f"SELECT id, name FROM {Node._meta.db_table} WHERE agent_credential_hash = %s ORDER BY id LIMIT 1"
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,9 @@ class NodeCredentials:
         if known is not None and self._clock() < known.checked_at_s + self.ttl_s:
             return known.row()
         generation = self._generation
-        found = Node.objects.filter(agent_credential_hash=digest).values_list("pk", "name").first()
+        with connection.cursor() as cursor:
+            cursor.execute(_LOOKUP_SQL, [digest])
+            found = cursor.fetchone()
         if found is None:
             return None
         known = KnownNode(node_id=found[0], name=found[1], digest=digest, checked_at_s=self._clock())

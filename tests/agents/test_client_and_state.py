@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,62 @@ def test_state_file_writes_only_changes_and_sets_a_corrupt_file_aside(tmp_path: 
     assert StateFile(tmp_path).load() == {"a": 2}
     state.path.write_text("{torn")
     assert StateFile(tmp_path).load() == {} and (tmp_path / "agent-state.corrupt").exists()
+
+
+class ClosingPlane:
+    """A plane that answers the first request on each connection and closes the connection when the next
+    one arrives on it, unanswered: what a server does when its keep-alive runs out as a request is on its
+    way. Counts connections and answered requests."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.answered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader:
+            for served in (0, 1):
+                head = [reader.readline()]
+                while head[-1] not in (b"\r\n", b""):
+                    head.append(reader.readline())
+                length = next(
+                    (int(line.split(b":")[1]) for line in head if line.lower().startswith(b"content-length")),
+                    0,
+                )
+                reader.read(length)
+                if served:
+                    return  # closed, unanswered
+                body = b'{"generation": 4, "stored_seq": 1, "node_id": "node-a"}'
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                self.answered += 1
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+def test_a_request_the_plane_closes_its_kept_alive_connection_on_is_sent_again_once() -> None:
+    plane = ClosingPlane()
+    client = PlaneClient(plane.url, TOKEN)
+    try:
+        assert client.heartbeat(Heartbeat("node-a", "0.1.0", 1.0)).generation == 4
+        assert client.heartbeat(Heartbeat("node-a", "0.1.0", 2.0)).generation == 4  # again, new connection
+        assert client.report(Report("node-a", 1, 3.0)).stored_seq == 1
+        assert client.register(Register("a", "host-a", "0.1.0")).node_id == "node-a"
+        assert (plane.connections, plane.answered) == (4, 4)
+    finally:
+        client.close()
+        plane.stop()

@@ -27,7 +27,7 @@ NOT_OURS = {"DJANGO_SETTINGS_MODULE", "PATH", "HOME"}
 
 def variables_read() -> dict[str, str]:
     found: dict[str, str] = {}
-    for package in ("whalegen", "apps", "agents"):
+    for package in ("whalegen", "apps", "agents", "docker"):
         for path in sorted((ROOT / package).rglob("*.py")):
             for name in READ.findall(path.read_text()):
                 found.setdefault(name, str(path.relative_to(ROOT)))

@@ -17,6 +17,7 @@ poll (the authority on the desired state) does not wait for.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from typing import Any
@@ -40,6 +41,11 @@ CHALLENGE = {"WWW-Authenticate": 'Bearer realm="agent"'}
 _NEEDS_BEARER = "agent endpoints need `Authorization: Bearer <node token>`"
 
 Answer = tuple[int, dict[str, Any], dict[str, str]]
+
+
+@functools.lru_cache(maxsize=4096)
+def _ack(generation: int) -> dict[str, Any]:
+    return p.HeartbeatAck(generation=generation).to_dict()
 
 
 def _refused(status: int, detail: str, headers: dict[str, str] | None = None) -> Answer:
@@ -69,9 +75,12 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
         return _refused(400, f"JSON parse error - {error}")
     now = timezone.now()
     if known is not None:
-        generation = liveness.beat(node_id=known.node_id, data=data, now=now, credential=known.digest)
+        generation = liveness.beat(
+            node_id=known.node_id, data=data, body=body, now=now, credential=known.digest
+        )
         if generation is not None:
-            return 200, p.HeartbeatAck(generation=generation).to_dict(), {}
+            # The protocol's encoding, remembered per generation (a copy: the caller owns its answer).
+            return 200, dict(_ack(generation)), {}
         node = node or credentials.node_for(parts[1])
         if node is None:
             return _refused(401, "unknown node token", CHALLENGE)

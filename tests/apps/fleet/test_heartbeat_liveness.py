@@ -211,6 +211,72 @@ def test_telemetry_is_queued_once_per_sample_period(fleet: Any, redis_on: None, 
     assert liveness.flush().telemetry == 0  # stored by the first (full) heartbeat; not due again
 
 
+def test_telemetry_in_a_body_that_is_not_utf8_text_is_stored_by_the_flush(
+    fleet: Any, redis_on: None, settings: Any
+) -> None:
+    """The shortcut queues the body as received, which only nests in the entry as UTF-8 JSON text;
+    `json.loads` also reads UTF-16, whose samples are re-encoded instead."""
+    from apps.fleet import liveness
+    from apps.fleet.models import GpuSample
+
+    settings.WHALEGEN_TELEMETRY_SAMPLE_S = 0.0
+    utf16 = json.dumps(message(fleet.node, telemetry=telemetry(fleet.node)).to_dict()).encode("utf-16-le")
+    assert front(fleet.token_a, utf16)[0] == 200  # the full way
+    stored = GpuSample.objects.filter(gpu__node=fleet.node).count()
+    utf16 = json.dumps(message(fleet.node, telemetry=telemetry(fleet.node)).to_dict()).encode("utf-16-le")
+    assert front(fleet.token_a, utf16)[0] == 200  # the shortcut
+    assert liveness.flush().telemetry == 1
+    assert GpuSample.objects.filter(gpu__node=fleet.node).count() == stored + 2
+
+
+def test_telemetry_queued_by_an_earlier_plane_is_still_stored(fleet: Any, redis_on: None) -> None:
+    """An entry in the earlier form (the samples beside the node, not the body) left in Redis across an
+    upgrade."""
+    from apps.fleet import liveness
+    from apps.fleet.models import GpuSample
+
+    samples = [sample.to_dict() for sample in telemetry(fleet.node)]
+    earlier = {"node": fleet.node.pk, "at": time.time(), "telemetry": samples, "processes": []}
+    client = liveness._redis.client()
+    assert client is not None
+    client.rpush(liveness.telemetry_key(), json.dumps(earlier))
+    assert liveness.flush().telemetry == 1
+    assert GpuSample.objects.filter(gpu__node=fleet.node).count() == 2
+
+
+def test_the_shortcut_loads_its_script_again_after_redis_lost_it(
+    fleet: Any, redis_on: None, django_assert_num_queries: Any
+) -> None:
+    """A Redis restarted without its scripts (or SCRIPT FLUSH) answers NOSCRIPT: the beat loads the
+    script and is still recorded in Redis, not sent the full way."""
+    from apps.fleet import liveness
+
+    assert front(fleet.token_a, body(message(fleet.node)))[0] == 200  # the full way
+    assert front(fleet.token_a, body(message(fleet.node)))[0] == 200  # the shortcut, script loaded
+    client = liveness._redis.client()
+    assert client is not None
+    client.script_flush()
+    again = body(message(fleet.node))
+    with django_assert_num_queries(0):
+        assert front(fleet.token_a, again)[0] == 200
+    assert liveness.flush().nodes == 1
+
+
+def test_a_beat_sent_before_the_last_one_keeps_the_later_send_time(fleet: Any, redis_on: None) -> None:
+    """Beats can arrive out of order (two connections, a retry): the send time and gap only move forward."""
+    from apps.fleet import liveness
+    from apps.fleet.models import NodeAgent
+
+    sent = time.time() - 30
+    assert front(fleet.token_a, body(message(fleet.node, sent_at_s=sent)))[0] == 200  # the full way
+    assert front(fleet.token_a, body(message(fleet.node, sent_at_s=sent + 20)))[0] == 200
+    assert front(fleet.token_a, body(message(fleet.node, sent_at_s=sent + 10)))[0] == 200  # late
+    assert liveness.flush().nodes == 1
+    agent = NodeAgent.objects.get(pk=fleet.node.pk)
+    assert agent.last_sent_s == pytest.approx(sent + 20)
+    assert agent.heartbeat_gap_s == pytest.approx(20.0)
+
+
 def test_the_node_health_check_counts_heartbeats_held_in_redis(fleet: Any, redis_on: None) -> None:
     from apps.fleet.services import nodes_mark_lost
     from apps.inventory.models import Node
