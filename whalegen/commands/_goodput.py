@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--services", type=int, default=None, help="online services (default: GPUs / 9)")
     group.add_argument("--max-jobs", type=int, default=None, help="only the first N jobs of the source")
     group.add_argument(
+        "--service-milli", type=int, default=500, help="GPU milli each service asks (default 500)"
+    )
+    group.add_argument(
         "--static-services",
         action="store_true",
         help="every service from t = 0 to the end (default: they arrive and leave over the window)",
@@ -98,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         loads = _loads(args.load)
+        if not 0 < args.service_milli <= 1000:
+            raise ValueError(f"--service-milli: 1 … 1000 (one GPU), got {args.service_milli}")
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         for policy in policies:
             make_policy(split_policy(policy)[0])
@@ -153,7 +158,11 @@ def run(args: argparse.Namespace) -> int:
                         world,
                         policy,
                         seed,
-                        ReplayConfig(load=load, service_churn=not args.static_services),
+                        ReplayConfig(
+                            load=load,
+                            service_churn=not args.static_services,
+                            service_milli=args.service_milli,
+                        ),
                         show,
                     )
                 )
