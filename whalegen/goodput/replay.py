@@ -286,6 +286,65 @@ def offered_window_s(
     return offered / (load * capacity)
 
 
+def scaled_jobs(
+    jobs: Sequence[Job], fleet: FleetSpec, world: World, config: ReplayConfig
+) -> tuple[float, list[tuple[float, Job]]]:
+    """The window, and each job with its scaled arrival and its work clipped to `max_runtime_s`."""
+    window_s = offered_window_s(jobs, fleet, world, config.load, config.max_runtime_s)
+    first_arrival = min((j.arrival_s for j in jobs), default=0)
+    last_arrival = max((j.arrival_s for j in jobs), default=0)
+    scale = window_s / max(1, last_arrival - first_arrival)
+    return window_s, [
+        (
+            (job.arrival_s - first_arrival) * scale,
+            replace(
+                job,
+                work_iterations=job.work_iterations
+                * min(1.0, config.max_runtime_s / job.reference_runtime_s),
+            ),
+        )
+        for job in jobs
+    ]
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Bounds on a run's goodput, in % of the fleet's GPU-hours of the window (docs/goodput.md §8)."""
+
+    no_queue_pct: float  # every job on arrival on its fastest model, alone: strict
+    mean_capacity_pct: float  # every GPU busy at its model's mean speed over the job types: not strict
+    best_job_capacity_pct: float  # every GPU busy at its model's best job type's speed: strict
+
+    @property
+    def strict_pct(self) -> float:
+        return min(self.no_queue_pct, self.best_job_capacity_pct)
+
+
+def ceilings(fleet: FleetSpec, jobs: Sequence[Job], world: World, config: ReplayConfig) -> Ceilings:
+    window_s, scaled = scaled_jobs(jobs, fleet, world, config)
+    gpus = fleet.total_gpus
+    models = sorted({get_model(p.gpu_model).name for p in fleet.pools})
+    tasks = [_Task(job.job_id, TaskRequest(job.job_id, 0, 0), arrival, job=job) for arrival, job in scaled]
+    ref = {t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL) for t in tasks if t.job}
+    no_queue = _no_queue_work_s(tasks, world, models, window_s, ref)
+    best = {m: _best_speedup(world, m) for m in models}
+    capacity_s = gpus * window_s
+    return Ceilings(
+        100 * no_queue / capacity_s,
+        100 * sum(world.speedup[p.gpu_model] * p.total_gpus for p in fleet.pools) / gpus,
+        100 * sum(best[get_model(p.gpu_model).name] * p.total_gpus for p in fleet.pools) / gpus,
+    )
+
+
+def _best_speedup(world: World, model: str) -> float:
+    """The fastest job type's speed on `model` over its reference-model speed (measured types only)."""
+    return max(
+        world.speed.throughput(j, model) / world.speed.throughput(j, REFERENCE_MODEL)
+        for j in world.speed.job_types
+        if world.speed.measured(j, REFERENCE_MODEL)
+    )
+
+
 def run_goodput(
     fleet: FleetSpec,
     jobs: Sequence[Job],
@@ -303,10 +362,7 @@ def run_goodput(
     node_model = [n.model or "" for n in nodes]
     modes = [[g.mode for g in n.gpus] for n in nodes]
     gpus = sum(len(n.gpus) for n in nodes)
-    window_s = offered_window_s(jobs, fleet, world, config.load, config.max_runtime_s)
-    first_arrival = min((j.arrival_s for j in jobs), default=0)
-    last_arrival = max((j.arrival_s for j in jobs), default=0)
-    scale = window_s / max(1, last_arrival - first_arrival)
+    window_s, scaled = scaled_jobs(jobs, fleet, world, config)
     tasks: dict[str, _Task] = {}
     life_rng = random.Random(f"services:{seed}")
     present = math.ceil(config.service_present_share * len(services))
@@ -328,10 +384,7 @@ def run_goodput(
             profile=TaskProfile(compute_exponent=0.5, sla_min_factor=svc.sla_min_factor),
         )
         tasks[svc.service_id] = _Task(svc.service_id, request, arrival, service=svc, leave_s=leave)
-    for job in jobs:
-        arrival = (job.arrival_s - first_arrival) * scale
-        work = job.work_iterations * min(1.0, config.max_runtime_s / job.reference_runtime_s)
-        job = replace(job, work_iterations=work)
+    for arrival, job in scaled:
         request = TaskRequest(
             job.job_id,
             job.cpu_milli,

@@ -11,7 +11,7 @@ from tests.whalegen.goodput.test_replay import A, B, _fleet, _job, world  # noqa
 from whalegen.goodput.fleet import parse_fleet
 from whalegen.goodput.headroom import forecast_arrivals, online_headroom_milli, poisson_quantile
 from whalegen.goodput.jobs import Service, ServiceProfile
-from whalegen.goodput.replay import ReplayConfig, World, run_goodput, split_policy
+from whalegen.goodput.replay import ReplayConfig, World, ceilings, run_goodput, split_policy
 
 QUIET = ServiceProfile("pod", (20.0, 40.0, 10.0), ())
 
@@ -100,3 +100,15 @@ def test_the_ceiling_bounds_every_policys_goodput_and_the_oracle_reads_true_prof
         result = run_goodput(fleet, jobs, [], world, policy, 2, ReplayConfig(load=1.2))  # type: ignore[arg-type]
         assert 0 < result.goodput_pct <= result.ceiling_pct + 1e-9
         assert result.offered_pct == pytest.approx(120.0)  # one model: capacity is 1 reference GPU per GPU
+
+
+def test_the_ceilings_of_two_one_hour_jobs_on_one_gpu_by_hand(world: World) -> None:  # noqa: F811
+    # Both arrive at 0 (one arrival time: no spread to scale); the window is 2 h. Alone on the one GPU
+    # from arrival, each does its hour: 2 GPU-h of 2, 100 %; one model of speed 1: both capacities 100 %.
+    bound = ceilings(_fleet(), [_job("j0", A, 3600), _job("j1", B, 3600)], world, ReplayConfig())  # type: ignore[arg-type]
+    assert bound.no_queue_pct == pytest.approx(100.0)
+    assert bound.mean_capacity_pct == pytest.approx(100.0) == bound.best_job_capacity_pct
+    assert bound.strict_pct == pytest.approx(100.0)
+    # At half the load the window doubles and the same work is half of it.
+    half = ceilings(_fleet(), [_job("j0", A, 3600), _job("j1", B, 3600)], world, ReplayConfig(load=0.5))  # type: ignore[arg-type]
+    assert half.no_queue_pct == pytest.approx(50.0)
