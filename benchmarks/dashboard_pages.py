@@ -6,8 +6,12 @@
 Each page is requested through Django's test client (the whole middleware stack, the view, the
 template; no network) as a platform admin, `--repeat` times after one warm-up; the figures are the
 median wall, CPU and database milliseconds (the sum of the queries' times as Django measures them:
-execute and fetch) and the number of SQL queries; then one more request after the per-cycle cache
-(`apps.dashboard.caching`) is cleared, as the first request after a new cycle finds it ("uncached").
+execute and fetch) and the number of SQL queries; then one more request after the per-cycle figures
+(`apps.dashboard.caching`) are cleared, as the first request after a new cycle finds them ("uncached").
+
+The what-if page is decided off the request (`apps.dashboard.whatif`): its "uncached" request is the page
+that answers "computing…" and starts the decision; the decision itself is then run here, timed, as the
+Celery worker runs it (`decide_cycle`, by ids), and the page's repeated requests read it stored.
 The same run measures the floor: the login page (no database work beyond the session), so the ratios
 say what each page adds.
 
@@ -39,7 +43,7 @@ DEMO_GOAL_MS = 300.0
 LARGE_GOAL_MS = 1000.0
 
 
-def time_page(client: Any, path: str, repeat: int) -> dict[str, Any]:
+def time_page(client: Any, path: str, repeat: int, clear_last: bool = True) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -49,7 +53,7 @@ def time_page(client: Any, path: str, repeat: int) -> dict[str, Any]:
     walls, cpus, dbs, queries, status = [], [], [], 0, 0
     cold: dict[str, float] = {}
     for i in range(repeat + 1):
-        if i == repeat:
+        if i == repeat and clear_last:
             clear()  # one more request with the per-cycle figures not cached yet (a new cycle's first)
         with CaptureQueriesContext(connection) as captured:
             wall, cpu = time.perf_counter(), time.process_time()
@@ -76,6 +80,45 @@ def time_page(client: Any, path: str, repeat: int) -> dict[str, Any]:
     }
 
 
+def time_whatif(client: Any, path: str, repeat: int) -> dict[str, Any]:
+    """The what-if page: the request that starts the decision, the decision (as the worker runs it),
+    then the page with the decision stored."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.dashboard import whatif
+    from apps.dashboard.caching import clear
+
+    started: list[tuple[int, tuple[str, ...], int]] = []
+    original = whatif._start
+    whatif._start = lambda pool_id, policies, cycle: started.append((pool_id, policies, cycle.id))
+    try:
+        client.get(path)  # warm: templates compiled, session read
+        clear()
+        started.clear()
+        with CaptureQueriesContext(connection) as captured:
+            wall, cpu = time.perf_counter(), time.process_time()
+            assert "Computing" in client.get(path).content.decode()
+            cold = {
+                "wall_ms": round((time.perf_counter() - wall) * 1000, 1),
+                "cpu_ms": round((time.process_time() - cpu) * 1000, 1),
+                "db_ms": round(sum(float(q["time"]) for q in captured.captured_queries) * 1000, 1),
+            }
+        (pool_id, policies, cycle_id), *_ = started
+        wall, cpu = time.perf_counter(), time.process_time()
+        whatif.decide_cycle(pool_id=pool_id, policies=policies, cycle_id=cycle_id)
+        decision = {
+            "wall_ms": round((time.perf_counter() - wall) * 1000, 1),
+            "cpu_ms": round((time.process_time() - cpu) * 1000, 1),
+        }
+        row = time_page(client, path, repeat, clear_last=False)
+    finally:
+        whatif._start = original
+    row["uncached"] = cold
+    row["decision"] = decision
+    return row
+
+
 def pages_of(pool_id: int, task_id: int | None) -> list[str]:
     paths = ["/login/", "/", "/tasks/", "/tasks/?state=pending", "/pools/", f"/pools/{pool_id}/"]
     paths += [f"/pools/{pool_id}/history/?hours=6", f"/pools/{pool_id}/whatif/?policy=fgd", "/overrides/"]
@@ -97,7 +140,9 @@ def measure(label: str, pool_id: int, task_id: int | None, repeat: int, goal_ms:
     rows = []
     for path in pages_of(pool_id, task_id):
         _progress(f"{label}: {path}")
-        rows.append(time_page(client, path, repeat))
+        rows.append(
+            time_whatif(client, path, repeat) if "/whatif/" in path else time_page(client, path, repeat)
+        )
     floor = rows[0]["cpu_ms"] or 0.1
     for row in rows:
         row["cpu_vs_login"] = round(row["cpu_ms"] / floor, 1)
@@ -164,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{row['db_ms']:>8.1f} {row['queries']:>8} {row['cpu_vs_login']:>12.1f}x   "
                 f"{cold['wall_ms']:.0f} / {cold['cpu_ms']:.0f} / {cold['db_ms']:.0f}{mark}"
             )
+            if "decision" in row:
+                d = row["decision"]
+                name = "  the decision, off the request"
+                print(f"{name:<40} {'':>6} {d['wall_ms']:>9.1f} {d['cpu_ms']:>9.1f}")
     return 0
 
 

@@ -19,8 +19,8 @@ from datetime import datetime, timedelta
 from statistics import quantiles
 from typing import Any
 
-from django.db.models import Avg
-from django.db.models.functions import TruncMinute
+from django.db.models import Avg, F, FloatField, Func, Sum, Value
+from django.db.models.functions import Coalesce, Floor, Greatest, Least, TruncMinute
 
 from apps.fleet.models import GpuSample
 from apps.inventory.models import Gpu, Pool
@@ -168,30 +168,67 @@ def pool_history(*, pool: Pool, now: datetime, hours: float) -> PoolHistory:
     )
 
 
+class EpochS(Func):
+    """A timestamp as seconds since the epoch (float), on PostgreSQL and on the embedded SQLite."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        template = "EXTRACT(EPOCH FROM %(expressions)s)::float8"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # julianday() counts days from noon, 24 November 4714 BC; the Unix epoch is day 2440587.5.
+        return self.as_sql(
+            compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra
+        )
+
+
 def tenant_usage(*, pool: Pool, since: datetime, until: datetime, bucket_s: float) -> tuple[TenantUsage, ...]:
     """GPUs held per tenant per bucket: each assignment counts its task's GPUs × milli for the part of
-    the bucket it was held (released or not), so a bucket's figure is the mean held over the bucket."""
+    the bucket it was held (released or not), so a bucket's figure is the mean held over the bucket.
+
+    Read grouped, not row by row (10,000 assignments on a large pool were most of the page's CPU): with
+    S and E an assignment's start and end in seconds from `since` (clamped to the window) and m its
+    milli, it adds m·((first+1)·b − S)/b to its first bucket, m to each bucket between, and
+    m·(E − last·b)/b to its last (m·(E − S)/b when that is one bucket). Each term is linear in m, m·S
+    and m·E, so the database sums those per (tenant, first bucket, last bucket) and the figures stay
+    exact; the rows returned are a few per tenant, however many assignments there are."""
     from apps.scheduling.models import Assignment
     from apps.workloads.models import Quota
 
+    window_s = (until - since).total_seconds()
+    since_s = since.timestamp()
+
+    def clamped(at: Any) -> Any:
+        return Least(Greatest(EpochS(at) - since_s, Value(0.0)), Value(window_s))
+
+    start, end = clamped("created_at"), clamped(Coalesce("released_at", Value(until)))
+    milli = F("task__gpu_count") * F("task__gpu_milli")
     rows = (
         Assignment.objects.filter(node__pool=pool, created_at__lt=until)
         .exclude(released_at__lt=since)
-        .order_by("-created_at")
-        .values_list("task__tenant__slug", "created_at", "released_at", "task__gpu_count", "task__gpu_milli")[
-            :MAX_STARTS
-        ]
+        .annotate(s=start, e=end)
+        .annotate(
+            tenant=F("task__tenant__slug"),
+            first=Floor(F("s") / bucket_s),
+            last=Least(Floor(Greatest(F("s"), F("e") - 1e-6) / bucket_s), Value(float(BUCKETS - 1))),
+        )
+        .order_by()
+        .values("tenant", "first", "last")
+        .annotate(m=Sum(milli), ms=Sum(milli * F("s")), me=Sum(milli * F("e")))
+        .values_list("tenant", "first", "last", "m", "ms", "me")
     )
     held: dict[str, list[float]] = defaultdict(lambda: [0.0] * BUCKETS)
-    for slug, start, end, count, milli in rows:
-        start_s = max(0.0, (start - since).total_seconds())
-        end_s = ((end or until) - since).total_seconds()
-        first = int(start_s // bucket_s)
-        last = min(BUCKETS - 1, int(max(start_s, end_s - 1e-9) // bucket_s))
-        for i in range(first, last + 1):
-            overlap = min(end_s, (i + 1) * bucket_s) - max(start_s, i * bucket_s)
-            if overlap > 0:
-                held[slug][i] += count * milli * overlap / bucket_s
+    for slug, first_f, last_f, m, ms, me in rows:
+        first, last, line = int(first_f), int(last_f), held[slug]
+        if first == last:
+            line[first] += (me - ms) / bucket_s
+            continue
+        line[first] += ((first + 1) * bucket_s * m - ms) / bucket_s
+        for i in range(first + 1, last):
+            line[i] += m
+        line[last] += (me - last * bucket_s * m) / bucket_s
     guarantees = dict(Quota.objects.filter(pool=pool).values_list("tenant__slug", "guaranteed_milli"))
     ranked = sorted(held, key=lambda slug: (-sum(held[slug]), slug))[:TOP_REASONS]
     return tuple(
@@ -227,14 +264,68 @@ def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
     return GpuTotals(gpus=row["gpus"], allocated_milli=row["held"] or 0)
 
 
-def latest_cycle_id(*, pool_id: int) -> int | None:
-    """The id of the pool's newest cycle (from the (pool, started_at) index): what per-cycle caches key on."""
-    return (
-        Cycle.objects.filter(pool_id=pool_id)
-        .order_by("-started_at", "-id")
-        .values_list("id", flat=True)
+def _span(delta: timedelta) -> str:
+    """A duration as an operator says it, rounded down: "12 minutes", "5 hours", "2 days 23 hours"."""
+    minutes = max(1, int(delta.total_seconds() // 60))
+    if minutes < 60:
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    days, hours = divmod(hours, 24)
+    return f"{days} days" + (f" {hours} hour{'s' if hours != 1 else ''}" if hours else "")
+
+
+def idle_forecast_note(*, pool_id: int, now: datetime) -> str:
+    """Why the idle-GPU chart has no forecast line yet, and when it can have one, in the operator's
+    terms: the model learns from the pool's own cycle records (`fragmentation_before.idle_milli`),
+    needs `MIN_IDLE_DAYS` of them in the training window, and is trained by the beat every
+    `WHALEGEN_FORECAST_TRAIN_INTERVAL_S` (one query: the oldest cycle in that window)."""
+    from django.conf import settings
+
+    from apps.forecasting.services import MIN_IDLE_DAYS
+
+    lookback = timedelta(days=settings.WHALEGEN_FORECAST_LOOKBACK_DAYS)
+    first = (
+        Cycle.objects.filter(pool_id=pool_id, started_at__gte=now - lookback)
+        .order_by("started_at")
+        .values_list("started_at", flat=True)
         .first()
     )
+    need = timedelta(days=MIN_IDLE_DAYS)
+    every = _span(timedelta(seconds=float(settings.CELERY_BEAT_SCHEDULE["forecasting-train"]["schedule"])))
+    if first is None:
+        return (
+            f"No forecast yet: the idle-GPU model learns from this pool's scheduling cycles and needs "
+            f"{MIN_IDLE_DAYS} days of them; no cycle has run yet."
+        )
+    have = now - first
+    if have < need:
+        return (
+            f"No forecast yet: the idle-GPU model needs {MIN_IDLE_DAYS} days of this pool's cycle history "
+            f"and has {_span(have)} (since {first:%Y-%m-%d %H:%M} UTC), {_span(need - have)} more. Forecasts "
+            f"can start after {first + need:%Y-%m-%d %H:%M} UTC, with the first training after that "
+            f"(every {every})."
+        )
+    return (
+        f"No forecast yet: the pool has {_span(have)} of cycle history, enough to train on; the model is "
+        f"trained every {every} and drawn here once one beats persistence, the same slot yesterday and the "
+        "window mean."
+    )
+
+
+def latest_cycle_ref(*, pool_id: int) -> Any:
+    """The pool's newest cycle as a `CycleRef` (id and start, from the (pool, started_at) index), or None:
+    what per-cycle figures are keyed on."""
+    from apps.dashboard.whatif import CycleRef
+
+    row = (
+        Cycle.objects.filter(pool_id=pool_id)
+        .order_by("-started_at", "-id")
+        .values_list("id", "started_at")
+        .first()
+    )
+    return None if row is None else CycleRef(*row)
 
 
 def latest_cycle_rows(*, pool_ids: list[int]) -> dict[int, dict]:
@@ -266,19 +357,50 @@ def latest_cycle_rows(*, pool_ids: list[int]) -> dict[int, dict]:
     }
 
 
-def heat_map_gpus(*, node_ids: list[int]) -> Any:
-    """The GPUs of one heat-map page with their units and each unit's holder's tenant (two queries): only
-    the columns the map draws, so a page of 800 GPUs and thousands of units builds light instances.
-    The caller has checked the pool is visible; the nodes are that pool's."""
-    from django.db.models import F, Prefetch
+@dataclass(frozen=True)
+class MapUnit:
+    kind: str
+    mig_profile: str
+    mig_start: int | None
+    gpu_milli: int
+    task_id: int | None
+    tenant_id: int | None  # the holder's tenant: whether the viewer may see the task's id
 
+
+@dataclass(frozen=True)
+class MapGpu:
+    node_id: int
+    index: int
+    model: str
+    partition_mode: str
+    health: str
+    node: str  # "cluster/node"
+    node_state: str
+    units: tuple[MapUnit, ...]
+
+
+def heat_map_gpus(*, node_ids: list[int]) -> list[MapGpu]:
+    """The GPUs of one heat-map page with their units and each unit's holder's tenant, as plain rows
+    (two queries): only the columns the map draws, and no model instances — a page of 800 GPUs and
+    3,200 units built as Django models took most of the page's CPU. The caller has checked the pool
+    is visible; the nodes are that pool's. Units come in the order they were carved (their ids)."""
     from apps.inventory.models import ComputeUnit
 
-    units = ComputeUnit.objects.only("gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli", "task_id")
-    return (
-        Gpu.objects.filter(node_id__in=node_ids)
-        .select_related("node__cluster")
-        .only("node_id", "index", "model", "partition_mode", "health", "node__name", "node__state",
-              "node__cluster__name")
-        .prefetch_related(Prefetch("units", queryset=units.annotate(task_tenant_id=F("task__tenant_id"))))
-    )  # fmt: skip
+    units: dict[int, list[MapUnit]] = defaultdict(list)
+    for gpu_id, kind, profile, start, milli, task_id, tenant_id in (
+        ComputeUnit.objects.filter(gpu__node_id__in=node_ids)
+        .order_by("gpu_id", "id")
+        .values_list("gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli", "task_id", "task__tenant_id")
+    ):
+        units[gpu_id].append(MapUnit(kind, profile or "", start, milli, task_id, tenant_id))
+    return [
+        MapGpu(node_id, index, model, mode, health, f"{cluster}/{node}", state, tuple(units.get(pk, ())))
+        for pk, node_id, index, model, mode, health, node, state, cluster in Gpu.objects.filter(
+            node_id__in=node_ids
+        )
+        .order_by("node__cluster__name", "node__name", "index")
+        .values_list(
+            "pk", "node_id", "index", "model", "partition_mode", "health", "node__name", "node__state",
+            "node__cluster__name",
+        )
+    ]  # fmt: skip

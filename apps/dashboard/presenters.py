@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from html import escape  # what Django's escape does, without its lazy-string wrapper (8,000 calls a map)
 from math import ceil
 from shlex import join as shell_join
 from typing import Any
 
-from django.utils.html import escape
-
-from apps.inventory.models import ComputeUnit, Gpu
+from apps.inventory.models import ComputeUnit
 from apps.scheduling.selectors import QuotaUsage
 from apps.workloads.models import Quota
 from whalegen.gpus.mig import MEMORY_SLICES, mig_profiles
@@ -159,7 +158,10 @@ class HeatMap:
     cell_h: int = CELL_H
 
 
-def _unit_span(unit: ComputeUnit, model: str, cursor: float) -> tuple[float, float]:
+_KIND_LABELS = {kind.value: str(kind.label) for kind in ComputeUnit.Kind}
+
+
+def _unit_span(unit: Any, model: str, cursor: float) -> tuple[float, float]:
     """(start, width) of a unit as fractions of the GPU. MIG instances sit on their memory slices;
     other units are laid side by side in the order they were carved."""
     if unit.kind == ComputeUnit.Kind.MIG and unit.mig_start is not None:
@@ -169,57 +171,44 @@ def _unit_span(unit: ComputeUnit, model: str, cursor: float) -> tuple[float, flo
     return cursor, unit.gpu_milli / 1000
 
 
-def _may_see(unit: ComputeUnit, visible_tenant_ids: set[int] | None) -> bool:
-    """Whether the viewer may see the holder's id: from the `task_tenant_id` the inventory selector
-    annotates (no task rows loaded), else from a prefetched task."""
-    if visible_tenant_ids is None:
-        return True
-    tenant_id = getattr(unit, "task_tenant_id", None)
-    if tenant_id is None and unit.task_id is not None:
-        tenant_id = unit.task.tenant_id
-    return tenant_id in visible_tenant_ids
-
-
-def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMap:
-    """Nodes as rows, GPU indices as columns. `visible_tenant_ids` None = every task id may be shown.
-
-    The GPUs must come with their units loaded, each knowing its holder's tenant (`task_tenant_id` from
-    `inventory.gpu_list`, or the task prefetched): another tenant's work shows as "in use", never by id.
-    """
-    by_node: dict[int, list[Gpu]] = {}
+def heat_map(gpus: Iterable[Any], visible_tenant_ids: set[int] | None) -> HeatMap:
+    """Nodes as rows, GPU indices as columns, from `history.heat_map_gpus` (in node order).
+    `visible_tenant_ids` None = every task id may be shown; otherwise another tenant's work shows as
+    "in use", never by id."""
+    by_node: dict[int, list[Any]] = {}
     for gpu in gpus:
         by_node.setdefault(gpu.node_id, []).append(gpu)
     indices = sorted({gpu.index for node_gpus in by_node.values() for gpu in node_gpus})
     column_x = {index: LABEL_W + i * (CELL_W + GAP) for i, index in enumerate(indices)}
     rows: list[Row] = []
     total = 0
-    ordered = sorted(by_node.values(), key=lambda g: (g[0].node.cluster.name, g[0].node.name))
-    for r, node_gpus in enumerate(ordered):
+    strip_w = CELL_W - 2 * PAD
+    for r, node_gpus in enumerate(by_node.values()):
         y = HEADER_H + r * (CELL_H + GAP)
+        strip_y = y + CELL_H - PAD - STRIP_H
         cells = []
         for gpu in sorted(node_gpus, key=lambda g: g.index):
             x = column_x[gpu.index]
-            strip_w = CELL_W - 2 * PAD
             segments = []
             cursor = 0.0
             allocated = 0
-            for unit in gpu.units.all():
+            for unit in gpu.units:
                 start, width = _unit_span(unit, gpu.model, cursor)
                 cursor = start + width
                 held = unit.task_id is not None
                 allocated += unit.gpu_milli if held else 0
-                shown = unit.task_id if held and _may_see(unit, visible_tenant_ids) else None
-                label = unit.mig_profile or f"{unit.get_kind_display()} {unit.gpu_milli}‰"
+                may_see = visible_tenant_ids is None or unit.tenant_id in visible_tenant_ids
+                label = unit.mig_profile or f"{_KIND_LABELS.get(unit.kind, unit.kind)} {unit.gpu_milli}‰"
                 segments.append(
                     Segment(
                         x=x + PAD + start * strip_w,
-                        y=y + CELL_H - PAD - STRIP_H,
+                        y=strip_y,
                         width=max(width * strip_w - 1, 1),
                         height=STRIP_H,
                         kind=unit.kind,
                         label=label,
                         held=held,
-                        task_id=shown,
+                        task_id=unit.task_id if held and may_see else None,
                     )
                 )
             total += allocated
@@ -235,8 +224,8 @@ def heat_map(gpus: Iterable[Gpu], visible_tenant_ids: set[int] | None) -> HeatMa
                     segments=tuple(segments),
                 )
             )
-        node = node_gpus[0].node
-        rows.append(Row(y=y, node=f"{node.cluster.name}/{node.name}", state=node.state, cells=tuple(cells)))
+        first = node_gpus[0]
+        rows.append(Row(y=y, node=first.node, state=first.node_state, cells=tuple(cells)))
     width = LABEL_W + max(len(indices), 1) * (CELL_W + GAP)
     height = HEADER_H + max(len(rows), 1) * (CELL_H + GAP)
     return HeatMap(
@@ -429,22 +418,6 @@ def fleet_view(readings: Any) -> FleetView:
 OTHER_TENANT = "another tenant's task"
 
 
-def whatif_names(task_names: dict[str, str], access: Any) -> dict[str, str]:
-    """Task id → the name to show: a platform admin sees every name, a member their tenants' only."""
-    from apps.workloads.models import Task
-
-    if access.platform_admin:
-        return dict(task_names)
-    ids = [int(t) for t in task_names if t.isdigit()]
-    own = {
-        str(pk)
-        for pk in Task.objects.filter(pk__in=ids, tenant_id__in=access.tenant_ids).values_list(
-            "pk", flat=True
-        )
-    }
-    return {t: (name if t in own else OTHER_TENANT) for t, name in task_names.items()}
-
-
 @dataclass(frozen=True)
 class WhatIfRow:
     task_id: str
@@ -475,45 +448,40 @@ class WhatIfRun:
         return self.waiting_total - len(self.waiting)
 
 
-def whatif_run(run: Any, report: Any, names: dict[str, str], rows: int | None = None) -> WhatIfRun:
-    """One policy's decision as table rows (the first `rows` of each list; a pool of 10,000 pending
-    tasks would otherwise draw 10,000 rows per policy); another tenant's reasons are summarised, not
-    quoted. The counts and the waits by reason always cover the whole decision."""
-    placed = []
-    unplaced = run.decisions.unplaced
-    by_reason: dict[str, int] = {}
-    for reason in unplaced.values():
-        by_reason[reason.code] = by_reason.get(reason.code, 0) + 1
-    for bound in run.decisions.placements[:rows]:
-        p = bound.placement
-        gpus = ",".join(map(str, p.gpu_indexes))
-        units = ", ".join(report.unit_names.get(u, str(u)) for u in bound.unit_ids)
-        name = names.get(bound.task_id, bound.task_id)
-        placed.append(
-            WhatIfRow(
-                bound.task_id, name, f"{p.node} GPU {gpus}", units + (" (borrowed)" if p.borrowed else "")
+def whatif_runs(summary: dict[str, Any], access: Any) -> list[WhatIfRun]:
+    """The stored decision (`apps.dashboard.whatif.summary`) as the viewer may see it: a platform admin
+    sees every name, a member their tenants' tasks only; another tenant's reasons are summarised, not
+    quoted. No query: the summary carries each listed task's tenant."""
+    names, tenants = summary["names"], summary["tenants"]
+    own = None if access.platform_admin else set(access.tenant_ids)
+
+    def name(task_id: str) -> str:
+        if own is not None and tenants.get(task_id) not in own:
+            return OTHER_TENANT
+        return names.get(task_id, task_id)
+
+    runs = []
+    for run in summary["runs"]:
+        placed = [WhatIfRow(t, name(t), where, detail) for t, where, detail in run["placed"]]
+        waiting = []
+        for t, code, message in run["waiting"]:
+            shown = name(t)
+            waiting.append(WhatIfRow(t, shown, code, "" if shown == OTHER_TENANT else message))
+        runs.append(
+            WhatIfRun(
+                policy=run["policy"],
+                placed=placed,
+                waiting=waiting,
+                preempted=run["preempted"],
+                layouts=run["layouts"],
+                frag_before_pct=run["frag_before_pct"],
+                frag_after_pct=run["frag_after_pct"],
+                placed_total=run["placed_total"],
+                waiting_total=run["waiting_total"],
+                waiting_by_reason=tuple((code, n) for code, n in run["waiting_by_reason"]),
             )
         )
-    waiting = []
-    for task_id, reason in sorted(unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)[
-        :rows
-    ]:
-        name = names.get(task_id, task_id)
-        sentence = "" if name == OTHER_TENANT else reason.message
-        waiting.append(WhatIfRow(task_id, name, reason.code, sentence))
-    layouts = [f"{plan.gpu[0]} GPU {plan.gpu[1]} → {plan.plan.text}" for plan in run.decisions.layouts]
-    return WhatIfRun(
-        policy=run.policy,
-        placed=placed,
-        waiting=waiting,
-        preempted=len(run.decisions.preemptions),
-        layouts=layouts,
-        frag_before_pct=run.frag_before_pct,
-        frag_after_pct=run.frag_after_pct,
-        placed_total=len(run.decisions.placements),
-        waiting_total=len(unplaced),
-        waiting_by_reason=tuple(sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))),
-    )
+    return runs
 
 
 # ------------------------------------------------------------------------------------------------ charts
@@ -544,6 +512,7 @@ class Chart:
     width: int = CHART_W
     height: int = CHART_H
     empty: bool = False
+    note: str = ""  # a sentence under the title: why a line is missing and when it comes
 
 
 def _nice_max(value: float) -> float:
@@ -698,10 +667,14 @@ def arrivals_chart(arrivals: Any) -> Chart:
     )
 
 
-def idle_chart(idle: Any) -> Chart:
-    """Idle GPUs per bin beside the idle-GPU model's one-hour-ahead forecast (the next hour included)."""
+def idle_chart(idle: Any, note: str = "") -> Chart:
+    """Idle GPUs per bin beside the idle-GPU model's one-hour-ahead forecast (the next hour included).
+    Without a model, `note` says how much history the pool still needs and when forecasts can start
+    (`history.idle_forecast_note`), in place of the generic reason."""
     minutes = idle.bin_s // 60
-    return _beside_chart(
+    if note and idle.model_version is None:
+        idle = replace(idle, reason="")
+    chart = _beside_chart(
         idle,
         key="idle",
         title="Idle GPUs: actual and forecast",
@@ -709,6 +682,7 @@ def idle_chart(idle: Any) -> Chart:
         actual="idle",
         forecast=f"forecast {idle.horizon_s // 60} min ahead (model v{idle.model_version})",
     )
+    return replace(chart, note=note) if idle.model_version is None else chart
 
 
 def _beside_chart(beside: Any, *, key: str, title: str, unit: str, actual: str, forecast: str) -> Chart:

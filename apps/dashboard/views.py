@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
@@ -29,10 +30,12 @@ from apps.approvals import services as approval_services
 from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
+from apps.dashboard import whatif
 from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
 from apps.dashboard.history import (
     heat_map_gpus,
-    latest_cycle_id,
+    idle_forecast_note,
+    latest_cycle_ref,
     latest_cycle_rows,
     pool_gpu_totals,
     pool_history,
@@ -48,8 +51,7 @@ from apps.dashboard.presenters import (
     one_line,
     quota_bars,
     run_view,
-    whatif_names,
-    whatif_run,
+    whatif_runs,
 )
 from apps.forecasting.selectors import pool_arrivals_beside, pool_idle_beside
 from apps.inventory import selectors as inventory
@@ -57,7 +59,6 @@ from apps.inventory.models import Node
 from apps.logs import selectors as logs
 from apps.metrics.selectors import fleet_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
-from apps.scheduling.whatif import pool_whatif
 from apps.tenants.models import Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
 from apps.workloads import selectors as workloads
@@ -369,58 +370,49 @@ def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
     return render(request, "dashboard/pool_detail.html", context)
 
 
-WHATIF_ROWS = 100  # placements and waits listed per policy; the counts and reasons cover all of them
-
-
-def _whatif_report(pool: Any, policies: tuple[str, ...]) -> Any:
-    """The decision on the pool's snapshot, computed once per scheduling cycle: between two cycles the
-    pool changes only by submissions, which the next cycle (seconds away) takes in. A pool without a
-    cycle yet is decided on every request."""
-    from apps.dashboard.caching import per_cycle
-
-    cycle_id = latest_cycle_id(pool_id=pool.pk)
-    if cycle_id is None:
-        return pool_whatif(pool_name=pool.name, policies=list(policies))
-    return per_cycle(
-        ("whatif", pool.pk, policies, cycle_id),
-        lambda: pool_whatif(pool_name=pool.name, policies=list(policies)),
-    )
-
-
 @login_required
 def pool_whatif_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     """What another placement policy would do with this pool now, beside the cycle's own policy.
 
     The pool's current snapshot goes through the same decision step the cycle runs, inside a
-    transaction that is rolled back (`apps.scheduling.whatif`): nothing is placed or written. A member
+    transaction that is rolled back (`apps.scheduling.whatif`): nothing is placed or written. It is
+    decided once per scheduling cycle, off the request (`apps.dashboard.whatif`): until it is ready the
+    page says so, shows the last earlier decision, and its live part swaps the answer in. A member
     sees the names of their own tenants' tasks only; other tenants' tasks are counted, not named.
     """
     access = page_access(request)
     pool = inventory.pool_get(access=access, pool_id=pool_id)
     configured = settings.WHALEGEN_CYCLE_POLICY
     wanted = request.GET.get("policy") or next(p for p in POLICY_NAMES if p != configured)
-    if wanted not in POLICY_NAMES:
-        context = {
-            "pool": pool,
-            "policies": POLICY_NAMES,
-            "wanted": wanted,
-            "access": access,
-            "error": f"unknown policy {wanted!r}; choose one of {', '.join(POLICY_NAMES)}",
-        }
-        return render(request, "dashboard/pool_whatif.html", context, status=400)
-    policies = (configured,) if wanted == configured else (configured, wanted)
-    report = _whatif_report(pool, policies)
-    shown = whatif_names(report.task_names, access)
-    runs = [whatif_run(run, report, shown, rows=WHATIF_ROWS) for run in report.runs]
-    context = {
+    context: dict[str, Any] = {
         "pool": pool,
-        "report": report,
-        "runs": runs,
         "policies": POLICY_NAMES,
         "wanted": wanted,
         "configured": configured,
         "access": access,
     }
+    if wanted not in POLICY_NAMES:
+        context["error"] = f"unknown policy {wanted!r}; choose one of {', '.join(POLICY_NAMES)}"
+        return render(request, "dashboard/pool_whatif.html", context, status=400)
+    policies = (configured,) if wanted == configured else (configured, wanted)
+    cycle = latest_cycle_ref(pool_id=pool.pk)
+    if cycle is None:  # no cycle to key it on: a new pool, decided on every request
+        answer = whatif.Answer(whatif.decide_now(pool_name=pool.name, policies=policies), None, False)
+    else:
+        answer = whatif.answer(pool_id=pool.pk, policies=policies, cycle=cycle)
+    shown = answer.summary or answer.earlier
+    context.update(
+        {
+            "answer": answer,
+            "report": shown,
+            "report_now": parse_datetime(shown["now"]) if shown else None,
+            "report_cycle_at": parse_datetime(shown.get("cycle_started_at") or "") if shown else None,
+            "cycle": cycle,
+            "runs": whatif_runs(shown, access) if shown else [],
+        }
+    )
+    if answer.computing:
+        context["live_refresh_s"] = 2  # the answer is seconds away: look for it sooner than every 5 s
     return render(request, "dashboard/pool_whatif.html", context)
 
 
@@ -456,10 +448,11 @@ def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
     history = pool_history(pool=pool, now=now, hours=hours)
     arrivals = pool_arrivals_beside(pool_id=pool.pk, now=now)
     idle = pool_idle_beside(pool=pool, now=now)
+    idle_note = idle_forecast_note(pool_id=pool.pk, now=now) if idle.model_version is None else ""
     context = {
         "pool": pool,
         "history": history,
-        "charts": [*history_charts(history), arrivals_chart(arrivals), idle_chart(idle)],
+        "charts": [*history_charts(history), arrivals_chart(arrivals), idle_chart(idle, idle_note)],
         "hours": hours,
         "choices": HISTORY_HOURS,
         "access": access,

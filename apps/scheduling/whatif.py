@@ -48,6 +48,7 @@ class WhatIf:
     runs: tuple[PolicyWhatIf, ...]
     task_names: dict[str, str] = field(default_factory=dict)  # task id → "name (tenant)"
     unit_names: dict[int, str] = field(default_factory=dict)  # unit id → "mig 3g.40gb@4" …
+    task_tenants: dict[str, int] = field(default_factory=dict)  # task id → tenant id, for who may see it
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -91,8 +92,19 @@ class WhatIf:
         }
 
 
-def pool_whatif(*, pool_name: str, policies: list[str], now: datetime | None = None) -> WhatIf:
-    """Every listed policy's decision on the pool's current snapshot; writes nothing."""
+def waits_in_order(decisions: Decisions) -> list[tuple[str, Any]]:
+    """(task id, reason) of every task a decision leaves waiting, by task id: the order lists show."""
+    return sorted(decisions.unplaced.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)
+
+
+def pool_whatif(
+    *, pool_name: str, policies: list[str], now: datetime | None = None, named_rows: int | None = None
+) -> WhatIf:
+    """Every listed policy's decision on the pool's current snapshot; writes nothing.
+
+    `named_rows`: look up the names of only the tasks and units in each policy's first `named_rows`
+    placements and waits (what a page lists). None names every task, as the terminal report prints all
+    of them; on 10,000 pending tasks that one read of every id was a third of the request."""
     pool = Pool.objects.filter(name=pool_name).first()
     if pool is None:
         raise UnknownPool(pool_name, list(Pool.objects.order_by("name").values_list("name", flat=True)))
@@ -111,14 +123,21 @@ def pool_whatif(*, pool_name: str, policies: list[str], now: datetime | None = N
             after = cluster_fragmentation(decisions.nodes_after, mix).amount_pct
             runs.append(PolicyWhatIf(policy, decisions, before, after))
         # 3. Names to show: tasks and the units placements name.
-        ids = set(snapshot.pending) | set(snapshot.running) | set(snapshot.claimed_requests)
-        task_names = {
-            str(pk): f"{name or 'task ' + str(pk)} ({tenant})"
-            for pk, name, tenant in Task.objects.filter(
-                pk__in=[int(t) for t in ids if t.isdigit()]
-            ).values_list("pk", "name", "tenant__slug")
-        }
-        unit_ids = {u for r in runs for b in r.decisions.placements for u in b.unit_ids}
+        if named_rows is None:
+            ids = set(snapshot.pending) | set(snapshot.running) | set(snapshot.claimed_requests)
+            placements = [b for r in runs for b in r.decisions.placements]
+        else:
+            placements = [b for r in runs for b in r.decisions.placements[:named_rows]]
+            ids = {b.task_id for b in placements}
+            ids |= {t for r in runs for t, _ in waits_in_order(r.decisions)[:named_rows]}
+        task_names: dict[str, str] = {}
+        task_tenants: dict[str, int] = {}
+        for pk, name, tenant, tenant_id in Task.objects.filter(
+            pk__in=[int(t) for t in ids if t.isdigit()]
+        ).values_list("pk", "name", "tenant__slug", "tenant_id"):
+            task_names[str(pk)] = f"{name or 'task ' + str(pk)} ({tenant})"
+            task_tenants[str(pk)] = tenant_id
+        unit_ids = {u for b in placements for u in b.unit_ids}
         unit_names = {
             pk: f"{kind} {profile}@{start}" if kind == ComputeUnit.Kind.MIG else f"{kind} {milli}"
             for pk, kind, profile, start, milli in ComputeUnit.objects.filter(pk__in=unit_ids).values_list(
@@ -135,6 +154,7 @@ def pool_whatif(*, pool_name: str, policies: list[str], now: datetime | None = N
         runs=tuple(runs),
         task_names=task_names,
         unit_names=unit_names,
+        task_tenants=task_tenants,
     )
 
 

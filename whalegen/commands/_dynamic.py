@@ -178,9 +178,10 @@ def run(args: argparse.Namespace, traces: Path) -> int:
     print()
     print(
         "| policy | forecast | large started | large P95 wait h | small mean wait h | queued | estimated "
-        "| estimate MAE h | estimate median abs h | reserved | reserved with start | reserved start MAE h |"
+        "| estimate MAE h | estimate median abs h | without queue: node MAE h | capacity MAE h | reserved "
+        "| reserved with start | reserved start MAE h |"
     )
-    print("|" + "---|" * 12)
+    print("|" + "---|" * 14)
     for policy, forecast in groups:
         rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
         cells = [
@@ -191,6 +192,8 @@ def run(args: argparse.Namespace, traces: Path) -> int:
             f"{_mean([r.estimated for r in rs]):.1f}",
             f"{_mean([r.estimate_mae_s for r in rs if r.estimated]) / 3600:.2f}",
             f"{_mean([r.estimate_median_abs_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{_mean([r.estimate_alone_mae_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{_mean([r.estimate_capacity_alone_mae_s for r in rs if r.estimated]) / 3600:.2f}",
             f"{_mean([r.reserved for r in rs]):.1f}",
             f"{_mean([r.reserved_with_start for r in rs]):.1f}",
             f"{_mean([r.reserve_mae_s for r in rs if r.reserved_with_start]) / 3600:.2f}",

@@ -1,17 +1,25 @@
-"""When each task left pending could start, from when running tasks are expected to end.
+"""When each task left pending could start, from when running tasks are expected to end and what the
+tasks ahead of it in the queue take first.
 
-A capacity view, not a replay: the first time at which the idle milli-GPU of the models a task may use,
-plus what running tasks on those models free by then, covers what it asks for. A quota-bound task waits
-for its own tenant's tasks instead. A running task's end is its start plus its P50 prediction, else its
-max runtime, else its profile's P50 duration; a task placed this cycle ends after the same run time.
-"unknown" only when nothing running with a known end can free what the task needs; the sentence then
-says which of those it is.
+A capacity view, not a replay: the pending tasks are walked in the decision's order (`order_key`), each
+served at the first time, no earlier than the task ahead of it, at which the idle milli-GPU of the models
+it may use plus what has been freed by then covers what it asks for; it then holds that capacity for its
+own expected run time (for ever when that is unknown), so the tasks behind it wait for it too. Freed
+capacity comes from running tasks' expected ends and from the served tasks' ends. Without the queue, a
+task was shown the first time the running tasks alone free enough, which under load is the time the
+tasks ahead of it start, not its own (docs/forecasting.md, goal 4). A quota-bound task waits for its own
+tenant's tasks instead and is not walked. A running task's end is its start plus its P50 prediction, else
+its max runtime, else its profile's P50 duration; a task placed or pending this cycle runs for the same
+run time once it starts. "unknown" only when nothing with a known end can free what the task needs; the
+sentence then says which of those it is.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,8 +92,6 @@ def estimate_starts(
             continue
         ends_by_model[model].append((now_s + runtime, milli))
         ends_by_tenant[request.tenant].append((now_s + runtime, milli))
-    models = list(idle_by_model.keys() | ends_by_model.keys() | held_by_model.keys())
-    curves: dict[frozenset[str], tuple[int, int, _Curve]] = {}
     tenant_curves = {tenant: _curve(ends) for tenant, ends in ends_by_tenant.items()}
     quota_of = {q.tenant: q for q in cluster.quotas}
     usage: dict[str, int] = defaultdict(int)
@@ -102,16 +108,21 @@ def estimate_starts(
         return max(float(times[k]), now_s) if k < len(times) else None
 
     out: dict[str, Estimate] = {}
+    queue: list[TaskRequest] = []
     for task_id, reason in unplaced.items():
         request = requests[task_id]
-        need = request.gpu_request_milli
         if reason.code in _NEVER_BY_ENDS:
             out[task_id] = Estimate(None)
         elif reason.code in _NOW:
             out[task_id] = Estimate(now_s)
         elif reason.code == Outcome.QUOTA_EXCEEDED.value:
             quota = quota_of[request.tenant]
-            short = usage[request.tenant] + need - quota.guaranteed_milli - quota.borrow_limit_milli
+            short = (
+                usage[request.tenant]
+                + request.gpu_request_milli
+                - quota.guaranteed_milli
+                - quota.borrow_limit_milli
+            )
             curve = tenant_curves.get(request.tenant, (np.array([]), np.array([], np.int64)))
             start = first_time(curve, short)
             out[task_id] = Estimate(
@@ -122,22 +133,101 @@ def estimate_starts(
                 "(no P50 prediction, max runtime or profile duration) that frees enough of its quota",
             )
         else:
-            key = request.allowed_models
-            if key not in curves:
-                chosen = [m for m in models if not key or m in key]
-                idle = sum(idle_by_model[m] for m in chosen)
-                held = sum(held_by_model[m] for m in chosen)
-                curves[key] = (idle, held, _curve([e for m in chosen for e in ends_by_model[m]]))
-            idle, held, curve = curves[key]
-            start = first_time(curve, need - idle)
-            if start is not None:
-                out[task_id] = Estimate(start)
-            elif held:
-                out[task_id] = Estimate(
-                    None,
-                    f"{held} milli-GPU it could use is held by tasks with no known end (no P50 "
-                    "prediction, max runtime or profile duration)",
-                )
-            else:
-                out[task_id] = Estimate(None, "nothing running on the GPUs it may use would free enough")
+            queue.append(request)
+    # The decision's order; a stable sort keeps the given order among equal keys (a gang's members).
+    queue.sort(key=lambda t: t.order_key or 0)
+    out.update(
+        queue_starts(
+            queue,
+            idle_by_model,
+            ends_by_model,
+            held_by_model,
+            lambda t: snapshot.expected_runtime_s.get(t),
+            now_s,
+        )
+    )
     return out
+
+
+def queue_starts(
+    queue: Sequence[TaskRequest],
+    idle_by_model: Mapping[str | None, int],
+    ends_by_model: Mapping[str | None, Sequence[tuple[float, int]]],
+    held_by_model: Mapping[str | None, int],
+    runtime_s: Callable[[str], float | None],
+    now_s: float,
+) -> dict[str, Estimate]:
+    """Estimated starts of `queue` (in the order served) on capacity per GPU model.
+
+    `idle_by_model`: milli free now; `ends_by_model`: (expected end, milli freed) of what runs;
+    `held_by_model`: milli held by running tasks with no known end (for the sentence only);
+    `runtime_s(task_id)`: a queued task's expected run time once started (None: it never frees).
+    Each task starts no earlier than the one ahead of it, at the first time the models it may use have
+    what it asks for free, and takes it (most free model first) until its own end. A task that nothing
+    known frees enough for is "unknown", takes nothing and does not hold back the tasks behind it.
+    """
+    models = list(idle_by_model.keys() | ends_by_model.keys() | held_by_model.keys())
+    free: dict[str | None, int] = defaultdict(int, idle_by_model)
+    # Milli each model is still due back from known ends (a task whose need exceeds free + due is unknown).
+    due: dict[str | None, int] = defaultdict(int)
+    # Milli queued tasks ahead took for good (no known run time), for the sentence only.
+    taken_for_good: dict[str | None, int] = defaultdict(int)
+    tie = itertools.count()  # equal times pop in insertion order (models are not comparable)
+    events: list[tuple[float, int, str | None, int]] = []  # (time, tie, model, milli freed)
+    for model, ends in ends_by_model.items():
+        for end_s, milli in ends:
+            events.append((max(end_s, now_s), next(tie), model, milli))
+            due[model] += milli
+    heapq.heapify(events)
+    chosen_of: dict[frozenset[str], list[str | None]] = {}
+    at_s = now_s
+    out: dict[str, Estimate] = {}
+    for request in queue:
+        key = request.allowed_models
+        if key not in chosen_of:
+            chosen_of[key] = [m for m in models if not key or m in key]
+        chosen = chosen_of[key]
+        need = request.gpu_request_milli
+        if sum(free[m] + due[m] for m in chosen) < need:
+            out[request.task_id] = Estimate(None, _why_unknown(chosen, held_by_model, taken_for_good))
+            continue
+        while sum(free[m] for m in chosen) < need:
+            when_s, _, model, milli = heapq.heappop(events)
+            free[model] += milli
+            due[model] -= milli
+            at_s = max(at_s, when_s)
+        out[request.task_id] = Estimate(at_s)
+        runtime = runtime_s(request.task_id)
+        left = need
+        for model in sorted(chosen, key=lambda m: -free[m]):
+            take = min(free[model], left)
+            if take <= 0:
+                break
+            free[model] -= take
+            left -= take
+            if runtime is None:
+                taken_for_good[model] += take
+            else:
+                heapq.heappush(events, (at_s + runtime, next(tie), model, take))
+                due[model] += take
+    return out
+
+
+def _why_unknown(
+    chosen: Sequence[str | None],
+    held_by_model: Mapping[str | None, int],
+    taken_for_good: Mapping[str | None, int],
+) -> str:
+    held = sum(held_by_model.get(m, 0) for m in chosen)
+    if held:
+        return (
+            f"{held} milli-GPU it could use is held by tasks with no known end (no P50 prediction, max "
+            "runtime or profile duration)"
+        )
+    ahead = sum(taken_for_good.get(m, 0) for m in chosen)
+    if ahead:
+        return (
+            f"tasks ahead of it in the queue take {ahead} milli-GPU it could use and have no known run "
+            "time (no P50 prediction, max runtime or profile duration)"
+        )
+    return "nothing running on the GPUs it may use would free enough"

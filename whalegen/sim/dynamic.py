@@ -34,7 +34,7 @@ import itertools
 import math
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +47,7 @@ from whalegen.placement.policies import NEG_INF, Policy, ScoreCache
 from whalegen.placement.state import Request
 from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState, ShapeMix, TaskRequest
 from whalegen.scheduling import Config, Decider, Snapshot
+from whalegen.scheduling.estimate import queue_starts
 from whalegen.scheduling.reserve import ReserveConfig, is_large, plan, pool_view
 from whalegen.sim.replay import shuffled_nodes
 from whalegen.sim.trace import load_tasks
@@ -90,12 +91,18 @@ class DynamicResult:
     large_p95_delay_s: float = 0.0  # P95 wait of large tasks (ReserveConfig.min_gpus GPUs or more)
     small_mean_delay_s: float = 0.0  # mean wait of the others
     large_started: int = 0  # large tasks started within the horizon (the P95's sample)
-    # Start estimates a queued task was shown on arrival (node-level earliest start from the predicted ends
-    # of what runs, `whalegen.scheduling.reserve.plan`), against its real start; over the tasks that queued.
+    # Start estimates a queued task was shown on arrival (the production estimator's walk of the queue
+    # ahead, `whalegen.scheduling.estimate.queue_starts`), against its real start; over the tasks that
+    # queued and started.
     queued: int = 0
     estimated: int = 0  # of those, how many got an estimate (none without a forecast)
     estimate_mae_s: float = 0.0
     estimate_median_abs_s: float = 0.0
+    # The same tasks' estimates without the queue ahead, in the same run: node-level earliest start from
+    # the predicted ends of what runs (`reserve.plan` for the task alone, the replay's former estimate),
+    # and the capacity view alone (the production estimator before it walked the queue).
+    estimate_alone_mae_s: float = 0.0
+    estimate_capacity_alone_mae_s: float = 0.0
     # The reserved start a large task was given when it first became the reserved one (+reserve only).
     reserved: int = 0
     reserved_with_start: int = 0
@@ -288,6 +295,8 @@ def run_dynamic(
         for t in ordered
     }
     estimate_of: dict[str, float | None] = {}  # queued on arrival → the start it was shown
+    # The same tasks' estimates without the queue ahead: node-level, and capacity view.
+    alone_of: dict[str, tuple[float | None, float | None]] = {}
     reserved_at: dict[str, float | None] = {}  # large task → its predicted start when first reserved
 
     # 2. State of the run: queue, departures heap, the allocation integral.
@@ -380,13 +389,33 @@ def run_dynamic(
         queue.clear()
         queue.extend(kept)
 
-    def estimate(task: TimedTask, now_s: float) -> float | None:
-        """The start a queued task is shown on arrival: the first predicted end after which some node
-        holds it (None when nothing running has a predicted end)."""
+    def estimate(task: TimedTask, now_s: float) -> None:
+        """The start a queued task is shown on arrival: the production estimator's walk of the queue
+        (FIFO, the task last) over the predicted ends of what runs; none when nothing running has a
+        predicted end. Beside it, the estimates without the queue ahead (node-level and capacity)."""
         if not ends:
-            return None
-        rooms, holders = pool_view(engine.state, task.request, ends.get)
-        return plan((task.request,), rooms, tuple(holders.values()), now_s, reserve_config).start_s
+            estimate_of[task.request.task_id] = None
+            return
+        state = engine.state
+        idle: dict[str | None, int] = defaultdict(int)
+        for n in range(len(state)):
+            if state.schedulable[n]:
+                idle[state.models[n]] += sum(state.gpu_free[n])
+        frees: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
+        held: dict[str | None, int] = defaultdict(int)
+        for b in state.bindings.values():
+            end_s = ends.get(b.task_id)
+            if end_s is None:
+                held[state.models[b.node]] += sum(b.held_milli)
+            else:
+                frees[state.models[b.node]].append((end_s, sum(b.held_milli)))
+        task_id = task.request.task_id
+        walked = queue_starts([t.request for t in queue], idle, frees, held, predictions.get, now_s)
+        estimate_of[task_id] = walked[task_id].start_s
+        capacity_alone = queue_starts([task.request], idle, frees, held, predictions.get, now_s)
+        rooms, holders = pool_view(state, task.request, ends.get)
+        node_alone = plan((task.request,), rooms, tuple(holders.values()), now_s, reserve_config).start_s
+        alone_of[task_id] = (node_alone, capacity_alone[task_id].start_s)
 
     def retry(now_s: float, window: int) -> None:
         """Try the first `window` queued tasks in order; a request that failed in this pass is skipped
@@ -436,7 +465,7 @@ def run_dynamic(
             # tried; behind a full window it waits its turn.
             queue.append(task)
         if fits_empty[req] and task.request.task_id not in start_of:
-            estimate_of[task.request.task_id] = estimate(task, task.creation_s)
+            estimate(task, task.creation_s)
         if on_progress is not None and (i % 500 == 0 or i == len(ordered) - 1):
             on_progress(i + 1, len(ordered))
     # 4. Drain: run departures until nothing is left that could start.
@@ -462,6 +491,11 @@ def run_dynamic(
             (large_waits if is_large(t.request, reserve_config) else small_waits).append(wait_s)
     shown = [(start_of[i], e) for i, e in estimate_of.items() if e is not None and i in start_of]
     shown_err = [abs(e - real) for real, e in shown]
+    # The estimators without the queue, over the same tasks (those shown an estimate that started).
+    shown_ids = [i for i, e in estimate_of.items() if e is not None and i in start_of]
+    alone_err = [
+        [abs(e - start_of[i]) for i in shown_ids if (e := alone_of[i][k]) is not None] for k in (0, 1)
+    ]
     promised = [(start_of[i], e) for i, e in reserved_at.items() if e is not None and i in start_of]
     return DynamicResult(
         policy=policy,
@@ -492,6 +526,8 @@ def run_dynamic(
         estimated=len(shown),
         estimate_mae_s=float(np.mean(shown_err)) if shown_err else 0.0,
         estimate_median_abs_s=float(np.median(shown_err)) if shown_err else 0.0,
+        estimate_alone_mae_s=float(np.mean(alone_err[0])) if alone_err[0] else 0.0,
+        estimate_capacity_alone_mae_s=float(np.mean(alone_err[1])) if alone_err[1] else 0.0,
         reserved=len(reserved_at),
         reserved_with_start=len(promised),
         reserve_mae_s=float(np.mean([abs(e - real) for real, e in promised])) if promised else 0.0,

@@ -49,3 +49,42 @@ def page():
         return client
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dashboard_figures() -> Any:
+    """Per-cycle figures live in Redis, keyed by pool and cycle ids and the cycle's start: clear them
+    around every test, so a test never reads another's."""
+    from apps.dashboard.caching import clear
+
+    clear()
+    yield
+    clear()
+
+
+@dataclass
+class WhatIfJobs:
+    """The what-if decisions the pages started, held instead of sent to a worker; `run()` does them here
+    as the worker would (`decide_cycle`, by ids), inside the test's transaction."""
+
+    started: list[tuple[int, tuple[str, ...], int]]
+
+    def run(self) -> int:
+        from apps.dashboard.whatif import decide_cycle
+
+        done = len(self.started)
+        for pool_id, policies, cycle_id in self.started:
+            decide_cycle(pool_id=pool_id, policies=policies, cycle_id=cycle_id)
+        self.started.clear()
+        return done
+
+
+@pytest.fixture
+def whatif_jobs(monkeypatch: Any) -> WhatIfJobs:
+    from apps.dashboard import whatif
+
+    jobs = WhatIfJobs(started=[])
+    monkeypatch.setattr(
+        whatif, "_start", lambda pool_id, policies, cycle: jobs.started.append((pool_id, policies, cycle.id))
+    )
+    return jobs

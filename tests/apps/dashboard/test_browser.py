@@ -183,7 +183,7 @@ def screenshot(browser: Any, name: str) -> Path:
 
 
 def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
-    live_server: Any, scene: Any, browser: Any
+    live_server: Any, scene: Any, browser: Any, settings: Any
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -211,26 +211,53 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     assert browser.execute_script("return window.__stillThisPage === true;")
     # The legend's entries hold together at laptop width: no entry spans two lines.
     browser.set_window_size(1280, 800)
-    for item in browser.find_elements(By.CSS_SELECTOR, ".legend .item"):
-        assert item.size["height"] < 24, f"legend entry wraps: {item.text!r}"
+    heights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.legend .item'))"
+        ".map(i => [i.innerText, i.getBoundingClientRect().height]);"
+    )
+    assert heights, "the legend has entries"
+    for text, height in heights:
+        assert height < 24, f"legend entry wraps: {text!r}"
     screenshot(browser, "pool-live")
 
     # History: the pool's charts over the last hours, each with its numbers as a table.
     browser.find_element(By.ID, "history-link").click()
-    charts = browser.find_elements(By.CSS_SELECTOR, "section.chart")
-    keys = [c.get_attribute("data-chart") for c in charts]
+    # Read in one script: the charts are a live part, swapped every few seconds, so an element found
+    # in one call may be gone by the next.
+    keys = browser.execute_script(
+        "return Array.from(document.querySelectorAll('section.chart')).map(c => c.dataset.chart);"
+    )
     assert keys == ["allocation", "fragmentation", "pending", "tenants", "wait", "arrivals", "idle"]
     assert browser.find_elements(By.CSS_SELECTOR, "#chart-allocation polyline.series")
+    # A pool minutes old has no idle-GPU model: the chart says what it still needs, in words.
+    note = browser.execute_script("return document.querySelector('#chart-idle .chart-note').innerText;")
+    assert note.startswith("No forecast yet: the idle-GPU model needs 3 days of this pool's cycle history")
+    assert "Forecasts can start after" in note
     screenshot(browser, "pool-history")
+    browser.execute_script("document.getElementById('chart-idle').scrollIntoView();")
+    screenshot(browser, "pool-history-idle-note")
     browser.back()
 
-    # What-if: another policy's decision for this pool now, beside the cycle's own; read-only.
+    # What-if: another policy's decision for this pool now, beside the cycle's own; read-only. It is
+    # decided off the request (on the embedded default, a thread of the web process): the page answers
+    # at once, computing, and its live part swaps the decision in without a navigation.
+    settings.CELERY_TASK_ALWAYS_EAGER = True
     browser.find_element(By.ID, "whatif-link").click()
     browser.find_element(By.CSS_SELECTOR, "#id_policy option[value=fgd]").click()
     browser.find_element(By.CSS_SELECTOR, "#whatif-form button").click()
+    result = browser.find_element(By.ID, "whatif-result")
+    assert result.get_attribute("data-state") == "computing"
+    assert "Computing…" in result.text
+    screenshot(browser, "whatif-computing")
+    browser.execute_script("window.__stillWhatIf = true;")
+    WebDriverWait(browser, WAIT_S).until(
+        lambda b: b.find_element(By.ID, "whatif-result").get_attribute("data-state") == "ready"
+    )
+    assert browser.execute_script("return window.__stillWhatIf === true;")  # swapped in, not reloaded
     fgd = browser.find_element(By.CSS_SELECTOR, 'section.whatif[data-policy="fgd"]')
     assert "big-run" in fgd.text
     assert browser.find_element(By.CSS_SELECTOR, 'section.whatif[data-policy="whalegen"]')
+    assert "Computing…" not in browser.find_element(By.ID, "whatif-result").text
     screenshot(browser, "whatif")
 
     # A page that does not exist is a styled page at tablet width, with a way back.
@@ -278,3 +305,41 @@ def test_pool_history_draws_idle_gpus_beside_their_forecast(
     assert len(rows) >= 40  # six hours and the next of ten-minute bins, each with its figures
     browser.execute_script("arguments[0].scrollIntoView();", chart)
     screenshot(browser, "pool-history-idle-forecast")
+
+
+def test_error_pages_in_the_browser_are_styled_and_say_what_happened(
+    live_server: Any, scene: Any, browser: Any, monkeypatch: Any
+) -> None:
+    """The 403 a stale form meets (Django's CSRF refusal, which was Django's bare page) and the 500 of a
+    failing page, as a browser shows them: styled, one sentence, a way back, and nothing changed."""
+    from selenium.webdriver.common.by import By
+
+    from apps.dashboard import views
+
+    w = scene.world
+    log_in(browser, live_server, w.alice, "alice-errors-pass")
+    browser.get(f"{live_server.url}/tasks/{scene.waiting.pk}/")
+    browser.find_element(By.ID, "id_reason").send_keys("stale form")
+    # The session changed since the page was drawn (a sign-in elsewhere, an expired cookie): the form's
+    # token no longer matches.
+    browser.execute_script(
+        "document.querySelectorAll('input[name=csrfmiddlewaretoken]')"
+        ".forEach(i => { i.value = 'x'.repeat(64); });"
+    )
+    browser.find_element(By.ID, "cancel-task").click()
+    assert browser.find_element(By.CSS_SELECTOR, "#error-page h1").text == "Form out of date"
+    assert "Nothing was changed" in browser.find_element(By.ID, "error-page").text
+    assert browser.find_element(By.LINK_TEXT, "Back to the overview")
+    screenshot(browser, "forbidden-stale-form")
+    scene.waiting.refresh_from_db()
+    assert scene.waiting.state == Task.State.PENDING
+
+    def broken(**_: Any) -> Any:
+        raise RuntimeError("the accounting read failed")
+
+    monkeypatch.setattr(views, "tenant_months", broken)
+    browser.get(f"{live_server.url}/accounting/")
+    page = browser.find_element(By.ID, "error-page")
+    assert "Something went wrong on our side" in page.text and "the accounting read failed" not in page.text
+    assert browser.find_element(By.CSS_SELECTOR, "link[rel=stylesheet]")  # styled like the rest
+    screenshot(browser, "server-error")

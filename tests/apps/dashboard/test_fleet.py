@@ -121,28 +121,105 @@ def test_server_error_page_renders_without_a_request_context() -> None:
 # -- what-if --------------------------------------------------------------------------------------------
 
 
-def test_whatif_shows_both_policies_and_writes_nothing(scene: Any, page: Any) -> None:
+def test_whatif_shows_both_policies_and_writes_nothing(scene: Any, page: Any, whatif_jobs: Any) -> None:
     from apps.scheduling.models import Cycle
     from apps.workloads.models import Task
 
     states = dict(Task.objects.values_list("pk", "state"))
     cycles = Cycle.objects.count()
-    response = page(scene.world.root).get(f"/pools/{scene.world.h100.pk}/whatif/?policy=fgd")
+    client = page(scene.world.root)
+    path = f"/pools/{scene.world.h100.pk}/whatif/?policy=fgd"
+    # Nothing decided yet for the newest cycle: the page answers at once, computing, as a live part.
+    first = text(client.get(path))
+    assert 'id="whatif-result" data-live data-state="computing"' in first and "Computing…" in first
+    assert 'data-live-s="2"' in first  # it looks for the answer sooner than the usual 5 s
+    assert "data-policy=" not in first  # no decision to show yet: nothing made up
+    assert text(client.get(path)).count("Computing…") == 1  # asked again: still one decision started
+    assert whatif_jobs.run() == 1
+    response = client.get(path)
     assert response.status_code == 200
     body = text(response)
+    assert 'id="whatif-result" data-state="ready"' in body  # no data-live: final, the refresh stops
     assert 'data-policy="whalegen"' in body and 'data-policy="fgd"' in body
     assert "the cycle's policy" in body
     # The two-GPU task cannot fit on one node with one whole GPU under any policy: it waits, in words.
     assert "big-run" in body and "no free GPU, CPU or memory that fits" in body
     assert "no_capacity" not in visible(body)
+    assert f"after the scheduling cycle\n    of {scene.cycle.started_at:%H:%M:%S}" in body
     assert dict(Task.objects.values_list("pk", "state")) == states and Cycle.objects.count() == cycles
 
 
-def test_whatif_names_only_the_members_own_tasks(scene: Any, page: Any) -> None:
+def test_whatif_after_a_new_cycle_shows_the_earlier_decision_while_computing(
+    scene: Any, page: Any, whatif_jobs: Any
+) -> None:
+    from apps.scheduling.services import cycle_run
+    from apps.workloads.services import TaskRequest, task_submit
+
     w = scene.world
-    body = text(page(w.bob).get(f"/pools/{w.h100.pk}/whatif/?policy=fgd"))
+    client = page(w.root)
+    path = f"/pools/{w.h100.pk}/whatif/?policy=fgd"
+    client.get(path)
+    whatif_jobs.run()
+    task_submit(tenant=w.tenant_a, request=TaskRequest(queue="train", name="late-run", gpu_count=2),
+                submitted_by=w.alice)  # fmt: skip
+    assert "late-run" not in text(client.get(path))  # the same cycle: its decision, not recomputed
+    assert not whatif_jobs.started
+    cycle_run(pool_id=w.h100.pk)
+    body = text(client.get(path))
+    # A new cycle: its decision is started; meanwhile the earlier one is shown, and said to be earlier.
+    assert "Computing…" in body and "the last decision made, after an earlier cycle" in body
+    assert "big-run" in body and "late-run" not in body
+    assert len(whatif_jobs.started) == 1
+    whatif_jobs.run()
+    body = text(client.get(path))
+    assert "Computing…" not in body and "late-run" in body
+
+
+def test_a_failed_whatif_says_so_and_is_tried_again(
+    scene: Any, page: Any, whatif_jobs: Any, monkeypatch: Any
+) -> None:
+    from apps.dashboard import whatif
+
+    def broken(**_: Any) -> Any:
+        raise RuntimeError("solver exploded")
+
+    w = scene.world
+    client = page(w.root)
+    path = f"/pools/{w.h100.pk}/whatif/?policy=fgd"
+    client.get(path)
+    monkeypatch.setattr(whatif, "decide_now", broken)
+    whatif_jobs.run()
+    body = text(client.get(path))
+    assert "The decision could not be made: RuntimeError: solver exploded" in body
+    assert 'data-state="failed"' in body and "Computing…" not in body
+
+
+def test_the_whatif_says_so_when_its_store_does_not_answer(scene: Any, page: Any, monkeypatch: Any) -> None:
+    """Redis restarting (here: a port nothing listens on): the page answers, styled, and says why."""
+    import redis
+
+    from apps.dashboard import caching
+
+    nobody = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, socket_timeout=0.5)
+    w = scene.world
+    with monkeypatch.context() as patched:  # undone before the fixtures clear the real store
+        patched.setattr(caching, "_client", nobody)
+        response = page(w.root).get(f"/pools/{w.h100.pk}/whatif/?policy=fgd")
+    assert response.status_code == 200
+    body = text(response)
+    assert "The decision could not be made: the decisions&#x27; store (Redis) is not answering" in body
+
+
+def test_whatif_names_only_the_members_own_tasks(scene: Any, page: Any, whatif_jobs: Any) -> None:
+    w = scene.world
+    path = f"/pools/{w.h100.pk}/whatif/?policy=fgd"
+    page(w.root).get(path)
+    whatif_jobs.run()
+    body = text(page(w.bob).get(path))
+    assert 'data-policy="fgd"' in body
     assert "big-run" not in body  # A's task, seen by a member of B
     assert "another tenant&#x27;s task" in body
+    assert "big-run" in text(page(w.alice).get(path))  # the same stored decision, seen by its owner
 
 
 def test_whatif_refuses_an_unknown_policy_and_hides_other_pools(scene: Any, page: Any) -> None:

@@ -4,6 +4,7 @@ history."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -124,6 +125,83 @@ def test_tenant_usage_is_time_weighted_per_bucket(scene: Any) -> None:
     assert sum(vision.held_milli[:-2]) == 0
 
 
+def test_tenant_usage_read_grouped_equals_the_row_by_row_sum(scene: Any) -> None:
+    """Forty assignments of two tenants, started before or inside the window, released inside, after or
+    not at all, half a GPU, two or three GPUs: the grouped read gives every bucket what summing each
+    assignment's overlap row by row gives (the reference below), though it reads a few rows per tenant."""
+    import random
+
+    from apps.scheduling.models import Assignment
+    from apps.workloads.models import Task
+
+    w = scene.world
+    now = timezone.now()
+    hours = 6
+    since, bucket_s = now - timedelta(hours=hours), hours * 3600 / BUCKETS
+    rng = random.Random(7)
+    expected = {"vision": [0.0] * BUCKETS, "speech": [0.0] * BUCKETS}
+    for n in range(40):
+        tenant, queue = (w.tenant_a, w.queue_a) if n % 2 else (w.tenant_b, w.queue_b)
+        count = rng.choice([1, 2, 3])
+        milli = 500 if count == 1 else 1000  # a fraction of a GPU is asked of one GPU only
+        task = Task.objects.create(
+            tenant=tenant, queue=queue, pool=w.h100, priority=0, gpu_count=count, gpu_milli=milli
+        )
+        start = now - timedelta(seconds=rng.uniform(0, hours * 3600 * 1.3))
+        end = rng.choice([None, start + timedelta(seconds=rng.uniform(1, 9000))])
+        if end is not None and end > now:
+            end = None if rng.random() < 0.5 else end  # released in the future: still held at `now`
+        row = Assignment.objects.create(task=task, node=w.node, released_at=end)
+        Assignment.objects.filter(pk=row.pk).update(created_at=start)
+        s = max(0.0, (start - since).total_seconds())
+        e = min(hours * 3600.0, max(0.0, ((end or now) - since).total_seconds()))
+        for i in range(BUCKETS):
+            overlap = min(e, (i + 1) * bucket_s) - max(s, i * bucket_s)
+            if overlap > 0:
+                expected[tenant.slug][i] += count * milli * overlap / bucket_s
+    Assignment.objects.filter(task=scene.placed).delete()  # only the forty above
+    history = pool_history(pool=w.h100, now=now, hours=hours)
+    got = {u.tenant: u.held_milli for u in history.tenants}
+    for slug, line in expected.items():
+        assert got[slug] == pytest.approx(line, abs=1e-3), slug
+
+
+def test_a_new_pools_idle_chart_says_how_much_history_it_still_needs(scene: Any, page: Any) -> None:
+    """A fresh plane (the demo's first minutes): no idle-GPU model, a few minutes of cycles. The chart
+    draws the actuals and says in words how much history the model needs, how much there is, and from
+    when forecasts can start; it draws no forecast line and makes none up."""
+    from apps.forecasting.models import ForecastModel
+
+    w = scene.world
+    assert not ForecastModel.objects.filter(pool=w.h100).exists()
+    first = timezone.now() - timedelta(minutes=12)
+    Cycle.objects.filter(pk=scene.cycle.pk).update(started_at=first, finished_at=first)
+    body = page(w.root).get(f"/pools/{w.h100.pk}/history/?hours=1").content.decode()
+    idle_note = r'id="chart-idle".*?<p class="chart-note" role="note">(.*?)</p>'
+    note = re.search(idle_note, body, re.S)
+    assert note, "the idle chart has its note"
+    ready = first + timedelta(days=3)
+    assert note.group(1) == (
+        "No forecast yet: the idle-GPU model needs 3 days of this pool&#x27;s cycle history and has 12 "
+        f"minutes (since {first:%Y-%m-%d %H:%M} UTC), 2 days 23 hours more. Forecasts can start after "
+        f"{ready:%Y-%m-%d %H:%M} UTC, with the first training after that (every 24 hours)."
+    )
+    idle = body[body.index('id="chart-idle"') :]
+    idle = idle[: idle.index("</section>")]
+    assert "line-2" not in idle.split("<details>")[0].split("</svg>")[0]  # no forecast polyline
+
+
+def test_the_idle_chart_note_once_there_is_enough_history_and_without_any_cycle(scene: Any) -> None:
+    from apps.dashboard.history import idle_forecast_note
+
+    w = scene.world
+    now = timezone.now()
+    assert "no cycle has run yet" in idle_forecast_note(pool_id=w.l4.pk, now=now)
+    Cycle.objects.filter(pk=scene.cycle.pk).update(started_at=now - timedelta(days=4))
+    note = idle_forecast_note(pool_id=w.h100.pk, now=now)
+    assert note.startswith("No forecast yet: the pool has 4 days of cycle history, enough to train on")
+
+
 def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -> None:
     """Three days of submissions every ten minutes; with an active arrivals model every bin of the last
     six hours and the next hour has a forecast, made before the bin from what was submitted before."""
@@ -146,6 +224,7 @@ def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -
     for task, offset in zip(tasks, offsets, strict=True):
         task.created_at = now - timedelta(seconds=float(offset) - 1)
     Task.objects.bulk_update(tasks, ["created_at"])
+    counted_in_the_database = pool_arrivals_beside(pool_id=w.h100.pk, now=now)  # still no model
     times = np.asarray([t.created_at.timestamp() for t in tasks])
     labels = ["gpu_count=1|gpu_milli=1000"] * len(tasks)
     model = train_arrivals(times, labels, ArrivalConfig(), now.timestamp(), rounds=30)
@@ -163,6 +242,8 @@ def test_submissions_are_drawn_beside_the_arrivals_models_forecast(scene: Any) -
     assert beside.actual[-6] == 0.0  # the current bin: nothing submitted in its first five minutes
     assert all(a == 1.0 for a in beside.actual[:-6])  # one submission per ten minutes
     assert all(f is not None and 0.3 < f < 3.0 for f in beside.forecast)
+    # Without a model the window is counted per minute in the database: the same bars.
+    assert counted_in_the_database.actual == beside.actual
 
 
 def test_idle_gpus_are_drawn_beside_the_idle_models_forecast(scene: Any, page: Any) -> None:

@@ -435,11 +435,10 @@ def test_heat_map_hides_other_tenants_task_ids(scene: Any, page: Any) -> None:
 
 
 def test_heat_map_places_mig_instances_on_their_memory_slices(scene: Any) -> None:
+    from apps.dashboard.history import heat_map_gpus
     from apps.dashboard.presenters import CELL_W, PAD, heat_map
-    from apps.inventory.models import Gpu
 
-    gpus = Gpu.objects.filter(node=scene.world.node).prefetch_related("units__task")
-    drawn = heat_map(gpus, visible_tenant_ids=None)
+    drawn = heat_map(heat_map_gpus(node_ids=[scene.world.node.pk]), visible_tenant_ids=None)
     (row,) = drawn.rows
     mig, whole = row.cells
     (instance,) = mig.segments

@@ -97,10 +97,10 @@ EXPECTED: dict[tuple[str, str], int] = {
     ("alice", "pools"): 6,
     ("root", "pool"): 11,
     ("alice", "pool"): 11,
-    ("root", "history"): 15,
-    ("alice", "history"): 15,
-    ("root", "whatif"): 21,
-    ("alice", "whatif"): 22,
+    ("root", "history"): 16,  # 15 and the idle chart's "history still needed" note (no model here)
+    ("alice", "history"): 16,
+    ("root", "whatif"): 6,  # the decision stored for the newest cycle; its computation is off the page
+    ("alice", "whatif"): 6,
     ("root", "accounting"): 7,
     ("alice", "accounting"): 7,
 }
@@ -123,39 +123,29 @@ EXPECTED: dict[tuple[str, str], int] = {
     ],
 )
 def test_page_query_count_is_pinned(
-    crowd: Any, page: Any, persona: str, name: str, django_assert_num_queries: Any
+    crowd: Any, page: Any, persona: str, name: str, django_assert_num_queries: Any, whatif_jobs: Any
 ) -> None:
-    from apps.dashboard.caching import clear
-
     client = page(getattr(crowd.world, persona))
     client.get("/login/")  # a first request reads the session and the user: count a warm one
     path = pages(crowd)[name]
-    clear()  # per-cycle figures cached by an earlier request would hide the page's own reads
+    if name == "whatif":  # the page as it reads once the cycle's decision is stored
+        client.get(path)
+        assert whatif_jobs.run() == 1
     with django_assert_num_queries(EXPECTED[(persona, name)]):
         assert client.get(path).status_code == 200
 
 
-WHATIF_CACHED = {"root": 6, "alice": 7}  # the same page once the cycle's decision is cached
+WHATIF_COMPUTING = {"root": 6, "alice": 6}  # the first request after a cycle: the decision is started
 
 
 @pytest.mark.parametrize("persona", ["root", "alice"])
-def test_whatif_is_decided_once_per_cycle(
-    scene: Any, page: Any, persona: str, django_assert_num_queries: Any
+def test_whatif_answers_at_once_while_its_decision_is_computed(
+    crowd: Any, page: Any, persona: str, django_assert_num_queries: Any, whatif_jobs: Any
 ) -> None:
-    """The decision is computed on the first request after a cycle and reused until the next cycle:
-    a task submitted in between shows once the next cycle ran (seconds later on a live plane)."""
-    from apps.dashboard.caching import clear
-
-    w = scene.world
-    client = page(getattr(w, persona))
+    """The first request after a cycle starts the decision and answers without it: the same few
+    queries however many tasks the pool has."""
+    client = page(getattr(crowd.world, persona))
     client.get("/login/")
-    clear()
-    path = f"/pools/{w.h100.pk}/whatif/?policy=fgd"
-    assert "big-run" in client.get(path).content.decode()
-    with django_assert_num_queries(WHATIF_CACHED[persona]):
-        assert "big-run" in client.get(path).content.decode()
-    task_submit(tenant=w.tenant_a, request=TaskRequest(queue="train", name="late-run", gpu_count=2),
-                submitted_by=w.alice)  # fmt: skip
-    assert "late-run" not in client.get(path).content.decode()  # the same cycle's decision
-    cycle_run(pool_id=w.h100.pk)
-    assert "late-run" in client.get(path).content.decode()
+    with django_assert_num_queries(WHATIF_COMPUTING[persona]):
+        assert "Computing…" in client.get(pages(crowd)["whatif"]).content.decode()
+    assert len(whatif_jobs.started) == 1

@@ -222,3 +222,22 @@ def test_conformal_calibration_repairs_an_undertrained_model() -> None:
     scores = evaluation.models["xgboost_p50"]
     assert scores["p90_coverage_uncalibrated"] < 0.8
     assert abs(scores["p90_coverage"] - 0.9) <= 0.04 and abs(scores["p50_coverage"] - 0.5) <= 0.05
+
+
+def test_conformal_shifts_come_from_the_latest_inner_blocks() -> None:
+    # A wide spell (σ 1.5 instead of 0.25) covers the oldest of the three inner blocks only (tasks at
+    # 49–56 % of all: the training part is the first 70 %, the blocks its last three tenths). The test
+    # part is narrow again. Calibrated on all three blocks, the spell widens the P90 shift and P90
+    # covers every test task (1.0); calibrated on the latest two, as served, it lands near 0.9 (0.86).
+    rng = np.random.default_rng(4)
+    n = 3_000
+    frame = pd.DataFrame({"gpus": rng.choice([1, 2, 8], n), "queue": rng.choice(["dev", "prod"], n)})
+    base = np.where(frame["gpus"] == 8, 20_000.0, np.where(frame["gpus"] == 2, 2_000.0, 200.0))
+    start = np.sort(rng.uniform(0, 30 * 86_400, n))
+    spell = (np.arange(n) >= int(0.49 * n)) & (np.arange(n) < int(0.56 * n))
+    end = start + base * np.exp(rng.normal(0.0, np.where(spell, 1.5, 0.25)))
+    cfg = DurationConfig(key_cols=("gpus", "queue"), feature_cols=("gpus", "queue"))
+    _, evaluation = evaluate_durations(frame, start, end, cfg, 0.7, FAST)
+    scores = evaluation.models["xgboost_p50"]
+    assert abs(scores["p90_coverage"] - 0.9) <= 0.05, scores["p90_coverage"]
+    assert abs(scores["p50_coverage"] - 0.5) <= 0.05, scores["p50_coverage"]
