@@ -25,6 +25,7 @@ REASON_LABELS: dict[str, str] = {
     Outcome.NO_ISOLATION: "no GPU offers the isolation asked for",
     Outcome.ONLINE_RESERVE: "held back by the online-service reserve",
     Outcome.BUDGET_SPENT: "the tenant's GPU-hour budget is used up",
+    Outcome.SLA_REFUSED: "sharing a GPU would break an online service's SLA",
     Code.NEEDS_LAYOUT: "only a new MIG layout would fit",
     Code.WAITING_FOR_LAYOUT: "a GPU is being re-carved for it",
     Code.VICTIM_CLAIMED: "its preemption victims were just placed",

@@ -10,7 +10,18 @@ from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
-from django.db.models import Avg, Count, FloatField, IntegerField, Max, OuterRef, QuerySet, Subquery, Sum
+from django.db.models import (
+    Avg,
+    Count,
+    Exists,
+    FloatField,
+    IntegerField,
+    Max,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncMinute
 
@@ -22,6 +33,7 @@ from apps.tenants.models import Tenant
 from apps.tenants.selectors import Access
 from apps.workloads.models import Task, TaskProfile
 from whalegen.forecast.arrivals import OTHER, ArrivalModel, expected_shape_mix, forecast_arrivals
+from whalegen.forecast.profiles import MIN_BUSY_SM_PCT
 from whalegen.placement.types import Shape, ShapeMix
 
 logger = logging.getLogger(__name__)
@@ -228,6 +240,37 @@ def profile_telemetry(
         )
         for r in rows
     ]
+
+
+def bound_telemetry(
+    *, tenant: Tenant, profile_key: str, since: datetime, until: datetime
+) -> tuple[int, float | None, float | None]:
+    """`(samples, mean SM %, mean memory-controller %)` of the key's tasks while each ran alone on a busy
+    GPU, for `whalegen.forecast.profiles.classify_bound`: one aggregate over the key's process samples of
+    the GPU sample taken at the same instant on the same GPU (the agent stamps both with one instant).
+    Instants at which the GPU also ran another task are left out: NVML reports the GPU's utilisation,
+    not a process's, so a shared GPU's reading belongs to no one task (docs/goodput.md §10)."""
+
+    def at_instant(field: str) -> Subquery:
+        return Subquery(
+            GpuSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at"))
+            .order_by()
+            .values(field)[:1]
+        )
+
+    shared = TaskSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at")).exclude(
+        task_id=OuterRef("task_id")
+    )
+    row = (
+        TaskSample.objects.filter(
+            task__tenant=tenant, task__profile_key=profile_key, at__gte=since, at__lte=until
+        )
+        .annotate(sm=at_instant("util_gpu_pct"), mc=at_instant("util_mem_pct"))
+        .exclude(Exists(shared))
+        .filter(sm__gte=MIN_BUSY_SM_PCT, mc__isnull=False)
+        .aggregate(n=Count("id"), sm_mean=Avg("sm"), mc_mean=Avg("mc"))
+    )
+    return row["n"], row["sm_mean"], row["mc_mean"]
 
 
 def profile_keys_with_telemetry(*, since: datetime, until: datetime) -> set[tuple[int, str]]:

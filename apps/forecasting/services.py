@@ -27,7 +27,7 @@ from whalegen.forecast import arrivals as pure_arrivals
 from whalegen.forecast import durations as pure_durations
 from whalegen.forecast import memory as pure_memory
 from whalegen.forecast import series as pure_series
-from whalegen.forecast.profiles import build_profile
+from whalegen.forecast.profiles import build_profile, classify_bound
 from whalegen.forecast.store import PromotionDecision, dump_model, load_model, should_promote
 
 logger = logging.getLogger(__name__)
@@ -702,6 +702,11 @@ def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | N
         limit=settings.WHALEGEN_PROFILE_SAMPLE_ROWS,
     )  # fmt: skip
     profile = build_profile(samples, spans)
+    # Compute- or bandwidth-bound, stored here so that a profile-aware cycle reads it in its snapshot
+    # (apps.scheduling.profiles) instead of aggregating the telemetry every cycle.
+    bound = classify_bound(
+        *selectors.bound_telemetry(tenant=tenant, profile_key=profile_key, since=since, until=now)
+    )
     obj, _ = TaskProfile.objects.update_or_create(
         tenant=tenant,
         profile_key=profile_key,
@@ -720,6 +725,11 @@ def task_profiles_refresh(*, tenant: Tenant, profile_key: str, now: datetime | N
             "telemetry_samples": profile.sample_count,
             "telemetry_tasks": len({series.split(":")[0] for series, *_ in samples}),
             "last_sample_at": None if profile.last_sample_s is None else _as_dt(profile.last_sample_s),
+            "bound_class": bound.bound.value,
+            "compute_exponent": bound.compute_exponent,
+            "bound_sm_util_pct": bound.sm_util_pct,
+            "bound_samples": bound.samples,
+            "interference_sensitivity": bound.sensitivity,
         },
     )
     return obj

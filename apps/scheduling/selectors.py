@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import itemgetter
 from types import MappingProxyType
@@ -21,10 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.db.models import (
-    Avg,
     BooleanField,
-    Count,
-    Exists,
     ExpressionWrapper,
     F,
     FloatField,
@@ -39,13 +36,11 @@ from django.db.models.functions import Cast, Extract
 
 from apps.accounting.selectors import budgets_spent
 from apps.approvals.models import PriorityOverride
-from apps.fleet.models import GpuSample, TaskRun, TaskSample
+from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.workloads.models import Quota, Task, TaskProfile
-from whalegen.forecast.profiles import MIN_BUSY_SM_PCT, classify_bound
 from whalegen.gpus.mig import MEMORY_SLICES
-from whalegen.placement.aware import task_profile
 from whalegen.placement.recarve import IdleMigGpu
 from whalegen.placement.repartition import (
     ClaimAction,
@@ -848,74 +843,3 @@ def quota_usage(*, tenant_ids: list[int]) -> dict[tuple[int, int], QuotaUsage]:
             in_use_milli=usage.get(key, QuotaUsage()).in_use_milli, reclaimable_milli=int(row["milli"] or 0)
         )
     return usage
-
-
-# ------------------------------------------------------------ learned profiles for profile-aware placement
-
-
-def snapshot_with_profiles(snapshot: PoolSnapshot) -> PoolSnapshot:
-    """`snapshot` with its pending tasks' learned profiles (`with_bound_profiles`), for a profile-aware
-    policy's cycle; two more queries."""
-    pending = with_bound_profiles(list(snapshot.cluster.pending), snapshot.now)
-    cluster = replace(snapshot.cluster, pending=tuple(pending))
-    return replace(snapshot, cluster=cluster, pure=replace(snapshot.pure, cluster=cluster))
-
-
-def with_bound_profiles(pending: list[TaskRequest], now: datetime) -> list[TaskRequest]:
-    """`pending` with `TaskRequest.profile` set where the task's profile key (tenant + key) has NVML
-    telemetry in the lookback window: its mean SM and memory-controller utilisation while its GPU was
-    busy, classified compute- or bandwidth-bound by `whalegen.forecast.profiles.classify_bound`.
-
-    Two queries: the tasks' keys, then one aggregate over the keys' process samples of the GPU sample
-    taken at the same instant on the same GPU (the agent stamps both with one instant). Instants at which
-    the GPU also ran another task are left out: NVML reports the GPU's utilisation, not a process's, so a
-    shared GPU's reading belongs to no one task (docs/goodput.md §10)."""
-    gpu_tasks = [int(t.task_id) for t in pending if t.num_gpu > 0]
-    if not gpu_tasks:
-        return pending
-    key_of = {
-        str(pk): (tenant_id, key)
-        for pk, tenant_id, key in Task.objects.filter(pk__in=gpu_tasks)
-        .exclude(profile_key="")
-        .values_list("id", "tenant_id", "profile_key")
-    }
-    if not key_of:
-        return pending
-    wanted = set(key_of.values())
-
-    def at_instant(field: str) -> Subquery:
-        return Subquery(
-            GpuSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at"))
-            .order_by()
-            .values(field)[:1]
-        )
-
-    # An instant at which another task was sampled on the same GPU is left out: its reading is theirs too.
-    shared = TaskSample.objects.filter(gpu_id=OuterRef("gpu_id"), at=OuterRef("at")).exclude(
-        task_id=OuterRef("task_id")
-    )
-    rows = (
-        TaskSample.objects.filter(
-            task__tenant_id__in={t for t, _ in wanted},
-            task__profile_key__in={k for _, k in wanted},
-            at__gte=now - timedelta(days=settings.WHALEGEN_FORECAST_LOOKBACK_DAYS),
-            at__lte=now,
-        )
-        .annotate(sm=at_instant("util_gpu_pct"), mc=at_instant("util_mem_pct"))
-        .exclude(Exists(shared))
-        .filter(sm__gte=MIN_BUSY_SM_PCT, mc__isnull=False)
-        .values(tenant=F("task__tenant_id"), key=F("task__profile_key"))
-        .annotate(n=Count("id"), sm_mean=Avg("sm"), mc_mean=Avg("mc"))
-        .order_by()
-    )
-    learned = {
-        (row["tenant"], row["key"]): task_profile(classify_bound(row["n"], row["sm_mean"], row["mc_mean"]))
-        for row in rows
-        if (row["tenant"], row["key"]) in wanted
-    }
-    return [
-        replace(t, profile=profile)
-        if (profile := learned.get(key_of.get(t.task_id, (0, "")))) is not None
-        else t
-        for t in pending
-    ]

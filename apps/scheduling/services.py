@@ -32,11 +32,11 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
+from apps.scheduling.profiles import snapshot_with_profiles
 from apps.scheduling.selectors import (
     PoolSnapshot,
     live_usage_milli,
     snapshot_for_pool,
-    snapshot_with_profiles,
 )
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk

@@ -1,6 +1,7 @@
 """Profile-aware placement end to end (#14): in a mixed pool (an H200 node and an L40S node, each with its
 real agent on simulated NVML), the real Celery workers run the production cycle under `whalegen-aware`;
-a task whose profile key's telemetry says bandwidth-bound runs on the HBM-rich H200, one whose telemetry
+a task whose profile key's telemetry (classified by the profile refresh, stored on the key's profile) says
+bandwidth-bound runs on the HBM-rich H200, one whose telemetry
 says compute-bound on the FLOPS-rich L40S, and each assigned event says why.
 
 The keys' history (GPU and process samples of earlier runs) is written as the heartbeat service stores it
@@ -39,6 +40,7 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     from django.utils import timezone
 
     from apps.fleet.services import node_token_issue
+    from apps.forecasting.services import profiles_refresh
     from apps.inventory.models import Gpu, Node
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.scheduling.models import Assignment
@@ -72,6 +74,9 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     # Each key's history ran on the other model: the choice follows the profile, not where it ran before.
     seed_history(tenant=tenant, gpu=l40s_gpu, key="decode", sm_pct=90, mem_ctrl_pct=81, until=now)
     seed_history(tenant=tenant, gpu=h200_gpu, key="gemm", sm_pct=90, mem_ctrl_pct=9, until=now)
+    # The periodic profile refresh (apps.forecasting.tasks.profiles_refresh) stores each key's class; the
+    # cycle only reads it.
+    profiles_refresh(now=now)
     submitted = {}
     for key in ("gemm", "decode"):
         submitted[key], _ = task_submit(

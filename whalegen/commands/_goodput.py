@@ -4,6 +4,9 @@
         --policy k8s-default,volcano-binpack,share-binpack,fgd,whalegen,whalegen-aware \\
         --seeds 1 --load 0.8,1.0,1.5 [--jobs default|gpuspec10|FILE.csv] [--services N] [--json] [--plot F]
 
+A policy name may carry replay options after "+": `whalegen-aware+headroom` (the online headroom sized
+from the services' forecast), `whalegen-aware+oracle` (true job profiles instead of learned ones).
+
 Progress on stderr; a table (or `--json`) on stdout. Figures are means over the seeds.
 """
 
@@ -30,7 +33,15 @@ from whalegen.goodput.data import (
 from whalegen.goodput.fleet import FleetError, load_fleet
 from whalegen.goodput.interference import fit_utilisation, lucid_observations
 from whalegen.goodput.jobs import draw_services, load_jobs, load_service_profiles
-from whalegen.goodput.replay import ReplayConfig, RunResult, World, dense_part, fleet_models, run_goodput
+from whalegen.goodput.replay import (
+    ReplayConfig,
+    RunResult,
+    World,
+    dense_part,
+    fleet_models,
+    run_goodput,
+    split_policy,
+)
 from whalegen.placement.registry import make_policy
 
 METRICS = (
@@ -44,6 +55,8 @@ METRICS = (
     "preemptions",
     "work_lost_gpu_h",
 )
+# Reported in --json next to METRICS (not in the table's columns).
+EXTRA = ("offered_pct", "ceiling_pct", "headroom_gpus_mean", "service_preemptions")
 DEFAULT_POLICIES = "k8s-default,volcano-binpack,share-binpack,fgd,whalegen,whalegen-aware"
 
 
@@ -56,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--load", default="1.0", help="offered work over capacity, e.g. 0.8,1.0,1.5")
     group.add_argument("--services", type=int, default=None, help="online services (default: GPUs / 9)")
     group.add_argument("--max-jobs", type=int, default=None, help="only the first N jobs of the source")
+    group.add_argument(
+        "--service-milli", type=int, default=500, help="GPU milli each service asks (default 500)"
+    )
+    group.add_argument(
+        "--static-services",
+        action="store_true",
+        help="every service from t = 0 to the end (default: they arrive and leave over the window)",
+    )
 
 
 def _loads(text: str) -> list[float]:
@@ -80,9 +101,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         loads = _loads(args.load)
+        if not 0 < args.service_milli <= 1000:
+            raise ValueError(f"--service-milli: 1 … 1000 (one GPU), got {args.service_milli}")
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         for policy in policies:
-            make_policy(policy)
+            make_policy(split_policy(policy)[0])
         fleet = load_fleet(args.fleet)
     except (ValueError, FleetError) as error:
         print(f"whalegen replay --goodput: {error}", file=sys.stderr)
@@ -128,7 +151,20 @@ def run(args: argparse.Namespace) -> int:
 
                 show(0.0)
                 results.append(
-                    run_goodput(fleet, jobs, services, world, policy, seed, ReplayConfig(load=load), show)
+                    run_goodput(
+                        fleet,
+                        jobs,
+                        services,
+                        world,
+                        policy,
+                        seed,
+                        ReplayConfig(
+                            load=load,
+                            service_churn=not args.static_services,
+                            service_milli=args.service_milli,
+                        ),
+                        show,
+                    )
                 )
                 done += 1
     print(f"  {done}/{runs} runs, {time.perf_counter() - started:.0f} s: done", file=sys.stderr)
@@ -148,6 +184,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def summary(results: Sequence[RunResult]) -> dict[str, Any]:
     out: dict[str, Any] = {m: round(_mean([getattr(r, m) for r in results]), 3) for m in METRICS}
+    out.update({m: round(_mean([getattr(r, m) for r in results]), 3) for m in EXTRA})
     out["preemptions"] = round(_mean([r.preemptions for r in results]), 1)
     out["finished_jobs"] = round(_mean([r.finished for r in results]), 1)
     out["cpu_s"] = round(_mean([r.cpu_s for r in results]), 2)

@@ -5,9 +5,11 @@ One run = one fleet, one policy, one seed, one load:
 1. **Work.** The jobs of `jobs.load_jobs` (openb arrivals and sizes, a Gavel job type per job, work in
    iterations), their reference runtime clipped to `max_runtime_s`; arrivals scaled so that the offered
    work is `load` × the fleet's capacity over the window (capacity in reference GPUs: each GPU counts
-   its model's mean speed over V100 across Gavel's job types). Online services (genai-2026 pods) arrive
-   at t = 0, ask `service_milli` of one GPU, run the whole replay at priority 10 (they may preempt
-   preemptible batch work) and have an SLA (the lowest throughput factor they tolerate).
+   its model's mean speed over V100 across Gavel's job types). Online services (genai-2026 pods) ask
+   `service_milli` of one GPU at priority 10 (they may preempt preemptible batch work) and have an SLA
+   (the lowest throughput factor they tolerate); half are there at t = 0, the rest arrive over the
+   window, and each leaves after an exponential lifetime (`ReplayConfig.service_churn`). A policy name's
+   `+headroom` keeps idle the milli the services' arrival forecast asks for (whalegen.goodput.headroom).
 2. **Decisions.** Every `step_s` in which something arrived, ended or was preempted, the waiting tasks
    (the first `lookahead` by priority, then arrival) go to one session of the production decision
    (`Decider.step`); placements start, preemption victims lose the work since their last checkpoint and
@@ -21,7 +23,8 @@ One run = one fleet, one policy, one seed, one load:
 4. **Telemetry and learning.** What a policy may read is the task's `profile`: for a job, learned from
    the telemetry of earlier runs of the same workload (its name; never its true exponent): throughput
    alone per GPU model fitted by the speed rule's power law, SM utilisation; for a service, the P95 of
-   its own utilisation over the last hour. Unseen workloads take the pooled prior.
+   its own utilisation over the last hour. Unseen workloads take the pooled prior (a service not seen
+   running yet: the P95 of the running services' last hour).
 
 Deterministic for (fleet, jobs, services, policy, seed, load).
 """
@@ -29,6 +32,7 @@ Deterministic for (fleet, jobs, services, policy, seed, load).
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field, replace
 
 from whalegen.goodput.data import GavelData, JobType
 from whalegen.goodput.fleet import FleetSpec, fleet_nodes
+from whalegen.goodput.headroom import online_headroom_milli
 from whalegen.goodput.interference import InterferenceModel, UtilisationFit, gavel_observations
 from whalegen.goodput.jobs import GENAI_STEP_S, REFERENCE_MODEL, Job, Service
 from whalegen.goodput.speed import SpeedModel, fit_power_law, gpu_figures
@@ -56,6 +61,22 @@ from whalegen.scheduling import Config, Decider, Snapshot
 SERVICE_PRIORITY = 10
 SERIES_BINS = 48
 SERVICE_WINDOW_S = 3600  # the service telemetry a profile is learned from
+# Replay options a policy name may carry after "+" (e.g. "whalegen-aware+headroom+oracle"):
+# `headroom`: keep idle the GPU milli the services' forecast expects to need (whalegen.goodput.headroom);
+# `oracle`: the policy reads every job's true profile (its speed rule exponent and SM utilisation) instead
+# of the one learned from telemetry: an upper bound on what better profiles could give.
+MODIFIERS = frozenset({"headroom", "oracle"})
+
+
+def split_policy(name: str) -> tuple[str, frozenset[str]]:
+    """`"whalegen-aware+headroom"` → (`"whalegen-aware"`, {"headroom"}); an unknown option is an error."""
+    base, *options = name.split("+")
+    unknown = set(options) - MODIFIERS
+    if unknown:
+        raise ValueError(
+            f"replay options after '+' are {', '.join(sorted(MODIFIERS))}, got {sorted(unknown)}"
+        )
+    return base, frozenset(options)
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,12 @@ class ReplayConfig:
     service_milli: int = 500
     service_cpu_milli: int = 4000
     service_mem_mib: int = 16 * 1024
+    # Services arrive and leave: this share is there at t = 0, the rest arrive uniformly over the window;
+    # each stays an exponential lifetime of mean `service_mean_life` × the window (at least 30 min).
+    # False: every service from t = 0 to the end (the first runs of docs/goodput.md §8).
+    service_churn: bool = True
+    service_present_share: float = 0.5
+    service_mean_life: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -137,6 +164,14 @@ class RunResult:
     series_sla_violation_pct: tuple[float, ...] = ()
     reasons: tuple[tuple[str, str], ...] = ()  # a sample of placement reasons (profile-aware policies)
     refusals: int = 0  # co-locations refused by a profile-aware policy
+    # The work offered (reference GPU-hours per fleet GPU-hour of the window: `load` × capacity), and a
+    # ceiling on goodput: the smaller of (a) every job starting on arrival on its fastest model, with no
+    # queue and no sharing, until the window ends, and (b) the fleet's capacity, every GPU busy at its
+    # model's mean speed over the job types.
+    offered_pct: float = 0.0
+    ceiling_pct: float = 0.0
+    headroom_gpus_mean: float = 0.0  # the online headroom kept, in GPUs, averaged over decisions
+    service_preemptions: int = 0  # preemptions proposed for an online service
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -216,6 +251,7 @@ class _Task:
     arrival_s: float
     job: Job | None = None
     service: Service | None = None
+    leave_s: float | None = None  # a service's departure (None: stays to the end)
     done: float = 0.0  # iterations
     checkpointed: float = 0.0
     run_start_s: float = 0.0
@@ -250,6 +286,65 @@ def offered_window_s(
     return offered / (load * capacity)
 
 
+def scaled_jobs(
+    jobs: Sequence[Job], fleet: FleetSpec, world: World, config: ReplayConfig
+) -> tuple[float, list[tuple[float, Job]]]:
+    """The window, and each job with its scaled arrival and its work clipped to `max_runtime_s`."""
+    window_s = offered_window_s(jobs, fleet, world, config.load, config.max_runtime_s)
+    first_arrival = min((j.arrival_s for j in jobs), default=0)
+    last_arrival = max((j.arrival_s for j in jobs), default=0)
+    scale = window_s / max(1, last_arrival - first_arrival)
+    return window_s, [
+        (
+            (job.arrival_s - first_arrival) * scale,
+            replace(
+                job,
+                work_iterations=job.work_iterations
+                * min(1.0, config.max_runtime_s / job.reference_runtime_s),
+            ),
+        )
+        for job in jobs
+    ]
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Bounds on a run's goodput, in % of the fleet's GPU-hours of the window (docs/goodput.md §8)."""
+
+    no_queue_pct: float  # every job on arrival on its fastest model, alone: strict
+    mean_capacity_pct: float  # every GPU busy at its model's mean speed over the job types: not strict
+    best_job_capacity_pct: float  # every GPU busy at its model's best job type's speed: strict
+
+    @property
+    def strict_pct(self) -> float:
+        return min(self.no_queue_pct, self.best_job_capacity_pct)
+
+
+def ceilings(fleet: FleetSpec, jobs: Sequence[Job], world: World, config: ReplayConfig) -> Ceilings:
+    window_s, scaled = scaled_jobs(jobs, fleet, world, config)
+    gpus = fleet.total_gpus
+    models = sorted({get_model(p.gpu_model).name for p in fleet.pools})
+    tasks = [_Task(job.job_id, TaskRequest(job.job_id, 0, 0), arrival, job=job) for arrival, job in scaled]
+    ref = {t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL) for t in tasks if t.job}
+    no_queue = _no_queue_work_s(tasks, world, models, window_s, ref)
+    best = {m: _best_speedup(world, m) for m in models}
+    capacity_s = gpus * window_s
+    return Ceilings(
+        100 * no_queue / capacity_s,
+        100 * sum(world.speedup[p.gpu_model] * p.total_gpus for p in fleet.pools) / gpus,
+        100 * sum(best[get_model(p.gpu_model).name] * p.total_gpus for p in fleet.pools) / gpus,
+    )
+
+
+def _best_speedup(world: World, model: str) -> float:
+    """The fastest job type's speed on `model` over its reference-model speed (measured types only)."""
+    return max(
+        world.speed.throughput(j, model) / world.speed.throughput(j, REFERENCE_MODEL)
+        for j in world.speed.job_types
+        if world.speed.measured(j, REFERENCE_MODEL)
+    )
+
+
 def run_goodput(
     fleet: FleetSpec,
     jobs: Sequence[Job],
@@ -261,17 +356,22 @@ def run_goodput(
     on_progress: Callable[[float], None] | None = None,
 ) -> RunResult:
     started_cpu = time.process_time()
+    base_policy, options = split_policy(policy)
     nodes = fleet_nodes(fleet)
     names = [n.name for n in nodes]
     node_model = [n.model or "" for n in nodes]
     modes = [[g.mode for g in n.gpus] for n in nodes]
     gpus = sum(len(n.gpus) for n in nodes)
-    window_s = offered_window_s(jobs, fleet, world, config.load, config.max_runtime_s)
-    first_arrival = min((j.arrival_s for j in jobs), default=0)
-    last_arrival = max((j.arrival_s for j in jobs), default=0)
-    scale = window_s / max(1, last_arrival - first_arrival)
+    window_s, scaled = scaled_jobs(jobs, fleet, world, config)
     tasks: dict[str, _Task] = {}
-    for svc in services:
+    life_rng = random.Random(f"services:{seed}")
+    present = math.ceil(config.service_present_share * len(services))
+    for i, svc in enumerate(services):
+        arrival, leave = 0.0, None
+        if config.service_churn:
+            arrival = 0.0 if i < present else life_rng.uniform(0.0, window_s)
+            life = max(1800.0, life_rng.expovariate(1.0 / (config.service_mean_life * window_s)))
+            leave = arrival + life
         request = TaskRequest(
             svc.service_id,
             config.service_cpu_milli,
@@ -279,14 +379,12 @@ def run_goodput(
             1,
             config.service_milli,
             priority=SERVICE_PRIORITY,
+            submitted_at_s=arrival,
             sla_online=True,
             profile=TaskProfile(compute_exponent=0.5, sla_min_factor=svc.sla_min_factor),
         )
-        tasks[svc.service_id] = _Task(svc.service_id, request, 0.0, service=svc)
-    for job in jobs:
-        arrival = (job.arrival_s - first_arrival) * scale
-        work = job.work_iterations * min(1.0, config.max_runtime_s / job.reference_runtime_s)
-        job = replace(job, work_iterations=work)
+        tasks[svc.service_id] = _Task(svc.service_id, request, arrival, service=svc, leave_s=leave)
+    for arrival, job in scaled:
         request = TaskRequest(
             job.job_id,
             job.cpu_milli,
@@ -301,7 +399,7 @@ def run_goodput(
     service_tasks = [t for t in tasks.values() if t.service is not None]
     mix = shape_mix_from_tasks([t.request for t in tasks.values()])
     snapshot = Snapshot(ClusterSnapshot(nodes, shape_mix=mix), unit_exact=False)
-    decider = Decider(snapshot, Config(policy=policy, seed=seed))
+    decider = Decider(snapshot, Config(policy=base_policy, seed=seed))
     book = ProfileBook()
     future = sorted(tasks.values(), key=lambda t: (t.arrival_s, t.task_id), reverse=True)
     waiting: dict[str, _Task] = {}
@@ -321,6 +419,14 @@ def run_goodput(
     ref_speed = {
         t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL) for t in tasks.values() if t.job
     }
+    departures = sorted(
+        ((t.leave_s, t.task_id) for t in service_tasks if t.leave_s is not None), reverse=True
+    )
+    gone: set[str] = set()
+    seen_arrivals: list[float] = []  # services' arrivals after t = 0: the headroom forecast's history
+    headroom_sum = 0.0
+    decisions_made = 0
+    service_preemptions = 0
 
     def service_util(task: _Task, at_s: float) -> float:
         assert task.service is not None
@@ -394,12 +500,31 @@ def run_goodput(
 
     def job_profile(task: _Task) -> TaskProfile:
         assert task.job is not None
+        if "oracle" in options:
+            job_type = task.job.job_type
+            return TaskProfile(
+                world.speed.compute_exponent(job_type), world.job_util_pct.get(job_type, 100.0)
+            )
         return book.profile(workload_name(task.job.job_type))
+
+    pooled_at: dict[float, float | None] = {}
+
+    def pooled_service_util(at_s: float) -> float | None:
+        """The P95 over the running services' last hour: the prior of a service not seen running yet."""
+        if at_s not in pooled_at:
+            grid = _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)
+            samples = [service_util(o, t) for o in running.values() if o.service is not None for t in grid]
+            pooled_at.clear()
+            pooled_at[at_s] = percentile(samples, 95) if samples else None
+        return pooled_at[at_s]
 
     def service_profile(task: _Task, at_s: float) -> TaskProfile:
         assert task.service is not None
-        samples = [service_util(task, t) for t in _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)]
-        util = percentile(samples, 95) if samples and task.first_start_s is not None else None
+        if task.first_start_s is not None:
+            samples = [service_util(task, t) for t in _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)]
+            util = percentile(samples, 95) if samples else None
+        else:
+            util = pooled_service_util(at_s)
         return TaskProfile(compute_exponent=0.5, sm_util_pct=util, sla_min_factor=task.service.sla_min_factor)
 
     policy_object = decider.engine.policy
@@ -409,6 +534,15 @@ def run_goodput(
         while future and future[-1].arrival_s <= now:
             task = future.pop()
             waiting[task.task_id] = task
+            if task.service is not None and task.arrival_s > 0:
+                seen_arrivals.append(task.arrival_s)
+            changed = True
+        while departures and departures[-1][0] <= now:
+            _, leaving = departures.pop()
+            gone.add(leaving)
+            waiting.pop(leaving, None)
+            if leaving in running:
+                stop(running[leaving])
             changed = True
         # 2. Decide.
         if changed and waiting:
@@ -435,12 +569,20 @@ def run_goodput(
                     ),
                 ),
             )
+            if "headroom" in options:
+                reserve = online_headroom_milli(seen_arrivals, now, config.service_milli)
+                decider.engine_config = replace(decider.engine_config, online_reserve_milli=reserve)
+                decider.engine.config = decider.engine_config
+                headroom_sum += reserve
+            decisions_made += 1
             decisions = decider.step(tuple(pending), now, estimates=False, nodes_after=False)
             for preemption in decisions.preemptions:
                 victim = running.get(preemption.victim_task_id)
                 if victim is None:
                     continue
                 preemptions += 1
+                if tasks[preemption.for_task_id].service is not None:
+                    service_preemptions += 1
                 if victim.job is not None:
                     lost = victim.done - victim.checkpointed
                     lost_ref_s += lost / ref_speed[victim.task_id] * victim.job.num_gpus
@@ -481,6 +623,8 @@ def run_goodput(
                 tally.busy_s += min(100.0, util) / 100.0 * in_window
             for task in service_tasks:
                 assert task.service is not None
+                if task.arrival_s > now or task.task_id in gone:
+                    continue
                 tally.service_s += in_window
                 tally.bins_service[b] += in_window
                 ok = task.task_id in running and task.factor >= task.service.sla_min_factor
@@ -521,6 +665,9 @@ def run_goodput(
     ]
     capacity_s = gpus * window_s
     bin_capacity = gpus * bin_s
+    capacity_ref = sum(world.speedup[p.gpu_model] * p.total_gpus for p in fleet.pools)
+    offered_pct = 100 * config.load * capacity_ref / gpus if gpus else 0.0
+    no_queue_s = _no_queue_work_s(job_tasks, world, sorted({m for m in node_model if m}), window_s, ref_speed)
     return RunResult(
         policy=policy,
         seed=seed,
@@ -547,7 +694,31 @@ def run_goodput(
         ),
         reasons=tuple(reasons),
         refusals=refusals,
+        offered_pct=offered_pct,
+        ceiling_pct=min(100 * no_queue_s / capacity_s, 100 * capacity_ref / gpus) if capacity_s else 0.0,
+        headroom_gpus_mean=headroom_sum / decisions_made / WHOLE_GPU_MILLI if decisions_made else 0.0,
+        service_preemptions=service_preemptions,
     )
+
+
+def _no_queue_work_s(
+    job_tasks: Sequence[_Task],
+    world: World,
+    models: Sequence[str],
+    window_s: float,
+    ref_speed: dict[str, float],
+) -> float:
+    """Reference GPU-seconds done in the window if every job started on arrival on its fastest model."""
+    best: dict[JobType, float] = {}
+    total = 0.0
+    for task in job_tasks:
+        assert task.job is not None
+        job_type = task.job.job_type
+        if job_type not in best:
+            best[job_type] = max(world.speed.throughput(job_type, m) for m in models)
+        done = min(task.job.work_iterations, best[job_type] * max(0.0, window_s - task.arrival_s))
+        total += done / ref_speed[task.task_id] * task.job.num_gpus
+    return total
 
 
 def _grid(lo_s: float, hi_s: float) -> list[float]:

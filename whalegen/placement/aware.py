@@ -36,7 +36,16 @@ from whalegen.goodput.speed import GpuFigures, gpu_figures
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache
 from whalegen.placement.state import ClusterState, Request, mig_profile_for
-from whalegen.placement.types import WHOLE_GPU_MILLI, PartitionMode, ShapeMix, TaskProfile, TaskRequest
+from whalegen.placement.types import (
+    WHOLE_GPU_MILLI,
+    PartitionMode,
+    RunningTask,
+    ShapeMix,
+    SlaRefusal,
+    SlaRemedy,
+    TaskProfile,
+    TaskRequest,
+)
 from whalegen.placement.whalegen_policy import OPTIONS, WhalegenPolicy
 
 # A neighbour whose utilisation nobody measured yet counts as a busy training job.
@@ -143,6 +152,10 @@ class AwarePolicy(WhalegenPolicy):
         self.profiles: dict[str, TaskProfile] = {}  # every task seen, for its later neighbours
         self.reasons: dict[str, str] = {}
         self.refusals: dict[str, str] = {}
+        # Task id → the SLA refusal of its last `select` (the engine's `Outcome.SLA_REFUSED`).
+        self.sla_refused: dict[str, SlaRefusal] = {}
+        self._remedies: list[SlaRemedy] = []
+        self._sla_hit = False
         # Task id → (the step's clock, why, the models it would take) for a task this policy deferred while
         # units had room: a wait by choice, not a shortage, so the decision drops preemptions for it on the
         # models it declines (a victim there would free a unit it declines again; whalegen.scheduling).
@@ -164,8 +177,16 @@ class AwarePolicy(WhalegenPolicy):
         self.task = task
         self.now_s = now_s
         self.deferred.pop(task.task_id, None)
+        self.sla_refused.pop(task.task_id, None)
         if task.profile is not None:
             self.profiles[task.task_id] = task.profile
+
+    def know_running(self, task: RunningTask) -> None:
+        if task.profile is not None:
+            self.profiles[task.task_id] = task.profile
+
+    def sla_refusal(self, task_id: str) -> SlaRefusal | None:
+        return self.sla_refused.get(task_id)
 
     # -- the choice --------------------------------------------------------------------------------
 
@@ -175,13 +196,24 @@ class AwarePolicy(WhalegenPolicy):
         if task is None or profile is None or req.num_gpu == 0 or profile.compute_exponent is None:
             return super().select(req, scores)
         cache = scores()
-        feasible = np.flatnonzero(cache.scores > NEG_INF)
-        if len(feasible) == 0:
+        frags = {n: float(cache.scores[n]) for n in np.flatnonzero(cache.scores > NEG_INF).tolist()}
+        if req.is_share:
+            # The fragmentation scores offer a share only a node's first fresh GPU (partly used ones go
+            # through the gap index): a node whose every GPU is partly used is a co-location to weigh too.
+            lowest = min(frags.values(), default=0.0)
+            for gap, codes in self.gaps.items():
+                if gap >= req.gpu_milli:
+                    for code in codes:
+                        frags.setdefault(code // self.width, lowest)
+        feasible = sorted(frags)
+        if not feasible:
             return None
         options: list[_Option] = []
         refused: list[str] = []
-        for n in feasible.tolist():
-            frag = float(cache.scores[n])
+        self._remedies = []
+        self._sla_hit = False
+        for n in feasible:
+            frag = frags[n]
             if req.is_share:
                 for d in self.state.eligible_devices(n, req) or []:
                     option = self._share_option(n, d, req, task.task_id, profile, frag, refused)
@@ -192,6 +224,14 @@ class AwarePolicy(WhalegenPolicy):
                 if speed is not None:
                     options.append(_Option(speed, speed, False, frag, n, cache.devices_of(n), ""))
         considered = options
+        if not options and self._sla_hit:
+            # Every unit with room was refused, some for an online task's SLA: a choice the engine must
+            # not answer with victims by resources (they would free a unit refused again).
+            self.sla_refused[task.task_id] = SlaRefusal(
+                "; ".join(refused[:3]),
+                tuple(self._remedies),
+                frozenset(self.state.names[n] for n in feasible),
+            )
         if profile.sla_min_factor is None and options and self.now_s - task.submitted_at_s < self.defer_s:
             # Comparative advantage: a model on which this task runs at less than `advantage` × its
             # fleet-average speed is left to tasks that run well there, until it has waited `defer_s`.
@@ -314,6 +354,9 @@ class AwarePolicy(WhalegenPolicy):
                     f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: sharing it predicts {f:.2f}× for "
                     f"{member}, below {what}"
                 )
+                if p.sla_min_factor is not None:
+                    self._sla_hit = True
+                    self._remedy(n, d, members, f"sharing it predicts {f:.2f}× for {member}, below {what}")
                 return None
             factors.append((member, f))
         shown = ", ".join(f"{m} {f:.2f}×" for m, f in factors[1:])
@@ -326,6 +369,26 @@ class AwarePolicy(WhalegenPolicy):
             (d,),
             f"shares GPU {s.gpu_index[n][d]}: predicted {factors[0][1]:.2f}× for it, {shown}",
         )
+
+    def _remedy(self, n: int, d: int, members: list[tuple[str, TaskProfile]], why: str) -> None:
+        """Note the GPU's batch neighbours as a remedy when the co-location is admissible without them
+        (the task first in `members`; online neighbours stay: they are never preempted for another).
+        Only for an online task: displacing batch work for batch work only moves the wait."""
+        own = members[0][1]
+        batch = tuple(t for t, p in members[1:] if p.sla_min_factor is None)
+        if own.sla_min_factor is None:
+            return
+        kept = [members[0]] + [(t, p) for t, p in members[1:] if p.sla_min_factor is not None]
+        if not batch:
+            return
+        utils = [p.sm_util_pct if p.sm_util_pct is not None else UNKNOWN_UTIL_PCT for _, p in kept]
+        total = sum(utils)
+        for (_, p), u in zip(kept, utils, strict=True):
+            limit = p.sla_min_factor if p.sla_min_factor is not None else self.floor
+            if len(kept) > 1 and predicted_factor(u, total - u) < limit:
+                return
+        s = self.state
+        self._remedies.append(SlaRemedy(s.names[n], s.gpu_index[n][d], batch, why))
 
     def _on(self, n: int, d: int) -> list[str]:
         """Tasks bound on device position d of node n (rebuilt when the working copy changed)."""

@@ -32,6 +32,8 @@ from whalegen.placement.types import (
     Placement,
     Preemption,
     Quota,
+    SlaRefusal,
+    SlaRemedy,
     TaskRequest,
     Unplaced,
 )
@@ -99,6 +101,7 @@ class Engine:
         # Only preemptible or borrowing tasks can ever be victims; keeping them apart keeps a failure cheap.
         self.victim_pool: dict[str, _Record] = {}
         for task in snapshot.running:
+            self.policy.know_running(task)
             # As asked, like a placement made here (below): one measure for quota use, whichever unit.
             milli = task.quota_milli
             self.usage_milli[task.tenant] += milli
@@ -299,9 +302,32 @@ class Engine:
                 continue
             for _, binding in reversed(bound):
                 self.state.release(binding.task_id)
-            # 4. Explain, and propose preemption for single tasks.
-            outcome, message = self.explain(Request.of(failed))
-            if len(unit) == 1 and outcome is Outcome.NO_CAPACITY and self.config.preemption:
+            # 4. Explain, and propose preemption for single tasks. A co-location the policy refused for an
+            #    SLA is not a shortage: victims by resources would free a unit it refuses again, so only
+            #    the batch neighbours whose leaving honours the SLA are proposed (`_propose_for_sla`).
+            refusal = self.policy.sla_refusal(failed.task_id)
+            if refusal is not None:
+                outcome, message = Outcome.SLA_REFUSED, refusal.message
+            else:
+                outcome, message = self.explain(Request.of(failed))
+            if len(unit) == 1 and outcome is Outcome.SLA_REFUSED and self.config.preemption:
+                assert refusal is not None
+                victims = self._propose_for_sla(failed, refusal, now, claimed)
+                if victims:
+                    preemptions += victims
+                    message = f"{message}; waiting for {victims[0].reason}"
+                    outcome = Outcome.WAITING_FOR_PREEMPTION
+                else:
+                    skip = frozenset(
+                        i for i, name in enumerate(self.state.names) if name in refusal.refused_nodes
+                    )
+                    victims = self._propose_preemption(failed, now, claimed, skip)
+                    if victims:
+                        preemptions += victims
+                        names = ", ".join(v.victim_task_id for v in victims)
+                        message = f"{message}; waiting for {names} to be preempted on {victims[0].node}"
+                        outcome = Outcome.WAITING_FOR_PREEMPTION
+            elif len(unit) == 1 and outcome is Outcome.NO_CAPACITY and self.config.preemption:
                 victims = self._propose_preemption(failed, now, claimed)
                 if victims:
                     preemptions += victims
@@ -467,8 +493,10 @@ class Engine:
         guaranteed = quota.guaranteed_milli if quota is not None else 0
         return self.usage_milli[tenant] > guaranteed
 
-    def _propose_preemption(self, task: TaskRequest, now: float, claimed: set[str]) -> list[Preemption]:
-        """Fewest victims, then least progress lost (GPU-seconds run so far), on one node.
+    def _propose_preemption(
+        self, task: TaskRequest, now: float, claimed: set[str], skip: frozenset[int] = frozenset()
+    ) -> list[Preemption]:
+        """Fewest victims, then least progress lost (GPU-seconds run so far), on one node (not in `skip`).
 
         Victims on a node are tried cheapest first and added until the task fits; the working copy is
         restored exactly afterwards (victims only leave once the agent confirms they stopped).
@@ -486,7 +514,7 @@ class Engine:
             if gone is not None:
                 proposed[gone.tenant] += gone.request_milli
         for n, records in self._victim_candidates(task).items():
-            if not self.state.model_allowed(n, req):
+            if n in skip or not self.state.model_allowed(n, req):
                 continue
             candidates = sorted(
                 (r for r in records if r.task_id not in claimed), key=lambda r: _progress_lost(r, now)
@@ -529,6 +557,46 @@ class Engine:
                 why = f"borrowed capacity reclaimed for tenant {task.tenant}, which is within its guarantee"
             proposals.append(Preemption(record.task_id, node, task.task_id, why))
         return proposals
+
+    def _propose_for_sla(
+        self, task: TaskRequest, refusal: SlaRefusal, now: float, claimed: set[str]
+    ) -> list[Preemption]:
+        """The policy's remedies whose every victim the task may displace (a lower-priority preemptible
+        task or reclaimable borrowed work, as `_propose_preemption` asks) and after whose leaving the
+        task fits the node: fewest victims, then least progress lost."""
+        candidates = {r.task_id for records in self._victim_candidates(task).values() for r in records}
+        req = Request.of(task)
+        best: tuple[int, float, str, SlaRemedy] | None = None
+        for remedy in refusal.remedies:
+            ids = remedy.task_ids
+            if not ids or any(t not in candidates or t in claimed for t in ids):
+                continue
+            released = [self.state.release(t) for t in ids]
+            n = released[0].node
+            fits = self.state.eligible_devices(n, req) is not None
+            for binding in reversed(released):
+                self.state.restore(binding)
+            if not fits:
+                continue
+            cost = sum(_progress_lost(self.records[t], now) for t in ids)
+            key = (len(ids), cost, remedy.node)
+            if best is None or key < best[:3]:
+                best = (len(ids), cost, remedy.node, remedy)
+        if best is None:
+            return []
+        remedy = best[3]
+        claimed.update(remedy.task_ids)
+        return [
+            Preemption(
+                t,
+                remedy.node,
+                task.task_id,
+                f"{', '.join(remedy.task_ids)} to be preempted on {remedy.node} GPU {remedy.gpu_index} "
+                f"so that the co-location keeps the SLA ({remedy.why} with {', '.join(remedy.task_ids)} "
+                f"there); {t} loses {_progress_lost(self.records[t], now):.0f} GPU-seconds of progress",
+            )
+            for t in remedy.task_ids
+        ]
 
 
 ISOLATION_WORDS = {

@@ -20,7 +20,7 @@ import numpy as np
 
 from whalegen.placement.fragmentation import ModelMix, model_mix, node_fragmentation_milli
 from whalegen.placement.state import ClusterState, Request
-from whalegen.placement.types import WHOLE_GPU_MILLI, ShapeMix, TaskRequest
+from whalegen.placement.types import WHOLE_GPU_MILLI, RunningTask, ShapeMix, SlaRefusal, TaskRequest
 
 MAX_NODE_CPU_MILLI = 128_000
 MAX_NODE_GPU_MILLI = 8 * WHOLE_GPU_MILLI
@@ -74,6 +74,13 @@ class Policy:
 
     def begin_task(self, task: TaskRequest, now_s: float) -> None:
         """The task the next `select` is for; only task-aware policies read it."""
+
+    def know_running(self, task: RunningTask) -> None:
+        """A task the snapshot lists as running (its profile, for profile-aware policies)."""
+
+    def sla_refusal(self, task_id: str) -> SlaRefusal | None:
+        """Why the last `select` for the task answered None for an online task's SLA, if it did."""
+        return None
 
     def score_node(self, n: int, req: Request) -> Choice:
         """Node n's score and devices for `req`; NEG_INF where it cannot host it (what the engine caches).

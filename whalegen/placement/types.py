@@ -49,6 +49,9 @@ class Outcome(StrEnum):
     NO_ISOLATION = "no_isolation"  # no schedulable node has a GPU offering the isolation asked for
     ONLINE_RESERVE = "online_reserve"  # a batch task would eat into the pool's online-SLA reserve
     BUDGET_SPENT = "budget_spent"  # the tenant used its GPU-hour budget in this pool for the period
+    # Units had room, but a profile-aware policy predicts every co-location there breaks an online task's
+    # SLA (whalegen.placement.aware): a choice, not a shortage, so no victims are proposed by resources.
+    SLA_REFUSED = "sla_refused"
 
 
 @dataclass(frozen=True)
@@ -151,10 +154,36 @@ class RunningTask:
     # What the task counts against its tenant's quota, all GPUs together: what it asked (the charge the
     # quota rows and the API show), which a unit bigger than the ask does not change. None: what it holds.
     charge_milli: int | None = None
+    # What telemetry says of it (as `TaskRequest.profile`): a fresh engine's profile-aware policy reads its
+    # neighbours' utilisations and SLAs from here.
+    profile: TaskProfile | None = None
 
     @property
     def quota_milli(self) -> int:
         return self.charge_milli if self.charge_milli is not None else self.gpu_milli * len(self.gpu_indexes)
+
+
+@dataclass(frozen=True)
+class SlaRemedy:
+    """Batch neighbours on one GPU whose leaving makes a co-location refused for an SLA admissible."""
+
+    node: str
+    gpu_index: int
+    task_ids: tuple[str, ...]
+    why: str  # the refused prediction, e.g. "sharing it predicts 0.84× for svc-1, below its SLA 0.90"
+
+
+@dataclass(frozen=True)
+class SlaRefusal:
+    """A policy's "no" for an online task's SLA (`Outcome.SLA_REFUSED`): why, and the GPUs where
+    preempting batch neighbours would honour the SLA (the engine proposes those victims first; victims
+    by resources only on nodes where no unit was refused, since a unit freed there would be refused again)."""
+
+    message: str
+    remedies: tuple[SlaRemedy, ...] = ()
+    refused_nodes: frozenset[str] = (
+        frozenset()
+    )  # where a unit with room was refused (no victims by resources)
 
 
 @dataclass(frozen=True)

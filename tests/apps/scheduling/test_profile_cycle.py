@@ -1,7 +1,9 @@
 """The production cycle with profile-aware placement (#14): profiles learned from the agents' NVML
-telemetry (GpuSample SM and memory-controller utilisation at the instants a key's tasks were sampled)
-send a bandwidth-bound task to the HBM-rich model and a compute-bound one to the FLOPS-rich model, and
-the assigned event's reason says why."""
+telemetry (GpuSample SM and memory-controller utilisation at the instants a key's tasks were sampled) by
+the periodic profile refresh and stored on `workloads.TaskProfile` send a bandwidth-bound task to the
+HBM-rich model and a compute-bound one to the FLOPS-rich model, and the assigned event's reason says why.
+Running tasks carry their profile into the snapshot, so a fresh engine weighs its neighbours on a shared
+GPU, and a co-location refused for an online task's SLA is its own outcome."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ from typing import Any
 import pytest
 
 from apps.fleet.models import GpuSample, TaskSample
+from apps.forecasting.services import profiles_refresh
 from apps.scheduling.models import Assignment
-from apps.scheduling.selectors import snapshot_for_pool, snapshot_with_profiles
-from apps.workloads.models import Task, TaskEvent
-from tests.apps.scheduling.conftest import NOW, run
+from apps.scheduling.profiles import ONLINE_SLA_MIN_FACTOR, snapshot_with_profiles
+from apps.scheduling.selectors import snapshot_for_pool
+from apps.workloads.models import Task, TaskEvent, TaskProfile
+from tests.apps.scheduling.conftest import NOW, run, start
 
 
 def seed_history(
@@ -71,6 +75,7 @@ def test_the_cycle_places_each_learned_class_on_its_model_and_writes_why(fleet) 
     seed_history(tenant=tenant, gpu=_gpu(l40s), key="decode", sm_pct=90, mem_ctrl_pct=81, until=NOW)
     seed_history(tenant=tenant, gpu=_gpu(h200), key="gemm", sm_pct=90, mem_ctrl_pct=9, until=NOW)
     # The compute-bound task is older, so it is offered first: both models are free for it.
+    profiles_refresh(now=NOW)
     gemm = fleet.submit("a", name="gemm", profile_key="gemm")
     decode = fleet.submit("a", name="decode", profile_key="decode")
     report = run(fleet, policy="whalegen-aware")
@@ -90,6 +95,7 @@ def test_a_bandwidth_bound_task_offered_both_models_says_how_much_faster_the_hbm
     l40s = fleet.node(model="L40S", name="l40s-01")
     tenant = fleet.tenant("a", guaranteed=4000)
     seed_history(tenant=tenant, gpu=_gpu(l40s), key="decode", sm_pct=90, mem_ctrl_pct=81, until=NOW)
+    profiles_refresh(now=NOW)
     decode = fleet.submit("a", name="decode", profile_key="decode")
     run(fleet, policy="whalegen-aware")
     assert _model_of(decode) == "H200-141GB"
@@ -120,6 +126,7 @@ def test_profiles_come_only_from_the_keys_own_busy_unshared_samples_in_the_windo
     idle = fleet.submit("a", name="idle", profile_key="idle")
     shared = fleet.submit("a", name="shared", profile_key="shared")
     unkeyed = fleet.submit("a", name="plain")
+    profiles_refresh(now=NOW)
     snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW))
     profiles = {t.task_id: t.profile for t in snapshot.cluster.pending}
     mine_profile = profiles[str(mine.pk)]
@@ -129,7 +136,12 @@ def test_profiles_come_only_from_the_keys_own_busy_unshared_samples_in_the_windo
     # A cycle of a policy that reads no profiles does not load them.
     plain = snapshot_for_pool(fleet.pool.pk, NOW)
     assert all(t.profile is None for t in plain.cluster.pending)
-    # Samples older than the lookback window are forgotten.
+    # The class is stored by the refresh, not computed per cycle.
+    stored = TaskProfile.objects.get(tenant=tenant, profile_key="decode")
+    assert (stored.bound_class, stored.bound_samples) == ("bandwidth-bound", 6)
+    assert stored.compute_exponent == pytest.approx(0.1) and stored.bound_sm_util_pct == pytest.approx(90.0)
+    assert TaskProfile.objects.get(tenant=tenant, profile_key="idle").bound_class == "unknown"
+    # A class learned from samples older than the lookback window is forgotten.
     later = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW + timedelta(days=400)))
     assert all(t.profile is None for t in later.cluster.pending)
 
@@ -144,6 +156,57 @@ def test_another_tenants_key_of_the_same_name_is_its_own_profile(fleet) -> None:
     seed_history(tenant=other, gpu=node.gpus.get(index=1), key="decode", sm_pct=90, mem_ctrl_pct=9, until=NOW)
     mine = fleet.submit("a", name="decode", profile_key="decode")
     theirs = fleet.submit("b", name="decode", profile_key="decode")
+    profiles_refresh(now=NOW)
     snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW))
     exponents = {t.task_id: t.profile.compute_exponent for t in snapshot.cluster.pending if t.profile}
     assert exponents == {str(mine.pk): pytest.approx(0.1), str(theirs.pk): pytest.approx(0.9)}
+
+
+def _online_beside(fleet: Any, *, neighbour_known: bool) -> tuple[Task, Task]:
+    """An MPS GPU with two shares; a batch task of a quiet key (SM 10 %) runs on one; an online task of a
+    key at SM 30 % asks for the other. `neighbour_known=False`: the batch key has no telemetry."""
+    node = fleet.node(model="A100-80GB", name="mps-01", mode="mps", mps_shares=2)
+    history = fleet.node(model="A100-80GB", name="hist-01", gpus=2)
+    tenant = fleet.tenant("a", guaranteed=4000)
+    if neighbour_known:
+        seed_history(
+            tenant=tenant, gpu=history.gpus.get(index=0), key="quiet", sm_pct=10, mem_ctrl_pct=5, until=NOW
+        )
+    seed_history(
+        tenant=tenant, gpu=history.gpus.get(index=1), key="svc", sm_pct=30, mem_ctrl_pct=15, until=NOW
+    )
+    profiles_refresh(now=NOW)
+    history.delete()
+    batch = fleet.submit("a", name="batch", profile_key="quiet", gpu_milli=500)
+    report = run(fleet, policy="whalegen-aware")
+    assert report.placed == 1 and _model_of(batch) == "A100-80GB"
+    start(batch)
+    assert Assignment.objects.get(task=batch, released_at__isnull=True).node == node
+    online = fleet.submit("a", name="svc", profile_key="svc", gpu_milli=500, sla_class="online")
+    return batch, online
+
+
+def test_running_tasks_carry_their_stored_profile_into_the_snapshot(fleet) -> None:
+    batch, online = _online_beside(fleet, neighbour_known=True)
+    snapshot = snapshot_with_profiles(snapshot_for_pool(fleet.pool.pk, NOW + timedelta(minutes=1)))
+    [running] = snapshot.cluster.running
+    assert running.task_id == str(batch.pk) and running.profile is not None
+    assert running.profile.sm_util_pct == pytest.approx(10.0) and running.profile.sla_min_factor is None
+    [pending] = snapshot.cluster.pending
+    assert pending.profile is not None and pending.profile.sla_min_factor == ONLINE_SLA_MIN_FACTOR
+    # Knowing its quiet neighbour, the cycle's fresh engine shares the GPU with the online task.
+    report = run(fleet, minutes=1, policy="whalegen-aware")
+    assert report.placed == 1
+    assert Assignment.objects.get(task=online, released_at__isnull=True).node.name == "mps-01"
+
+
+def test_an_online_task_refused_beside_an_unknown_neighbour_waits_as_sla_refused(fleet) -> None:
+    # The neighbour's key has no telemetry: it counts as a busy training job (SM 100 %), and sharing is
+    # predicted to give the online task 0.85× (below its SLA 0.90). Not "no capacity", and no victims
+    # (the batch task is not preemptible).
+    _, online = _online_beside(fleet, neighbour_known=False)
+    report = run(fleet, minutes=1, policy="whalegen-aware")
+    assert (report.placed, report.preempted) == (0, 0)
+    online.refresh_from_db()
+    assert online.why_pending_code == "sla_refused"
+    assert "refused: sharing it predicts 0.85× for" in online.why_pending

@@ -111,9 +111,10 @@ def test_a_service_beside_a_busy_job_violates_its_sla_and_k8s_gives_it_a_whole_g
     service = Service("svc-000", busy, 0.9)
     fleet = _fleet("mps", gpus=1)
     jobs = [_job("a", A, 3600, milli=400)]
-    shared = run_goodput(fleet, jobs, [service], world, "share-binpack", 0, ReplayConfig(load=1.0))  # type: ignore[arg-type]
+    static = ReplayConfig(load=1.0, service_churn=False)  # the service stays the whole replay
+    shared = run_goodput(fleet, jobs, [service], world, "share-binpack", 0, static)  # type: ignore[arg-type]
     assert shared.sla_violation_pct > 50  # 90 % + the job's utilisation oversubscribe the GPU
-    aware = run_goodput(fleet, jobs, [service], world, "whalegen-aware", 0, ReplayConfig(load=1.0))  # type: ignore[arg-type]
+    aware = run_goodput(fleet, jobs, [service], world, "whalegen-aware", 0, static)  # type: ignore[arg-type]
     assert aware.sla_violation_pct == 0.0  # the job waits for the GPU rather than break the SLA
     assert aware.refusals >= 0
 
