@@ -49,7 +49,7 @@ from whalegen.placement.fragmentation import (
 )
 from whalegen.placement.repartition import ClaimAction, RepartitionPlan
 from whalegen.placement.types import ShapeMix, TaskRequest
-from whalegen.scheduling import Code, Config, Decisions, Snapshot, decide
+from whalegen.scheduling import Code, Config, Decisions, Snapshot, decide, nodes_before
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -635,8 +635,9 @@ def cycle_run(
             now_s = now.timestamp()
             steer, mix = cycle_mix(snapshot, now)
             config = Config(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
-            before = cluster_fragmentation(snapshot.cluster.nodes, mix)
-            decisions = decide(decision_input(snapshot, mix), config, now_s)
+            pure = decision_input(snapshot, mix)
+            before = cluster_fragmentation(nodes_before(pure), mix)
+            decisions = decide(pure, config, now_s)
             after = cluster_fragmentation(decisions.nodes_after, mix)
             solve_ms = (time.perf_counter() - started) * 1000
             cpu_ms["solve"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()

@@ -21,7 +21,7 @@ from apps.scheduling.selectors import snapshot_for_pool
 from apps.scheduling.services import cycle_mix, decision_input
 from apps.workloads.models import Task
 from whalegen.placement.fragmentation import cluster_fragmentation
-from whalegen.scheduling import Config, Decisions, decide
+from whalegen.scheduling import Config, Decisions, decide, nodes_before
 
 
 class UnknownPool(LookupError):
@@ -114,7 +114,7 @@ def pool_whatif(
         snapshot = snapshot_for_pool(pool.pk, now)
         _, mix = cycle_mix(snapshot, now)
         pure = decision_input(snapshot, mix)
-        before = cluster_fragmentation(snapshot.cluster.nodes, mix).amount_pct
+        before = cluster_fragmentation(nodes_before(pure), mix).amount_pct
         # 2. One decision per policy, configured as the cycle configures it.
         runs = []
         for policy in policies:

@@ -650,6 +650,14 @@ class Decider:
         return with_gpus(self.engine.state.nodes(), change)
 
 
+def nodes_before(snapshot: Snapshot) -> tuple[NodeState, ...]:
+    """The pool as `Decisions.nodes_after` pictures it, before anything is placed: idle MIG GPUs open (a
+    re-carve may give them any layout). Fragmentation before and after a decision is measured on this
+    one picture; with idle MIG GPUs as carved before and open after, a decision that placed nothing
+    showed fragmentation falling (7.31 % -> 1.78 % on a demo pool's what-if)."""
+    return with_gpus(snapshot.cluster.nodes, {k: "open" for k in snapshot.idle_mig})
+
+
 def touched_keys(bound: Iterable[Bound]) -> set[GpuKey]:
     return {(b.placement.node, i) for b in bound for i in b.placement.gpu_indexes}
 

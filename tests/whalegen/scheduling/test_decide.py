@@ -127,3 +127,22 @@ def test_a_start_estimate_comes_from_a_running_task_end_and_unknown_says_why() -
     unknown = decide(pool.snapshot([waiting], running=[running]), Config(), 100.0)
     assert unknown.estimates["w1"] is None
     assert "held by tasks with no known end" in unknown.unplaced["w1"].message
+
+
+def test_fragmentation_before_and_after_a_decision_that_places_nothing_is_the_same() -> None:
+    # An idle MIG GPU is pictured open after a decision (a re-carve may give it any layout); before it
+    # must be pictured the same way, or a what-if that placed nothing showed fragmentation falling.
+    from whalegen.placement.fragmentation import cluster_fragmentation
+    from whalegen.placement.types import Shape, ShapeMix
+    from whalegen.scheduling import nodes_before
+
+    pool = Pool().node("m", mig(THREE_G)).node("w", whole(), whole(held=True))
+    too_big = task("too-big", gpus=4)  # no node has four GPUs: nothing is placed
+    snapshot = pool.snapshot([too_big])
+    decisions = decide(snapshot, Config(policy="whalegen"), 0.0)
+    assert decisions.placements == () and decisions.layouts == ()
+    mix = ShapeMix((Shape(1000, 1, 1000), Shape(1000, 1, 300)), (0.5, 0.5))
+    before = cluster_fragmentation(nodes_before(snapshot), mix)
+    after = cluster_fragmentation(decisions.nodes_after, mix)
+    assert before.amount_pct == pytest.approx(after.amount_pct)
+    assert before.idle_milli == after.idle_milli == 2000  # the idle MIG GPU and the free whole GPU
