@@ -627,6 +627,11 @@ class Agent:
             log.info("heartbeat failed (%s); retrying in %.1f s", error, delay)
             return
         self._backoff["heartbeat"].succeeded()
+        # The plane answers again: the reports held back by their own back-off (up to 30 s after an
+        # outage) go in this same pass. A heartbeat that no longer lists a run that ended meanwhile
+        # starts the plane's grace for that run; its end must land within it, or the plane declares the
+        # run lost and runs the work again (a finished result thrown away, docs/faults.md).
+        self._backoff["report"].succeeded()
         self.events = []
 
     def _with_task(self, sample: ProcessSample) -> ProcessSample:

@@ -15,6 +15,7 @@ from tests.agents.test_agent_process import final, gpu_uuids, spec
 from whalegen.protocol import (
     ComputeUnit,
     DesiredState,
+    HeartbeatAck,
     Registered,
     Report,
     ReportAck,
@@ -164,3 +165,36 @@ def test_an_agent_with_its_state_keeps_its_numbering_on_registration(tmp_path: P
     assert [seq for seq, _ in agent.outbox.pending()] == [1, 2]
     agent._flush_reports(1.0)
     assert client.delivered == [2]  # 1 was a repeat
+
+
+class ReachableAgainClient(RefusingClient):
+    """The plane after an outage: heartbeats and reports both answered."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.heartbeats = 0
+
+    def heartbeat(self, message: object) -> HeartbeatAck:
+        self.heartbeats += 1
+        return HeartbeatAck(generation=0)
+
+
+class NoGpus:
+    def inventory(self) -> list[object]:
+        return []
+
+
+def test_a_heartbeat_answered_after_an_outage_sends_the_held_reports_in_the_same_pass(tmp_path: Path) -> None:
+    # During the outage the reports' own back-off grew (here to 30 s); the first heartbeat that gets
+    # through no longer lists the runs that ended, so their ends must follow at once, not 30 s later.
+    agent, _ = outbox_agent(tmp_path, [])
+    agent.backend = NoGpus()  # type: ignore[assignment]
+    client = ReachableAgainClient()
+    agent.client = client  # type: ignore[assignment]
+    for _ in range(8):
+        agent._backoff["report"].failed(100.0)
+    assert not agent._backoff["report"].ready(101.0)
+    agent._heartbeat(101.0)
+    assert client.heartbeats == 1 and agent._backoff["report"].ready(101.0)
+    agent._flush_reports(101.0)
+    assert client.delivered == [1, 2]
