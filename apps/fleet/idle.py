@@ -30,6 +30,8 @@ from apps.approvals.models import ReclaimRequest
 from apps.common.errors import Conflict
 from apps.fleet.selectors import tasks_idle
 from apps.inventory.models import ComputeUnit, Node
+from apps.scheduling.models import Assignment
+from apps.scheduling.selectors import held_unit_ids
 from apps.workloads.models import Queue, Task, TaskEvent
 from apps.workloads.services import task_transition, user_actor
 
@@ -158,7 +160,9 @@ def _consequence(policy: str, *, preemptible: bool, online: bool) -> str:
 
 
 def _preempt(*, task: Task, reason: str, now: datetime) -> bool:
-    node_ids = list(ComputeUnit.objects.filter(task=task).values_list("gpu__node_id", flat=True).distinct())
+    node_ids = list(
+        Assignment.objects.filter(task=task, released_at__isnull=True).values_list("node_id", flat=True)
+    )
     try:
         with transaction.atomic():
             moved = task_transition(
@@ -243,10 +247,14 @@ def idle_check_pool(
     models: dict[int, set[str]] = defaultdict(set)
     wants: list[Want] = []
     if wanted:
-        for task_id, model in ComputeUnit.objects.filter(task_id__in=wanted).values_list(
-            "task_id", "gpu__model"
-        ):
-            models[task_id].add(model)
+        held = held_unit_ids(task_ids=wanted)
+        model_of = dict(
+            ComputeUnit.objects.filter(pk__in=[u for ids in held.values() for u in ids]).values_list(
+                "id", "gpu__model"
+            )
+        )
+        for task_id, unit_ids in held.items():
+            models[task_id].update(model_of[u] for u in unit_ids if u in model_of)
         wants = [
             Want(task_id=pk, gpu_count=count, gpu_milli=milli, allowed_models=frozenset(allowed or ()))
             for pk, count, milli, allowed in Task.objects.filter(

@@ -790,6 +790,19 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     )
 
 
+def held_unit_ids(*, task_ids: list[int]) -> dict[int, list[int]]:
+    """Task → the ids of the compute units its live (unreleased) assignment holds, in bind order.
+
+    The way to a task's units: `ComputeUnit.task` has no index (binding is a HOT update, see the model),
+    and the cycle writes the assignment's `unit_ids` in the same statement that binds the units."""
+    held: dict[int, list[int]] = defaultdict(list)
+    for task_id, unit_ids in Assignment.objects.filter(
+        task_id__in=task_ids, released_at__isnull=True
+    ).values_list("task_id", "unit_ids"):
+        held[task_id] += unit_ids
+    return dict(held)
+
+
 def cycle_list(*, pool_id: int | None = None) -> QuerySet[Cycle]:
     queryset = Cycle.objects.select_related("pool")
     return queryset if pool_id is None else queryset.filter(pool_id=pool_id)

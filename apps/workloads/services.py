@@ -22,6 +22,7 @@ from apps.common.errors import ApplicationError, Conflict
 from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
+from apps.scheduling.selectors import held_unit_ids
 from apps.tenants.models import Tenant
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
@@ -791,11 +792,10 @@ def _transition(
             task=task, from_state=task.state, to_state=to_state, actor=actor, reason=reason
         )
         if to_state in FINAL or to_state in RETRY_FROM:
-            live = Assignment.objects.filter(task=task, released_at__isnull=True)
-            # The units are found through the assignment's ids: the holder column has no index (binding
-            # is a HOT update, see `ComputeUnit.task`), and the cycle writes both in one statement.
-            held = [unit for ids in live.values_list("unit_ids", flat=True) for unit in ids]
-            live.update(released_at=now, release_reason=reason[:200])
+            held = held_unit_ids(task_ids=[task.pk]).get(task.pk, [])
+            Assignment.objects.filter(task=task, released_at__isnull=True).update(
+                released_at=now, release_reason=reason[:200]
+            )
             ComputeUnit.objects.filter(pk__in=held, task=task).update(task=None, version=F("version") + 1)
         if to_state in FINAL:
             Quota.objects.filter(tenant_id=task.tenant_id, pool_id=task.pool_id).update(
