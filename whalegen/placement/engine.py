@@ -310,29 +310,10 @@ class Engine:
                 outcome, message = Outcome.SLA_REFUSED, refusal.message
             else:
                 outcome, message = self.explain(Request.of(failed))
-            if len(unit) == 1 and outcome is Outcome.SLA_REFUSED and self.config.preemption:
-                assert refusal is not None
-                victims = self._propose_for_sla(failed, refusal, now, claimed)
+            if len(unit) == 1 and self.config.preemption and outcome in _PREEMPTS_FOR:
+                victims, message = self._victims_for(failed, refusal, message, now, claimed)
                 if victims:
                     preemptions += victims
-                    message = f"{message}; waiting for {victims[0].reason}"
-                    outcome = Outcome.WAITING_FOR_PREEMPTION
-                else:
-                    skip = frozenset(
-                        i for i, name in enumerate(self.state.names) if name in refusal.refused_nodes
-                    )
-                    victims = self._propose_preemption(failed, now, claimed, skip)
-                    if victims:
-                        preemptions += victims
-                        names = ", ".join(v.victim_task_id for v in victims)
-                        message = f"{message}; waiting for {names} to be preempted on {victims[0].node}"
-                        outcome = Outcome.WAITING_FOR_PREEMPTION
-            elif len(unit) == 1 and outcome is Outcome.NO_CAPACITY and self.config.preemption:
-                victims = self._propose_preemption(failed, now, claimed)
-                if victims:
-                    preemptions += victims
-                    names = ", ".join(v.victim_task_id for v in victims)
-                    message = f"{message}; waiting for {names} to be preempted on {victims[0].node}"
                     outcome = Outcome.WAITING_FOR_PREEMPTION
             for task in unit:
                 if task is failed:
@@ -558,6 +539,25 @@ class Engine:
             proposals.append(Preemption(record.task_id, node, task.task_id, why))
         return proposals
 
+    def _victims_for(
+        self, task: TaskRequest, refusal: SlaRefusal | None, message: str, now: float, claimed: set[str]
+    ) -> tuple[list[Preemption], str]:
+        """Victims for a single task left out, and its message saying what it waits for. Refused for an
+        SLA: the batch neighbours whose leaving honours it first, else victims by resources on nodes where
+        nothing was refused (a unit freed there would be refused again). Short of capacity: by resources."""
+        if refusal is not None:
+            victims = self._propose_for_sla(task, refusal, now, claimed)
+            if victims:
+                return victims, f"{message}; waiting for {victims[0].reason}"
+            skip = frozenset(i for i, name in enumerate(self.state.names) if name in refusal.refused_nodes)
+        else:
+            skip = frozenset()
+        victims = self._propose_preemption(task, now, claimed, skip)
+        if victims:
+            names = ", ".join(v.victim_task_id for v in victims)
+            message = f"{message}; waiting for {names} to be preempted on {victims[0].node}"
+        return victims, message
+
     def _propose_for_sla(
         self, task: TaskRequest, refusal: SlaRefusal, now: float, claimed: set[str]
     ) -> list[Preemption]:
@@ -597,6 +597,10 @@ class Engine:
             )
             for t in remedy.task_ids
         ]
+
+
+# Outcomes of a single task for which victims are looked for (with preemption on).
+_PREEMPTS_FOR = (Outcome.NO_CAPACITY, Outcome.SLA_REFUSED)
 
 
 ISOLATION_WORDS = {

@@ -181,9 +181,8 @@ class SlaRefusal:
 
     message: str
     remedies: tuple[SlaRemedy, ...] = ()
-    refused_nodes: frozenset[str] = (
-        frozenset()
-    )  # where a unit with room was refused (no victims by resources)
+    # Where a unit with room was refused: no victims by resources there.
+    refused_nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
