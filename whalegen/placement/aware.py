@@ -374,13 +374,10 @@ class AwarePolicy(WhalegenPolicy):
         """Note the GPU's batch neighbours as a remedy when the co-location is admissible without them
         (the task first in `members`; online neighbours stay: they are never preempted for another).
         Only for an online task: displacing batch work for batch work only moves the wait."""
-        own = members[0][1]
         batch = tuple(t for t, p in members[1:] if p.sla_min_factor is None)
-        if own.sla_min_factor is None:
+        if members[0][1].sla_min_factor is None or not batch:
             return
         kept = [members[0]] + [(t, p) for t, p in members[1:] if p.sla_min_factor is not None]
-        if not batch:
-            return
         utils = [p.sm_util_pct if p.sm_util_pct is not None else UNKNOWN_UTIL_PCT for _, p in kept]
         total = sum(utils)
         for (_, p), u in zip(kept, utils, strict=True):
