@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from statistics import quantiles
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Avg, F, FloatField, Func, Sum, Value
 from django.db.models.functions import Coalesce, Floor, Greatest, Least, TruncMinute
@@ -26,6 +26,9 @@ from apps.fleet.models import GpuSample
 from apps.inventory.models import Gpu, Pool
 from apps.scheduling.models import Cycle
 from apps.workloads.models import Task
+
+if TYPE_CHECKING:
+    from apps.dashboard.whatif import CycleRef
 
 BUCKETS = 48  # points per chart: one per 7.5 minutes over six hours
 MAX_CYCLES = 20_000  # newest first; at one cycle every 2 s this is 11 hours
@@ -314,7 +317,7 @@ def idle_forecast_note(*, pool_id: int, now: datetime) -> str:
     )
 
 
-def latest_cycle_ref(*, pool_id: int) -> Any:
+def latest_cycle_ref(*, pool_id: int) -> CycleRef | None:
     """The pool's newest cycle as a `CycleRef` (id and start, from the (pool, started_at) index), or None:
     what per-cycle figures are keyed on."""
     from apps.dashboard.whatif import CycleRef
