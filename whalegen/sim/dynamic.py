@@ -489,13 +489,10 @@ def run_dynamic(
         if start_of.get(t.request.task_id, math.inf) <= horizon_end_s:
             wait_s = start_of[t.request.task_id] - t.creation_s
             (large_waits if is_large(t.request, reserve_config) else small_waits).append(wait_s)
-    shown = [(start_of[i], e) for i, e in estimate_of.items() if e is not None and i in start_of]
-    shown_err = [abs(e - real) for real, e in shown]
-    # The estimators without the queue, over the same tasks (those shown an estimate that started).
-    shown_ids = [i for i, e in estimate_of.items() if e is not None and i in start_of]
-    alone_err = [
-        [abs(e - start_of[i]) for i in shown_ids if (e := alone_of[i][k]) is not None] for k in (0, 1)
-    ]
+    # Tasks shown an estimate that started; the estimators without the queue over the same tasks.
+    shown = {i: e for i, e in estimate_of.items() if e is not None and i in start_of}
+    shown_err = [abs(e - start_of[i]) for i, e in shown.items()]
+    alone_err = [[abs(e - start_of[i]) for i in shown if (e := alone_of[i][k]) is not None] for k in (0, 1)]
     promised = [(start_of[i], e) for i, e in reserved_at.items() if e is not None and i in start_of]
     return DynamicResult(
         policy=policy,
