@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from apps.accounting.services import held_units_keep
 from apps.common.errors import Conflict
+from apps.fleet.changes import node_changed
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
@@ -274,6 +275,8 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
     # Claims first: a task whose claim was given up may get a new one now (one open claim per task).
     _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
     lost.update(_write_layouts(snapshot, kept_plans, cycle, now))
+    # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
+    node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
     clock = out.lap("repartitions", clock)
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)

@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.common.errors import ApplicationError
-from apps.fleet import liveness
+from apps.fleet import changes, liveness
 from apps.fleet.api.views import _wire_problem
 from apps.fleet.credentials import credentials
 from apps.fleet.selectors import credential_hash
@@ -92,6 +92,9 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
     if problem is not None:
         return _refused(400, f"Heartbeat: {problem}")
     assert node is not None
+    # Read before the desired state is built: a writer committing meanwhile moves the mark past this one,
+    # so the next beat takes the full way and answers the generation with that change.
+    mark = changes.read(node.pk) if shortcut else None
     try:
         outcome = agent_heartbeat_outcome(node=node, message=message, now=now)
     except ApplicationError as error:
@@ -111,6 +114,7 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
                 credential=digest,
                 generation=outcome.ack.generation,
                 telemetry_at=outcome.telemetry_at,
+                mark=mark,
             )
     return 200, outcome.ack.to_dict(), {}
 
