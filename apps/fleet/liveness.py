@@ -72,13 +72,14 @@ def clear() -> int:
     return int(client.delete(*keys)) if keys else 0
 
 
-# KEYS: node hash, dirty set, telemetry list, the node's desired-state mark (`apps.fleet.changes`). ARGV: 1 digest, 2 now (epoch s), 3 sent (agent clock),
-# 4 raw (now - sent, computed in Python at full precision), 5 generation applied, 6 telemetry period
-# (s), 7 telemetry entry (JSON, '' when none), 8 node id. Returns the generation last served, or -1: take the
-# full way (no fingerprint, or another one, or the node's desired state marked changed since the full way
-# that stored the fingerprint: the full way rebuilds it, and its answer's generation tells the agent to
-# fetch). `tel_at` is compared in Lua's doubles (enough: seconds).
-# The node's fields go in one HSET (each `redis.call` costs Redis a command's dispatch).
+# KEYS: node hash, dirty set, telemetry list, the node's desired-state mark (`apps.fleet.changes`).
+# ARGV: 1 digest, 2 now (epoch s), 3 sent (agent clock), 4 raw (now - sent, computed in Python at full
+# precision), 5 generation applied, 6 telemetry period (s), 7 telemetry entry (JSON, '' when none),
+# 8 node id. Returns the generation last served, or -1: take the full way (no fingerprint, or another
+# one, or the node's desired state marked changed since the full way that stored the fingerprint: the
+# full way rebuilds it, and its answer's generation tells the agent to fetch). `tel_at` is compared in
+# Lua's doubles (enough: seconds). The node's fields go in one HSET (each `redis.call` costs Redis a
+# command's dispatch).
 _BEAT_LUA = """
 local k = redis.call('HMGET', KEYS[1], 'digest', 'gen', 'sent', 'tel_at', 'mark')
 if not k[1] or k[1] ~= ARGV[1] then return -1 end
