@@ -89,7 +89,8 @@ def _run_dropped(fleet: Any) -> None:
     """The agent stopped listing a running run for longer than the grace: the heartbeat declares it lost."""
     from apps.fleet.models import TaskRun
 
-    TaskRun.objects.filter(task=fleet.task_a).update(missing_since=timezone.now() - timezone.timedelta(hours=1))
+    an_hour_ago = timezone.now() - timezone.timedelta(hours=1)
+    TaskRun.objects.filter(task=fleet.task_a).update(missing_since=an_hour_ago)
     heartbeat(fleet.node, timezone.now(), running=())
 
 
@@ -146,7 +147,11 @@ def test_a_writer_whose_transaction_rolls_back_marks_nothing(fleet: Any, redis_o
 
 @pytest.mark.django_db
 def test_a_heartbeat_after_a_mark_answers_the_new_generation_and_the_next_goes_back_to_redis(
-    fleet: Any, redis_on: None, agent_client: Any, django_assert_num_queries: Any, django_capture_on_commit_callbacks: Any
+    fleet: Any,
+    redis_on: None,
+    agent_client: Any,
+    django_assert_num_queries: Any,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     from apps.workloads.services import task_cancel
 
@@ -238,7 +243,8 @@ def test_a_waiting_poll_holds_no_database_connection(fleet: Any, redis_on: None)
     time.sleep(1.0)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         others = cursor.fetchone()[0]
     thread.join(5)
