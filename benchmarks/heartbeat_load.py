@@ -837,7 +837,9 @@ def main() -> int:
     heartbeat_ms = per_request_ms(loaded, len(latencies), serving)
     floor_results: dict[str, dict[str, object]] = {}
     for name, (method, path, _token, expect, what) in FLOORS.items():
-        answered, other, _overdue = floor_counts.get(name, ([], 0, 0))
+        if name not in floor_counts:  # --no-floors, or the run stopped before it
+            continue
+        answered, other, _overdue = floor_counts[name]
         floor_results[name] = {
             "what": what,
             "request": f"{method} {path} -> {expect}",
@@ -847,7 +849,11 @@ def main() -> int:
             "cpu_ms_per_request_web_db": per_request_ms(floors[name], len(answered), serving),
         }
     result = {
-        "settings": {**vars(args), "heartbeat_rate_per_s": args.agents / args.interval_s},
+        "settings": {
+            **vars(args),
+            "plane_root": str(args.plane_root),
+            "heartbeat_rate_per_s": args.agents / args.interval_s,
+        },
         "heartbeats_ok": len(latencies),
         "heartbeats_failed": failures,
         # Due in the window (every agent every interval) but never sent: the load generator shares the
