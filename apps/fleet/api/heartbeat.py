@@ -11,8 +11,9 @@ version, 200 with the `HeartbeatAck`.
 
 With `shortcut` (the WSGI front's heartbeats), a heartbeat that changes nothing since the node's last
 full one is recorded in Redis only (`apps.fleet.liveness`): same decoding and checks, then one Lua
-script instead of a transaction; its answer carries the generation last served, which the agent's long
-poll (the authority on the desired state) does not wait for.
+script instead of a transaction; its answer carries the generation last served. A node whose desired
+state was marked changed since (`apps.fleet.changes`) takes the full way, which answers the new
+generation: an agent holding an older one fetches.
 """
 
 from __future__ import annotations
