@@ -19,6 +19,16 @@ refused by design): the heartbeat front refusing an unknown token, Django's hand
 to the plain heartbeat view refusing the method, Django + DRF refusing an unknown token on the reports
 endpoint, and gunicorn alone (`benchmarks/floor_wsgi.py` in place of the plane's application).
 
+With `--poll`, a second load window as long as the first follows it: the same heartbeats, and each
+agent also keeps its desired state as the real agent does (`SimAgent`: a long poll held on a second
+client when the plane's `poll_wait_s` is above 0 — `--plane-poll-wait-s`, default the plane's 20 s —,
+else a fetch after registering and after each heartbeat whose answer names a newer generation), while a
+writer changes `--changes-per-s` nodes' desired states (one GPU's partition mode flipped, the node
+marked as the plane's writers mark it). Its figures (`desired_state`): plane CPU with and without the
+desired state in the same run, the difference per agent and per change, and how long a change took to
+reach its agent. `--plane-root DIR` runs the plane from another checkout (a baseline: the same load on
+another commit's code); `--no-floors` skips the floors.
+
 Prints, as text and JSON: the settings, heartbeats ok / failed / due / not sent, p50/p99/max latency,
 plane CPU from /proc utime+stime as a share of one core, by part (web: gunicorn master+workers; db:
 every PostgreSQL backend; redis: the Redis server, broker and heartbeat liveness store; worker: Celery
