@@ -430,8 +430,8 @@ class Writer:
     """A stand-in for the plane's writers (a cycle assigning work, a task ending): `per_s` times a second
     one node's desired state really changes — one GPU's partition mode flips between whole and
     time-sliced, so its layout differs — and the node is marked as the plane's writers mark it
-    (`apps.fleet.changes`: INCR of the node's key in Redis after the commit). A plane without marks (the
-    baseline) ignores the key and finds the change by re-checking."""
+    (`apps.fleet.changes`: HINCRBY of the `mark` field of the node's hash in Redis after the commit). A
+    plane without marks (the baseline) ignores the field and finds the change by re-checking."""
 
     def __init__(self, plane: Plane, agents: list[SimAgent], per_s: float, seed: int = 1) -> None:
         self.plane, self.agents, self.per_s = plane, agents, per_s
@@ -461,7 +461,7 @@ class Writer:
                 conn.execute(flip, (int(agent.node_id or 0),))
                 with agent.lock:
                     agent.changed_at = agent.changed_at or time.monotonic()
-                marks.incr(f"wg:ds:whalegen:{agent.node_id}")
+                marks.hincrby(f"wg:hb:whalegen:{agent.node_id}", "mark", 1)
                 self.changes += 1
 
 

@@ -6,12 +6,14 @@ node's agents must run — the scheduling cycle's commit (new assignments, re-ca
 leaving its units (finish, cancel, preemption, requeue after loss or drain), a report that changes the
 runs the plane believes alive — calls `node_changed` inside its transaction, and the node's mark moves
 after the commit (`transaction.on_commit`: a rolled-back change marks nothing, and a reader never sees
-the mark before the rows). A waiting poll compares the mark (one Redis GET, or an in-process counter)
+the mark before the rows). A waiting poll compares the mark (one Redis HGET, or an in-process counter)
 and rebuilds only when it moved; the heartbeat's shortcut compares it too and sends a node whose mark
 moved the full way, whose answer carries the fresh generation (the agent's hint to fetch).
 
-The mark is a counter per node: in Redis when the plane has one (`wg:ds:<database>:<node id>`, INCR;
-the writers are the Celery worker and the web processes, the readers the web processes), and always in
+The mark is a counter per node: in Redis when the plane has one (field `mark` of the node's heartbeat
+hash, `liveness.node_key`, HINCRBY: the heartbeat's script reads it with the fields it reads anyway, no
+extra command; the writers are the Celery worker and the web processes, the readers the web processes),
+and always in
 this process too (a dict and a condition), which is all the embedded default (SQLite, one process, no
 Redis) needs, and lets a poll waiting in the writer's own process wake at once. A missed writer or a
 lost mark (Redis restarted) only delays a change: every poll starts with a rebuild, and a heartbeat
@@ -29,16 +31,13 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from apps.fleet import liveness
+
 log = logging.getLogger("whalegen.fleet")
 
-
-def _prefix() -> str:
-    """Named after the plane's database, as the heartbeat keys are (`liveness._prefix`)."""
-    return f"wg:ds:{settings.DATABASES['default']['NAME']}:"
-
-
-def mark_key(node_id: int) -> str:
-    return f"{_prefix()}{node_id}"
+# The field of the node's heartbeat hash that holds its mark. The hash's expiry (the fingerprint's) may
+# take the mark back to 0: a reader sees a change (one rebuild), and the fingerprint went with it.
+MARK_FIELD = "mark"
 
 
 class _Local:
@@ -109,7 +108,7 @@ def _bump(node_ids: list[int]) -> None:
     try:
         with client.pipeline(transaction=False) as pipe:
             for node_id in node_ids:
-                pipe.incr(mark_key(node_id))
+                pipe.hincrby(liveness.node_key(node_id), MARK_FIELD, 1)
             pipe.execute()
     except redis.RedisError as error:
         # The change still arrives: the next poll's first rebuild, or the heartbeat's periodic full way.
@@ -123,7 +122,7 @@ def read(node_id: int) -> str | None:
     if client is None:
         return f"local:{_local.read(node_id)}"
     try:
-        raw = client.get(mark_key(node_id))
+        raw = client.hget(liveness.node_key(node_id), MARK_FIELD)
     except redis.RedisError as error:
         log.warning("could not read a desired-state mark (%s)", error.__class__.__name__)
         return None
@@ -132,7 +131,7 @@ def read(node_id: int) -> str | None:
 
 def wait(node_id: int, seen: str | None, timeout_s: float, step_s: float) -> str | None:
     """Block until the node's mark differs from `seen` or `timeout_s` passed; the mark then. In-process
-    marks wake the waiter at once; with Redis the mark is read every `step_s` (one GET, tens of µs),
+    marks wake the waiter at once; with Redis the mark is read every `step_s` (one HGET, tens of µs),
     since the writer is usually another process (the Celery worker)."""
     if timeout_s <= 0:
         return read(node_id)

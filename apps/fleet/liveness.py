@@ -33,7 +33,6 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from apps.fleet import changes
 from whalegen import protocol as p
 
 log = logging.getLogger("whalegen.fleet")
@@ -72,18 +71,18 @@ def clear() -> int:
     return int(client.delete(*keys)) if keys else 0
 
 
-# KEYS: node hash, dirty set, telemetry list, the node's desired-state mark (`apps.fleet.changes`).
-# ARGV: 1 digest, 2 now (epoch s), 3 sent (agent clock), 4 raw (now - sent, computed in Python at full
-# precision), 5 generation applied, 6 telemetry period (s), 7 telemetry entry (JSON, '' when none),
-# 8 node id. Returns the generation last served, or -1: take the full way (no fingerprint, or another
-# one, or the node's desired state marked changed since the full way that stored the fingerprint: the
-# full way rebuilds it, and its answer's generation tells the agent to fetch). `tel_at` is compared in
-# Lua's doubles (enough: seconds). The node's fields go in one HSET (each `redis.call` costs Redis a
-# command's dispatch).
+# KEYS: node hash, dirty set, telemetry list. ARGV: 1 digest, 2 now (epoch s), 3 sent (agent clock),
+# 4 raw (now - sent, computed in Python at full precision), 5 generation applied, 6 telemetry period (s),
+# 7 telemetry entry (JSON, '' when none), 8 node id. Returns the generation last served, or -1: take the
+# full way (no fingerprint, or another one, or the node's desired-state mark (`mark`, written by
+# `apps.fleet.changes`) moved past the one the full way that stored the fingerprint had read (`seen`):
+# the full way rebuilds the desired state, and its answer's generation tells the agent to fetch).
+# `tel_at` is compared in Lua's doubles (enough: seconds). The node's fields go in one HSET (each
+# `redis.call` costs Redis a command's dispatch).
 _BEAT_LUA = """
-local k = redis.call('HMGET', KEYS[1], 'digest', 'gen', 'sent', 'tel_at', 'mark')
+local k = redis.call('HMGET', KEYS[1], 'digest', 'gen', 'sent', 'tel_at', 'mark', 'seen')
 if not k[1] or k[1] ~= ARGV[1] then return -1 end
-if k[5] ~= (redis.call('GET', KEYS[4]) or '0') then return -1 end
+if k[6] ~= (k[5] or '0') then return -1 end
 local now = tonumber(ARGV[2])
 local sent = tonumber(ARGV[3])
 local prev = tonumber(k[3])
@@ -229,7 +228,7 @@ def beat(*, node_id: int, data: Any, body: bytes, now: datetime, credential: str
     client = _redis.client()
     if entry is None or client is None:
         return None
-    keys = [node_key(node_id), dirty_key(), telemetry_key(), changes.mark_key(node_id)]
+    keys = [node_key(node_id), dirty_key(), telemetry_key()]
     args = [
         fingerprint(node_id, data, credential),
         repr(now_s),
@@ -271,7 +270,7 @@ def remember(
         "gen": str(generation),
         "sent": repr(message.sent_at_s),
         "tel_at": repr(telemetry_at.timestamp()) if telemetry_at else "0",
-        "mark": mark,
+        "seen": mark,  # never `mark` itself: the writers own that field
     }
     key = node_key(node_id)
     try:
