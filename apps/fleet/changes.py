@@ -1,4 +1,4 @@
-"""The change mark of a node's desired state (docs/fleet.md, "Desired state: change marks").
+"""The change mark of a node's desired state (docs/fleet.md, "Change marks").
 
 Rebuilding a node's desired state costs about six queries (~7 ms of web CPU); a waiting long poll that
 rebuilt it every 0.25 s cost 0.03 of a core per idle agent. Instead, every writer that changes what a
@@ -13,9 +13,8 @@ moved the full way, whose answer carries the fresh generation (the agent's hint 
 The mark is a counter per node: in Redis when the plane has one (field `mark` of the node's heartbeat
 hash, `liveness.node_key`, HINCRBY: the heartbeat's script reads it with the fields it reads anyway, no
 extra command; the writers are the Celery worker and the web processes, the readers the web processes),
-and always in
-this process too (a dict and a condition), which is all the embedded default (SQLite, one process, no
-Redis) needs, and lets a poll waiting in the writer's own process wake at once. A missed writer or a
+and always in this process too (a dict and a condition), which is all the embedded default (SQLite, one
+process, no Redis) needs, and lets a poll waiting in the writer's own process wake at once. A missed writer or a
 lost mark (Redis restarted) only delays a change: every poll starts with a rebuild, and a heartbeat
 takes the full way at least every `liveness.FINGERPRINT_TTL_S`.
 """
