@@ -86,6 +86,25 @@ def test_the_cycle_holds_the_forecast_reserve_and_an_online_task_takes_it_while_
     assert violations(fleet.pool.pk) == []
 
 
+def test_the_what_if_shows_the_sized_reserve_and_decides_with_it(
+    fleet: Fleet, forecast_reserve: None
+) -> None:
+    from apps.scheduling.whatif import pool_whatif, whatif_text
+
+    fleet.node(gpus=4)
+    fleet.tenant("a", guaranteed=8000)
+    online_history(fleet, "a", [(1, 1000)] * 3, at=NOW - timedelta(hours=1))
+    for _ in range(3):
+        fleet.submit("a", sla_class="batch")
+    report = pool_whatif(pool_name=fleet.pool.name, policies=["whalegen", "fgd"], now=NOW)
+    assert report.online_reserve.startswith("2 GPUs forecast for online arrivals (2 at the 90% quantile")
+    assert f"online-service reserve kept idle: {report.online_reserve}" in whatif_text(report)
+    assert report.as_dict()["online_reserve"] == report.online_reserve
+    for run_ in report.runs:  # every policy is configured as the cycle is
+        (reason,) = run_.decisions.unplaced.values()
+        assert reason.code == "online_reserve" and "2 GPUs forecast for online arrivals" in reason.message
+
+
 def test_without_online_history_the_forecast_reserve_is_the_static_floor(
     fleet: Fleet, forecast_reserve
 ) -> None:
