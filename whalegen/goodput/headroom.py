@@ -16,7 +16,7 @@ from whalegen.forecast.online_reserve import (
     DEFAULT_HORIZON_S,
     DEFAULT_LOOKBACK_S,
     DEFAULT_QUANTILE,
-    poisson_quantile,
+    size_online_reserve,
 )
 
 
@@ -39,6 +39,15 @@ def online_headroom_milli(
     horizon_s: float = DEFAULT_HORIZON_S,
     quantile: float = DEFAULT_QUANTILE,
 ) -> int:
-    """Idle milli-GPU to keep for the services expected in the next `horizon_s`."""
-    expected = forecast_arrivals(arrivals_s, now_s, lookback_s, horizon_s)
-    return poisson_quantile(expected, quantile) * service_milli
+    """Idle milli-GPU to keep for the services expected in the next `horizon_s`: production's sizing
+    (`size_online_reserve`) over the services seen in the lookback, each asking `service_milli`."""
+    seen = [service_milli for t in arrivals_s if now_s - lookback_s < t <= now_s]
+    reserve = size_online_reserve(
+        arrival_milli=seen,
+        waiting_milli=0,
+        floor_milli=0,
+        quantile=quantile,
+        lookback_s=lookback_s,
+        horizon_s=horizon_s,
+    )
+    return reserve.milli

@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from tests.whalegen.goodput.test_replay import A, B, _fleet, _job, world  # noqa: F401
+from whalegen.forecast.online_reserve import poisson_quantile
 from whalegen.goodput.fleet import parse_fleet
-from whalegen.goodput.headroom import forecast_arrivals, online_headroom_milli, poisson_quantile
+from whalegen.goodput.headroom import forecast_arrivals, online_headroom_milli
 from whalegen.goodput.jobs import Service, ServiceProfile
 from whalegen.goodput.replay import ReplayConfig, World, ceilings, run_goodput, split_policy
 
