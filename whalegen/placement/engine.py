@@ -557,7 +557,12 @@ class Engine:
             lost = f"loses {_progress_lost(record, now):.0f} GPU-seconds of progress"
             if record.preemptible and record.priority < task.priority:
                 why = f"preemptible, priority {record.priority} below {task.priority}; {lost}"
-            elif record.preemptible and not record.online and self._honours_reserve(task):
+            elif (
+                record.preemptible
+                and not record.online
+                and record.priority == task.priority
+                and self._honours_reserve(task)
+            ):
                 sized = f": {self.config.online_reserve_why}" if self.config.online_reserve_why else ""
                 why = (
                     f"preemptible batch work making way for online task {task.task_id} within the pool's "
