@@ -18,6 +18,7 @@ from django.db.models import (
     IntegerField,
     Max,
     OuterRef,
+    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -419,6 +420,33 @@ def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> s
         .first()
     )
     return "" if top is None else str(top["sla_class"])
+
+
+@dataclass(frozen=True)
+class OnlineDemand:
+    """A pool's online tasks, as its online reserve is sized from them (whalegen.forecast.online_reserve)."""
+
+    arrival_milli: tuple[int, ...]  # what each online task submitted in the window asks, all GPUs together
+    holding: frozenset[str]  # online tasks assigned or running now (engine task ids)
+
+
+def pool_online_demand(*, pool_id: int, since: datetime, until: datetime) -> OnlineDemand:
+    """The pool's online tasks submitted in (since, until], and those holding units now: one query."""
+    holding_states = (Task.State.ASSIGNED, Task.State.RUNNING)
+    rows = (
+        Task.objects.filter(pool_id=pool_id, sla_class=Task.SlaClass.ONLINE)
+        .filter(Q(created_at__gt=since, created_at__lte=until) | Q(state__in=holding_states))
+        .order_by()
+        .values_list("id", "created_at", "state", "gpu_count", "gpu_milli")
+    )
+    arrivals: list[int] = []
+    holding: set[str] = set()
+    for pk, created_at, state, gpu_count, gpu_milli in rows:
+        if since < created_at <= until:
+            arrivals.append(gpu_count * gpu_milli)
+        if state in holding_states:
+            holding.add(str(pk))
+    return OnlineDemand(tuple(arrivals), frozenset(holding))
 
 
 @dataclass(frozen=True)

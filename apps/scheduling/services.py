@@ -32,6 +32,7 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
+from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.profiles import snapshot_with_profiles
 from apps.scheduling.selectors import (
     PoolSnapshot,
@@ -49,7 +50,7 @@ from whalegen.placement.fragmentation import (
 )
 from whalegen.placement.repartition import ClaimAction, RepartitionPlan
 from whalegen.placement.types import ShapeMix, TaskRequest
-from whalegen.scheduling import Code, Config, Decisions, Snapshot, decide, nodes_before
+from whalegen.scheduling import Code, Decisions, Snapshot, decide, nodes_before
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -634,7 +635,7 @@ def cycle_run(
             started = time.perf_counter()
             now_s = now.timestamp()
             steer, mix = cycle_mix(snapshot, now)
-            config = Config(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
+            snapshot, config = cycle_config(snapshot, policy=policy, now=now)
             pure = decision_input(snapshot, mix)
             before = cluster_fragmentation(nodes_before(pure), mix)
             decisions = decide(pure, config, now_s)

@@ -702,4 +702,5 @@ def _as_running(placement: Placement, request: TaskRequest, now_s: float) -> Run
         borrowed=placement.borrowed,
         mig_profile=placement.unit.mig_profile if placement.unit.kind is UnitKind.MIG else None,
         mig_start_slice=placement.unit.mig_start_slice if placement.unit.kind is UnitKind.MIG else None,
+        sla_online=request.sla_online,
     )

@@ -94,6 +94,7 @@ class Config:
     seed: int = 0
     preemption: bool = True
     online_reserve_milli: int = 0
+    online_reserve_why: str = ""  # how the reserve was sized, for reasons (EngineConfig.online_reserve_why)
     # Reservations for large and gang tasks with backfill around them (whalegen.scheduling.reserve);
     # None (the default) = no reservations, backfill unrestricted.
     reserve: ReserveConfig | None = None
@@ -104,6 +105,7 @@ class Config:
             seed=self.seed,
             preemption=self.preemption,
             online_reserve_milli=self.online_reserve_milli,
+            online_reserve_why=self.online_reserve_why,
         )
 
 
