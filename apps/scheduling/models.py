@@ -109,7 +109,9 @@ class Repartition(models.Model):
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="repartitions")
     gpu = models.ForeignKey("inventory.Gpu", on_delete=models.CASCADE, related_name="repartitions")
     # None for a re-carve ahead of the forecast (state `ahead`).
-    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.CASCADE, related_name="repartitions")
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.CASCADE, related_name="repartitions"
+    )
     # The instance planned for the task; SET_NULL so a later re-carve cannot be blocked by history.
     unit = models.ForeignKey(ComputeUnit, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     cycle = models.ForeignKey(Cycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -638,7 +638,9 @@ def cycle_run(
             steer, mix = cycle_mix(snapshot, now)
             snapshot, config = cycle_config(snapshot, policy=policy, now=now)
             config = replace(config, precarve=precarve_config())
-            pure = with_forecast(decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve)
+            pure = with_forecast(
+                decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve
+            )
             before = cluster_fragmentation(nodes_before(pure), mix)
             decisions = decide(pure, config, now_s)
             after = cluster_fragmentation(decisions.nodes_after, mix)

@@ -152,14 +152,14 @@ def precarve(
     }
     if not candidates:
         return ()
-    one_piece = sum(1 for milli in candidates.values() if _one_piece(milli))
+    one_piece = sum(1 for held in candidates.values() if _one_piece(held))
     keep_one_piece = int(config.keep_whole_share * one_piece)
-    supply = {key: list(milli) for key, milli in candidates.items()}
+    supply = {key: list(held) for key, held in candidates.items()}
     fixed = list(free_mig_milli)
     items = list(demand.items())
 
     def total() -> list[int]:
-        return fixed + [m for milli in supply.values() for m in milli]
+        return fixed + [m for held in supply.values() for m in held]
 
     # 3. Greedily, the re-carve that serves the most expected tasks, until none gains enough.
     out: list[Precarve] = []
@@ -168,20 +168,20 @@ def precarve(
         base = unmet(items, total())
         best: _Option | None = None
         seen: set[tuple[str, tuple[int, ...]]] = set()
-        for key, milli in supply.items():
+        for key, held in supply.items():
             if key in done:
                 continue
             model = views[key].model
-            shape = (model, tuple(sorted(milli)))
+            shape = (model, tuple(sorted(held)))
             if shape in seen:
                 continue  # a GPU alike another one already weighed gains the same
             seen.add(shape)
             others = [m for k, ms in supply.items() if k != key for m in ms] + fixed
             for layout in _layouts(model):
                 new = [p.gpu_milli for p in layout]
-                if sorted(new) == sorted(milli):
+                if sorted(new) == sorted(held):
                     continue
-                if _one_piece(milli) and not _one_piece(new) and one_piece <= keep_one_piece:
+                if _one_piece(held) and not _one_piece(new) and one_piece <= keep_one_piece:
                     continue
                 gain = base - unmet(items, others + new)
                 if gain < config.min_gain_tasks - 1e-9:

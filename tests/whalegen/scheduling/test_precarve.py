@@ -78,7 +78,9 @@ def test_a_gpu_with_an_instance_in_use_is_never_recarved() -> None:
 def test_a_gpu_a_task_of_this_cycle_lands_on_is_left_alone() -> None:
     # The 1g task binds to GPU 0's 7g (the only unit); GPU 0 must not be re-carved under it.
     pool = Pool().node("m", mig(SEVEN_G))
-    decisions = decide(with_forecast(pool.snapshot([task("t", gpus=1, milli=100, gpu_mem_mib=5_000)])), ON, 0.0)
+    decisions = decide(
+        with_forecast(pool.snapshot([task("t", gpus=1, milli=100, gpu_mem_mib=5_000)])), ON, 0.0
+    )
     assert [b.placement.node for b in decisions.placements] == ["m"]
     assert decisions.precarves == ()
 
