@@ -1,7 +1,7 @@
 """Pre-carving idle MIG GPUs ahead of the forecast, off and on in one run (whalegen.sim.migwait).
 
     python benchmarks/precarve.py --gpus 12 --apply-s 30,120 --initial all-balanced,all-7g [--days 8.3]
-        [--forecast oracle,last-hour] [--json]
+        [--forecast oracle,last-hour] [--split-frac 0.7] [--json]
 
 The one-GPU tasks of the openb `default` pod list from the 0.7 quantile of creation times on (the
 dynamic replay's test window), on a pool of H100s in MIG mode, through the production `decide`; the same
@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--initial", default="all-balanced")
     parser.add_argument("--forecast", default="oracle,last-hour")
     parser.add_argument("--days", type=float, default=None)
+    parser.add_argument("--split-frac", type=float, default=0.7, help="the window starts at this quantile")
     parser.add_argument("--max-gpus", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -38,7 +39,7 @@ def main() -> None:
             created = float(r["creation_time"])
             life = float(r["deletion_time"]) - created
             rows.append((r["name"], created, life, int(r["num_gpu"]), int(r["gpu_milli"])))
-    tasks = window_tasks(rows, 0.7, args.days)
+    tasks = window_tasks(rows, args.split_frac, args.days)
     span_s = max(tasks[-1].arrival_s - tasks[0].arrival_s, 1.0)
     out = []
     for gpus in map(int, args.gpus.split(",")):
