@@ -64,14 +64,14 @@ def main() -> None:
                     row |= result.to_json()
                     out.append(row)
                     if not args.json:
+                        r = result
                         print(
                             f"{gpus:3d} GPUs (offered {offered:.2f}) {initial:13s} apply {apply_s:5.0f} s "
-                            f"{label:14s} wait mean {result.mean_wait_s:9.1f} s P95 {result.p95_wait_s:9.1f} s | "
-                            f"MIG-fraction tasks mean {result.mean_wait_frac_s:8.1f} P95 "
-                            f"{result.p95_wait_frac_s:8.1f} | waited for a layout {result.waited_for_layout:4d} "
-                            f"re-carves {result.recarves_last_resort:4d}+{result.recarves_ahead:4d} ahead | "
-                            f"alloc {result.allocated_pct:5.1f}% used {result.used_pct:5.1f}% "
-                            f"cpu {result.cpu_s:5.1f} s",
+                            f"{label:14s} wait mean {r.mean_wait_s:9.1f} s P95 {r.p95_wait_s:9.1f} s | "
+                            f"MIG-fraction tasks mean {r.mean_wait_frac_s:8.1f} P95 "
+                            f"{r.p95_wait_frac_s:8.1f} | waited for a layout {r.waited_for_layout:4d} "
+                            f"re-carves {r.recarves_last_resort:4d}+{r.recarves_ahead:4d} ahead | "
+                            f"alloc {r.allocated_pct:5.1f}% used {r.used_pct:5.1f}% cpu {r.cpu_s:5.1f} s",
                             flush=True,
                         )
     if args.json:
