@@ -281,6 +281,11 @@ WHALEGEN_ONLINE_RESERVE_QUANTILE = envfloat("WHALEGEN_ONLINE_RESERVE_QUANTILE", 
 WHALEGEN_ONLINE_RESERVE_MAX_SHARE = envfloat("WHALEGEN_ONLINE_RESERVE_MAX_SHARE", 0.5)
 # A GPU a cycle re-carved for a task is held for it this long; unapplied by then, the claim is given up.
 WHALEGEN_REPARTITION_TIMEOUT_S = envfloat("WHALEGEN_REPARTITION_TIMEOUT_S", 300.0)
+# Re-carve idle MIG GPUs ahead of the arrivals forecast (whalegen.scheduling.precarve): on/off, GPUs per
+# cycle, and the least confidence in the forecast mix (1 - its held-out total-variation distance).
+WHALEGEN_PRECARVE = envbool("WHALEGEN_PRECARVE", True)
+WHALEGEN_PRECARVE_MAX_GPUS = envint("WHALEGEN_PRECARVE_MAX_GPUS", 2)
+WHALEGEN_PRECARVE_MIN_CONFIDENCE = envfloat("WHALEGEN_PRECARVE_MIN_CONFIDENCE", 0.5)
 # Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.
 WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
 WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)
