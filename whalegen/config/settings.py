@@ -283,7 +283,9 @@ WHALEGEN_ONLINE_RESERVE_MAX_SHARE = envfloat("WHALEGEN_ONLINE_RESERVE_MAX_SHARE"
 WHALEGEN_REPARTITION_TIMEOUT_S = envfloat("WHALEGEN_REPARTITION_TIMEOUT_S", 300.0)
 # Re-carve idle MIG GPUs ahead of the arrivals forecast (whalegen.scheduling.precarve): on/off, GPUs per
 # cycle, and the least confidence in the forecast mix (1 - its held-out total-variation distance).
-WHALEGEN_PRECARVE = envbool("WHALEGEN_PRECARVE", True)
+# Off by default: in the MIG-layout replay (docs/goodput.md §9a) only a perfect forecast helped; one
+# barely better than persistence (the arrivals model's held-out mix distance, 0.41 vs 0.43) did harm.
+WHALEGEN_PRECARVE = envbool("WHALEGEN_PRECARVE", False)
 WHALEGEN_PRECARVE_MAX_GPUS = envint("WHALEGEN_PRECARVE_MAX_GPUS", 2)
 WHALEGEN_PRECARVE_MIN_CONFIDENCE = envfloat("WHALEGEN_PRECARVE_MIN_CONFIDENCE", 0.5)
 # Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.

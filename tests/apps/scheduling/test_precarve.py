@@ -53,6 +53,12 @@ def _active_arrivals_model(fleet: Fleet, *, tv_distance: float | None) -> None:
     )  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _precarve_on(settings: Any) -> None:
+    """Pre-carving is off by default (docs/scheduling.md); these tests are about what it does when on."""
+    settings.WHALEGEN_PRECARVE = True
+
+
 def _scene(fleet: Fleet, *, tv_distance: float | None = 0.1) -> tuple[Any, Gpu]:
     fleet.tenant("t", guaranteed=8_000)
     node = fleet.node(model=H100, mode="mig", mig_layout=[("7g.80gb", 0)])
