@@ -14,9 +14,9 @@ The mark is a counter per node: in Redis when the plane has one (field `mark` of
 hash, `liveness.node_key`, HINCRBY: the heartbeat's script reads it with the fields it reads anyway, no
 extra command; the writers are the Celery worker and the web processes, the readers the web processes),
 and always in this process too (a dict and a condition), which is all the embedded default (SQLite, one
-process, no Redis) needs, and lets a poll waiting in the writer's own process wake at once. A missed writer or a
-lost mark (Redis restarted) only delays a change: every poll starts with a rebuild, and a heartbeat
-takes the full way at least every `liveness.FINGERPRINT_TTL_S`.
+process, no Redis) needs, and lets a poll waiting in the writer's own process wake at once. A missed
+writer or a lost mark (Redis restarted) only delays a change: every poll starts with a rebuild, and a
+heartbeat takes the full way at least every `liveness.FINGERPRINT_TTL_S`.
 """
 
 from __future__ import annotations
