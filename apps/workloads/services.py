@@ -904,7 +904,7 @@ def tasks_transition_bulk(
                 cursor.execute(sql, params)
                 counts.append((lambda cursor=cursor: cursor.rowcount, len(pks)))
             else:
-                moved = rows.update(**updates)
+                moved = rows.filter(pk__in=pks).update(**updates)
                 counts.append((lambda moved=moved: moved, len(pks)))
         events = [
             (pk, before, after, reason[:500])
