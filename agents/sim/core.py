@@ -201,6 +201,14 @@ class SimProcess:
     # The share of the GPU's SMs it keeps busy (what NVML's utilisation rate sums over processes); a
     # process that holds memory and launches nothing declares 0.
     sm_pct: int = 35
+    # The share of time it keeps the device memory read or written (what NVML's memory utilisation rate
+    # sums over processes: memory-controller busy time, not memory used). None: half its SM share, a
+    # balanced kernel mix; a bandwidth-bound task declares about its SM share, a compute-bound one little.
+    mem_pct: int | None = None
+
+    @property
+    def mem_busy_pct(self) -> int:
+        return self.sm_pct // 2 if self.mem_pct is None else self.mem_pct
 
 
 @dataclass
@@ -523,8 +531,9 @@ class SimSystem:
     def _sync_external_processes(self) -> None:
         """Adopt processes declared by real (fake-CUDA) programs: `<proc_dir>/<pid>.json`.
 
-        Each file holds {"device_uuid": GPU-… or MIG-…, "used_mib": N, "mps": bool, "sm_pct": P}. A file whose
-        process has exited is dropped, as the driver forgets a context when its process dies.
+        Each file holds {"device_uuid": GPU-… or MIG-…, "used_mib": N, "mps": bool, "sm_pct": P, "mem_pct": M}
+        (`mem_pct` optional). A file whose process has exited is dropped, as the driver forgets a context when
+        its process dies.
         """
         for pid in [p for p, proc in self.processes.items() if proc.external]:
             del self.processes[pid]
@@ -550,6 +559,7 @@ class SimSystem:
                 bool(data.get("mps")),
                 external=True,
                 sm_pct=int(data.get("sm_pct", 35)),
+                mem_pct=None if data.get("mem_pct") is None else int(data["mem_pct"]),
             )
 
     def locate_uuid(self, device_uuid: str) -> tuple[int, int | None, int | None] | None:
@@ -1026,9 +1036,12 @@ class SimSystem:
         gpu, gi, _ = self._resolve(handle)
         if gi is not None or gpu.mig_current:
             raise SimNvmlError(Nvml.NOT_SUPPORTED, "utilization is not reported in MIG mode")
-        used = sum(p.used_mib for p in self._processes_on(gpu))
-        busy_pct = sum(p.sm_pct for p in self._processes_on(gpu))
-        return min(100, busy_pct), min(100, used * 100 // gpu.sku.total_mem_mib)
+        # (gpu, memory): the share of the sample period a kernel ran, and the share the device memory was
+        # read or written, each summed over the processes' declared duty cycles.
+        processes = self._processes_on(gpu)
+        busy_pct = sum(p.sm_pct for p in processes)
+        mem_busy_pct = sum(p.mem_busy_pct for p in processes)
+        return min(100, busy_pct), min(100, mem_busy_pct)
 
     @nvml_function("nvmlDeviceGetClockInfo")
     def clock_info(self, handle: int, clock_type: int) -> int:

@@ -97,6 +97,7 @@ def summary(report: WhatIf, rows: int = ROWS) -> dict[str, Any]:
         "configured_policy": report.configured_policy,
         "pending": report.pending,
         "running": report.running,
+        "online_reserve": report.online_reserve,
         "runs": runs,
         "names": report.task_names,
         "tenants": report.task_tenants,

@@ -18,6 +18,7 @@ from django.db.models import (
     IntegerField,
     Max,
     OuterRef,
+    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -35,6 +36,7 @@ from apps.workloads.models import Task, TaskProfile
 from whalegen.forecast.arrivals import OTHER, ArrivalModel, expected_shape_mix, forecast_arrivals
 from whalegen.forecast.profiles import MIN_BUSY_SM_PCT
 from whalegen.placement.types import Shape, ShapeMix
+from whalegen.scheduling.precarve import ShapeForecast
 
 logger = logging.getLogger(__name__)
 
@@ -409,6 +411,56 @@ def pool_shape_mix(*, pool_id: int, now: datetime) -> PoolShapeMix:
     return PoolShapeMix(mix, "forecast", f"arrivals model v{version}", version)
 
 
+# (pool, model, 10-minute bin) → the expected arrivals by shape, for pre-carving (its own cache: the cycle
+# asks for it only when pre-carving is on).
+_COUNTS_CACHE: dict[tuple[int, int, float], ShapeForecast | None] = {}
+
+
+def pool_shape_forecast(*, pool_id: int, now: datetime) -> ShapeForecast | None:
+    """Expected arrivals per task shape over the next hour from the pool's active arrivals model, with the
+    model's held-out confidence in the mix (1 − its mean total-variation distance between the forecast and
+    the actual shape mix of an hour); None without a model, a forecast or that figure. Pre-carving idle MIG
+    GPUs (whalegen.scheduling.precarve) reads it; like the mix, it never fails a cycle."""
+    row = _active_pool_model_row(ForecastModel.Kind.ARRIVALS, pool_id, "id", "version", "metrics")
+    if row is None:
+        return None
+    model_id, version, stored = row
+    key = (pool_id, int(model_id), float(int(now.timestamp()) // 600))  # type: ignore[call-overload]
+    if key in _COUNTS_CACHE:
+        return _COUNTS_CACHE[key]
+    forecast: ShapeForecast | None = None
+    try:
+        tv = (stored or {}).get("models", {}).get("xgboost", {}).get("mix_tv_distance")  # type: ignore[attr-defined]
+        blob = ForecastModel.objects.filter(pk=model_id).values_list("blob", flat=True).get()
+        model = ArrivalModel.from_bytes(bytes(blob))
+        rows = list(
+            Task.objects.filter(pool_id=pool_id, created_at__gte=now - _MIX_HISTORY, created_at__lt=now)
+            .order_by("created_at", "id")
+            .values_list("created_at", "gpu_count", "gpu_milli")
+        )
+        if rows:
+            times = np.asarray([r[0].timestamp() for r in rows], dtype=np.float64)
+            labels = [f"gpu_count={r[1]}|gpu_milli={r[2]}" for r in rows]
+            ahead = forecast_arrivals(model, times, labels, now.timestamp())
+            expected = []
+            for label, count in ahead.sum(axis=0).items():
+                match = _LABEL.match(str(label))
+                if match is not None and count > 0:
+                    expected.append((int(match.group(1)), int(match.group(2)), float(count)))
+            forecast = ShapeForecast(
+                expected=tuple(sorted(expected)),
+                horizon_s=float(len(ahead) * model.config.bin_s),
+                confidence=None if tv is None or not math.isfinite(tv) else 1.0 - float(tv),
+                source=f"arrivals model v{version}",
+            )
+    except Exception:  # a forecast must never fail a scheduling cycle: no pre-carve this bin
+        logger.exception("forecasting: arrivals v%s cannot forecast the pool's arrivals by shape", version)
+    if len(_COUNTS_CACHE) > 64:
+        _COUNTS_CACHE.clear()
+    _COUNTS_CACHE[key] = forecast
+    return forecast
+
+
 def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> str:
     """The SLA class most of the key's tasks submitted since `since` asked for ("" when none)."""
     top = (
@@ -419,6 +471,33 @@ def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> s
         .first()
     )
     return "" if top is None else str(top["sla_class"])
+
+
+@dataclass(frozen=True)
+class OnlineDemand:
+    """A pool's online tasks, as its online reserve is sized from them (whalegen.forecast.online_reserve)."""
+
+    arrival_milli: tuple[int, ...]  # what each online task submitted in the window asks, all GPUs together
+    holding: frozenset[str]  # online tasks assigned or running now (engine task ids)
+
+
+def pool_online_demand(*, pool_id: int, since: datetime, until: datetime) -> OnlineDemand:
+    """The pool's online tasks submitted in (since, until], and those holding units now: one query."""
+    holding_states = (Task.State.ASSIGNED, Task.State.RUNNING)
+    rows = (
+        Task.objects.filter(pool_id=pool_id, sla_class=Task.SlaClass.ONLINE)
+        .filter(Q(created_at__gt=since, created_at__lte=until) | Q(state__in=holding_states))
+        .order_by()
+        .values_list("id", "created_at", "state", "gpu_count", "gpu_milli")
+    )
+    arrivals: list[int] = []
+    holding: set[str] = set()
+    for pk, created_at, state, gpu_count, gpu_milli in rows:
+        if since < created_at <= until:
+            arrivals.append(gpu_count * gpu_milli)
+        if state in holding_states:
+            holding.add(str(pk))
+    return OnlineDemand(tuple(arrivals), frozenset(holding))
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,9 @@ class Assignment(models.Model):
 
 class Repartition(models.Model):
     """A GPU re-carved by a cycle for a pending task: the claim that holds the GPU for that task until
-    the node's agent reports the new layout applied (then a cycle binds the task to `unit`).
+    the node's agent reports the new layout applied (then a cycle binds the task to `unit`). Or, with no
+    task and state `ahead`, an idle GPU re-carved ahead of the pool's arrivals forecast, with the reason
+    (closed when written: nobody waits on it).
 
     The new layout is the GPU's `ComputeUnit`s themselves (the desired state the agent pulls is built
     from them); this row remembers for whom, which generation of the node's desired state carries it,
@@ -102,10 +104,14 @@ class Repartition(models.Model):
         WAITING = "waiting", "waiting for the agent"
         BOUND = "bound", "bound"
         ABANDONED = "abandoned", "abandoned"
+        AHEAD = "ahead", "re-carved ahead of the forecast"
 
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="repartitions")
     gpu = models.ForeignKey("inventory.Gpu", on_delete=models.CASCADE, related_name="repartitions")
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="repartitions")
+    # None for a re-carve ahead of the forecast (state `ahead`).
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.CASCADE, related_name="repartitions"
+    )
     # The instance planned for the task; SET_NULL so a later re-carve cannot be blocked by history.
     unit = models.ForeignKey(ComputeUnit, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     cycle = models.ForeignKey(Cycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -32,6 +32,8 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
+from apps.scheduling.online_reserve import cycle_config
+from apps.scheduling.precarve import precarve_config, precarves_commit, with_forecast
 from apps.scheduling.profiles import snapshot_with_profiles
 from apps.scheduling.selectors import (
     PoolSnapshot,
@@ -49,7 +51,7 @@ from whalegen.placement.fragmentation import (
 )
 from whalegen.placement.repartition import ClaimAction, RepartitionPlan
 from whalegen.placement.types import ShapeMix, TaskRequest
-from whalegen.scheduling import Code, Config, Decisions, Snapshot, decide, nodes_before
+from whalegen.scheduling import Code, Decisions, Snapshot, decide, nodes_before
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -693,8 +695,11 @@ def cycle_run(
             started = time.perf_counter()
             now_s = now.timestamp()
             steer, mix = cycle_mix(snapshot, now)
-            config = Config(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
-            pure = decision_input(snapshot, mix)
+            snapshot, config = cycle_config(snapshot, policy=policy, now=now)
+            config = replace(config, precarve=precarve_config())
+            pure = with_forecast(
+                decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve
+            )
             before = cluster_fragmentation(nodes_before(pure), mix)
             decisions = decide(pure, config, now_s)
             after = cluster_fragmentation(decisions.nodes_after, mix)
@@ -704,6 +709,7 @@ def cycle_run(
             started = time.perf_counter()
             cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
             commit = _commit(snapshot, decisions, cycle, now)
+            precarved = precarves_commit(snapshot, decisions, cycle, now)
             # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).
             reasons, _ = _why_pending(decisions, commit.held_back, now_s)
             commit_ms = (time.perf_counter() - started) * 1000
@@ -731,6 +737,7 @@ def cycle_run(
                     "commit_phases_ms": commit.phases_ms,
                     "commit_phases_cpu_ms": commit.phases_cpu_ms,
                     "cpu_ms": cpu_ms,
+                    "precarved": precarved,
                     "shape_mix_source": steer.source,
                     "shape_mix_reason": steer.reason,
                     "shape_mix": [

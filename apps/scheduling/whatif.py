@@ -1,14 +1,14 @@
 """What each policy would decide for a pool right now: `whalegen replay --from-pool NAME`.
 
 The same snapshot the cycle reads (`snapshot_for_pool`), the same shape mix (`cycle_mix`), the same
-decision input and configuration (`decision_input`, `Config` with the pool's online reserve) and the
+decision input and configuration (`decision_input`, `cycle_config` with the pool's online reserve) and the
 same `decide`; nothing is committed. The reads run in a transaction that is rolled back, so even a cache
 or bookkeeping write on the way could not stay.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -17,9 +17,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.inventory.models import ComputeUnit, Pool
+from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.selectors import snapshot_for_pool
 from apps.scheduling.services import cycle_mix, decision_input
 from apps.workloads.models import Task
+from whalegen.forecast.online_reserve import gpus_text
 from whalegen.placement.fragmentation import cluster_fragmentation
 from whalegen.scheduling import Config, Decisions, decide, nodes_before
 
@@ -49,6 +51,7 @@ class WhatIf:
     task_names: dict[str, str] = field(default_factory=dict)  # task id → "name (tenant)"
     unit_names: dict[int, str] = field(default_factory=dict)  # unit id → "mig 3g.40gb@4" …
     task_tenants: dict[str, int] = field(default_factory=dict)  # task id → tenant id, for who may see it
+    online_reserve: str = ""  # what the pool keeps idle for online tasks and why; "" = nothing
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +60,7 @@ class WhatIf:
             "configured_policy": self.configured_policy,
             "pending": self.pending,
             "running": self.running,
+            "online_reserve": self.online_reserve,
             "policies": [
                 {
                     "policy": r.policy,
@@ -113,12 +117,13 @@ def pool_whatif(
         # 1. The cycle's snapshot and shape mix.
         snapshot = snapshot_for_pool(pool.pk, now)
         _, mix = cycle_mix(snapshot, now)
+        snapshot, configured = cycle_config(snapshot, policy=settings.WHALEGEN_CYCLE_POLICY, now=now)
         pure = decision_input(snapshot, mix)
         before = cluster_fragmentation(nodes_before(pure), mix).amount_pct
         # 2. One decision per policy, configured as the cycle configures it.
         runs = []
         for policy in policies:
-            config = Config(policy=policy, online_reserve_milli=settings.WHALEGEN_ONLINE_RESERVE_MILLI)
+            config = replace(configured, policy=policy)
             decisions = decide(pure, config, now.timestamp())
             after = cluster_fragmentation(decisions.nodes_after, mix).amount_pct
             runs.append(PolicyWhatIf(policy, decisions, before, after))
@@ -155,7 +160,15 @@ def pool_whatif(
         task_names=task_names,
         unit_names=unit_names,
         task_tenants=task_tenants,
+        online_reserve=reserve_text(configured),
     )
+
+
+def reserve_text(config: Config) -> str:
+    """The online reserve a decision keeps, in words ("" when none)."""
+    if not config.online_reserve_milli:
+        return ""
+    return config.online_reserve_why or f"{gpus_text(config.online_reserve_milli)} (static)"
 
 
 def whatif_text(report: WhatIf) -> str:
@@ -165,6 +178,8 @@ def whatif_text(report: WhatIf) -> str:
         f"{report.running} running; the cycle runs {report.configured_policy}. What each policy would do "
         "now (nothing is written):"
     ]
+    if report.online_reserve:
+        lines.append(f"online-service reserve kept idle: {report.online_reserve}")
     for r in report.runs:
         d = r.decisions
         mark = " (the cycle's policy)" if r.policy == report.configured_policy else ""

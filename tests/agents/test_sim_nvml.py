@@ -419,3 +419,35 @@ def test_utilisation_sums_what_each_declared_process_keeps_busy(tmp_path: Path) 
     assert backend.telemetry(0).util_gpu_pct == 20
     declare(os.getppid())
     assert backend.telemetry(0).util_gpu_pct == 35
+
+
+def test_memory_utilisation_is_memory_controller_busy_time_not_memory_used(tmp_path: Path) -> None:
+    """NVML's `utilization.memory` is the share of time device memory was read or written: each declared
+    process's `mem_pct` summed (by default half its SM share), whatever memory the processes hold; a MIG
+    GPU reports neither rate (NOT_SUPPORTED)."""
+    import json
+    import os
+
+    spec = {
+        "nodes": [
+            {"name": "t", "gpus": [{"sku": "h100-80gb-sxm"}, {"sku": "h100-80gb-sxm", "mig": "enabled"}]}
+        ]
+    }
+    system = build_system(spec, proc_dir=tmp_path)
+    backend = opened(system)
+    uuid = system.gpus[0].uuid
+
+    def declare(pid: int, **fields: object) -> None:
+        (tmp_path / f"{pid}.json").write_text(json.dumps({"device_uuid": uuid, "used_mib": 70_000, **fields}))
+
+    declare(os.getpid(), sm_pct=90, mem_pct=81)  # a decode loop: the DRAM busy whenever kernels run
+    sample = backend.telemetry(0)
+    assert (sample.util_gpu_pct, sample.util_mem_pct, sample.mem_used_mib) == (90, 81, 70_000)
+    declare(os.getpid(), sm_pct=90, mem_pct=9)  # a GEMM: the same memory held, the DRAM mostly quiet
+    assert (backend.telemetry(0).util_gpu_pct, backend.telemetry(0).util_mem_pct) == (90, 9)
+    declare(os.getpid(), sm_pct=60)
+    assert backend.telemetry(0).util_mem_pct == 30
+    declare(os.getppid(), sm_pct=60, mem_pct=80)  # two processes: the sum, at most 100
+    assert (backend.telemetry(0).util_gpu_pct, backend.telemetry(0).util_mem_pct) == (100, 100)
+    mig = backend.telemetry(1)
+    assert mig.util_mem_pct is None and mig.not_supported == ("utilization",)

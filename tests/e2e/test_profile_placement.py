@@ -4,19 +4,19 @@ a task whose profile key's telemetry (classified by the profile refresh, stored 
 bandwidth-bound runs on the HBM-rich H200, one whose telemetry
 says compute-bound on the FLOPS-rich L40S, and each assigned event says why.
 
-The keys' history (GPU and process samples of earlier runs) is written as the heartbeat service stores it
-rather than produced by the simulator: the simulated NVML reports memory *used* as its memory utilisation,
-where real NVML reports memory-controller busy time, so it cannot tell the two classes apart."""
+The keys' history is the simulator's own: a first run of each key (a fake CUDA program declaring its SM
+and memory-controller duty cycles, `--sm-pct`/`--mem-pct`) is sampled from the agents' heartbeats, as NVML's
+`utilization.gpu` and `utilization.memory`, and the profile refresh classifies the keys from those samples."""
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.apps.scheduling.test_profile_cycle import seed_history
 from tests.e2e.conftest import CyclePump, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -45,10 +45,11 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.scheduling.models import Assignment
     from apps.tenants.services import tenant_create
-    from apps.workloads.models import Task, TaskEvent
+    from apps.workloads.models import Task, TaskEvent, TaskProfile
     from apps.workloads.services import TaskRequest, queue_create, quota_set, task_submit
 
     settings.WHALEGEN_AGENT_HEARTBEAT_S = 1.0
+    settings.WHALEGEN_TELEMETRY_SAMPLE_S = 1.0  # a sample per heartbeat: a few seconds of run classify a key
     tenant = tenant_create(slug="llm", name="LLM")
     pool = pool_create(name="mixed")
     cluster = cluster_create(name="eu-1")
@@ -68,15 +69,43 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
         timeout_s=60,
         what="both agents to register and heartbeat",
     )
-    now = timezone.now()
-    h200_gpu = Gpu.objects.get(node=nodes["h200-01"])
-    l40s_gpu = Gpu.objects.get(node=nodes["l40s-01"])
-    # Each key's history ran on the other model: the choice follows the profile, not where it ran before.
-    seed_history(tenant=tenant, gpu=l40s_gpu, key="decode", sm_pct=90, mem_ctrl_pct=81, until=now)
-    seed_history(tenant=tenant, gpu=h200_gpu, key="gemm", sm_pct=90, mem_ctrl_pct=9, until=now)
-    # The periodic profile refresh (apps.forecasting.tasks.profiles_refresh) stores each key's class; the
-    # cycle only reads it.
-    profiles_refresh(now=now)
+    # 1. A first run of each key, side by side (one GPU each): a decode loop keeps the DRAM busy whenever
+    #    its kernels run, a GEMM keeps it mostly quiet. The simulated NVML reports those duty cycles.
+    duty = {"decode": ("90", "81"), "gemm": ("90", "9")}
+    app = [
+        sys.executable,
+        "-m",
+        "agents.sim.fake_cuda_app",
+        "--alloc-mib",
+        "20000",
+        "--steps",
+        "8",
+        "--step-s",
+        "1",
+    ]
+    first = {
+        key: task_submit(
+            tenant=tenant,
+            request=TaskRequest(
+                queue="q", name=f"{key}-1", profile_key=key, command=[*app, "--sm-pct", sm, "--mem-pct", mem]
+            ),
+            submitted_by=None,
+        )[0]
+        for key, (sm, mem) in duty.items()
+    }
+    cycle_pump.start()
+    for key, task in first.items():
+        wait_for(
+            lambda task=task: Task.objects.get(pk=task.pk).state == Task.State.SUCCEEDED,
+            timeout_s=60,
+            what=f"the first {key} run to finish",
+        )
+    # 2. The periodic profile refresh (apps.forecasting.tasks.profiles_refresh) classifies each key from
+    #    the heartbeats' samples and stores the class; the cycle only reads it.
+    profiles_refresh(now=timezone.now())
+    classes = dict(TaskProfile.objects.filter(tenant=tenant).values_list("profile_key", "bound_class"))
+    assert classes == {"decode": "bandwidth-bound", "gemm": "compute-bound"}, classes
+    # 3. The second run of each key goes to the model its class runs fastest on.
     submitted = {}
     for key in ("gemm", "decode"):
         submitted[key], _ = task_submit(
@@ -86,7 +115,6 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
             ),
             submitted_by=None,
         )
-    cycle_pump.start()
     for key, task in submitted.items():
         try:
             wait_for(

@@ -271,8 +271,23 @@ WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen
 WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
 # Milli-GPUs of every pool kept idle for online-SLA tasks: a batch task may not take the last of them.
 WHALEGEN_ONLINE_RESERVE_MILLI = envint("WHALEGEN_ONLINE_RESERVE_MILLI", 0)
+# How the reserve is sized per pool and cycle: `static` (WHALEGEN_ONLINE_RESERVE_MILLI alone) or `forecast`
+# (a Poisson quantile of the pool's online arrivals over the next hour, with the static value as its floor
+# and at most WHALEGEN_ONLINE_RESERVE_MAX_SHARE of the pool's GPUs; whalegen.forecast.online_reserve).
+WHALEGEN_ONLINE_RESERVE = envstr("WHALEGEN_ONLINE_RESERVE", "static") or "static"
+if WHALEGEN_ONLINE_RESERVE not in ("static", "forecast"):
+    raise ConfigError(f"WHALEGEN_ONLINE_RESERVE must be static or forecast, not {WHALEGEN_ONLINE_RESERVE!r}")
+WHALEGEN_ONLINE_RESERVE_QUANTILE = envfloat("WHALEGEN_ONLINE_RESERVE_QUANTILE", 0.9)
+WHALEGEN_ONLINE_RESERVE_MAX_SHARE = envfloat("WHALEGEN_ONLINE_RESERVE_MAX_SHARE", 0.5)
 # A GPU a cycle re-carved for a task is held for it this long; unapplied by then, the claim is given up.
 WHALEGEN_REPARTITION_TIMEOUT_S = envfloat("WHALEGEN_REPARTITION_TIMEOUT_S", 300.0)
+# Re-carve idle MIG GPUs ahead of the arrivals forecast (whalegen.scheduling.precarve): on/off, GPUs per
+# cycle, and the least confidence in the forecast mix (1 - its held-out total-variation distance).
+# Off by default: in the MIG-layout replay (docs/goodput.md §9a) only a perfect forecast helped; one
+# barely better than persistence (the arrivals model's held-out mix distance, 0.41 vs 0.43) did harm.
+WHALEGEN_PRECARVE = envbool("WHALEGEN_PRECARVE", False)
+WHALEGEN_PRECARVE_MAX_GPUS = envint("WHALEGEN_PRECARVE_MAX_GPUS", 2)
+WHALEGEN_PRECARVE_MIN_CONFIDENCE = envfloat("WHALEGEN_PRECARVE_MIN_CONFIDENCE", 0.5)
 # Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.
 WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
 WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)

@@ -4,33 +4,20 @@ expects in the next hour (docs/goodput.md §6, step 3b).
 The forecast is the services' own arrival history: their rate over the last `lookback_s`, times the
 horizon, is the mean of a Poisson count of arrivals; the headroom is that count's `quantile` (0.9: one
 hour in ten sees more arrivals than were kept for) times what one service asks. Departures are not
-netted off: a service that leaves frees its own unit, which is not the headroom's job.
+netted off: a service that leaves frees its own unit, which is not the headroom's job. Production sizes
+its pools' reserves by the same rule (whalegen.forecast.online_reserve).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
-DEFAULT_LOOKBACK_S = 3 * 3600.0
-DEFAULT_HORIZON_S = 3600.0
-DEFAULT_QUANTILE = 0.9
-
-
-def poisson_quantile(mean: float, quantile: float) -> int:
-    """The smallest k with P(N ≤ k) ≥ quantile for N ~ Poisson(mean)."""
-    if not 0.0 < quantile < 1.0:
-        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
-    if mean <= 0.0:
-        return 0
-    term = math.exp(-mean)
-    total = term
-    k = 0
-    while total < quantile:
-        k += 1
-        term *= mean / k
-        total += term
-    return k
+from whalegen.forecast.online_reserve import (
+    DEFAULT_HORIZON_S,
+    DEFAULT_LOOKBACK_S,
+    DEFAULT_QUANTILE,
+    size_online_reserve,
+)
 
 
 def forecast_arrivals(
@@ -52,6 +39,15 @@ def online_headroom_milli(
     horizon_s: float = DEFAULT_HORIZON_S,
     quantile: float = DEFAULT_QUANTILE,
 ) -> int:
-    """Idle milli-GPU to keep for the services expected in the next `horizon_s`."""
-    expected = forecast_arrivals(arrivals_s, now_s, lookback_s, horizon_s)
-    return poisson_quantile(expected, quantile) * service_milli
+    """Idle milli-GPU to keep for the services expected in the next `horizon_s`: production's sizing
+    (`size_online_reserve`) over the services seen in the lookback, each asking `service_milli`."""
+    seen = [service_milli for t in arrivals_s if now_s - lookback_s < t <= now_s]
+    reserve = size_online_reserve(
+        arrival_milli=seen,
+        waiting_milli=0,
+        floor_milli=0,
+        quantile=quantile,
+        lookback_s=lookback_s,
+        horizon_s=horizon_s,
+    )
+    return reserve.milli

@@ -64,8 +64,10 @@ SERVICE_WINDOW_S = 3600  # the service telemetry a profile is learned from
 # Replay options a policy name may carry after "+" (e.g. "whalegen-aware+headroom+oracle"):
 # `headroom`: keep idle the GPU milli the services' forecast expects to need (whalegen.goodput.headroom);
 # `oracle`: the policy reads every job's true profile (its speed rule exponent and SM utilisation) instead
-# of the one learned from telemetry: an upper bound on what better profiles could give.
-MODIFIERS = frozenset({"headroom", "oracle"})
+# of the one learned from telemetry: an upper bound on what better profiles could give;
+# `peer`: services arrive at the preemptible jobs' priority (0) instead of SERVICE_PRIORITY, as production's
+# queue default puts an online task beside batch work: only the online reserve lets them displace it.
+MODIFIERS = frozenset({"headroom", "oracle", "peer"})
 
 
 def split_policy(name: str) -> tuple[str, frozenset[str]]:
@@ -378,7 +380,7 @@ def run_goodput(
             config.service_mem_mib,
             1,
             config.service_milli,
-            priority=SERVICE_PRIORITY,
+            priority=0 if "peer" in options else SERVICE_PRIORITY,
             submitted_at_s=arrival,
             sla_online=True,
             profile=TaskProfile(compute_exponent=0.5, sla_min_factor=svc.sla_min_factor),

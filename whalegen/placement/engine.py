@@ -52,8 +52,12 @@ class EngineConfig:
     seed: int = 0  # drives the policies that draw at random (`random`); the rest are deterministic
     preemption: bool = True  # propose victims for tasks that cannot place
     # Idle GPU milli the pool keeps for online-SLA tasks (`TaskRequest.sla_online`): a batch task is not
-    # placed if afterwards less than this would be idle on schedulable nodes. 0 = no reserve.
+    # placed if afterwards less than this would be idle on schedulable nodes. 0 = no reserve. An online
+    # task asking no more than the reserve that finds no room may displace preemptible batch work of its
+    # own priority or below (`_victim_candidates`): the reserve is honoured, not only kept.
     online_reserve_milli: int = 0
+    # How the reserve was sized, for the reasons ("1.5 GPUs forecast for online arrivals (…)"); "" = static.
+    online_reserve_why: str = ""
 
 
 @dataclass
@@ -67,6 +71,7 @@ class _Record:
     started_at_s: float
     borrowed: bool
     request_milli: int
+    online: bool = False  # an online-SLA task (never displaced to honour the online reserve)
 
 
 class Engine:
@@ -114,6 +119,7 @@ class Engine:
                     task.started_at_s,
                     task.borrowed,
                     milli,
+                    task.sla_online,
                 )
             )
 
@@ -327,7 +333,16 @@ class Engine:
         milli = task.num_gpu * task.gpu_milli
         self.usage_milli[task.tenant] += milli
         self._remember(
-            _Record(task.task_id, task.tenant, task.priority, task.preemptible, now, borrowed, milli)
+            _Record(
+                task.task_id,
+                task.tenant,
+                task.priority,
+                task.preemptible,
+                now,
+                borrowed,
+                milli,
+                online=task.sla_online,
+            )
         )
         s = self.state
         indexes = tuple(s.gpu_index[binding.node][d] for d in binding.gpu_indexes)
@@ -374,9 +389,10 @@ class Engine:
 
     def _reserve_message(self, unit: list[TaskRequest], need_milli: int) -> str:
         what = "batch task" if len(unit) == 1 else f"batch gang {unit[0].gang_id}"
+        why = f" ({self.config.online_reserve_why})" if self.config.online_reserve_why else ""
         return (
             f"{what} asks {need_milli} milli-GPU; {self.state.free_milli_total} milli-GPU is free and the "
-            f"pool keeps {self.config.online_reserve_milli} for online tasks"
+            f"pool keeps {self.config.online_reserve_milli} for online tasks{why}"
         )
 
     # -- explanations ------------------------------------------------------------------------------
@@ -444,9 +460,13 @@ class Engine:
 
     def _victim_candidates(self, task: TaskRequest) -> dict[int, list[_Record]]:
         within_guarantee = self._within_guarantee(task)
+        honours_reserve = self._honours_reserve(task)
         by_node: dict[int, list[_Record]] = defaultdict(list)
         for record in self.victim_pool.values():
-            lower = record.preemptible and record.priority < task.priority
+            # The online reserve is room batch work may not keep from an online task: preemptible batch work
+            # of the same priority makes way too (a higher priority still outranks the SLA class).
+            makes_way = honours_reserve and not record.online and record.priority == task.priority
+            lower = record.preemptible and (record.priority < task.priority or makes_way)
             # A task admitted as borrowed keeps its flag after its tenant's other work ended; it is only
             # reclaimable while its tenant still holds more than its own guarantee (otherwise reclaiming
             # would take one tenant's guarantee to honour another's).
@@ -459,6 +479,11 @@ class Engine:
             if lower or reclaim:
                 by_node[self.state.bindings[record.task_id].node].append(record)
         return by_node
+
+    def _honours_reserve(self, task: TaskRequest) -> bool:
+        """Whether `task` is an online task the pool's online reserve was kept for (its ask fits in it)."""
+        reserve = self.config.online_reserve_milli
+        return task.sla_online and 0 < task.gpu_request_milli <= reserve
 
     def _keeps_guarantee(self, record: _Record, already_milli: int) -> bool:
         """Whether taking `record` leaves its tenant at or above its guarantee (after `already_milli` taken
@@ -529,10 +554,19 @@ class Engine:
         proposals = []
         for record in best[3]:
             claimed.add(record.task_id)
+            lost = f"loses {_progress_lost(record, now):.0f} GPU-seconds of progress"
             if record.preemptible and record.priority < task.priority:
+                why = f"preemptible, priority {record.priority} below {task.priority}; {lost}"
+            elif (
+                record.preemptible
+                and not record.online
+                and record.priority == task.priority
+                and self._honours_reserve(task)
+            ):
+                sized = f": {self.config.online_reserve_why}" if self.config.online_reserve_why else ""
                 why = (
-                    f"preemptible, priority {record.priority} below {task.priority}; "
-                    f"loses {_progress_lost(record, now):.0f} GPU-seconds of progress"
+                    f"preemptible batch work making way for online task {task.task_id} within the pool's "
+                    f"online-service reserve of {self.config.online_reserve_milli} milli-GPU{sized}; {lost}"
                 )
             else:
                 why = f"borrowed capacity reclaimed for tenant {task.tenant}, which is within its guarantee"

@@ -157,6 +157,7 @@ class RunningTask:
     # What telemetry says of it (as `TaskRequest.profile`): a fresh engine's profile-aware policy reads its
     # neighbours' utilisations and SLAs from here.
     profile: TaskProfile | None = None
+    sla_online: bool = False  # an online-SLA task: never displaced to honour the pool's online reserve
 
     @property
     def quota_milli(self) -> int:

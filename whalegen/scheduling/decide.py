@@ -22,6 +22,10 @@ Steps of one decision (`Decider.step`):
    (`plan_repartition`) and waits for it; a gang member or a multi-GPU task only learns that a new
    layout would be needed (`needs_layout_change`): it binds in one cycle or not at all. Re-carving comes
    after present units, so a task only a re-carve can serve never holds up the tasks behind it.
+5b. **Pre-carve** (only with `Config.precarve` and a confident `Snapshot.forecast`): idle MIG GPUs that
+   nothing in this decision touches, whose layout serves the forecast's expected MIG shapes worse than
+   another layout of their model would, get that layout now, a few per cycle, each with its reason
+   (`whalegen.scheduling.precarve`). The next task of such a shape finds its instance carved.
 6. **Preemptions** proposed for tasks that were placed after all, or whose victims were placed this very
    cycle (not running, so not stoppable), are dropped.
 7. **Reasons and estimates** for every task not placed.
@@ -59,6 +63,7 @@ from whalegen.placement.types import (
 )
 from whalegen.scheduling.estimate import estimate_starts
 from whalegen.scheduling.order import order_units
+from whalegen.scheduling.precarve import Precarve, precarve
 from whalegen.scheduling.reserve import Reservation, delays, is_large, pool_view, with_holders
 from whalegen.scheduling.reserve import plan as plan_reservation
 from whalegen.scheduling.snapshot import engine_gpu
@@ -193,6 +198,8 @@ class Decider:
                     f"{slot.mig_start}); it binds once the agent reports the layout applied",
                 )
         layout_tasks = {t for plan in layouts for t, _ in plan.plan.for_tasks}
+        # 5b. Pre-carve.
+        precarves = self._precarve(bound, layouts, preemptions) if self.config.precarve is not None else ()
         # 6. Preemptions.
         placed_ids = {b.task_id for b in bound} | layout_tasks
         # A task the policy deferred while units had room waits by choice: displacing work would free a
@@ -273,6 +280,7 @@ class Decider:
             nodes_after=after,
             reservation=reservation,
             placement_reasons={b.task_id: said[b.task_id] for b in bound if b.task_id in said},
+            precarves=precarves,
         )
 
     # -- 3b. reservation ---------------------------------------------------------------------------
@@ -638,6 +646,40 @@ class Decider:
                 self._needs_layout.add(p.task_id)
         return plans
 
+    # -- 5b. pre-carve -----------------------------------------------------------------------------
+
+    def _precarve(
+        self, bound: list[Bound], layouts: list[LayoutPlan], preemptions: Sequence[Preemption]
+    ) -> tuple[Precarve, ...]:
+        """Idle MIG GPUs re-carved for the forecast; every GPU this decision uses is left alone."""
+        config = self.config.precarve
+        snapshot = self.snapshot
+        if config is None or snapshot.forecast is None or not snapshot.idle_mig:
+            return ()
+        touched = touched_keys(bound) | {plan.gpu for plan in layouts}
+        touched |= {(p.node, i) for p in preemptions for i in self._victim_gpus(p.victim_task_id)}
+        taken = {u for b in bound for u in b.unit_ids}
+        free_mig: list[int] = []
+        free_whole = 0
+        for key, units in snapshot.free_units.items():
+            if key in snapshot.idle_mig or key in touched:
+                continue
+            free_mig += [u.gpu_milli for u in units if u.kind == "mig" and u.unit_id not in taken]
+            free_whole += sum(1 for u in units if u.kind == "whole" and u.unit_id not in taken)
+        return precarve(
+            idle=snapshot.idle_mig,
+            views=snapshot.gpu_views,
+            touched=touched,
+            free_mig_milli=free_mig,
+            free_whole_gpus=free_whole,
+            forecast=snapshot.forecast,
+            config=config,
+        )
+
+    def _victim_gpus(self, task_id: str) -> tuple[int, ...]:
+        running = next((t for t in self.snapshot.cluster.running if t.task_id == task_id), None)
+        return () if running is None else running.gpu_indexes
+
     def _nodes_after(self, bound: list[Bound], layouts: list[LayoutPlan]) -> tuple[NodeState, ...]:
         """The pool after this step: GPUs the re-carve pass closed as they were, re-carved GPUs taken, idle
         MIG GPUs nothing landed on open."""
@@ -702,4 +744,5 @@ def _as_running(placement: Placement, request: TaskRequest, now_s: float) -> Run
         borrowed=placement.borrowed,
         mig_profile=placement.unit.mig_profile if placement.unit.kind is UnitKind.MIG else None,
         mig_start_slice=placement.unit.mig_start_slice if placement.unit.kind is UnitKind.MIG else None,
+        sla_online=request.sla_online,
     )

@@ -17,6 +17,7 @@ from whalegen.placement.engine import EngineConfig
 from whalegen.placement.recarve import IdleMigGpu
 from whalegen.placement.repartition import ClaimAction, GpuView, MigSlot, RepartitionPlan
 from whalegen.placement.types import ClusterSnapshot, NodeState, Placement, Preemption, TaskRequest
+from whalegen.scheduling.precarve import Precarve, PrecarveConfig, ShapeForecast
 from whalegen.scheduling.reserve import Reservation, ReserveConfig
 
 GpuKey = tuple[str, int]  # (engine node name, GPU index)
@@ -108,6 +109,9 @@ class Snapshot:
     # Without units (a trace replay), every GPU's capacity is one unit per placement: the engine's view is
     # then exact by definition and nothing needs mapping.
     unit_exact: bool = True
+    # Expected arrivals by shape over the next hour (the pool's arrivals model), for pre-carving idle MIG
+    # GPUs (`Config.precarve`); None when there is no forecast to trust.
+    forecast: ShapeForecast | None = None
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,12 @@ class Config:
     seed: int = 0
     preemption: bool = True
     online_reserve_milli: int = 0
+    online_reserve_why: str = ""  # how the reserve was sized, for reasons (EngineConfig.online_reserve_why)
     # Reservations for large and gang tasks with backfill around them (whalegen.scheduling.reserve);
     # None (the default) = no reservations, backfill unrestricted.
     reserve: ReserveConfig | None = None
+    # Re-carve idle MIG GPUs ahead of `Snapshot.forecast` (whalegen.scheduling.precarve); None = never.
+    precarve: PrecarveConfig | None = None
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
@@ -126,6 +133,7 @@ class Config:
             seed=self.seed,
             preemption=self.preemption,
             online_reserve_milli=self.online_reserve_milli,
+            online_reserve_why=self.online_reserve_why,
         )
 
 
@@ -170,3 +178,5 @@ class Decisions:
     # Placed task id → why the policy chose that unit, where the policy says (profile-aware placement:
     # "H200-141GB chosen: 1.4× this task's H100-80GB speed (bandwidth-bound, a = 0.10)").
     placement_reasons: Mapping[str, str] = field(default_factory=_empty)
+    # Idle MIG GPUs re-carved ahead of the forecast, for no task yet (`Config.precarve`).
+    precarves: tuple[Precarve, ...] = ()

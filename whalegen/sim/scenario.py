@@ -800,6 +800,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                     mig_profile=r.mig_profile,
                     mig_start_slice=r.mig_start,
                     charge_milli=req.num_gpu * req.gpu_milli,
+                    sla_online=req.sla_online,
                 )
             )
             queues[task_id] = stream_queue[r.job.stream]

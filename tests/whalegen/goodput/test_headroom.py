@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from tests.whalegen.goodput.test_replay import A, B, _fleet, _job, world  # noqa: F401
+from whalegen.forecast.online_reserve import poisson_quantile
 from whalegen.goodput.fleet import parse_fleet
-from whalegen.goodput.headroom import forecast_arrivals, online_headroom_milli, poisson_quantile
+from whalegen.goodput.headroom import forecast_arrivals, online_headroom_milli
 from whalegen.goodput.jobs import Service, ServiceProfile
 from whalegen.goodput.replay import ReplayConfig, World, ceilings, run_goodput, split_policy
 
@@ -112,3 +113,14 @@ def test_the_ceilings_of_two_one_hour_jobs_on_one_gpu_by_hand(world: World) -> N
     # At half the load the window doubles and the same work is half of it.
     half = ceilings(_fleet(), [_job("j0", A, 3600), _job("j1", B, 3600)], world, ReplayConfig(load=0.5))  # type: ignore[arg-type]
     assert half.no_queue_pct == pytest.approx(50.0)
+
+
+def test_services_at_the_batch_priority_wait_without_the_reserve(world: World) -> None:  # noqa: F811
+    # `+peer`: services arrive at the preemptible jobs' priority, as production's queue default puts them.
+    # Without a reserve, equal priority displaces nobody: arriving services wait for jobs to end (10 % of
+    # service-minutes violate, waiting). The forecast reserve keeps room for them (1.2 %).
+    plain = _churn_run(world, "whalegen-aware+peer")
+    kept = _churn_run(world, "whalegen-aware+peer+headroom")
+    assert plain.service_preemptions == 0  # type: ignore[attr-defined]
+    assert plain.sla_violation_pct > 5  # type: ignore[attr-defined]
+    assert kept.sla_violation_pct < plain.sla_violation_pct / 4  # type: ignore[attr-defined]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.whalegen.placement.builders import node, snapshot, task
@@ -135,3 +137,80 @@ def test_an_order_key_overrides_priority_order() -> None:
     without = [task("high", gpus=1, priority=5), task("low", gpus=1, priority=0)]
     result = solve_cycle(snapshot([node("a", gpus=1)], without), EngineConfig(policy="fgd"), now=0.0)
     assert [p.task_id for p in result.placements] == ["high"]
+
+
+def _full_pool_of_batch(*, online_victim: bool = False, preemptible: bool = True) -> list[RunningTask]:
+    """Two whole GPUs held by batch tasks of priority 0; `b1` started last (it loses least)."""
+    return [
+        RunningTask("b0", "a", (0,), 1000, 1000, GIB, preemptible=preemptible, started_at_s=0.0),
+        RunningTask(
+            "b1",
+            "a",
+            (1,),
+            1000,
+            1000,
+            GIB,
+            preemptible=preemptible,
+            started_at_s=50.0,
+            sla_online=online_victim,
+        ),
+    ]
+
+
+def test_an_online_task_finding_no_room_displaces_preemptible_batch_work_of_its_priority() -> None:
+    cfg = EngineConfig(
+        policy="whalegen",
+        online_reserve_milli=1500,
+        online_reserve_why="1.5 GPUs forecast for online arrivals",
+    )
+    online = task("svc", gpus=1, milli=1000, sla_online=True)
+    result = solve_cycle(
+        snapshot([node("a", gpus=2, free=[0, 0])], [online], running=_full_pool_of_batch()), cfg, now=100.0
+    )
+    (victim,) = result.preemptions
+    assert (victim.victim_task_id, victim.for_task_id) == ("b1", "svc")
+    assert victim.reason == (
+        "preemptible batch work making way for online task svc within the pool's online-service reserve of "
+        "1500 milli-GPU: 1.5 GPUs forecast for online arrivals; loses 50 GPU-seconds of progress"
+    )
+    assert result.unplaced[0].outcome is Outcome.WAITING_FOR_PREEMPTION
+
+
+@pytest.mark.parametrize(
+    ("reserve_milli", "online_victim", "preemptible", "ask_milli"),
+    [
+        (0, False, True, 1000),
+        (1500, True, True, 1000),
+        (1500, False, False, 1000),
+        (500, False, True, 1000),
+    ],
+    ids=[
+        "without a reserve priority alone decides",
+        "an online task is never displaced for another",
+        "batch work that is not preemptible stays",
+        "an ask larger than the reserve was not kept for",
+    ],
+)
+def test_the_reserve_displaces_only_what_it_may(
+    reserve_milli: int, online_victim: bool, preemptible: bool, ask_milli: int
+) -> None:
+    cfg = EngineConfig(policy="whalegen", online_reserve_milli=reserve_milli)
+    online = task("svc", gpus=1, milli=ask_milli, sla_online=True)
+    running = _full_pool_of_batch(online_victim=online_victim, preemptible=preemptible)
+    if online_victim:  # both running tasks online: nothing batch to displace
+        running = [replace(r, sla_online=True) for r in running]
+    result = solve_cycle(
+        snapshot([node("a", gpus=2, free=[0, 0])], [online], running=running), cfg, now=100.0
+    )
+    assert result.preemptions == ()
+    assert result.unplaced[0].outcome is Outcome.NO_CAPACITY
+
+
+def test_a_higher_priority_batch_task_outranks_the_online_class() -> None:
+    cfg = EngineConfig(policy="whalegen", online_reserve_milli=1500)
+    online = task("svc", gpus=1, milli=1000, sla_online=True)
+    running = [replace(r, priority=5) for r in _full_pool_of_batch()]
+    result = solve_cycle(
+        snapshot([node("a", gpus=2, free=[0, 0])], [online], running=running), cfg, now=100.0
+    )
+    assert result.preemptions == ()
