@@ -64,7 +64,8 @@ class Node(TimestampedModel):
     # Indexed: every agent request authenticates by looking this hash up.
     agent_credential_hash = models.CharField(max_length=64, blank=True, db_index=True)
     agent_version = models.CharField(max_length=32, blank=True)
-    # Raised on every write that changes what can be placed here; cycles compare-and-set on it.
+    # Raised on every write that changes what can be placed here; cycles compare-and-set on it. Not
+    # indexed, and the table keeps half of each page free (migration 0007), so raising it is a HOT update.
     version = models.PositiveBigIntegerField(default=0)
 
     class Meta:

@@ -16,7 +16,7 @@ import threading
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -142,12 +142,12 @@ def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[i
 
 
 def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: datetime) -> _Commit:
-    """Write placements, then preemptions; what lost a race stays pending with a reason.
+    """Write placements, then preemptions; what lost a race or `decide` left stays pending with a reason.
 
     Steps: 1. every placement names its units already (`decide` bound it); 2. lock quotas, nodes and tasks
     (in that order, ids ascending) and compare with the snapshot; 3. drop whole gangs that lost any member;
-    4. keep tenants within their limit; 5. write tasks, units, nodes, assignments and new layouts;
-    6. preempt.
+    4. keep tenants within their limit; 5. write tasks, units, nodes, assignments and why-pending, then
+    new layouts; 6. preempt.
     """
     out = _Commit()
     clock = time.perf_counter()
@@ -255,28 +255,45 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
             placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
         reasons[info.pk] = [admitted, placed]
     clock = out.lap("gangs_and_quota", clock)
-    tasks_transition_bulk(
-        tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in winners],
-        from_state=Task.State.PENDING,
-        path=[Task.State.ADMITTED, Task.State.ASSIGNED],
-        actor=ACTOR,
-        reasons=reasons,
-        now=now,
-    )
-    clock = out.lap("write_tasks_and_events", clock)
-    _write_placements(
-        held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
-        seen=snapshot.unit_versions,
-        nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans},
-        assignments=[
-            (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
-        ],
-        cycle=cycle,
-    )
-    clock = out.lap("write_units_nodes_and_assignments", clock)
+    # The bulk writes go out in one pipeline (`_pipelined`): each statement's parameters are built while
+    # the server runs the one before, and their compare-and-set checks run once all have answered.
+    checks: list[Callable[[], None]] = []
+    with _pipelined():
+        tasks_transition_bulk(
+            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in winners],
+            from_state=Task.State.PENDING,
+            path=[Task.State.ADMITTED, Task.State.ASSIGNED],
+            actor=ACTOR,
+            reasons=reasons,
+            now=now,
+            deferred=checks,
+        )
+        clock = out.lap("write_tasks_and_events", clock)
+        _write_placements(
+            held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
+            seen=snapshot.unit_versions,
+            nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans},
+            assignments=[
+                (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
+            ],
+            cycle=cycle,
+            deferred=checks,
+        )
+        clock = out.lap("write_units_nodes_and_assignments", clock)
+        # What `decide` left and what lost a race: nothing below changes them but a new layout's tasks,
+        # written again after it.
+        _write_why_pending(snapshot, *_why_pending(decisions, lost, now.timestamp()))
+        clock = out.lap("why_pending", clock)
+    for check in checks:
+        check()
+    # The wait for the server to finish the statements above (their time shows here, not in their phases).
+    clock = out.lap("writes_finished", clock)
     # Claims first: a task whose claim was given up may get a new one now (one open claim per task).
     _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
-    lost.update(_write_layouts(snapshot, kept_plans, cycle, now))
+    if layouts := _write_layouts(snapshot, kept_plans, cycle, now):
+        lost.update(layouts)
+        reasons_now, estimates = _why_pending(decisions, lost, now.timestamp())
+        _write_why_pending(snapshot, {t: reasons_now[t] for t in layouts}, estimates)
     # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
     node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
     clock = out.lap("repartitions", clock)
@@ -310,6 +327,34 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
     out.lap("preempt", clock)
     out.held_back = lost
     return out
+
+
+@contextmanager
+def _pipelined() -> Iterator[None]:
+    """Statements executed inside go to the server without waiting for the one before (a psycopg
+    pipeline): on two cores the server writes while this process builds the next statement's parameters.
+    Results and row counts are known only once it has ended, so what runs inside defers its checks; an
+    ORM `update()` (which reads its row count at once) must not run inside. Elsewhere (SQLite) a no-op."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    connection.ensure_connection()
+    # A failed statement raises when the pipeline syncs, as psycopg's error: wrapped as Django's.
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield
+
+
+def _why_pending(
+    decisions: Decisions, held_back: Mapping[str, tuple[str, str]], now_s: float
+) -> tuple[dict[str, tuple[str, str]], dict[str, float | None]]:
+    """Task → (code, sentence) and task → estimated start for everything `decide` left or the commit held
+    back: what lost a race or waits for its new layout is retried (or binds) next cycle, so now."""
+    reasons = {t: (r.code, r.message) for t, r in decisions.unplaced.items()}
+    reasons.update(held_back)
+    estimates = {t: decisions.estimates.get(t) for t in reasons}
+    for task_id, (code, _) in held_back.items():
+        estimates[task_id] = now_s if code in (LOST_RACE, WAITING_FOR_LAYOUT) else None
+    return reasons, estimates
 
 
 def _write_layouts(
@@ -396,6 +441,7 @@ def _write_placements(
     nodes: set[int],
     assignments: Sequence[tuple[int, int, bool]],
     cycle: Cycle,
+    deferred: list[Callable[[], None]] | None = None,
 ) -> None:
     """Bind units, raise node versions, insert assignments with the ids of the units they hold.
 
@@ -410,6 +456,7 @@ def _write_placements(
     array (`{"{1,2}","{3}"}`), cast per row: no link rows (see `UnitIdsField`). The literals are joined
     per task, not per unit (a cycle binds ~60,000 units: per-unit tuples and three passes over them were
     a third of the commit's own CPU). Elsewhere (the embedded SQLite) the ORM does the same steps.
+    `deferred` as in `tasks_transition_bulk`: the check that every unit was bound, for after a pipeline.
     """
     binds = sum(len(ids) for ids in held.values())
     if not binds and not nodes:
@@ -421,43 +468,51 @@ def _write_placements(
     ids_of = {task: ",".join(map(str, ids)) for task, ids in held.items() if ids}
     units = ComputeUnit._meta.db_table
     table = Assignment._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH bound AS ("
-            f"  UPDATE {units} AS u SET task_id = v.task, version = u.version + 1"
-            "   FROM unnest(%(unit)s::bigint[], %(task)s::bigint[], %(seen)s::bigint[]) AS v(id, task, seen)"
-            "   WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen RETURNING u.id"
-            "), raised AS ("
-            f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
-            "   RETURNING id"
-            "), made AS ("
-            f"  INSERT INTO {table}"
-            "   (task_id, node_id, cycle_id, borrowed, created_at, release_reason, unit_ids)"
-            "   SELECT t, n, %(cycle)s, b, %(at)s, '', h::bigint[]"
-            "   FROM unnest(%(a_task)s::bigint[], %(a_node)s::bigint[], %(a_borrowed)s::boolean[],"
-            "   %(a_units)s::text[]) AS a(t, n, b, h)"
-            "   RETURNING 1"
-            ") SELECT (SELECT count(*) FROM bound), (SELECT count(*) FROM raised),"
-            " (SELECT count(*) FROM made)",
-            {
-                "unit": "{" + ",".join(ids_of.values()) + "}",
-                "task": "{" + ",".join(",".join([str(task)] * len(held[task])) for task in ids_of) + "}",
-                "seen": "{" + ",".join([str(seen[u]) for task in ids_of for u in held[task]]) + "}",
-                "nodes": _int_array(sorted(nodes)),
-                "cycle": cycle.pk,
-                # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
-                # simulated).
-                "at": timezone.now(),
-                "a_task": _int_array(a[0] for a in assignments),
-                "a_node": _int_array(a[1] for a in assignments),
-                "a_borrowed": _bool_array(a[2] for a in assignments),
-                # Elements are `{1,2}` quoted: digits, commas and braces only, so no escaping is needed.
-                "a_units": "{" + ",".join(f'"{{{ids_of.get(a[0], "")}}}"' for a in assignments) + "}",
-            },
-        )
-        bound, _, made = cursor.fetchone()
-    if bound != binds or made != len(assignments):
-        raise Conflict(f"{binds - bound} of {binds} compute units were taken during the commit")
+    cursor = connection.cursor()  # closed by the check, once the statement has answered
+    cursor.execute(
+        f"WITH bound AS ("
+        f"  UPDATE {units} AS u SET task_id = v.task, version = u.version + 1"
+        "   FROM unnest(%(unit)s::bigint[], %(task)s::bigint[], %(seen)s::bigint[]) AS v(id, task, seen)"
+        "   WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen RETURNING u.id"
+        "), raised AS ("
+        f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
+        "   RETURNING id"
+        "), made AS ("
+        f"  INSERT INTO {table}"
+        "   (task_id, node_id, cycle_id, borrowed, created_at, release_reason, unit_ids)"
+        "   SELECT t, n, %(cycle)s, b, %(at)s, '', h::bigint[]"
+        "   FROM unnest(%(a_task)s::bigint[], %(a_node)s::bigint[], %(a_borrowed)s::boolean[],"
+        "   %(a_units)s::text[]) AS a(t, n, b, h)"
+        "   RETURNING 1"
+        ") SELECT (SELECT count(*) FROM bound), (SELECT count(*) FROM raised),"
+        " (SELECT count(*) FROM made)",
+        {
+            "unit": "{" + ",".join(ids_of.values()) + "}",
+            "task": "{" + ",".join(",".join([str(task)] * len(held[task])) for task in ids_of) + "}",
+            "seen": "{" + ",".join([str(seen[u]) for task in ids_of for u in held[task]]) + "}",
+            "nodes": _int_array(sorted(nodes)),
+            "cycle": cycle.pk,
+            # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
+            # simulated).
+            "at": timezone.now(),
+            "a_task": _int_array(a[0] for a in assignments),
+            "a_node": _int_array(a[1] for a in assignments),
+            "a_borrowed": _bool_array(a[2] for a in assignments),
+            # Elements are `{1,2}` quoted: digits, commas and braces only, so no escaping is needed.
+            "a_units": "{" + ",".join(f'"{{{ids_of.get(a[0], "")}}}"' for a in assignments) + "}",
+        },
+    )
+
+    def check() -> None:
+        with cursor:
+            bound, _, made = cursor.fetchone()
+        if bound != binds or made != len(assignments):
+            raise Conflict(f"{binds - bound} of {binds} compute units were taken during the commit")
+
+    if deferred is None:
+        check()
+    else:
+        deferred.append(check)
 
 
 def _write_placements_orm(
@@ -512,7 +567,11 @@ def _write_why_pending(
                 f"UPDATE {Task._meta.db_table} AS t SET why_pending = v.why, why_pending_code = v.code, "
                 "predicted_start_at = v.eta "
                 "FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, why text, code text, eta timestamptz) "
-                "WHERE t.id = v.id AND t.state = %s",
+                # A task still waiting for the same reason keeps its row: each new version of a task row
+                # writes every index of the table, and a pool's backlog is mostly the same from one cycle
+                # to the next.
+                "WHERE t.id = v.id AND t.state = %s AND (t.why_pending, t.why_pending_code, "
+                "t.predicted_start_at) IS DISTINCT FROM (v.why, v.code, v.eta)",
                 [rows, Task.State.PENDING],
             )
         return
@@ -654,16 +713,8 @@ def cycle_run(
             cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
             commit = _commit(snapshot, decisions, cycle, now)
             precarved = precarves_commit(snapshot, decisions, cycle, now)
-            # 5. Why pending, for everything `decide` or the commit left behind.
-            clock = time.perf_counter()
-            reasons = {t: (r.code, r.message) for t, r in decisions.unplaced.items()}
-            reasons.update(commit.held_back)
-            estimates = {t: decisions.estimates.get(t) for t in reasons}
-            for task_id, (code, _) in commit.held_back.items():
-                # Lost a race or waits for its new layout: it is retried (or binds) next cycle.
-                estimates[task_id] = now_s if code in (LOST_RACE, WAITING_FOR_LAYOUT) else None
-            _write_why_pending(snapshot, reasons, estimates)
-            commit.lap("why_pending", clock)
+            # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).
+            reasons, _ = _why_pending(decisions, commit.held_back, now_s)
             commit_ms = (time.perf_counter() - started) * 1000
             cpu_ms["commit"] = round((time.process_time() - cpu) * 1000, 1)
             # 6. Record.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import BooleanField, Exists, F, OuterRef, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
@@ -835,6 +836,7 @@ def tasks_transition_bulk(
     actor: str,
     reasons: Mapping[int, Sequence[str]],
     now: datetime | None = None,
+    deferred: list[Callable[[], None]] | None = None,
 ) -> int:
     """Move many tasks from `from_state` along `path` (e.g. admitted, then assigned) in a few statements.
 
@@ -845,6 +847,11 @@ def tasks_transition_bulk(
     must touch exactly the rows it names; if not, Conflict is raised and the caller's transaction rolls
     back. Only moves that neither finish nor requeue a task are allowed: those release units and quota
     and stay with `task_transition`.
+
+    `deferred`: a caller that sends these statements inside a psycopg pipeline (the scheduler's commit,
+    which builds its next statement while the server runs this one) learns the row counts only once the
+    pipeline has synced; it passes a list, gets the compare-and-set check appended instead of run, and
+    runs it after. A failed check raises Conflict then, and the caller's transaction must roll back.
     """
     now = now or timezone.now()
     states = [from_state, *path]
@@ -869,6 +876,14 @@ def tasks_transition_bulk(
     if to_state == Task.State.RUNNING:
         updates["started_at"] = now
     postgres = connection.vendor == "postgresql"
+    counts: list[tuple[Callable[[], int], int]] = []  # (rows the UPDATE moved, once known; rows it must move)
+
+    def check() -> None:
+        for moved_of, wanted in counts:
+            moved = moved_of()
+            if moved != wanted:
+                raise Conflict(f"{wanted - moved} of {wanted} tasks changed while the scheduler moved them")
+
     with transaction.atomic():
         for version, pks in by_version.items():
             # On PostgreSQL the ids go as one array literal: thousands of IN placeholders cost the client
@@ -881,13 +896,18 @@ def tasks_transition_bulk(
                 rows = rows.filter(
                     RawSQL(f'"{Task._meta.db_table}"."id" = ANY(%s::bigint[])', [literal], BooleanField())
                 )
+                # The ORM's UPDATE statement on a cursor of our own: `QuerySet.update` reads the row count
+                # at once, which a pipeline knows only after it syncs.
+                query = rows.query.chain(UpdateQuery)
+                query.add_update_values(updates)
+                query.clear_select_clause()
+                sql, params = query.get_compiler(connection.alias).as_sql()
+                cursor = connection.cursor()
+                cursor.execute(sql, params)
+                counts.append((lambda cursor=cursor: cursor.rowcount, len(pks)))
             else:
-                rows = rows.filter(pk__in=pks)
-            moved = rows.update(**updates)
-            if moved != len(pks):
-                raise Conflict(
-                    f"{len(pks) - moved} of {len(pks)} tasks changed while the scheduler moved them"
-                )
+                moved = rows.filter(pk__in=pks).update(**updates)
+                counts.append((lambda moved=moved: moved, len(pks)))
         events = [
             (pk, before, after, reason[:500])
             for pk, _ in tasks
@@ -916,4 +936,8 @@ def tasks_transition_bulk(
                     for t, b, a, r in events
                 ]
             )
+        if deferred is None:
+            check()  # inside the savepoint: a conflict undoes this call's writes
+    if deferred is not None:
+        deferred.append(check)
     return len(tasks)
