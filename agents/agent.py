@@ -119,6 +119,9 @@ class Agent:
         self._inbox_lock = threading.Lock()
         self._inbox: DesiredState | None = None
         self._poll_generation = 0
+        # Set when the poller must fetch now without a long poll (`poll_wait_s` 0): at registration, and
+        # when a heartbeat's answer names a newer generation than the poller holds.
+        self._fetch = threading.Event()
 
         self.node_id: str | None = None
         self.desired: DesiredState | None = None
@@ -221,20 +224,32 @@ class Agent:
         """Leave tasks and MPS daemons running: a restarted agent re-adopts them."""
         self.stop_event.set()
         self.wake.set()
+        self._fetch.set()
 
     # ---- the poller thread ----------------------------------------------------------------------------
     def _poll_loop(self) -> None:
+        """Two ways to learn of a new desired state (docs/agent.md, "Desired state"): a long poll held open
+        (`poll_wait_s` > 0: the plane answers as soon as it changes), or, with `poll_wait_s` 0 (a plane
+        of thousands of nodes holds no request per idle agent), a fetch when a heartbeat's answer names a
+        newer generation than the one held, and once after registering."""
         backoff = Backoff(rng=self.rng)
         while not self.stop_event.is_set():
             if self.node_id is None:
                 self.stop_event.wait(0.2)
                 continue
+            wait_s = self.config.poll_wait_s
+            if wait_s <= 0:
+                self._fetch.wait()
+                self._fetch.clear()
+                if self.stop_event.is_set():
+                    return
             try:
-                desired = self.poll_client.desired_state(self._poll_generation, self.config.poll_wait_s)
+                desired = self.poll_client.desired_state(self._poll_generation, max(0.0, wait_s))
                 backoff.succeeded()
             except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
                 delay = backoff.failed(time.monotonic())
                 log.info("desired state unavailable (%s); retrying in %.1f s", error, delay)
+                self._fetch.set()  # a fetch that failed is still owed
                 self.stop_event.wait(delay)
                 continue
             if desired is not None and desired.generation != self._poll_generation:
@@ -291,6 +306,7 @@ class Agent:
             return
         self._backoff["register"].succeeded()
         self.node_id = registered.node_id
+        self._fetch.set()  # whatever was assigned while this agent was away
         if registered.stored_seq > self.seq:
             self._renumber_outbox(registered.stored_seq)
         self.config = _replace_intervals(self.config, registered.heartbeat_interval_s, registered.poll_wait_s)
@@ -621,12 +637,17 @@ class Agent:
             ),
         )
         try:
-            self.client.heartbeat(message)
+            ack = self.client.heartbeat(message)
         except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
             delay = self._backoff["heartbeat"].failed(now)
             log.info("heartbeat failed (%s); retrying in %.1f s", error, delay)
             return
         self._backoff["heartbeat"].succeeded()
+        # The plane's generation is newer than the poller's: fetch (without a long poll this is how a
+        # change arrives; with one, the poll in flight answers by itself). Only newer: the generation a
+        # heartbeat answers from Redis may be older than one a fetch got since.
+        if ack.generation > self._poll_generation:
+            self._fetch.set()
         # The plane answers again: the reports held back by their own back-off (up to 30 s after an
         # outage) go in this same pass. A heartbeat that no longer lists a run that ended meanwhile
         # starts the plane's grace for that run; its end must land within it, or the plane declares the
@@ -781,5 +802,6 @@ def _replace_intervals(config: AgentConfig, heartbeat_s: float, poll_wait_s: flo
     return dataclasses.replace(
         config,
         heartbeat_s=min(config.heartbeat_s, heartbeat_s) if heartbeat_s > 0 else config.heartbeat_s,
-        poll_wait_s=min(config.poll_wait_s, poll_wait_s) if poll_wait_s > 0 else config.poll_wait_s,
+        # 0 from the plane: no long poll, fetch on the heartbeat's hint (`_poll_loop`).
+        poll_wait_s=min(config.poll_wait_s, poll_wait_s) if poll_wait_s >= 0 else config.poll_wait_s,
     )

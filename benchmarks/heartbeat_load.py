@@ -19,6 +19,16 @@ refused by design): the heartbeat front refusing an unknown token, Django's hand
 to the plain heartbeat view refusing the method, Django + DRF refusing an unknown token on the reports
 endpoint, and gunicorn alone (`benchmarks/floor_wsgi.py` in place of the plane's application).
 
+With `--poll`, a second load window as long as the first follows it: the same heartbeats, and each
+agent also keeps its desired state as the real agent does (`SimAgent`: a long poll held on a second
+client when the plane's `poll_wait_s` is above 0 — `--plane-poll-wait-s`, default the plane's 20 s —,
+else a fetch after registering and after each heartbeat whose answer names a newer generation), while a
+writer changes `--changes-per-s` nodes' desired states (one GPU's partition mode flipped, the node
+marked as the plane's writers mark it). Its figures (`desired_state`): plane CPU with and without the
+desired state in the same run, the difference per agent and per change, and how long a change took to
+reach its agent. `--plane-root DIR` runs the plane from another checkout (a baseline: the same load on
+another commit's code); `--no-floors` skips the floors.
+
 Prints, as text and JSON: the settings, heartbeats ok / failed / due / not sent, p50/p99/max latency,
 plane CPU from /proc utime+stime as a share of one core, by part (web: gunicorn master+workers; db:
 every PostgreSQL backend; redis: the Redis server, broker and heartbeat liveness store; worker: Celery
@@ -40,6 +50,7 @@ import contextlib
 import heapq
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -59,6 +70,7 @@ from tests.faults.services import PostgresServer, RedisServer  # noqa: E402
 from whalegen.protocol import (  # noqa: E402
     HEARTBEAT_PATH,
     REPORT_PATH,
+    DesiredState,
     GpuInventory,
     Heartbeat,
     Register,
@@ -98,9 +110,18 @@ def children(pid: int) -> list[int]:
 
 class Plane:
     def __init__(
-        self, work: Path, *, web_port: int, gunicorn_workers: int, threads: int, keep_alive_s: float
+        self,
+        work: Path,
+        *,
+        web_port: int,
+        gunicorn_workers: int,
+        threads: int,
+        keep_alive_s: float,
+        root: Path = ROOT,
+        poll_wait_s: float | None = None,
     ) -> None:
         self.work = work
+        self.root = root  # the plane's code: this tree, or another checkout (`--plane-root`, a baseline)
         self.web_port = web_port
         self.url = f"http://127.0.0.1:{web_port}"
         self.pg = PostgresServer(work / "pg")
@@ -109,7 +130,7 @@ class Plane:
         self.keep_alive_s = keep_alive_s
         self.env = dict(
             os.environ,
-            PYTHONPATH=str(ROOT),
+            PYTHONPATH=str(root),
             DATABASE_URL=self.pg.url("whalegen"),
             REDIS_URL=self.redis.url,
             SECRET_KEY="bench-only-not-secret",
@@ -117,17 +138,23 @@ class Plane:
             WHALEGEN_NODE_HEALTH_INTERVAL_S="5",
         )
         self.env.pop("DJANGO_SETTINGS_MODULE", None)
+        if poll_wait_s is not None:
+            self.env["WHALEGEN_AGENT_POLL_WAIT_S"] = f"{poll_wait_s:g}"
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def run(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=self.env, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, *args], cwd=self.root, env=self.env, capture_output=True, text=True
+        )
         if done.returncode:
             raise SystemExit(f"{args} failed:\n{done.stderr[-3000:]}")
         return done.stdout
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.work / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=self.env, stdout=log, stderr=log)
+            proc = subprocess.Popen(
+                [sys.executable, *args], cwd=self.root, env=self.env, stdout=log, stderr=log
+            )
         self.procs.append(proc)
         return proc
 
@@ -259,11 +286,15 @@ class Plane:
 
 
 class SimAgent:
-    """One node's heartbeat as the real agent sends it, through the real agent client."""
+    """One node's heartbeat as the real agent sends it, through the real agent client; with `--poll`, also
+    what the real agent does for its desired state (`agents.agent.Agent._poll_loop`): a long poll held on
+    a second client when the plane's `poll_wait_s` is above 0, else a fetch after registering and after
+    each heartbeat whose answer names a newer generation than the one held."""
 
     def __init__(self, url: str, name: str, token: str, gpus: int) -> None:
         self.name = name
         self.client = PlaneClient(url, token)
+        self.poll_client = PlaneClient(url, token)
         self.inventory = tuple(
             GpuInventory(
                 j, f"GPU-bench-{name}-{j}", "NVIDIA L40S", "L40S", 46_068, f"0000:{j:02x}:00.0", False
@@ -271,6 +302,11 @@ class SimAgent:
             for j in range(gpus)
         )
         self.node_id: str | None = None
+        self.poll_wait_s = 20.0  # the plane's, from `Registered`
+        self.generation = 0  # the desired state's generation held
+        self.hinted = False  # a heartbeat named a newer generation: fetch
+        self.changed_at: float | None = None  # when the simulated writer last changed this node
+        self.lock = threading.Lock()
 
     def register(self) -> None:
         """Register as the agent does at start-up: a plane slow to answer is asked again (not measured)."""
@@ -278,7 +314,8 @@ class SimAgent:
                            inventory=self.inventory)  # fmt: skip
         for attempt in range(5):
             try:
-                self.node_id = self.client.register(message).node_id
+                registered = self.client.register(message)
+                self.node_id, self.poll_wait_s = registered.node_id, registered.poll_wait_s
                 return
             except PlaneUnavailable:
                 if attempt == 4:
@@ -299,10 +336,13 @@ class SimAgent:
             for g in self.inventory
         )
         return Heartbeat(node_id=self.node_id, agent_version="bench", sent_at_s=now,
-                         inventory=self.inventory, telemetry=telemetry, running=())  # fmt: skip
+                         inventory=self.inventory, telemetry=telemetry, running=(),
+                         generation_applied=self.generation)  # fmt: skip
 
     def heartbeat(self) -> None:
-        self.client.heartbeat(self.message())
+        ack = self.client.heartbeat(self.message())
+        if ack.generation > self.generation:  # the agent's rule (`Agent._heartbeat`)
+            self.hinted = True
 
     def floor_request(self, method: str, path: str, expect: int) -> bool:
         """A floor's request: the heartbeat this agent would send, as `method` to `path`, through the same
@@ -321,6 +361,108 @@ class SimAgent:
         except (PlaneUnavailable, PlaneRejected):
             return False
         return True
+
+    # ---- the desired state (`--poll`) ----
+    def _took(self, desired: DesiredState | None, stats: PollStats) -> None:
+        if desired is None or desired.generation == self.generation:
+            stats.count("unchanged")
+            return
+        self.generation = desired.generation
+        stats.count("new")
+        with self.lock:
+            changed_at, self.changed_at = self.changed_at, None
+        if changed_at is not None:
+            stats.latency(time.monotonic() - changed_at)
+
+    def fetch(self, stats: PollStats) -> None:
+        """No long poll: what the agent's poller does when told to fetch."""
+        self.hinted = False
+        try:
+            self._took(self.poll_client.desired_state(self.generation, 0.0), stats)
+        except (PlaneUnavailable, PlaneRejected):
+            stats.count("failed")
+            self.hinted = True  # still owed, as the agent keeps it
+
+    def long_poll(self, stop: threading.Event, stats: PollStats) -> None:
+        """The agent's poller thread with a long poll: one request held at a time until `stop`."""
+        while not stop.is_set():
+            try:
+                self._took(self.poll_client.desired_state(self.generation, self.poll_wait_s), stats)
+            except (PlaneUnavailable, PlaneRejected):
+                stats.count("failed")
+                stop.wait(1.0)
+
+    def beat_and_fetch(self, stats: PollStats) -> bool:
+        """A heartbeat (timed as the load's), then the fetch its answer asked for, in hint mode."""
+        ok = self.beat()
+        if self.poll_wait_s <= 0 and self.hinted:
+            began = time.perf_counter()
+            self.fetch(stats)
+            stats.fetch_s(time.perf_counter() - began)
+        return ok
+
+
+class PollStats:
+    """What the agents' desired-state requests got: new states, unchanged answers (204 or the same
+    generation), failures, the time from a simulated change to the agent holding it, fetch latencies."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {"new": 0, "unchanged": 0, "failed": 0}
+        self.latencies: list[float] = []
+        self.fetches: list[float] = []
+        self.initial: tuple[float, float] | None = None  # the fetches after registering: wall s, CPU s
+
+    def count(self, what: str) -> None:
+        with self.lock:
+            self.counts[what] += 1
+
+    def latency(self, seconds: float) -> None:
+        with self.lock:
+            self.latencies.append(seconds)
+
+    def fetch_s(self, seconds: float) -> None:
+        with self.lock:
+            self.fetches.append(seconds)
+
+
+class Writer:
+    """A stand-in for the plane's writers (a cycle assigning work, a task ending): `per_s` times a second
+    one node's desired state really changes — one GPU's partition mode flips between whole and
+    time-sliced, so its layout differs — and the node is marked as the plane's writers mark it
+    (`apps.fleet.changes`: HINCRBY of the `mark` field of the node's hash in Redis after the commit). A
+    plane without marks (the baseline) ignores the field and finds the change by re-checking."""
+
+    def __init__(self, plane: Plane, agents: list[SimAgent], per_s: float, seed: int = 1) -> None:
+        self.plane, self.agents, self.per_s = plane, agents, per_s
+        self.rng = random.Random(seed)
+        self.done = threading.Event()
+        self.changes = 0
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        import psycopg
+        import redis
+
+        marks = redis.Redis.from_url(self.plane.redis.url)
+        flip = """UPDATE inventory_gpu SET partition_mode = CASE WHEN partition_mode = 'whole'
+                  THEN 'timeslice' ELSE 'whole' END
+                  WHERE id = (SELECT min(id) FROM inventory_gpu WHERE node_id = %s)"""
+        with psycopg.connect(self.plane.pg.url("whalegen"), autocommit=True) as conn:
+            while not self.done.wait(self.rng.expovariate(self.per_s) if self.per_s > 0 else 3600):
+                agent = self.rng.choice(self.agents)
+                conn.execute(flip, (int(agent.node_id or 0),))
+                with agent.lock:
+                    agent.changed_at = agent.changed_at or time.monotonic()
+                marks.hincrby(f"wg:hb:whalegen:{agent.node_id}", "mark", 1)
+                self.changes += 1
 
 
 def drive(
@@ -462,6 +604,97 @@ FLOORS = {
 }  # fmt: skip
 
 
+def poll_window(
+    plane: Plane, agents: list[SimAgent], args: argparse.Namespace, window: Window, stats: PollStats
+) -> tuple[tuple[list[float], int, int], int]:
+    """The heartbeat load again for `--duration-s`, each agent also keeping its desired state: with a long
+    poll (the plane's `poll_wait_s` above 0) a poller thread per agent on its own client, as the agent's
+    `desired-state-poller`; without, a fetch at the start (the agent's fetch after registering) and one
+    after each heartbeat whose answer names a newer generation. The writer changes `--changes-per-s`
+    nodes a second. Returns the heartbeats' (latencies, failures, overdue) and the changes made."""
+    long_poll = agents[0].poll_wait_s > 0
+    mode = f"long poll ({agents[0].poll_wait_s:g} s)" if long_poll else "fetch on the heartbeat's answer"
+    progress(f"desired-state window: {mode}, {args.changes_per_s:g} changes/s, {args.duration_s:g} s")
+    stop = threading.Event()
+    pollers: list[threading.Thread] = []
+    writer = Writer(plane, agents, args.changes_per_s)
+    if not long_poll:
+        # The fetch each agent makes once after registering: a start-up cost, not the steady state the
+        # window measures (it is measured on its own: `initial_fetch_*`).
+        began, cpu = time.monotonic(), Window(plane)
+        cpu.start()
+        with ThreadPoolExecutor(max_workers=min(16, args.senders)) as pool:
+            list(pool.map(lambda agent: agent.fetch(stats), agents))
+        cpu.stop()
+        stats.initial = (time.monotonic() - began, cpu.cores() * cpu.wall_s)
+    window.start()
+    if long_poll:  # the long polls held from the start: their first answers are in the window
+        for agent in agents:
+            thread = threading.Thread(target=agent.long_poll, args=(stop, stats), daemon=True)
+            thread.start()
+            pollers.append(thread)
+    writer.start()
+    counts = drive(
+        lambda n: agents[n].beat_and_fetch(stats),
+        len(agents),
+        args.interval_s,
+        args.duration_s,
+        args.senders,
+        "load + desired state",
+    )
+    writer.stop()
+    window.stop()
+    stop.set()
+    for thread in pollers:  # each ends with its poll in flight (at most the plane's wait)
+        thread.join(agents[0].poll_wait_s + 15)
+    return counts, writer.changes
+
+
+def poll_result(
+    args: argparse.Namespace,
+    *,
+    loaded: Window,
+    polled: Window,
+    idle: Window,
+    counts: tuple[list[float], int, int],
+    stats: PollStats,
+    changes: int,
+) -> dict[str, object]:
+    """The desired-state window against the heartbeat-only window of the same run: what keeping the
+    desired state costs the plane on top of the heartbeats, in all and per agent and per change."""
+    latencies, failures, _ = counts
+    extra = polled.cores() - loaded.cores()
+    long_poll = args.plane_poll_wait_s is None or args.plane_poll_wait_s > 0
+    return {
+        "mode": "long poll" if long_poll else "fetch on the heartbeat's answer",
+        "plane_poll_wait_s": args.plane_poll_wait_s,
+        "plane_root": str(args.plane_root),
+        "changes": changes,
+        "plane_cpu_cores_heartbeats_only": round(loaded.cores(), 3),
+        "plane_cpu_cores_with_desired_state": round(polled.cores(), 3),
+        "plane_cpu_cores_idle_baseline": round(idle.cores(), 3),
+        "plane_cpu_cores_by_part_with_desired_state": {
+            k: round(v / polled.wall_s, 3) for k, v in polled.cpu.items()
+        },
+        "desired_state_extra_cores": round(extra, 3),
+        "desired_state_extra_cores_per_agent": round(extra / args.agents, 5),
+        "desired_state_extra_cpu_ms_per_change": (
+            round(1000 * extra * polled.wall_s / changes, 2) if changes else None
+        ),
+        "answers": dict(stats.counts),
+        "change_to_agent_s_p50_p90_max": [
+            round(quantile(stats.latencies, q), 2) for q in (0.5, 0.9)
+        ] + [round(max(stats.latencies, default=float("nan")), 2)],
+        "changes_seen_by_agents": len(stats.latencies),
+        "fetch_ms_p50_p99": [round(quantile(stats.fetches, q) * 1000, 1) for q in (0.5, 0.99)],
+        "initial_fetch_wall_s_and_plane_cpu_s": (
+            [round(stats.initial[0], 1), round(stats.initial[1], 1)] if stats.initial else None
+        ),
+        "heartbeats_ok_failed": [len(latencies), failures],
+        "heartbeat_latency_p50_p99_ms": [round(quantile(latencies, q) * 1000, 1) for q in (0.5, 0.99)],
+    }  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=2000)
@@ -487,13 +720,38 @@ def main() -> int:
         default=int(os.environ.get("WHALEGEN_BENCH_WEB_PORT", "18601")),
         help="gunicorn's port (default $WHALEGEN_BENCH_WEB_PORT or 18601)",
     )
+    parser.add_argument(
+        "--poll",
+        action="store_true",
+        help="after the heartbeat-only window, a second one as long where each agent also keeps its "
+        "desired state as the real agent does (long poll, or fetch on the heartbeat's answer), with a "
+        "simulated writer",
+    )
+    parser.add_argument(
+        "--plane-poll-wait-s",
+        type=float,
+        default=None,
+        help="WHALEGEN_AGENT_POLL_WAIT_S of the plane (default: the plane's, 20 s: agents long-poll; 0: they "
+        "fetch when a heartbeat's answer names a newer generation)",
+    )
+    parser.add_argument(
+        "--changes-per-s", type=float, default=2.0, help="desired-state changes the writer makes a second"
+    )
+    parser.add_argument(
+        "--plane-root",
+        type=Path,
+        default=ROOT,
+        help="run the plane from this checkout (a baseline: another commit's code, the same load generator)",
+    )
+    parser.add_argument("--no-floors", action="store_true", help="skip the floor windows")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="whalegen-heartbeat-bench-"))
     work.chmod(0o755)
     plane = Plane(work, web_port=args.web_port, gunicorn_workers=args.gunicorn_workers, threads=args.threads,
-                  keep_alive_s=args.keep_alive_s)  # fmt: skip
+                  keep_alive_s=args.keep_alive_s, root=args.plane_root.resolve(),
+                  poll_wait_s=args.plane_poll_wait_s)  # fmt: skip
     # The idle baseline: two intervals after the load, every agent silent at once. Each node is silent
     # up to three intervals by its end — at the loss threshold — and the plane, hearing no node at all
     # for two intervals, takes itself for deaf (docs/fleet.md, "Node health" 2) and loses nobody.
@@ -502,6 +760,9 @@ def main() -> int:
     idle, loaded = Window(plane), Window(plane)
     floors = {name: Window(plane) for name in FLOORS}
     floor_counts: dict[str, tuple[list[float], int, int]] = {}
+    polled, poll_stats = Window(plane), PollStats()
+    poll_counts: tuple[list[float], int, int] = ([], 0, 0)
+    changes = 0
     try:
         tokens = plane.start(args.agents, args.gpus, args.interval_s)
         agents = [SimAgent(plane.url, name, token, args.gpus) for name, token in tokens.items()]
@@ -549,6 +810,10 @@ def main() -> int:
         progress("waiting 6 s for one more node-health check after the last heartbeat")
         time.sleep(6)
         lost = plane.lost_nodes()
+        # 1b. The same load, and each agent keeping its desired state as the real agent does.
+        if args.poll:
+            poll_counts, changes = poll_window(plane, agents, args, polled, poll_stats)
+            lost = plane.lost_nodes()
         # 2. Same-run baseline: the plane idle (worker and beat running, no heartbeats).
         progress(f"idle baseline: {idle_s:.0f} s without heartbeats")
         idle.start()
@@ -560,6 +825,8 @@ def main() -> int:
         for stranger, agent in zip(strangers, agents, strict=True):
             stranger.node_id = agent.node_id
         for name, (method, path, token, expect, _what) in FLOORS.items():
+            if args.no_floors:
+                break
             if name == "bare_wsgi":
                 progress("replacing the plane's gunicorn by the bare WSGI floor")
                 plane.serve_bare_floor()
@@ -590,7 +857,9 @@ def main() -> int:
     heartbeat_ms = per_request_ms(loaded, len(latencies), serving)
     floor_results: dict[str, dict[str, object]] = {}
     for name, (method, path, _token, expect, what) in FLOORS.items():
-        answered, other, _overdue = floor_counts.get(name, ([], 0, 0))
+        if name not in floor_counts:  # --no-floors, or the run stopped before it
+            continue
+        answered, other, _overdue = floor_counts[name]
         floor_results[name] = {
             "what": what,
             "request": f"{method} {path} -> {expect}",
@@ -600,7 +869,11 @@ def main() -> int:
             "cpu_ms_per_request_web_db": per_request_ms(floors[name], len(answered), serving),
         }
     result = {
-        "settings": {**vars(args), "heartbeat_rate_per_s": args.agents / args.interval_s},
+        "settings": {
+            **vars(args),
+            "plane_root": str(args.plane_root),
+            "heartbeat_rate_per_s": args.agents / args.interval_s,
+        },
         "heartbeats_ok": len(latencies),
         "heartbeats_failed": failures,
         # Due in the window (every agent every interval) but never sent: the load generator shares the
@@ -660,6 +933,16 @@ def main() -> int:
         "web_rss_mib": web_rss_mib,
         "web_connections_open": web_connections,
     }
+    if args.poll:
+        result["desired_state"] = poll_result(
+            args,
+            loaded=loaded,
+            polled=polled,
+            idle=idle,
+            counts=poll_counts,
+            stats=poll_stats,
+            changes=changes,
+        )
     if args.json:
         print(json.dumps(result))
     else:

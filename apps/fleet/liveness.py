@@ -72,13 +72,17 @@ def clear() -> int:
 
 
 # KEYS: node hash, dirty set, telemetry list. ARGV: 1 digest, 2 now (epoch s), 3 sent (agent clock),
-# 4 raw (now - sent, computed in Python at full precision), 5 generation applied, 6 telemetry period
-# (s), 7 telemetry entry (JSON, '' when none), 8 node id. Returns the generation last served, or -1: take the
-# full way (no fingerprint, or another one). `tel_at` is compared in Lua's doubles (enough: seconds).
-# The node's fields go in one HSET (each `redis.call` costs Redis a command's dispatch).
+# 4 raw (now - sent, computed in Python at full precision), 5 generation applied, 6 telemetry period (s),
+# 7 telemetry entry (JSON, '' when none), 8 node id. Returns the generation last served, or -1: take the
+# full way (no fingerprint, or another one, or the node's desired-state mark (`mark`, written by
+# `apps.fleet.changes`) moved past the one the full way that stored the fingerprint had read (`seen`):
+# the full way rebuilds the desired state, and its answer's generation tells the agent to fetch).
+# `tel_at` is compared in Lua's doubles (enough: seconds). The node's fields go in one HSET (each
+# `redis.call` costs Redis a command's dispatch).
 _BEAT_LUA = """
-local k = redis.call('HMGET', KEYS[1], 'digest', 'gen', 'sent', 'tel_at')
+local k = redis.call('HMGET', KEYS[1], 'digest', 'gen', 'sent', 'tel_at', 'mark', 'seen')
 if not k[1] or k[1] ~= ARGV[1] then return -1 end
+if k[6] ~= (k[5] or '0') then return -1 end
 local now = tonumber(ARGV[2])
 local sent = tonumber(ARGV[3])
 local prev = tonumber(k[3])
@@ -252,17 +256,21 @@ def remember(
     credential: str,
     generation: int,
     telemetry_at: datetime | None,
+    mark: str | None,
 ) -> None:
     """After a heartbeat the full way that left nothing pending (the caller decides): the node's
-    fingerprint, so that its next heartbeats that change nothing skip PostgreSQL."""
+    fingerprint, so that its next heartbeats that change nothing skip PostgreSQL. `mark`: the node's
+    desired-state mark read before the full way built the generation answered (`changes.read`); a beat
+    that finds another mark takes the full way again. None (unreadable): nothing is remembered."""
     client = _redis.client()
-    if client is None:
+    if client is None or mark is None:
         return
     mapping = {
         "digest": fingerprint(node_id, data, credential),
         "gen": str(generation),
         "sent": repr(message.sent_at_s),
         "tel_at": repr(telemetry_at.timestamp()) if telemetry_at else "0",
+        "seen": mark,  # never `mark` itself: the writers own that field
     }
     key = node_key(node_id)
     try:

@@ -31,7 +31,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from apps.common.errors import Conflict, NotAllowed
-from apps.fleet import liveness
+from apps.fleet import changes, liveness
 from apps.fleet.credentials import credentials_changed
 from apps.fleet.models import (
     AgentReport,
@@ -577,6 +577,7 @@ def _run_lose(*, node: Node, run: TaskRun, now: datetime) -> None:
             state=TaskRun.State.LOST, reason=reason[:500]
         ):
             return
+        changes.node_changed([node.pk])  # no longer alive: no longer listed to stop, nor holding back a run
         log.warning(reason, extra={"task_id": run.task_id, "node": node.name})
         task = Task.objects.get(pk=run.task_id)
         live = (
@@ -647,16 +648,37 @@ def desired_state_wait(
     *, node: Node, known_generation: int, wait_s: float, step_s: float = 0.25
 ) -> p.DesiredState | None:
     """Long poll: the desired state as soon as its generation differs from the agent's, else None after
-    `wait_s` (capped at 30 s). Re-checks every `step_s`; each check is a handful of indexed queries."""
+    `wait_s` (capped at 30 s).
+
+    Waits on the node's change mark (`apps.fleet.changes`), not on rebuilds: 1. read the mark, then build
+    (a writer committing in between moves the mark past what was read, so its change is built next);
+    2. answer if the generation moved; 3. give the database connection back and wait for the mark to move
+    (a waiting poll holds no connection: every idle agent would hold one); 4. rebuild when it moved, or
+    answer nothing at the deadline. The safety net for a writer that did not mark is the rebuild each
+    poll starts with: such a change waits at most one poll (`wait_s`), it is never stranded.
+    """
     deadline = time.monotonic() + max(0.0, min(wait_s, 30.0))
+    mark = changes.read(node.pk)
     while True:
         desired = desired_state_current(node=node)
         if desired.generation != known_generation:
             return desired
-        remaining_s = deadline - time.monotonic()
-        if remaining_s <= 0:
-            return None
-        time.sleep(min(step_s, remaining_s))  # the last check lands on the deadline, never short of it
+        _release_connection()
+        while True:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                return None
+            seen, mark = mark, changes.wait(node.pk, mark, remaining_s, step_s)
+            if mark is None or mark != seen:
+                break  # moved (or unreadable: rebuild, at most once a step)
+
+
+def _release_connection() -> None:
+    """Close this thread's database connection before a long wait, unless a caller's transaction holds
+    it (tests wrap each test in one). The next rebuild opens a new one: a connect per change or per poll,
+    instead of a connection per idle agent."""
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -859,6 +881,10 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
     NodeAgent.objects.filter(pk=agent.pk).update(stored_seq=stored)
     # Runs may have changed state: the next heartbeat compares them the full way (apps.fleet.liveness).
     liveness.forget([node.pk])
+    if message.tasks:
+        # A run that ended leaves the stop list and releases a run held back behind it (no double
+        # occupancy): the node's waiting poll must rebuild.
+        changes.node_changed([node.pk])
     return p.ReportAck(stored_seq=stored)
 
 

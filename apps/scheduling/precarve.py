@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F
 
 from apps.accounting.services import held_units_keep
+from apps.fleet.changes import node_changed
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
@@ -82,6 +83,7 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
                 # A cycle that read the old units must lose its race on them: raise the node's version.
                 Node.objects.filter(pk=node_id).update(version=F("version") + 1)
                 generation = desired_state_current(node=node, now=now).generation
+                node_changed([node_id])  # the agent applies the new layout: its poll or heartbeat hears
                 Repartition.objects.create(
                     pool_id=snapshot.pool_id,
                     gpu_id=gpu.pk,

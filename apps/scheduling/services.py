@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from apps.accounting.services import held_units_keep
 from apps.common.errors import Conflict
+from apps.fleet.changes import node_changed
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
@@ -293,6 +294,8 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         lost.update(layouts)
         reasons_now, estimates = _why_pending(decisions, lost, now.timestamp())
         _write_why_pending(snapshot, {t: reasons_now[t] for t in layouts}, estimates)
+    # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
+    node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
     clock = out.lap("repartitions", clock)
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)

@@ -20,6 +20,7 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
+from apps.fleet.changes import node_changed
 from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
@@ -794,9 +795,10 @@ def _transition(
         )
         if to_state in FINAL or to_state in RETRY_FROM:
             held = held_unit_ids(task_ids=[task.pk]).get(task.pk, [])
-            Assignment.objects.filter(task=task, released_at__isnull=True).update(
-                released_at=now, release_reason=reason[:200]
-            )
+            live = Assignment.objects.filter(task=task, released_at__isnull=True)
+            # The nodes that held it list it no more (or list it to stop): their agents must hear of it.
+            node_changed(live.values_list("node_id", flat=True))
+            live.update(released_at=now, release_reason=reason[:200])
             ComputeUnit.objects.filter(pk__in=held, task=task).update(task=None, version=F("version") + 1)
         if to_state in FINAL:
             Quota.objects.filter(tenant_id=task.tenant_id, pool_id=task.pool_id).update(

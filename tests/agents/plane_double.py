@@ -47,6 +47,7 @@ class PlaneDouble:
         self.registrations: list[Register] = []
         self.heartbeats: list[Heartbeat] = []
         self.reports: dict[tuple[str, int], Report] = {}
+        self.polls: list[tuple[int, float]] = []  # (generation, wait_s) of each desired-state request
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
 
@@ -155,6 +156,8 @@ class PlaneDouble:
                 query = parse_qs(url.query)
                 known = int(query.get("generation", ["0"])[0])
                 wait_s = min(float(query.get("wait_s", ["0"])[0]), 30.0)
+                with self.lock:
+                    self.polls.append((known, wait_s))
                 deadline = time.monotonic() + wait_s
                 with self.lock:
                     while True:

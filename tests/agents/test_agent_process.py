@@ -316,3 +316,27 @@ def test_a_lost_gpu_after_xid_79_is_reported(plane, agent_process) -> None:
     )
     assert final(plane, "on-lost").state is TaskState.REJECTED
     assert final(plane, "on-good").state is TaskState.SUCCEEDED
+
+
+def test_told_not_to_long_poll_the_agent_fetches_when_a_heartbeat_names_a_newer_generation(
+    plane, agent_process
+) -> None:
+    """A plane of thousands of nodes answers `poll_wait_s` 0 (docs/fleet.md, "Change marks"): the agent
+    holds no request open; it fetches once after registering, then only when a heartbeat's answer names
+    a newer generation than it holds. Before: it long-polled whatever the plane said."""
+    plane.poll_wait_s = 0.0
+    agent = agent_process(spec({"sku": "l40s"}))
+    agent.start()
+    (gpu,) = gpu_uuids(plane, 1)
+    plane.wait_for(lambda: plane.polls, what="the fetch after registering")
+    time.sleep(2.0)  # four heartbeats with nothing new: no fetch
+    assert plane.polls == [(0, 0.0)]
+    task = TaskSpec("hinted", fake_app("--steps", 1, "--step-s", 0.1), gpu, ComputeUnit(UnitKind.WHOLE))
+    plane.set_desired(TOKEN, DesiredState(1, tasks=(task,)))
+    changed = time.monotonic()
+    plane.wait_for(lambda: plane.task_reports("hinted"), what="the task to start")
+    # A heartbeat every 0.5 s carries the hint; the fetch and the start follow within a tick or two.
+    assert time.monotonic() - changed < 2.5
+    assert final(plane, "hinted").state is TaskState.SUCCEEDED
+    assert all(wait_s == 0.0 for _, wait_s in plane.polls)
+    assert [generation for generation, _ in plane.polls] == [0, 0]  # registration, then the hint

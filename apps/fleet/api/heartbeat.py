@@ -11,8 +11,9 @@ version, 200 with the `HeartbeatAck`.
 
 With `shortcut` (the WSGI front's heartbeats), a heartbeat that changes nothing since the node's last
 full one is recorded in Redis only (`apps.fleet.liveness`): same decoding and checks, then one Lua
-script instead of a transaction; its answer carries the generation last served, which the agent's long
-poll (the authority on the desired state) does not wait for.
+script instead of a transaction; its answer carries the generation last served. A node whose desired
+state was marked changed since (`apps.fleet.changes`) takes the full way, which answers the new
+generation: an agent holding an older one fetches.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.common.errors import ApplicationError
-from apps.fleet import liveness
+from apps.fleet import changes, liveness
 from apps.fleet.api.views import _wire_problem
 from apps.fleet.credentials import credentials
 from apps.fleet.selectors import credential_hash
@@ -92,6 +93,9 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
     if problem is not None:
         return _refused(400, f"Heartbeat: {problem}")
     assert node is not None
+    # Read before the desired state is built: a writer committing meanwhile moves the mark past this one,
+    # so the next beat takes the full way and answers the generation with that change.
+    mark = changes.read(node.pk) if shortcut else None
     try:
         outcome = agent_heartbeat_outcome(node=node, message=message, now=now)
     except ApplicationError as error:
@@ -111,6 +115,7 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
                 credential=digest,
                 generation=outcome.ack.generation,
                 telemetry_at=outcome.telemetry_at,
+                mark=mark,
             )
     return 200, outcome.ack.to_dict(), {}
 

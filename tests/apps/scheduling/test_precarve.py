@@ -130,3 +130,19 @@ def test_a_busy_mig_gpu_is_never_precarved(fleet: Fleet) -> None:
         ("7g.80gb", True)
     ]
     assert not Repartition.objects.exists()
+
+
+def test_a_precarved_layout_marks_its_node_for_the_agent(
+    fleet: Fleet, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The agent's long poll waits on its node's change mark (docs/fleet.md, "Change marks"): a re-carve
+    ahead of the forecast must move it after the commit, or the agent hears of the layout only with its
+    next poll (20 s) or, fetching on the heartbeat's answer, with the heartbeat's periodic full way."""
+    from apps.fleet import changes
+
+    node, _ = _scene(fleet)
+    before = changes.read(node.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        run(fleet)
+        assert changes.read(node.pk) == before  # not before the commit
+    assert changes.read(node.pk) != before
