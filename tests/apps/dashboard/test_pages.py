@@ -462,3 +462,11 @@ def test_page_queries_do_not_grow_with_tasks(
     for path in ["/", "/tasks/", f"/pools/{scene.world.h100.pk}/", "/overrides/"]:
         with django_assert_max_num_queries(12):
             assert client.get(path).status_code == 200
+
+
+def test_favicon_is_served_for_pages_without_an_inline_icon(client: Any) -> None:
+    """Django's admin and the Swagger UI link no icon: the browser's /favicon.ico must not be a 404."""
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "image/svg+xml"
+    assert b"<svg" in response.content
