@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 import uuid as uuidlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from whalegen.gpus import UnknownGpuModel, get_model, mig_profiles
+from whalegen.gpus.mig import profile_by_name
 
 
 def cluster_create(*, name: str, region: str = "") -> Cluster:
@@ -54,6 +55,25 @@ def node_register(
 
 
 @transaction.atomic
+def mig_units_create(*, gpu_id: int, model: str, layout: Iterable[tuple[str, int]]) -> list[ComputeUnit]:
+    """The MIG instances of a re-carved GPU, one per (profile name, start slice), in one INSERT.
+
+    The layout comes from the placement planner, which checked it against the model's MIG table; the
+    caller has deleted the GPU's old units (`gpu_add` checks a layout given by a person)."""
+    return ComputeUnit.objects.bulk_create(
+        ComputeUnit(
+            gpu_id=gpu_id,
+            kind=ComputeUnit.Kind.MIG,
+            mig_profile=profile.name,
+            mig_start=start,
+            gpu_milli=profile.gpu_milli,
+            mem_mib=profile.mem_mib,
+        )
+        for name, start in layout
+        for profile in [profile_by_name(model, name)]
+    )
+
+
 def gpu_add(
     *,
     node: Node,

@@ -20,9 +20,9 @@ from apps.fleet.changes import node_changed
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
+from apps.inventory.services import mig_units_create
 from apps.scheduling.models import Cycle, Repartition
 from apps.scheduling.selectors import PoolSnapshot
-from whalegen.gpus.mig import profile_by_name
 from whalegen.scheduling import Decisions, Snapshot
 from whalegen.scheduling.precarve import PrecarveConfig
 
@@ -68,17 +68,10 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
                     continue
                 held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
                 ComputeUnit.objects.filter(gpu_id=gpu.pk).delete()
-                ComputeUnit.objects.bulk_create(
-                    ComputeUnit(
-                        gpu_id=gpu.pk,
-                        kind=ComputeUnit.Kind.MIG,
-                        mig_profile=profile.name,
-                        mig_start=slot.mig_start,
-                        gpu_milli=profile.gpu_milli,
-                        mem_mib=profile.mem_mib,
-                    )
-                    for slot in proposal.plan.layout
-                    for profile in [profile_by_name(gpu.view.model, slot.mig_profile)]
+                mig_units_create(
+                    gpu_id=gpu.pk,
+                    model=gpu.view.model,
+                    layout=[(slot.mig_profile, slot.mig_start) for slot in proposal.plan.layout],
                 )
                 # A cycle that read the old units must lose its race on them: raise the node's version.
                 Node.objects.filter(pk=node_id).update(version=F("version") + 1)

@@ -32,6 +32,7 @@ from apps.fleet.changes import node_changed
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
+from apps.inventory.services import mig_units_create
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.precarve import precarve_config, precarves_commit, with_forecast
@@ -43,7 +44,6 @@ from apps.scheduling.selectors import (
 )
 from apps.workloads.models import Quota, Task
 from apps.workloads.services import task_transition, tasks_transition_bulk
-from whalegen.gpus.mig import profile_by_name
 from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
@@ -380,18 +380,8 @@ def _write_layouts(
         _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk, task__isnull=True).delete()
         if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
-        made = ComputeUnit.objects.bulk_create(
-            ComputeUnit(
-                gpu_id=gpu.pk,
-                kind=ComputeUnit.Kind.MIG,
-                mig_profile=profile.name,
-                mig_start=slot.mig_start,
-                gpu_milli=profile.gpu_milli,
-                mem_mib=profile.mem_mib,
-            )
-            for slot in plan.layout
-            for profile in [profile_by_name(gpu.view.model, slot.mig_profile)]
-        )
+        layout = [(slot.mig_profile, slot.mig_start) for slot in plan.layout]
+        made = mig_units_create(gpu_id=gpu.pk, model=gpu.view.model, layout=layout)
         unit_at = {(u.mig_profile, u.mig_start): u for u in made}
         # The new layout is now the desired state: raise the generation the agent will report back.
         generation = desired_state_current(node=node_of[key[0]], now=now).generation
