@@ -54,7 +54,6 @@ def node_register(
     return node, credential
 
 
-@transaction.atomic
 def mig_units_create(*, gpu_id: int, model: str, layout: Iterable[tuple[str, int]]) -> list[ComputeUnit]:
     """The MIG instances of a re-carved GPU, one per (profile name, start slice), in one INSERT.
 
@@ -74,6 +73,7 @@ def mig_units_create(*, gpu_id: int, model: str, layout: Iterable[tuple[str, int
     )
 
 
+@transaction.atomic
 def gpu_add(
     *,
     node: Node,
