@@ -40,6 +40,31 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def click_through(browser: Any, element: Any) -> None:
+    """Click a link or a submit button and wait until the browser has left the page it was on.
+
+    Without the wait, the next lookup can answer from the old page: an element both pages have (an
+    `h1`, an empty result part) is found at once, and goes stale when the new page arrives."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(old))
+
+
+def go_back(browser: Any) -> None:
+    """The browser's back button, waiting until the previous page is the one shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = browser.find_element(By.TAG_NAME, "html")
+    browser.back()
+    WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(old))
+
+
 def log_in(browser: Any, live_server: Any, user: Any, password: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -49,8 +74,7 @@ def log_in(browser: Any, live_server: Any, user: Any, password: str) -> None:
     assert "/login/" in browser.current_url
     browser.find_element(By.ID, "id_username").send_keys(user.get_username())
     browser.find_element(By.ID, "id_password").send_keys(password)
-    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    browser.find_element(By.CSS_SELECTOR, "h1")  # waits for the next page
+    click_through(browser, browser.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
     assert browser.current_url == f"{live_server.url}/"
 
 
@@ -63,14 +87,14 @@ def test_member_sees_quota_and_why_pending_and_cancels(live_server: Any, scene: 
     assert bar.size["width"] > 0
     assert browser.find_element(By.CSS_SELECTOR, 'tr.quota[data-pool="h100-train"] .in-use').text == "1"
 
-    browser.find_element(By.LINK_TEXT, "Tasks").click()
+    click_through(browser, browser.find_element(By.LINK_TEXT, "Tasks"))
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-task="{scene.waiting.pk}"]')
     assert row.find_element(By.CSS_SELECTOR, ".state").text == "pending"
     assert row.find_element(By.CSS_SELECTOR, "td.why").text == scene.waiting.why_pending
 
-    row.find_element(By.LINK_TEXT, "big-run").click()
+    click_through(browser, row.find_element(By.LINK_TEXT, "big-run"))
     browser.find_element(By.ID, "id_reason").send_keys("superseded by a smaller run")
-    browser.find_element(By.ID, "cancel-task").click()
+    click_through(browser, browser.find_element(By.ID, "cancel-task"))
     message = browser.find_element(By.CSS_SELECTOR, ".messages .msg")
     assert message.text == f"Task {scene.waiting.pk} cancelled."
     assert browser.find_element(By.ID, "task-state").text == "cancelled"
@@ -88,11 +112,11 @@ def test_admin_approves_an_override(live_server: Any, scene: Any, browser: Any) 
         tenant=w.tenant_a, task=scene.waiting, wanted_priority=40, reason="launch demo", requested_by=w.alice
     )
     log_in(browser, live_server, w.root, "root-browser-pass")
-    browser.find_element(By.LINK_TEXT, "Overrides").click()
+    click_through(browser, browser.find_element(By.LINK_TEXT, "Overrides"))
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-override="{override.pk}"]')
     assert "launch demo" in row.text
     row.find_element(By.CSS_SELECTOR, "input[name=comment]").send_keys("go")
-    row.find_element(By.ID, f"approve-{override.pk}").click()
+    click_through(browser, row.find_element(By.ID, f"approve-{override.pk}"))
     assert browser.find_element(By.CSS_SELECTOR, ".messages .msg").text == f"Override {override.pk} approved."
     decided = browser.find_element(By.CSS_SELECTOR, f'tr[data-override="{override.pk}"] .state')
     assert decided.text == "approved"
@@ -164,7 +188,7 @@ def test_task_page_shows_the_run_and_its_output_tail_live(live_server: Any, scen
     assert (
         browser.find_elements(By.CSS_SELECTOR, "#log-tail .line")[-1].text == "[whalegen] exited with code 3"
     )
-    browser.find_element(By.LINK_TEXT, "Tasks").click()
+    click_through(browser, browser.find_element(By.LINK_TEXT, "Tasks"))
     row = browser.find_element(By.CSS_SELECTOR, f'tr[data-task="{task.pk}"]')
     assert row.find_element(By.CSS_SELECTOR, "td.why").text == "exit code 3"
 
@@ -200,7 +224,7 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
 
     # The pool page refreshes its heat-map in place: free the whole GPU, and the cell turns idle
     # without a navigation (the marker set on this page survives).
-    row.find_element(By.LINK_TEXT, "h100-train").click()
+    click_through(browser, row.find_element(By.LINK_TEXT, "h100-train"))
     browser.find_element(By.ID, "heatmap")
     browser.execute_script("window.__stillThisPage = true;")
     assert browser.find_elements(By.CSS_SELECTOR, 'g.gpu[data-allocated="1000"]')
@@ -221,7 +245,7 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     screenshot(browser, "pool-live")
 
     # History: the pool's charts over the last hours, each with its numbers as a table.
-    browser.find_element(By.ID, "history-link").click()
+    click_through(browser, browser.find_element(By.ID, "history-link"))
     # Read in one script: the charts are a live part, swapped every few seconds, so an element found
     # in one call may be gone by the next.
     keys = browser.execute_script(
@@ -236,15 +260,15 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     screenshot(browser, "pool-history")
     browser.execute_script("document.getElementById('chart-idle').scrollIntoView();")
     screenshot(browser, "pool-history-idle-note")
-    browser.back()
+    go_back(browser)
 
     # What-if: another policy's decision for this pool now, beside the cycle's own; read-only. It is
     # decided off the request (on the embedded default, a thread of the web process): the page answers
     # at once, computing, and its live part swaps the decision in without a navigation.
     settings.CELERY_TASK_ALWAYS_EAGER = True
-    browser.find_element(By.ID, "whatif-link").click()
+    click_through(browser, browser.find_element(By.ID, "whatif-link"))
     browser.find_element(By.CSS_SELECTOR, "#id_policy option[value=fgd]").click()
-    browser.find_element(By.CSS_SELECTOR, "#whatif-form button").click()
+    click_through(browser, browser.find_element(By.CSS_SELECTOR, "#whatif-form button"))
     result = browser.find_element(By.ID, "whatif-result")
     assert result.get_attribute("data-state") == "computing"
     assert "Computing…" in result.text
@@ -326,7 +350,7 @@ def test_error_pages_in_the_browser_are_styled_and_say_what_happened(
         "document.querySelectorAll('input[name=csrfmiddlewaretoken]')"
         ".forEach(i => { i.value = 'x'.repeat(64); });"
     )
-    browser.find_element(By.ID, "cancel-task").click()
+    click_through(browser, browser.find_element(By.ID, "cancel-task"))
     assert browser.find_element(By.CSS_SELECTOR, "#error-page h1").text == "Form out of date"
     assert "Nothing was changed" in browser.find_element(By.ID, "error-page").text
     assert browser.find_element(By.LINK_TEXT, "Back to the overview")
