@@ -170,8 +170,11 @@ def test_the_cap_keeps_the_head_and_the_tail_and_counts_what_it_dropped(runner: 
     head, tail = batches[0], batches[-1]
     assert head.first_line == 0 and head.dropped_lines == 0
     assert [line.text for line in head.lines[:3]] == ["line 00000", "line 00001", "line 00002"]
-    assert tail.lines[-1].text == "line 01999" and tail.dropped_lines > 0
-    # Each stream keeps its order (across the two pipes, order is only as fine as one 4 KiB read).
+    # The output's last line is kept. Across the two pipes order is only as fine as one 4 KiB read: when
+    # both pipes are ready in the same round a stderr line (1957, say) may be the last record written.
+    assert [line.text for line in tail.lines if line.stream == "stdout"][-1] == "line 01999"
+    assert tail.dropped_lines > 0
+    # Each stream keeps its order.
     numbers = [int(line.text[5:]) for b in batches for line in b.lines if line.stream == "stdout"]
     assert numbers == sorted(numbers)
     kept = sum(len(batch.lines) for batch in batches)
