@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.db import transaction
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 
@@ -28,6 +30,23 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ["name"]
     readonly_fields = ["agent_credential_hash", "last_heartbeat_at", "version"]
     inlines = [GpuInline]
+
+    # A node is locked before its delete is decided. The scheduling cycle locks the nodes it places on,
+    # and the assignments it writes carry no database constraint (apps.scheduling.models.Assignment):
+    # holding the lock, the admin's check for protected objects sees every assignment committed before
+    # it, and refuses the delete rather than leave an assignment that names no node. Nodes are deleted
+    # one at a time (no bulk action, which would decide before it could lock).
+    def delete_view(self, request, object_id, extra_context=None):
+        with transaction.atomic():
+            if request.method == "POST":
+                pk = unquote(object_id)
+                list(Node.objects.select_for_update().filter(pk=pk).values_list("pk", flat=True))
+            return super().delete_view(request, object_id, extra_context)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
 
 
 class ComputeUnitInline(admin.TabularInline):

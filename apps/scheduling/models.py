@@ -55,13 +55,26 @@ class PoolCycleTotals(models.Model):
 class Assignment(models.Model):
     """The binding of a task to a node and the compute units it holds there."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")
-    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="assignments")
+    # No database constraints on the three references (`db_constraint=False`, indexes kept): the cycle
+    # inserts thousands of assignments in one statement and each row's three deferred foreign-key checks
+    # ran at COMMIT (with the events' check, ~34,000 per bench cycle, 0.1-0.4 s: docs/scheduling.md §9,
+    # "Speed round 6"). Integrity holds without them: the cycle's commit, the only writer, has locked the
+    # task and node rows (FOR UPDATE) and created the cycle row in the same transaction; tasks are never
+    # deleted (the admin refuses, and tenants, queues and pools protect theirs); a node is deleted only
+    # after locking it (`NodeAdmin`), so Django's collector, which applies CASCADE / PROTECT / SET_NULL
+    # itself, sees every assignment committed before it.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments", db_constraint=False)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="assignments", db_constraint=False)
     # The compute units held, by id (a list in the row, not a link table: see `UnitIdsField` for why).
     # Ids of units a re-carve has since deleted stay here; their history is in `accounting.HeldUnit`.
     unit_ids = UnitIdsField(default=list, blank=True)
     cycle = models.ForeignKey(
-        Cycle, null=True, blank=True, on_delete=models.SET_NULL, related_name="assignments"
+        Cycle,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="assignments",
+        db_constraint=False,
     )
     created_at = models.DateTimeField(auto_now_add=True)
     # Set when the task stops holding the units (finished, preempted, lost). One live row per task.

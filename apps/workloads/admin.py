@@ -64,6 +64,11 @@ class TaskAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        # A task is the record of what ran and what was charged (accounting, history, assignments and
+        # events, which carry no database constraint back to it): it is cancelled, never deleted.
+        return False
+
 
 @admin.register(TaskProfile)
 class TaskProfileAdmin(admin.ModelAdmin):
