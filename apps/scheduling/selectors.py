@@ -830,11 +830,15 @@ def cycle_list(*, pool_id: int | None = None) -> QuerySet[Cycle]:
 def live_usage_milli(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
     """What each tenant's live tasks in the pool hold against its quota, as asked (count × milli)."""
     usage: dict[int, int] = defaultdict(int)
-    rows = Task.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids, state__in=LIVE_STATES).values(
-        "tenant_id", "gpu_count", "gpu_milli"
+    # Summed by the database: a busy pool has thousands of live tasks, and the commit asks under its locks.
+    rows = (
+        Task.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids, state__in=LIVE_STATES)
+        .values("tenant_id")
+        .annotate(milli=Sum(F("gpu_count") * F("gpu_milli")))
+        .values_list("tenant_id", "milli")
     )
-    for row in rows:
-        usage[row["tenant_id"]] += row["gpu_count"] * row["gpu_milli"]
+    for tenant_id, milli in rows:
+        usage[tenant_id] += milli or 0
     return usage
 
 

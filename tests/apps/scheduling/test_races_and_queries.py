@@ -206,3 +206,31 @@ def test_binding_units_is_a_heap_only_update_and_finishing_frees_them(fleet: Fle
     assert set(ComputeUnit.objects.filter(pk__in=units).values_list("version", flat=True)) == {2}
     assert ComputeUnit.objects.filter(task__isnull=False).count() == held - len(units)
     assert violations(fleet.pool.pk) == []
+
+
+def test_a_tenant_that_reached_its_limit_while_the_cycle_decided_gets_no_more(
+    fleet: Fleet, monkeypatch: Any
+) -> None:
+    """The commit counts what the tenant holds now and its limit now, under the quota row's lock, not what
+    the snapshot saw: a task that started meanwhile and a lowered quota leave room for one of two."""
+    from apps.workloads.services import quota_set
+
+    fleet.node(gpus=2)
+    tenant = fleet.tenant("a", guaranteed=4000)
+    first, second = fleet.submit("a"), fleet.submit("a")
+    real = services.snapshot_for_pool
+
+    def snapshot_then_start_another(pool_id: int, now: Any) -> Any:
+        snapshot = real(pool_id, now)
+        started = fleet.submit("a", gpu_count=2)
+        Task.objects.filter(pk=started.pk).update(state=Task.State.RUNNING)
+        quota_set(tenant=tenant, pool=fleet.pool, guaranteed_milli=3000, borrow_limit_milli=0)
+        return snapshot
+
+    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_start_another)
+    services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert sorted([first.state, second.state]) == ["assigned", "pending"]
+    waiting = first if first.state == "pending" else second
+    assert waiting.why_pending == "its tenant reached its quota limit meanwhile; retried next cycle"
