@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterable
 
 import redis
-from django.conf import settings
 from django.db import transaction
 
+from apps.common.redis_client import plane_redis
 from apps.fleet import liveness
 
 log = logging.getLogger("whalegen.fleet")
@@ -65,32 +65,6 @@ class _Local:
 _local = _Local()
 
 
-class _Redis:
-    """One client per process, made on first use; None without REDIS_URL."""
-
-    def __init__(self) -> None:
-        self._client: redis.Redis | None = None
-        self._lock = threading.Lock()
-
-    def client(self) -> redis.Redis | None:
-        url = getattr(settings, "REDIS_URL", None)
-        if not url:
-            return None
-        if self._client is None:
-            with self._lock:
-                if self._client is None:
-                    # Short timeouts, as the heartbeat's: a hung Redis delays a poll, never stalls it.
-                    self._client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
-        return self._client
-
-    def reset(self) -> None:
-        with self._lock:
-            self._client = None
-
-
-_redis = _Redis()
-
-
 def node_changed(node_ids: Iterable[int]) -> None:
     """Mark these nodes' desired states changed once the current transaction commits (at once outside
     one). Call it from the writer, in the transaction that changes the rows."""
@@ -101,7 +75,7 @@ def node_changed(node_ids: Iterable[int]) -> None:
 
 def _bump(node_ids: list[int]) -> None:
     _local.bump(node_ids)
-    client = _redis.client()
+    client = plane_redis()
     if client is None:
         return
     try:
@@ -117,7 +91,7 @@ def _bump(node_ids: list[int]) -> None:
 def read(node_id: int) -> str | None:
     """The node's mark as an opaque token (compare for equality only), or None when it cannot be read
     (Redis failing): the caller then treats the node as changed."""
-    client = _redis.client()
+    client = plane_redis()
     if client is None:
         return f"local:{_local.read(node_id)}"
     try:
@@ -134,7 +108,7 @@ def wait(node_id: int, seen: str | None, timeout_s: float, step_s: float) -> str
     since the writer is usually another process (the Celery worker)."""
     if timeout_s <= 0:
         return read(node_id)
-    if _redis.client() is None:
+    if plane_redis() is None:
         local_seen = int(seen.split(":", 1)[1]) if seen and seen.startswith("local:") else -1
         return f"local:{_local.wait(node_id, local_seen, timeout_s)}"
     deadline = time.monotonic() + timeout_s

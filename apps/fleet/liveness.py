@@ -33,6 +33,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from apps.common.redis_client import plane_redis
 from whalegen import protocol as p
 
 log = logging.getLogger("whalegen.fleet")
@@ -119,7 +120,8 @@ def _command(*parts: bytes) -> bytes:
 
 
 class _Redis:
-    """One client per process, made on first use; None when the plane has no Redis."""
+    """The plane's client with the beat script registered on it; None when the plane has no Redis or
+    `WHALEGEN_HEARTBEAT_REDIS` is off."""
 
     def __init__(self) -> None:
         self._client: redis.Redis | None = None
@@ -127,17 +129,15 @@ class _Redis:
         self._lock = threading.Lock()
 
     def client(self) -> redis.Redis | None:
-        url = getattr(settings, "REDIS_URL", None)
-        if not url or not settings.WHALEGEN_HEARTBEAT_REDIS:
+        if not settings.WHALEGEN_HEARTBEAT_REDIS:
             return None
-        if self._client is None:
+        client = plane_redis()
+        if client is not None and self._client is not client:
             with self._lock:
-                if self._client is None:
-                    # Short timeouts: a Redis that hangs sends heartbeats the full way, it never stalls them.
-                    client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+                if self._client is not client:
                     self._script = client.register_script(_BEAT_LUA)
                     self._client = client
-        return self._client
+        return client
 
     def script(self) -> Any:
         return self._script

@@ -23,13 +23,9 @@ from whalegen import protocol as p
 
 @pytest.fixture
 def redis_on(settings: Any) -> Iterator[None]:
-    from apps.fleet import changes
-
     assert settings.REDIS_URL, "these tests need the real Redis (REDIS_URL)"
     settings.WHALEGEN_HEARTBEAT_REDIS = True
-    changes._redis.reset()
     yield
-    changes._redis.reset()
 
 
 def mark(node: Any) -> str | None:
@@ -312,12 +308,10 @@ def test_without_redis_a_waiting_poll_wakes_on_the_mark_in_its_own_process(
 ) -> None:
     """The embedded default (no REDIS_URL: `whalegen demo`, one process): the writer's commit wakes the
     waiting poll directly, no rebuild in between."""
-    from apps.fleet import changes
     from apps.fleet.services import desired_state_current
     from apps.workloads.services import task_cancel
 
     settings.REDIS_URL = ""
-    changes._redis.reset()
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])
     report(fleet.node, 1, running(fleet.task_a))
     fleet.task_a.refresh_from_db()
