@@ -61,8 +61,11 @@ def _show(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**task, "events": events}, indent=2))
         return 0
-    for key in ("id", "state", "tenant", "queue", "pool", "name", "priority", "attempts", "why_pending"):
+    for key in ("id", "state", "tenant", "queue", "pool", "name", "priority"):
         print(f"{key:>16}: {task[key]}")
+    # `attempts` counts requeues (after a loss or a preemption): "attempts: 0" read as "never ran".
+    print(f"{'requeues':>16}: {task['attempts']}")
+    print(f"{'why pending':>16}: {task['why_pending'] or '-'}")
     print(
         f"{'request':>16}: {task['gpu_count']} GPU x {task['gpu_milli']} milli, isolation {task['isolation']}"
     )

@@ -59,6 +59,7 @@ def test_token_submit_list_show_cancel(demo: Demo, token: str, tmp_path: Path, c
 
     code, shown, _ = _cli(capsys, demo, token, "tasks", "show", str(task_id))
     assert code == 0 and "-> cancelled user:sam: superseded" in shown
+    assert "requeues: 0" in shown and "why pending: -" in shown  # cancelled before any run
 
 
 def test_wait_gives_up_honestly_when_nothing_moves_the_task(
