@@ -77,7 +77,7 @@ from whalegen.scheduling.types import (
     Reason,
     Snapshot,
 )
-from whalegen.scheduling.units import map_placement
+from whalegen.scheduling.units import Mapped, map_placement
 
 
 def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
@@ -106,7 +106,6 @@ class Decider:
         self._needs_layout: set[str] = set()
         self._before_recarve: dict[GpuKey, GpuState] = {}
         self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
-        self._unit_milli: dict[int, int] | None = None  # free unit → its compute share, built on first use
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -425,7 +424,7 @@ class Decider:
                 # try again on the exact view while that view differs from the engine's.
                 if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
                     return bound
-                if not self._room_missed(self._diverged & touched_keys(bound), taken):
+                if not self._diverged or not self._room_missed(self._diverged & touched_keys(bound), taken):
                     return bound
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
@@ -477,23 +476,19 @@ class Decider:
     ) -> list[tuple[Placement, GpuKey]]:
         """Bind what free units carry (appended to `bound`); the rest with the GPU that could not."""
         failed: list[tuple[Placement, GpuKey]] = []
+        requests = self.requests
+        free_units = self.snapshot.free_units
+        bindings = self.engine.state.bindings
         for placement in todo:
-            req = Request.of(self.requests[placement.task_id])
-            ids, gpu = map_placement(placement, req, self.snapshot.free_units, taken)
-            if ids is None:
-                assert gpu is not None
-                failed.append((placement, gpu))
+            mapped = map_placement(placement, Request.of(requests[placement.task_id]), free_units, taken)
+            if not isinstance(mapped, Mapped):
+                failed.append((placement, mapped))
                 continue
-            bound.append(Bound(placement, ids))
+            bound.append(Bound(placement, mapped.unit_ids))
             # Units that hold more (or other slices) than the engine took leave its picture wrong there.
-            held = self.engine.state.bindings[placement.task_id].held_milli
-            if self._unit_milli is None:
-                # One lookup for the step, not one per placement over its GPUs' units.
-                self._unit_milli = {
-                    u.unit_id: u.gpu_milli for units in self.snapshot.free_units.values() for u in units
-                }
-            milli = self._unit_milli
-            if sum(milli[u] for u in ids) != sum(held) or placement.unit.kind is UnitKind.MIG:
+            if mapped.gpu_milli != sum(bindings[placement.task_id].held_milli) or (
+                placement.unit.kind is UnitKind.MIG
+            ):
                 self._diverged.update((placement.node, i) for i in placement.gpu_indexes)
         return failed
 
@@ -711,8 +706,11 @@ def _with_order_key(task: TaskRequest, order_key: int) -> TaskRequest:
     if task.order_key == order_key:
         return task
     copy = object.__new__(TaskRequest)
-    copy.__dict__.update(task.__dict__)
-    object.__setattr__(copy, "order_key", order_key)
+    # Written into the copy's dict like `FreeUnit.__init__` does (a third cheaper than setting the key
+    # through `object.__setattr__`); the copy stays frozen to everyone else.
+    fields = copy.__dict__
+    fields.update(task.__dict__)
+    fields["order_key"] = order_key
     return copy
 
 
