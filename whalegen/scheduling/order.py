@@ -112,7 +112,8 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
         queue = queues.get(unit[0].task_id)
         if queue is None:
             return 0
-        weight.setdefault(queue[0], max(queue[1], 1))
+        if queue[0] not in weight:
+            weight[queue[0]] = max(queue[1], 1)
         return queue[0]
 
     # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
