@@ -685,12 +685,15 @@ class Decider:
     def _nodes_after(self, bound: list[Bound], layouts: list[LayoutPlan]) -> tuple[NodeState, ...]:
         """The pool after this step: GPUs the re-carve pass closed as they were, re-carved GPUs taken, idle
         MIG GPUs nothing landed on open."""
-        touched = {(b.placement.node, i) for b in bound for i in b.placement.gpu_indexes}
-        touched |= {plan.gpu for plan in layouts}
+        idle_mig = self.snapshot.idle_mig
         change: dict[GpuKey, GpuState | str] = {
-            k: g for k, g in self._before_recarve.items() if k not in self.snapshot.idle_mig
+            k: g for k, g in self._before_recarve.items() if k not in idle_mig
         }
-        change.update({k: "open" for k in self.snapshot.idle_mig if k not in touched})
+        # What this step touched matters only to idle MIG GPUs: without any, its thousands of placements
+        # are not walked.
+        if idle_mig:
+            touched = touched_keys(bound) | {plan.gpu for plan in layouts}
+            change.update({k: "open" for k in idle_mig if k not in touched})
         return with_gpus(self.engine.state.nodes(), change)
 
 
@@ -712,12 +715,12 @@ def _with_order_key(task: TaskRequest, order_key: int) -> TaskRequest:
     tenth of a replay step's own time and a fifth of a second of a 10,000-task cycle."""
     if task.order_key == order_key:
         return task
-    copy = object.__new__(TaskRequest)
-    # Written into the copy's dict like `FreeUnit.__init__` does (a third cheaper than setting the key
-    # through `object.__setattr__`); the copy stays frozen to everyone else.
-    fields = copy.__dict__
-    fields.update(task.__dict__)
+    # The copy takes a copy of the task's dict, key changed, in one step (copying a dict whole is cheaper
+    # than filling an empty one field by field, 2.2 ms against 3.8 for 10,000 tasks); it stays frozen.
+    fields = task.__dict__.copy()
     fields["order_key"] = order_key
+    copy = object.__new__(TaskRequest)
+    object.__setattr__(copy, "__dict__", fields)
     return copy
 
 
