@@ -6,9 +6,9 @@ units. The two agree on whole GPUs, but not always on shares and MIG instances (
 placement is therefore mapped here, GPU by GPU, onto the units the snapshot lists as free; a placement
 with no such units is not a decision (`decide` takes it back and tries again elsewhere).
 
-A 10,000-task cycle maps about 7,000 placements over about 70,000 units, so both functions walk each
-GPU's units once and add up what they take as they go (`decide` compares that with what the engine
-took, and used to sum it again from a lookup built over every free unit).
+A 10,000-task cycle maps about 7,000 placements onto about 70,000 units: a GPU's units are walked once,
+up to the first that covers the ask, and what they hold is added up as they are taken (`decide`
+compares it with what the engine took; it used to sum it again from a lookup built over every free unit).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def units_for_gpu(
 def _mig_unit(
     free: tuple[FreeUnit, ...], req: Request, placement: Placement, taken: set[int]
 ) -> list[FreeUnit] | None:
+    """`units_for_gpu` on a GPU in MIG mode: one instance."""
     available = [u for u in free if u.unit_id not in taken]
     unit = placement.unit
     if unit.kind is UnitKind.MIG and len(placement.gpu_indexes) == 1:
