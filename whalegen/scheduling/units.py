@@ -5,17 +5,33 @@ units. The two agree on whole GPUs, but not always on shares and MIG instances (
 1g request on two slices of a free 3g instance, or a 2g over two adjacent free 1g instances). A
 placement is therefore mapped here, GPU by GPU, onto the units the snapshot lists as free; a placement
 with no such units is not a decision (`decide` takes it back and tries again elsewhere).
+
+A 10,000-task cycle maps about 7,000 placements onto about 70,000 units: a GPU's units are walked once,
+up to the first that covers the ask, and what they hold is added up as they are taken (`decide`
+compares it with what the engine took; it used to sum it again from a lookup built over every free unit).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
+from typing import NamedTuple
 
 from whalegen.placement.state import Request
 from whalegen.placement.types import Placement, UnitKind
 from whalegen.scheduling.types import FreeUnit, GpuKey
 
 MIG_KIND = "mig"
+# Read in C over a GPU's chosen units (ten MPS shares for a whole GPU): 70,000 units a cycle.
+_unit_id = attrgetter("unit_id")
+_gpu_milli = attrgetter("gpu_milli")
+
+
+class Mapped(NamedTuple):
+    """The units that carry a placement, and the compute share they hold together."""
+
+    unit_ids: tuple[int, ...]
+    gpu_milli: int
 
 
 def units_for_gpu(
@@ -23,34 +39,47 @@ def units_for_gpu(
     req: Request,
     placement: Placement,
     taken: set[int],
-) -> tuple[FreeUnit, ...] | None:
+) -> list[FreeUnit] | None:
     """The units that carry one GPU of `placement`, or None when the free ones cannot.
 
     MIG: the engine's own instance when it is carved and free, else the smallest free instance with the
     compute share and memory asked for (one instance per placement). Anything else: free units in the
     snapshot's order until the compute share and the memory bound are covered (MPS shares and time
-    slices add up; a whole GPU is one unit).
+    slices add up; a whole GPU is one unit). Which kind is read off the first unit not taken.
     """
-    available = [u for u in free if u.unit_id not in taken]
-    if not available:
-        return None
-    if available[0].kind == MIG_KIND:
-        unit = placement.unit
-        if unit.kind is UnitKind.MIG and len(placement.gpu_indexes) == 1:
-            for u in available:
-                if u.mig_profile == unit.mig_profile and u.mig_start == unit.mig_start_slice:
-                    return (u,)
-        big = [u for u in available if u.gpu_milli >= req.gpu_milli and u.mem_mib >= req.gpu_mem_mib]
-        return (min(big, key=lambda u: (u.gpu_milli, u.mem_mib, u.unit_id)),) if big else None
+    need_milli, need_mem = req.gpu_milli, req.gpu_mem_mib
     chosen: list[FreeUnit] = []
+    any_free = False
     milli = mem = 0
-    for u in available:
-        if milli >= req.gpu_milli and mem >= req.gpu_mem_mib:
+    for u in free:
+        if u.unit_id in taken:
+            continue
+        if not any_free:
+            any_free = True
+            if u.kind == MIG_KIND:
+                return _mig_unit(free, req, placement, taken)
+        if milli >= need_milli and mem >= need_mem:
             break
         chosen.append(u)
         milli += u.gpu_milli
         mem += u.mem_mib
-    return tuple(chosen) if milli >= req.gpu_milli and mem >= req.gpu_mem_mib else None
+    if not any_free:
+        return None
+    return chosen if milli >= need_milli and mem >= need_mem else None
+
+
+def _mig_unit(
+    free: tuple[FreeUnit, ...], req: Request, placement: Placement, taken: set[int]
+) -> list[FreeUnit] | None:
+    """`units_for_gpu` on a GPU in MIG mode: one instance."""
+    available = [u for u in free if u.unit_id not in taken]
+    unit = placement.unit
+    if unit.kind is UnitKind.MIG and len(placement.gpu_indexes) == 1:
+        for u in available:
+            if u.mig_profile == unit.mig_profile and u.mig_start == unit.mig_start_slice:
+                return [u]
+    big = [u for u in available if u.gpu_milli >= req.gpu_milli and u.mem_mib >= req.gpu_mem_mib]
+    return [min(big, key=lambda u: (u.gpu_milli, u.mem_mib, u.unit_id))] if big else None
 
 
 def map_placement(
@@ -58,15 +87,18 @@ def map_placement(
     req: Request,
     free_units: Mapping[GpuKey, tuple[FreeUnit, ...]],
     taken: set[int],
-) -> tuple[tuple[int, ...], None] | tuple[None, GpuKey]:
-    """Unit ids for every GPU of a placement (and `taken` grows by them), or the first GPU that fails."""
+) -> Mapped | GpuKey:
+    """The units for every GPU of a placement (and `taken` grows by them), or the first GPU that fails."""
     ids: list[int] = []
+    milli = 0
     for index in placement.gpu_indexes:
         key = (placement.node, index)
         units = units_for_gpu(free_units.get(key, ()), req, placement, taken)
         if units is None:
             taken.difference_update(ids)
-            return None, key
-        ids += [u.unit_id for u in units]
-        taken.update(u.unit_id for u in units)
-    return tuple(ids), None
+            return key
+        got = list(map(_unit_id, units))
+        ids += got
+        taken.update(got)
+        milli += sum(map(_gpu_milli, units))
+    return Mapped(tuple(ids), milli)

@@ -65,3 +65,13 @@ def test_decide_serves_the_queue_in_its_own_order() -> None:
     )
     decisions = decide(snapshot, Config(), 100.0)
     assert decisions.estimates == {"high": 600.0, "low": 4200.0}
+
+
+def test_an_unknown_start_says_what_the_tasks_ahead_took_since_the_last_unknown() -> None:
+    # 1,000 idle, nothing due. u1 (2,000) can never start: nothing would free enough. t (1,000) starts now
+    # and, with no run time, takes the 1,000 for good. u2 (2,000) is unknown too, now because of t.
+    u1, t, u2 = task("u1", gpus=2), task("t", gpus=1), task("u2", gpus=2)
+    starts = queue_starts([u1, t, u2], {"A": 1000}, {}, {}, lambda _: None, 0.0)
+    assert [starts[x].start_s for x in ("u1", "t", "u2")] == [None, 0.0, None]
+    assert starts["u1"].why_unknown == "nothing running on the GPUs it may use would free enough"
+    assert "tasks ahead of it in the queue take 1000 milli-GPU" in starts["u2"].why_unknown
