@@ -207,7 +207,7 @@ def screenshot(browser: Any, name: str) -> Path:
 
 
 def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
-    live_server: Any, scene: Any, browser: Any, settings: Any
+    live_server: Any, scene: Any, browser: Any, settings: Any, monkeypatch: Any
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -265,7 +265,21 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     # What-if: another policy's decision for this pool now, beside the cycle's own; read-only. It is
     # decided off the request (on the embedded default, a thread of the web process): the page answers
     # at once, computing, and its live part swaps the decision in without a navigation.
+    import threading
+
+    from apps.dashboard import whatif
+
     settings.CELERY_TASK_ALWAYS_EAGER = True
+    # The decision waits until the test has seen the page computing: on a busy machine it could otherwise
+    # be swapped in before the first look.
+    looked = threading.Event()
+    decide_now = whatif.decide_now
+
+    def after_the_first_look(**kwargs: Any) -> Any:
+        looked.wait(WAIT_S)
+        return decide_now(**kwargs)
+
+    monkeypatch.setattr(whatif, "decide_now", after_the_first_look)
     click_through(browser, browser.find_element(By.ID, "whatif-link"))
     browser.find_element(By.CSS_SELECTOR, "#id_policy option[value=fgd]").click()
     click_through(browser, browser.find_element(By.CSS_SELECTOR, "#whatif-form button"))
@@ -274,6 +288,7 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     assert "Computing…" in result.text
     screenshot(browser, "whatif-computing")
     browser.execute_script("window.__stillWhatIf = true;")
+    looked.set()
     WebDriverWait(browser, WAIT_S).until(
         lambda b: b.find_element(By.ID, "whatif-result").get_attribute("data-state") == "ready"
     )
