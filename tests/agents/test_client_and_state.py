@@ -104,11 +104,13 @@ class ClosingPlane:
                 if served:
                     return  # closed, unanswered
                 body = b'{"generation": 4, "stored_seq": 1, "node_id": "node-a"}'
+                # Counted before it goes out: once the client has it, the test may look at the count
+                # before this thread runs again (it did, on a busy machine).
+                self.answered += 1
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(body), body)
                 )
-                self.answered += 1
 
     def stop(self) -> None:
         self.listener.close()

@@ -40,29 +40,49 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def _left(old: Any) -> Any:
+    """A wait condition: the page `old` (its `html` element) is gone.
+
+    Selenium's `staleness_of` asks the old element something and counts only "stale" as gone; while the
+    page is being replaced, chromedriver may instead answer that the node "does not belong to the
+    document" (an inspector error, seen on a busy machine), which means the same."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    def gone(_: Any) -> bool:
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error):
+                return True
+            raise
+        return False
+
+    return gone
+
+
 def click_through(browser: Any, element: Any) -> None:
     """Click a link or a submit button and wait until the browser has left the page it was on.
 
     Without the wait, the next lookup can answer from the old page: an element both pages have (an
     `h1`, an empty result part) is found at once, and goes stale when the new page arrives."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = browser.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(old))
+    WebDriverWait(browser, WAIT_S).until(_left(old))
 
 
 def go_back(browser: Any) -> None:
     """The browser's back button, waiting until the previous page is the one shown."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = browser.find_element(By.TAG_NAME, "html")
     browser.back()
-    WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(old))
+    WebDriverWait(browser, WAIT_S).until(_left(old))
 
 
 def log_in(browser: Any, live_server: Any, user: Any, password: str) -> None:
