@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -123,9 +124,22 @@ class PostgresServer:
 
     def start(self) -> None:
         assert not _port_open(self.port), f"port {self.port} is taken: another PostgreSQL runs there"
-        self._run(
-            str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.work / "pg.log"), "-w", "start"
-        )
+        log = self.work / "pg.log"
+        start = (str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(log), "-w", "start")
+        try:
+            self._run(*start)
+        except subprocess.CalledProcessError as first:
+            # Seen once in a CI rehearsal, not reproduced: pg_ctl gave up and the log went with the
+            # temporary directory. Say why (the server's log), then try once more before failing.
+            why = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+            print(f"pg_ctl start failed ({first.stderr!r}); server log:\n{why}", file=sys.stderr)
+            self.stop("immediate")
+            time.sleep(2.0)
+            try:
+                self._run(*start)
+            except subprocess.CalledProcessError as second:
+                why = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+                raise AssertionError(f"PostgreSQL did not start: {second.stderr!r}\n{why}") from second
         _wait_port(self.port, open_=True, timeout_s=30, what="postgres start")
 
     def stop(self, mode: str = "fast") -> None:
