@@ -189,9 +189,7 @@ def _submitted_at_s() -> Cast | F:
     float the database sends is the same number `datetime.timestamp()` gives (microseconds are exact in
     both, and both round once to the nearest double). SQLite has no epoch extract: it reads the datetime.
     """
-    if connection.vendor == "postgresql":
-        return Cast(Extract("created_at", "epoch"), FloatField())
-    return F("created_at")
+    return _epoch_s(F("created_at"))
 
 
 def _seconds(value: float | datetime) -> float:
@@ -406,8 +404,7 @@ def _read_running(
         r.cpu_used[node_id] += cpu_milli
         r.mem_used[node_id] += host_mem_mib
         by_gpu = held.get(task_pk, {})
-        if not isinstance(started_s, float):  # SQLite reads the datetime itself (see `_epoch_s`)
-            started_s = started_s.timestamp()
+        started_s = _seconds(started_s)  # SQLite reads the datetime itself (see `_epoch_s`)
         priority, _ = effective(task_pk, queue_id, base_priority)
         r.tenant_ids[slug] = tenant_id
         key = str(task_pk)
