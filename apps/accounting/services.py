@@ -43,18 +43,18 @@ def budget_set(*, tenant: Tenant, pool: Pool, gpu_hours: float, reason: str, by:
 
 
 def held_units_keep(*, gpu_id: int) -> int:
-    """Copy what each finished assignment held on `gpu_id`'s free units before they are deleted (a
-    re-carve); returns how many (assignment, unit) pairs were copied. Runs inside the re-carving
-    transaction.
+    """Copy what each finished assignment held on `gpu_id`'s units before they are deleted (a re-carve,
+    which has checked that no live assignment holds any); returns how many (assignment, unit) pairs were
+    copied. Runs inside the re-carving transaction.
 
     The assignments are found by the GPU's node (indexed) and matched to the units in Python: a re-carve
     is rare, and an index over every assignment's unit ids would cost every cycle's insert.
     """
     units = {
         pk: (model, kind, profile, milli)
-        for pk, model, kind, profile, milli in ComputeUnit.objects.filter(
-            gpu_id=gpu_id, task__isnull=True
-        ).values_list("pk", "gpu__model", "kind", "mig_profile", "gpu_milli")
+        for pk, model, kind, profile, milli in ComputeUnit.objects.filter(gpu_id=gpu_id).values_list(
+            "pk", "gpu__model", "kind", "mig_profile", "gpu_milli"
+        )
     }
     if not units:
         return 0

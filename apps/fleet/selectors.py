@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F, Max, Min, Value, prefetch_related_objects
+from django.db.models import Max, Min, Value, prefetch_related_objects
 from django.db.models.functions import Coalesce
 
 from apps.fleet.models import GpuPartition, GpuSample, TaskRun
@@ -257,7 +257,8 @@ def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sa
     """Ids of the pool's running tasks whose every GPU stayed below `util_pct` SM utilisation in every
     telemetry sample of the last `after_s` seconds (docs/operations.md, "Idle reclaim").
 
-    One grouped query over the GPU samples of the GPUs the tasks' compute units sit on. A task counts
+    One grouped query over the GPU samples of the GPUs the tasks' compute units sit on (the units their
+    live assignments list), per GPU, then per task over its GPUs. A task counts
     only where the evidence covers the window: it has been running at least `after_s`, its GPUs' samples
     reach back to within two sample intervals of the window's start and forward to within three of now
     (a node whose telemetry stopped is the node-health check's business, not idleness), and no sample
@@ -267,21 +268,35 @@ def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sa
     """
     since = now - timedelta(seconds=after_s)
     slack = timedelta(seconds=2 * sample_s)
-    rows = (
-        GpuSample.objects.filter(
-            at__gte=since,
-            gpu__units__task__pool_id=pool_id,
-            gpu__units__task__state=Task.State.RUNNING,
-            gpu__units__task__started_at__lte=since,
+    watched = dict(
+        Assignment.objects.filter(
+            released_at__isnull=True,
+            task__pool_id=pool_id,
+            task__state=Task.State.RUNNING,
+            task__started_at__lte=since,
         )
-        .exclude(gpu__units__task__queue__idle_reclaim=Queue.IdleReclaim.OFF)
-        .values(task=F("gpu__units__task_id"))
-        .annotate(
-            busiest=Max(Coalesce("util_gpu_pct", Value(100))),
-            first_at=Min("at"),
-            last_at=Max("at"),
-        )
-        .filter(busiest__lt=util_pct, first_at__lte=since + slack, last_at__gte=now - 1.5 * slack)
-        .order_by()
+        .exclude(task__queue__idle_reclaim=Queue.IdleReclaim.OFF)
+        .values_list("task_id", "unit_ids")
     )
-    return {row["task"] for row in rows}
+    gpu_of = dict(
+        ComputeUnit.objects.filter(pk__in={u for ids in watched.values() for u in ids}).values_list(
+            "pk", "gpu_id"
+        )
+    )
+    per_gpu = {
+        row["gpu_id"]: (row["busiest"], row["first_at"], row["last_at"])
+        for row in GpuSample.objects.filter(at__gte=since, gpu_id__in=set(gpu_of.values()))
+        .values("gpu_id")
+        .annotate(busiest=Max(Coalesce("util_gpu_pct", Value(100))), first_at=Min("at"), last_at=Max("at"))
+        .order_by()
+    }
+    idle: set[int] = set()
+    for task_id, unit_ids in watched.items():
+        seen = [per_gpu[g] for g in {gpu_of[u] for u in unit_ids if u in gpu_of} if g in per_gpu]
+        if not seen:
+            continue
+        busiest = max(s[0] for s in seen)
+        first_at, last_at = min(s[1] for s in seen), max(s[2] for s in seen)
+        if busiest < util_pct and first_at <= since + slack and last_at >= now - 1.5 * slack:
+            idle.add(task_id)
+    return idle

@@ -3,6 +3,7 @@ from django.contrib.admin.utils import unquote
 from django.db import transaction
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
+from apps.scheduling.holders import unit_holders
 
 
 @admin.register(Cluster)
@@ -52,8 +53,15 @@ class NodeAdmin(admin.ModelAdmin):
 class ComputeUnitInline(admin.TabularInline):
     model = ComputeUnit
     extra = 0
-    fields = ["kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "task"]
-    raw_id_fields = ["task"]
+    fields = ["kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "held_by"]
+    readonly_fields = ["held_by"]
+
+    @admin.display(description="held by task")
+    def held_by(self, unit: ComputeUnit) -> int | None:
+        """The task whose live assignment lists the unit (a unit stores no holder)."""
+        if unit.pk is None:
+            return None
+        return unit_holders(node_ids=[unit.gpu.node_id]).get(unit.pk)
 
 
 @admin.register(Gpu)

@@ -127,27 +127,10 @@ class ComputeUnit(TimestampedModel):
     )
     gpu_milli = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(1000)])
     mem_mib = models.PositiveIntegerField()
-    # The task holding the unit, if any; set and cleared by compare-and-set in the scheduling commit.
-    # Neither indexed nor a database constraint, so that binding a unit is a heap-only (HOT) update: a
-    # cycle binds tens of thousands of units in one statement, and with an index on this column every
-    # bind inserted a new entry into each of the table's four indexes (2.05 s → 0.43 s for 60,884 binds),
-    # and the deferred foreign-key check of each bind took 0.68 s more at COMMIT (docs/scheduling.md §9,
-    # "Speed round 4"). Integrity holds without the constraint: the only writer of a holder is the
-    # cycle's commit, which has locked that task row (FOR UPDATE) and found it pending in the same
-    # transaction, so the task exists when the bind commits and a delete waits for the lock; deletes go
-    # through Django's collector, which applies SET_NULL itself (the database constraint never did; it
-    # only refused a raw DELETE). Releases find a task's units through its assignment's `unit_ids`
-    # (primary-key lookups), not through this column.
-    task = models.ForeignKey(
-        "workloads.Task",
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="compute_units",
-        db_index=False,
-        db_constraint=False,
-    )
-    version = models.PositiveBigIntegerField(default=0)
+    # No holder column: the task holding a unit is the one whose live assignment lists it
+    # (`apps.scheduling.holders`). A unit row is written when its GPU is carved and never again while it
+    # exists, so binding tens of thousands of units costs the cycle no UPDATE of them (docs/scheduling.md
+    # §9, "Speed round 8").
 
     class Meta:
         ordering = ["gpu_id", "id"]

@@ -3,10 +3,13 @@ nodes and GPUs behind those pools; platform admins see everything."""
 
 from __future__ import annotations
 
-from django.db.models import Count, F, Prefetch, QuerySet
+from django.db import connection
+from django.db.models import Count, Prefetch, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import Http404
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
+from apps.scheduling.holders import holder_sql
 from apps.tenants.selectors import Access
 
 
@@ -38,9 +41,18 @@ def node_list(*, access: Access) -> QuerySet[Node]:
 
 
 def gpu_list(*, access: Access) -> QuerySet[Gpu]:
-    # Each unit carries its task's tenant (same prefetch query, one join): the API shows a task id only
-    # to whoever may see the task, and "in use" to everyone else.
-    units = Prefetch("units", queryset=ComputeUnit.objects.annotate(task_tenant_id=F("task__tenant_id")))
+    # Each unit carries its holder and the holder's tenant (same prefetch query, two subqueries over the
+    # live assignments of the unit's node): the API shows a task id only to whoever may see the task, and
+    # "in use" to everyone else.
+    table = connection.ops.quote_name(ComputeUnit._meta.db_table)
+    unit, gpu = f"{table}.id", f"{table}.gpu_id"
+    units = Prefetch(
+        "units",
+        queryset=ComputeUnit.objects.annotate(
+            holder_id=RawSQL(holder_sql(unit=unit, gpu=gpu), ()),
+            holder_tenant_id=RawSQL(holder_sql(unit=unit, gpu=gpu, select="t.tenant_id"), ()),
+        ),
+    )
     queryset = Gpu.objects.select_related("node", "node__cluster", "node__pool").prefetch_related(units)
     if not access.platform_admin:
         queryset = queryset.filter(node__pool__in=_pool_ids(access))

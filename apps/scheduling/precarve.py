@@ -21,6 +21,7 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
+from apps.scheduling.holders import unit_holders
 from apps.scheduling.models import Cycle, Repartition
 from apps.scheduling.selectors import PoolSnapshot
 from whalegen.scheduling import Decisions, Snapshot
@@ -50,8 +51,8 @@ def with_forecast(pure: Snapshot, *, pool_id: int, now: datetime, config: Precar
 def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: datetime) -> int:
     """Re-carve the GPUs `decide` proposed; returns how many were. Runs after the cycle's placements.
 
-    Each GPU goes in its own savepoint under a lock on its units: one whose units are no longer exactly
-    the free ones the snapshot saw (a task bound one, another writer re-carved it) is left as it is; it
+    Each GPU goes in its own savepoint under a lock on its node: one whose units are no longer exactly
+    the free ones the snapshot saw (a task holds one, another writer re-carved it) is left as it is; it
     never rolls the cycle back (nobody waits on a pre-carve).
     """
     done = 0
@@ -61,9 +62,11 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
         try:
             with transaction.atomic():
                 node = Node.objects.select_for_update().get(pk=node_id)
-                units = list(ComputeUnit.objects.select_for_update().filter(gpu_id=gpu.pk).values("task_id"))
+                # Under the node's lock no cycle binds on it (binding needs the lock and raises the version).
+                units = list(ComputeUnit.objects.filter(gpu_id=gpu.pk).values_list("pk", flat=True))
+                holders = unit_holders(node_ids=[node_id])
                 claimed = Repartition.objects.filter(gpu_id=gpu.pk, state=Repartition.State.WAITING).exists()
-                if claimed or len(units) != gpu.unit_count or any(u["task_id"] is not None for u in units):
+                if claimed or len(units) != gpu.unit_count or any(pk in holders for pk in units):
                     logger.info("scheduling: %s changed since the snapshot; not pre-carved", gpu.view.name)
                     continue
                 held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it

@@ -21,8 +21,6 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.db.models import (
-    BooleanField,
-    ExpressionWrapper,
     F,
     FloatField,
     OuterRef,
@@ -38,6 +36,7 @@ from apps.accounting.selectors import budgets_spent
 from apps.approvals.models import PriorityOverride
 from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
+from apps.scheduling.holders import live_holders_sql
 from apps.scheduling.models import Assignment, Cycle, Repartition
 from apps.workloads.models import Quota, Task, TaskProfile
 from whalegen.gpus.mig import MEMORY_SLICES
@@ -136,8 +135,6 @@ class PoolSnapshot:
     node_ids: MappingProxyType[str, int]  # engine node name → Node.pk
     node_versions: MappingProxyType[int, int]
     node_models: MappingProxyType[str, str | None]
-    # ComputeUnit.pk → version, for every unit nobody holds (the commit compares-and-sets on it).
-    unit_versions: MappingProxyType[int, int]
     pending: MappingProxyType[str, PendingInfo]  # engine task id → row facts
     running: MappingProxyType[str, RunningInfo]
     tenant_ids: MappingProxyType[str, int]  # tenant slug (the engine's tenant name) → Tenant.pk
@@ -217,10 +214,9 @@ _UNIT_COLUMNS = (
     "mig_start",
     "id",
     "gpu_id",
-    "task_id",
-    "version",
+    "task_id",  # the holder: the task whose live assignment lists the unit (`apps.scheduling.holders`)
 )
-KIND, MILLI, MEM, FREE, PROFILE, START, ID, GPU, TASK, VERSION = range(len(_UNIT_COLUMNS))
+KIND, MILLI, MEM, FREE, PROFILE, START, ID, GPU, TASK = range(len(_UNIT_COLUMNS))
 _UnitRow = tuple[Any, ...]
 _shape = itemgetter(slice(KIND, START + 1))
 
@@ -266,6 +262,22 @@ def _read_nodes(r: _Reading) -> None:
             r.excluded[r.names[row["id"]]] = f"node is {row['state']}"
 
 
+def _read_unit_rows(pool_id: int) -> list[_UnitRow]:
+    """The pool's units as `_UNIT_COLUMNS` tuples, each with its holder joined from the live assignments
+    (one statement: the units hold no holder column of their own)."""
+    units, gpus, nodes = ComputeUnit._meta.db_table, Gpu._meta.db_table, Node._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT u.kind, u.gpu_milli, u.mem_mib, h.task_id IS NULL, u.mig_profile, u.mig_start, u.id,"
+            f" u.gpu_id, h.task_id FROM {units} u JOIN {gpus} g ON g.id = u.gpu_id"
+            f" JOIN {nodes} n ON n.id = g.node_id"
+            f" LEFT JOIN ({live_holders_sql(of_pool=True)}) h ON h.unit_id = u.id"
+            " WHERE n.pool_id = %(pool)s ORDER BY u.id",
+            {"pool": pool_id},
+        )
+        return cursor.fetchall()
+
+
 def _read_gpus(r: _Reading) -> None:
     """Step 2: GPUs and their units; GPUs a released task's process may still use (the agent was told to
     stop it and has not said it ended), which are never re-carved under it."""
@@ -274,12 +286,7 @@ def _read_gpus(r: _Reading) -> None:
         .order_by("node_id", "index")
         .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health", "partition__state")
     )
-    r.unit_rows = list(
-        ComputeUnit.objects.filter(gpu__node__pool_id=r.pool_id)
-        .order_by("id")
-        .annotate(free=ExpressionWrapper(Q(task__isnull=True), output_field=BooleanField()))
-        .values_list(*_UNIT_COLUMNS)
-    )
+    r.unit_rows = _read_unit_rows(r.pool_id)
     for unit in r.unit_rows:
         r.units_of[unit[GPU]].append(unit)
     for gpu in r.gpu_rows:
@@ -513,7 +520,6 @@ class _Gpus:
 
     nodes: list[NodeState] = field(default_factory=list)
     free_units: dict[tuple[str, int], tuple[FreeUnit, ...]] = field(default_factory=dict)
-    unit_versions: dict[int, int] = field(default_factory=dict)
     node_models: dict[str, str | None] = field(default_factory=dict)
     gpu_infos: dict[tuple[int, int], GpuInfo] = field(default_factory=dict)
     gpu_views: dict[tuple[str, int], GpuView] = field(default_factory=dict)
@@ -600,9 +606,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
 
 def _read_nodes_state(r: _Reading) -> _Gpus:
     """Step 2c: every node's GPUs as the engine sees them, from units nobody holds."""
-    # Every free unit's version (the commit compares-and-sets on it), including those of GPUs left out
-    # below (never bound, so never compared).
-    out = _Gpus(unit_versions={u[ID]: u[VERSION] for u in r.unit_rows if u[FREE]})
+    out = _Gpus()
     for row in r.node_rows:
         name = r.names[row["id"]]
         gpus = r.gpus_of_node.get(row["id"], [])
@@ -824,7 +828,6 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         node_ids=MappingProxyType({r.names[row["id"]]: row["id"] for row in r.node_rows}),
         node_versions=MappingProxyType({row["id"]: row["version"] for row in r.node_rows}),
         node_models=MappingProxyType(gpus.node_models),
-        unit_versions=MappingProxyType(gpus.unit_versions),
         pending=MappingProxyType(pending_info),
         running=MappingProxyType(running_info),
         tenant_ids=MappingProxyType(r.tenant_ids),
@@ -841,8 +844,8 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
 def held_unit_ids(*, task_ids: list[int]) -> dict[int, list[int]]:
     """Task → the ids of the compute units its live (unreleased) assignment holds, in bind order.
 
-    The way to a task's units: `ComputeUnit.task` has no index (binding is a HOT update, see the model),
-    and the cycle writes the assignment's `unit_ids` in the same statement that binds the units."""
+    The assignment is the record of what a task holds: units keep no holder of their own
+    (`apps.scheduling.holders`)."""
     held: dict[int, list[int]] = defaultdict(list)
     for task_id, unit_ids in Assignment.objects.filter(
         task_id__in=task_ids, released_at__isnull=True

@@ -33,6 +33,7 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
+from apps.scheduling.holders import unit_holders
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.precarve import precarve_config, precarves_commit, with_forecast
@@ -173,10 +174,10 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
     task_rows = _lock_rows(
         Task, (snapshot.pending[t].pk for t in [*units_for, *planned_tasks]), ["state", "version"]
     )
-    # Units are not locked here: every cycle that binds a unit raises its node's version under the node
-    # lock above, so a unit taken since the snapshot shows as a moved node. `_write_placements` still
-    # compares-and-sets each unit; a miss there means something changed units without raising the node's
-    # version, and the whole cycle rolls back rather than double-book.
+    # Units have no rows to lock: every writer that binds, deletes or re-carves units raises their node's
+    # version under the node lock above, so a unit taken since the snapshot shows as a moved node.
+    # `_write_placements` still counts units a live assignment already lists; any means something changed
+    # units without raising the node's version, and the whole cycle rolls back rather than double-book.
     placement_of = {p.task_id: p for p in placements}
     for task_id in units_for:
         info = snapshot.pending[task_id]
@@ -271,7 +272,6 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         clock = out.lap("write_tasks_and_events", clock)
         _write_placements(
             held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
-            seen=snapshot.unit_versions,
             nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans},
             assignments=[
                 (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
@@ -374,10 +374,14 @@ def _write_layouts(
     if not plans:
         return held
     node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _ in plans})}
+    holders = unit_holders(node_ids=node_of)
     for key, plan in plans:
         gpu = snapshot.gpus[key]
+        units = ComputeUnit.objects.filter(gpu_id=gpu.pk)
+        if any(pk in holders for pk in units.values_list("pk", flat=True)):
+            raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
         held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
-        _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk, task__isnull=True).delete()
+        _, deleted = units.delete()
         if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
         layout = [(slot.mig_profile, slot.mig_start) for slot in plan.layout]
@@ -427,43 +431,42 @@ def _close_claims(snapshot: PoolSnapshot, *, bound: set[str], now: datetime) -> 
 def _write_placements(
     *,
     held: Mapping[int, Sequence[int]],
-    seen: Mapping[int, int],
     nodes: set[int],
     assignments: Sequence[tuple[int, int, bool]],
     cycle: Cycle,
     deferred: list[Callable[[], None]] | None = None,
 ) -> None:
-    """Bind units, raise node versions, insert assignments with the ids of the units they hold.
+    """Raise node versions and insert assignments with the ids of the units they hold.
 
-    `held` maps each task to the units it binds, in order; `seen` holds each unit's version as the
-    snapshot saw it: each unit gets its holder by compare-and-set, and every one must be touched. The
-    rows are locked and checked already (nodes); the condition stays so that a unit taken by any path
-    that skipped the lock still makes the cycle roll back instead of double-booking.
+    `held` maps each task to the units it binds, in order. A unit's holder is the live assignment that
+    lists it (`apps.scheduling.holders`), so binding writes no unit row: the nodes are locked and found
+    at the version the snapshot saw, and every writer of units raises that version under the same lock.
+    The statement still counts the units it binds that a live assignment already lists: any is a path
+    that skipped the lock, and the whole cycle rolls back rather than double-book.
 
-    On PostgreSQL this is one statement of three data-modifying CTEs fed by array literals (`unnest`),
-    none joining another: a cycle binds tens of thousands of units, and neither model instances nor one
-    round trip per table are worth their cost. Each assignment's unit ids go as one element of a text
-    array (`{"{1,2}","{3}"}`), cast per row: no link rows (see `UnitIdsField`). The literals are joined
-    per task, not per unit (a cycle binds ~60,000 units: per-unit tuples and three passes over them were
-    a third of the commit's own CPU). Elsewhere (the embedded SQLite) the ORM does the same steps.
-    `deferred` as in `tasks_transition_bulk`: the check that every unit was bound, for after a pipeline.
+    On PostgreSQL this is one statement (two data-modifying CTEs and the check) fed by array literals
+    (`unnest`): a cycle binds tens of thousands of units, and neither model instances nor one round trip
+    per table are worth their cost. Each assignment's unit ids go as one element of a text array
+    (`{"{1,2}","{3}"}`), cast per row: no link rows (see `UnitIdsField`). The literals are joined per task,
+    not per unit. Elsewhere (the embedded SQLite) the ORM does the same steps.
+    `deferred` as in `tasks_transition_bulk`: the check, for after a pipeline.
     """
     binds = sum(len(ids) for ids in held.values())
     if not binds and not nodes:
         return
     if connection.vendor != "postgresql":
-        _write_placements_orm(held=held, seen=seen, nodes=nodes, assignments=assignments, cycle=cycle)
+        _write_placements_orm(held=held, nodes=nodes, assignments=assignments, cycle=cycle)
         return
-    # Ids and versions are ints from the database, so the literals need no quoting.
+    # Ids are ints from the database, so the literals need no quoting.
     ids_of = {task: ",".join(map(str, ids)) for task, ids in held.items() if ids}
-    units = ComputeUnit._meta.db_table
     table = Assignment._meta.db_table
     cursor = connection.cursor()  # closed by the check, once the statement has answered
     cursor.execute(
-        f"WITH bound AS ("
-        f"  UPDATE {units} AS u SET task_id = v.task, version = u.version + 1"
-        "   FROM unnest(%(unit)s::bigint[], %(task)s::bigint[], %(seen)s::bigint[]) AS v(id, task, seen)"
-        "   WHERE u.id = v.id AND u.task_id IS NULL AND u.version = v.seen RETURNING u.id"
+        "WITH taken AS ("
+        # Only the live assignments of the nodes written: a unit is listed on its own node's assignment.
+        f"  SELECT count(*) AS n FROM {table} AS a CROSS JOIN LATERAL unnest(a.unit_ids) AS l(id)"
+        "   JOIN unnest(%(unit)s::bigint[]) AS v(id) ON v.id = l.id"
+        "   WHERE a.released_at IS NULL AND a.node_id = ANY(%(nodes)s::bigint[])"
         "), raised AS ("
         f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
         "   RETURNING id"
@@ -474,12 +477,9 @@ def _write_placements(
         "   FROM unnest(%(a_task)s::bigint[], %(a_node)s::bigint[], %(a_borrowed)s::boolean[],"
         "   %(a_units)s::text[]) AS a(t, n, b, h)"
         "   RETURNING 1"
-        ") SELECT (SELECT count(*) FROM bound), (SELECT count(*) FROM raised),"
-        " (SELECT count(*) FROM made)",
+        ") SELECT (SELECT n FROM taken), (SELECT count(*) FROM raised), (SELECT count(*) FROM made)",
         {
             "unit": "{" + ",".join(ids_of.values()) + "}",
-            "task": "{" + ",".join(",".join([str(task)] * len(held[task])) for task in ids_of) + "}",
-            "seen": "{" + ",".join([str(seen[u]) for task in ids_of for u in held[task]]) + "}",
             "nodes": _int_array(sorted(nodes)),
             "cycle": cycle.pk,
             # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
@@ -495,9 +495,9 @@ def _write_placements(
 
     def check() -> None:
         with cursor:
-            bound, _, made = cursor.fetchone()
-        if bound != binds or made != len(assignments):
-            raise Conflict(f"{binds - bound} of {binds} compute units were taken during the commit")
+            taken, _, made = cursor.fetchone()
+        if taken or made != len(assignments):
+            raise Conflict(f"{taken} of {binds} compute units were taken during the commit")
 
     if deferred is None:
         check()
@@ -508,20 +508,15 @@ def _write_placements(
 def _write_placements_orm(
     *,
     held: Mapping[int, Sequence[int]],
-    seen: Mapping[int, int],
     nodes: set[int],
     assignments: Sequence[tuple[int, int, bool]],
     cycle: Cycle,
 ) -> None:
-    bound = binds = 0
-    for task_id, ids in held.items():
-        for unit_id in ids:
-            binds += 1
-            bound += ComputeUnit.objects.filter(pk=unit_id, task__isnull=True, version=seen[unit_id]).update(
-                task_id=task_id, version=F("version") + 1
-            )
-    if bound != binds:
-        raise Conflict(f"{binds - bound} of {binds} compute units were taken during the commit")
+    holders = unit_holders(node_ids=nodes)
+    taken = sum(1 for ids in held.values() for unit_id in ids if unit_id in holders)
+    if taken:
+        binds = sum(len(ids) for ids in held.values())
+        raise Conflict(f"{taken} of {binds} compute units were taken during the commit")
     Node.objects.filter(pk__in=nodes).update(version=F("version") + 1)
     Assignment.objects.bulk_create(
         [

@@ -22,9 +22,8 @@ from django.utils import timezone
 from apps.common.errors import ApplicationError, Conflict
 from apps.fleet.changes import node_changed
 from apps.forecasting.services import tasks_forecast_attach_on_commit
-from apps.inventory.models import ComputeUnit, Gpu, Pool
+from apps.inventory.models import Gpu, Pool
 from apps.scheduling.models import Assignment
-from apps.scheduling.selectors import held_unit_ids
 from apps.tenants.models import Tenant
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
@@ -794,12 +793,11 @@ def _transition(
             task=task, from_state=task.state, to_state=to_state, actor=actor, reason=reason
         )
         if to_state in FINAL or to_state in RETRY_FROM:
-            held = held_unit_ids(task_ids=[task.pk]).get(task.pk, [])
+            # Releasing the assignment frees its units: a unit's holder is the live assignment listing it.
             live = Assignment.objects.filter(task=task, released_at__isnull=True)
             # The nodes that held it list it no more (or list it to stop): their agents must hear of it.
             node_changed(live.values_list("node_id", flat=True))
             live.update(released_at=now, release_reason=reason[:200])
-            ComputeUnit.objects.filter(pk__in=held, task=task).update(task=None, version=F("version") + 1)
         if to_state in FINAL:
             Quota.objects.filter(tenant_id=task.tenant_id, pool_id=task.pool_id).update(
                 charged_milli=F("charged_milli") - task.charge_milli,

@@ -4,6 +4,7 @@ charge): use them to fill lists; use `task_submit` when accounting matters."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import factory
 from django.contrib.auth import get_user_model
@@ -11,9 +12,12 @@ from django.utils import timezone
 
 from apps.approvals.models import PriorityOverride
 from apps.fleet.models import GpuSample, TaskSample
-from apps.inventory.models import Cluster, Node, Pool
+from apps.inventory.models import Cluster, ComputeUnit, Node, Pool
 from apps.tenants.models import Membership, Tenant
 from apps.workloads.models import Queue, Quota, Task
+
+if TYPE_CHECKING:
+    from apps.scheduling.models import Assignment
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -131,3 +135,25 @@ class TaskSampleFactory(factory.django.DjangoModelFactory):
 
     at = factory.LazyFunction(timezone.now)
     pid = factory.Sequence(lambda n: 1_000 + n)
+
+
+def units_held_by(task: Task) -> list[ComputeUnit]:
+    """The units `task` holds: those its live assignment lists (a unit stores no holder)."""
+    from apps.scheduling.selectors import held_unit_ids
+
+    return list(ComputeUnit.objects.filter(pk__in=held_unit_ids(task_ids=[task.pk]).get(task.pk, [])))
+
+
+def holder_of(unit: ComputeUnit) -> int | None:
+    """The task holding `unit`, if any."""
+    from apps.scheduling.holders import unit_holders
+
+    return unit_holders(node_ids=[unit.gpu.node_id]).get(unit.pk)
+
+
+def hold(task: Task, units: list[ComputeUnit]) -> Assignment:
+    """Make `task` hold `units`, as a cycle's commit would: a live assignment on their node listing them."""
+    from apps.scheduling.models import Assignment
+
+    (node_id,) = {unit.gpu.node_id for unit in units}
+    return Assignment.objects.create(task=task, node_id=node_id, unit_ids=[unit.pk for unit in units])

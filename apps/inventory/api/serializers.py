@@ -53,18 +53,20 @@ class ComputeUnitOutputSerializer(serializers.ModelSerializer):
         ]  # fmt: skip
         read_only_fields = fields
 
+    # `holder_id` and `holder_tenant_id` are annotations of `gpu_list` (a unit stores no holder).
     def get_in_use(self, unit: ComputeUnit) -> bool:
-        return unit.task_id is not None
+        return unit.holder_id is not None  # type: ignore[attr-defined]
 
     def get_task(self, unit: ComputeUnit) -> int | None:
-        if unit.task_id is None:
+        holder: int | None = unit.holder_id  # type: ignore[attr-defined]
+        if holder is None:
             return None
         access = self.context.get("access")
-        tenant_id = getattr(unit, "task_tenant_id", None)
+        tenant_id = unit.holder_tenant_id  # type: ignore[attr-defined]
         # Without the caller's access (no request), show nothing rather than another tenant's id.
         if access is None or tenant_id is None or not access.can_see(tenant_id):
             return None
-        return unit.task_id
+        return holder
 
 
 class GpuOutputSerializer(serializers.ModelSerializer):

@@ -75,7 +75,5 @@ def held(
     Assignment.objects.filter(pk=assignment.pk).update(
         created_at=start, released_at=end, release_reason="finished" if end else ""
     )
-    if end is None:
-        ComputeUnit.objects.filter(pk__in=[u.pk for u in units]).update(task=task)
     assignment.refresh_from_db()
     return assignment

@@ -357,10 +357,11 @@ def test_bulk_errors_line_up_with_the_list_in_one_shape(world, api) -> None:
 
 def test_gpus_show_other_tenants_tasks_only_as_in_use(world, api) -> None:
     from apps.inventory.models import ComputeUnit
+    from tests.apps.factories import hold
 
     unit_a, unit_b = ComputeUnit.objects.filter(gpu__node=world.node).order_by("pk")[:2]
-    ComputeUnit.objects.filter(pk=unit_a.pk).update(task=world.task_a)
-    ComputeUnit.objects.filter(pk=unit_b.pk).update(task=world.task_b)
+    hold(world.task_a, [unit_a])
+    hold(world.task_b, [unit_b])
 
     def units(user: Any) -> dict[int, dict[str, Any]]:
         listed = api(user).get("/api/v1/gpus/").json()["results"]

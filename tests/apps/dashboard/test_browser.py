@@ -229,10 +229,11 @@ def screenshot(browser: Any, name: str) -> Path:
 def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     live_server: Any, scene: Any, browser: Any, settings: Any, monkeypatch: Any
 ) -> None:
+    from django.utils import timezone
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from apps.inventory.models import ComputeUnit
+    from apps.scheduling.models import Assignment
 
     w = scene.world
     log_in(browser, live_server, w.root, "root-fleet-pass")
@@ -248,7 +249,7 @@ def test_operator_sees_the_fleet_live_and_asks_what_another_policy_would_do(
     browser.find_element(By.ID, "heatmap")
     browser.execute_script("window.__stillThisPage = true;")
     assert browser.find_elements(By.CSS_SELECTOR, 'g.gpu[data-allocated="1000"]')
-    ComputeUnit.objects.filter(task=scene.placed).update(task=None)
+    Assignment.objects.filter(task=scene.placed, released_at__isnull=True).update(released_at=timezone.now())
     WebDriverWait(browser, WAIT_S).until(
         lambda b: not b.find_elements(By.CSS_SELECTOR, 'g.gpu[data-allocated="1000"]')
     )

@@ -18,9 +18,8 @@ def assign(task: Any, node: Any, units: Iterable[Any]) -> Any:
     units = list(units)
     task_transition(task=task, to_state=Task.State.ADMITTED, actor="scheduler", reason="admitted (test)")
     task_transition(task=task, to_state=Task.State.ASSIGNED, actor="scheduler", reason="placed (test)")
+    # The live assignment listing the units is what makes the task their holder.
     assignment = Assignment.objects.create(task=task, node=node, unit_ids=[u.pk for u in units])
-    for unit in units:
-        type(unit).objects.filter(pk=unit.pk).update(task=task)
     task.refresh_from_db()
     return assignment
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.apps.factories import holder_of
 from tests.apps.fleet.conftest import assign
 from whalegen import protocol as p
 
@@ -296,8 +297,7 @@ def test_reports_move_the_task_to_running_then_succeeded_with_its_exit_code(
     fleet.task_a.refresh_from_db()
     assert (fleet.task_a.state, fleet.task_a.exit_code) == ("succeeded", 0)
     assert [e.actor for e in fleet.task_a.events.all()][-2:] == ["agent:gpu-001", "agent:gpu-001"]
-    fleet.whole_unit.refresh_from_db()
-    assert fleet.whole_unit.task_id is None
+    assert holder_of(fleet.whole_unit) is None
 
 
 def test_a_resent_report_changes_nothing(fleet: Any, agent_client: Any) -> None:

@@ -28,22 +28,21 @@ def violations(pool_id: int) -> list[str]:
     for task in tasks.values():
         if task.state in {Task.State.ASSIGNED, Task.State.RUNNING} and task.pk not in live_by_task:
             found.append(f"task {task.pk} is {task.state} without an assignment")
-    # Units: held exactly by the task whose live assignment lists them; a GPU never gives more than it has.
+    # Units: each held by at most one task (the one whose live assignment lists it), on that assignment's
+    # node; a GPU never gives more than it has.
     held_by: dict[int, int] = {}
     for task_id, rows in live_by_task.items():
         if len(set(rows[0].unit_ids)) != len(rows[0].unit_ids):
             found.append(f"task {task_id}'s assignment lists a unit twice: {rows[0].unit_ids}")
-        for unit in rows[0].units.all():
+        for unit in rows[0].units.select_related("gpu"):
             if unit.pk in held_by:
                 found.append(f"unit {unit.pk} is in the assignments of {held_by[unit.pk]} and {task_id}")
             held_by[unit.pk] = task_id
-            if unit.task_id != task_id:
-                found.append(f"unit {unit.pk} is listed for task {task_id} but held by {unit.task_id}")
+            if unit.gpu.node_id != rows[0].node_id:
+                found.append(f"unit {unit.pk} of task {task_id} is on another node than its assignment")
     gpu_milli: dict[int, int] = defaultdict(int)
     gpu_mem: dict[int, int] = defaultdict(int)
-    for unit in ComputeUnit.objects.filter(gpu__node__pool_id=pool_id, task__isnull=False):
-        if held_by.get(unit.pk) != unit.task_id:
-            found.append(f"unit {unit.pk} is held by task {unit.task_id} without a live assignment for it")
+    for unit in ComputeUnit.objects.filter(gpu__node__pool_id=pool_id, pk__in=list(held_by)):
         gpu_milli[unit.gpu_id] += unit.gpu_milli
         gpu_mem[unit.gpu_id] += unit.mem_mib
     for gpu in Gpu.objects.filter(node__pool_id=pool_id):

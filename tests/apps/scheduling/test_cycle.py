@@ -6,9 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from apps.inventory.models import Cluster, ComputeUnit
+from apps.inventory.models import Cluster
 from apps.scheduling.models import Assignment, Cycle
 from apps.workloads.models import Task, TaskEvent
+from tests.apps.factories import holder_of, units_held_by
 from tests.apps.scheduling.conftest import NOW, run, start
 from tests.apps.scheduling.invariants import violations
 
@@ -29,7 +30,7 @@ def test_a_cycle_assigns_what_fits_and_records_itself(fleet) -> None:
     assert states(*tasks) == ["assigned", "assigned", "pending"]
     first = tasks[0]
     assignment = Assignment.objects.get(task=first, released_at__isnull=True)
-    assert [u.task_id for u in assignment.units.all()] == [first.pk]
+    assert [holder_of(u) for u in assignment.units.all()] == [first.pk]
     events = list(TaskEvent.objects.filter(task=first, actor="scheduler").values_list("to_state", "reason"))
     assert [e[0] for e in events] == ["admitted", "assigned"]
     assert "within the guarantee" in events[0][1] and "eu-1/n001 GPU" in events[1][1]
@@ -268,10 +269,10 @@ def test_fractional_tasks_get_mig_instances_and_mps_shares(fleet, policy: str) -
     assert states(*mig) == ["assigned", "assigned", "pending"]
     assert states(*mps) == ["assigned", "assigned", "pending"]
     for task in mig[:2]:
-        (unit,) = ComputeUnit.objects.filter(task=task)
+        (unit,) = units_held_by(task)
         assert unit.kind == "mig" and unit.mig_profile == "3g.40gb"
     for task in mps[:2]:
-        assert sorted(u.gpu_milli for u in ComputeUnit.objects.filter(task=task)) == [250, 250]
+        assert sorted(u.gpu_milli for u in units_held_by(task)) == [250, 250]
     assert violations(fleet.pool.pk) == []
 
 
@@ -341,8 +342,8 @@ def test_isolation_chooses_the_kind_of_gpu(fleet) -> None:
     on_mps = fleet.submit("a", gpu_milli=400, isolation="mps")
     run(fleet)
     assert states(on_mig, on_mps) == ["assigned", "assigned"]
-    assert {u.kind for u in ComputeUnit.objects.filter(task=on_mig)} == {"mig"}
-    assert {u.kind for u in ComputeUnit.objects.filter(task=on_mps)} == {"mps"}
+    assert {u.kind for u in units_held_by(on_mig)} == {"mig"}
+    assert {u.kind for u in units_held_by(on_mps)} == {"mps"}
     assert violations(fleet.pool.pk) == []
 
 

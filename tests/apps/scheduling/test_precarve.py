@@ -18,6 +18,7 @@ from apps.forecasting.selectors import training_rows_arrivals
 from apps.inventory.models import ComputeUnit, Gpu
 from apps.scheduling.models import Cycle, Repartition
 from apps.workloads.models import Task
+from tests.apps.factories import holder_of, units_held_by
 from tests.apps.scheduling.conftest import NOW, Fleet, run
 from tests.apps.scheduling.invariants import violations
 from whalegen.forecast.arrivals import ArrivalConfig, train_arrivals
@@ -101,7 +102,7 @@ def test_an_idle_mig_gpu_gets_the_forecast_layout_with_its_reason_and_the_agent_
     report = run(fleet, minutes=2)
     small.refresh_from_db()
     assert (small.state, report.placed) == ("assigned", 1)
-    assert ComputeUnit.objects.get(task=small).mig_profile == "1g.10gb"
+    assert units_held_by(small)[0].mig_profile == "1g.10gb"
     assert violations(fleet.pool.pk) == []
 
 
@@ -126,7 +127,7 @@ def test_a_busy_mig_gpu_is_never_precarved(fleet: Fleet) -> None:
     fleet.submit("t", gpu_milli=1000, gpu_mem_mib=70_000)  # takes the 7g instance
     report = run(fleet)
     assert report.placed == 1
-    assert [(u.mig_profile, u.task_id is not None) for u in ComputeUnit.objects.filter(gpu=gpu)] == [
+    assert [(u.mig_profile, holder_of(u) is not None) for u in ComputeUnit.objects.filter(gpu=gpu)] == [
         ("7g.80gb", True)
     ]
     assert not Repartition.objects.exists()

@@ -142,7 +142,8 @@ def test_a_unit_taken_behind_the_cycles_back_rolls_the_whole_commit_back(
     fleet: Fleet, monkeypatch: Any
 ) -> None:
     """A writer that binds a unit without raising its node's version breaks the contract the commit relies
-    on; the unit's compare-and-set still catches it, and the cycle writes nothing rather than double-book."""
+    on; the commit's count of units already listed by a live assignment still catches it, and the cycle
+    writes nothing rather than double-book."""
     from apps.common.errors import Conflict
     from apps.inventory.models import ComputeUnit
 
@@ -154,57 +155,57 @@ def test_a_unit_taken_behind_the_cycles_back_rolls_the_whole_commit_back(
 
     def snapshot_then_sneak(pool_id: int, now: Any) -> Any:
         snapshot = real(pool_id, now)
-        ComputeUnit.objects.filter(pk=min(ComputeUnit.objects.values_list("pk", flat=True))).update(
-            task=sneaky
-        )
+        unit = ComputeUnit.objects.select_related("gpu").order_by("pk").first()
+        assert unit is not None
+        Assignment.objects.create(task=sneaky, node_id=unit.gpu.node_id, unit_ids=[unit.pk])
         return snapshot
 
     monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_sneak)
     with pytest.raises(Conflict, match="taken during the commit"):
         services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
-    assert not Assignment.objects.exists()
-    assert ComputeUnit.objects.filter(task__isnull=False).count() == 0  # the sneak rolled back with it
+    assert not Assignment.objects.exists()  # the sneak rolled back with it
     for task in (first, second):
         task.refresh_from_db()
         assert task.state == "pending"
 
 
-def test_binding_units_is_a_heap_only_update_and_finishing_frees_them(fleet: Fleet) -> None:
-    """The holder column carries no index and no constraint (`ComputeUnit.task`), so a cycle's binds are
-    HOT updates: no new entry in any of the table's indexes. A finished task frees its units through its
-    assignment's ids (the holder has no index to look them up by)."""
+def test_binding_units_writes_no_unit_row_and_finishing_frees_them(fleet: Fleet) -> None:
+    """A unit's holder is the live assignment listing it (`apps.scheduling.holders`): a cycle's binds
+    update no unit row at all, every placed task holds exactly its assignment's units, and a finished
+    task's units are free again once its assignment is released."""
     from apps.inventory.models import ComputeUnit
+    from apps.scheduling.holders import unit_holders
     from apps.workloads.services import task_transition
 
     if connection.vendor != "postgresql":
-        pytest.fail("HOT updates are PostgreSQL's: set DATABASE_URL")
+        pytest.fail("the table statistics are PostgreSQL's: set DATABASE_URL")
     tasks = _busy_pool(fleet)
     with connection.cursor() as cursor:
 
-        def unit_updates() -> tuple[int, int]:
-            # This transaction's own counts (the test runs in one), updated as statements run.
+        def unit_updates() -> int:
+            # This transaction's own count (the test runs in one), updated as statements run.
             cursor.execute(
-                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+                "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
                 [ComputeUnit._meta.db_table],
             )
             row = cursor.fetchone()
-            return (row[0], row[1]) if row else (0, 0)
+            return row[0] if row else 0
 
         before = unit_updates()
         report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
-        updated, hot = (a - b for a, b in zip(unit_updates(), before, strict=True))
-    held = ComputeUnit.objects.filter(task__isnull=False).count()
-    assert report.placed > 0 and held > 0
-    assert updated == held and hot == held
+        updated = unit_updates() - before
+    holders = unit_holders(pool_id=fleet.pool.pk)
+    assert report.placed > 0 and len(holders) > 0
+    assert updated == 0
     placed = next(t for t in tasks if Assignment.objects.filter(task=t, released_at__isnull=True).exists())
     placed.refresh_from_db()
     units = set(Assignment.objects.get(task=placed, released_at__isnull=True).unit_ids)
-    assert set(ComputeUnit.objects.filter(task=placed).values_list("pk", flat=True)) == units
+    assert {u for u, t in holders.items() if t == placed.pk} == units
     running = task_transition(task=placed, to_state=Task.State.RUNNING, actor="agent", reason="started")
     task_transition(task=running, to_state=Task.State.SUCCEEDED, actor="agent", reason="exit 0")
-    assert not ComputeUnit.objects.filter(task=placed).exists()
-    assert set(ComputeUnit.objects.filter(pk__in=units).values_list("version", flat=True)) == {2}
-    assert ComputeUnit.objects.filter(task__isnull=False).count() == held - len(units)
+    after = unit_holders(pool_id=fleet.pool.pk)
+    assert not units & after.keys()
+    assert len(after) == len(holders) - len(units)
     assert violations(fleet.pool.pk) == []
 
 

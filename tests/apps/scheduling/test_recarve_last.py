@@ -8,6 +8,7 @@ from typing import Any
 from apps.inventory.models import ComputeUnit, Gpu
 from apps.scheduling.models import Repartition
 from apps.scheduling.services import cycle_run
+from tests.apps.factories import units_held_by
 from tests.apps.scheduling.conftest import NOW, run
 from tests.apps.scheduling.invariants import violations
 
@@ -19,7 +20,9 @@ def held(task: Any) -> list[tuple[str, int, str, str]]:
     """(node, GPU index, unit kind, MIG profile) of each unit the task holds."""
     return sorted(
         (u.gpu.node.name, u.gpu.index, u.kind, u.mig_profile)
-        for u in ComputeUnit.objects.filter(task=task).select_related("gpu__node")
+        for u in ComputeUnit.objects.filter(pk__in=[u.pk for u in units_held_by(task)]).select_related(
+            "gpu__node"
+        )
     )
 
 

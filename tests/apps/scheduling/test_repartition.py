@@ -15,6 +15,7 @@ from apps.inventory.models import ComputeUnit, Gpu
 from apps.scheduling.models import Repartition
 from apps.workloads.models import Task
 from apps.workloads.services import task_cancel
+from tests.apps.factories import holder_of, units_held_by
 from tests.apps.scheduling.conftest import NOW, run
 from tests.apps.scheduling.invariants import violations
 from tests.apps.scheduling.test_races_and_queries import _race
@@ -27,7 +28,7 @@ SEVEN_1G = [("1g.10gb", start) for start in range(7)]
 
 def layout_of(gpu: Gpu) -> list[tuple[str, int | None, int | None]]:
     return sorted(
-        (u.mig_profile, u.mig_start, u.task_id)
+        (u.mig_profile, u.mig_start, holder_of(u))
         for u in ComputeUnit.objects.filter(gpu=gpu).order_by("mig_start")
     )
 
@@ -111,7 +112,7 @@ def test_a_task_waits_for_its_new_layout_and_binds_once_the_agent_applied_it(fle
     report = run(fleet, minutes=2)
     task.refresh_from_db()
     assert task.state == "assigned" and report.placed == 1
-    assert [(u.mig_profile, u.mig_start) for u in ComputeUnit.objects.filter(task=task)] == [("3g.40gb", 4)]
+    assert [(u.mig_profile, u.mig_start) for u in units_held_by(task)] == [("3g.40gb", 4)]
     claim.refresh_from_db()
     assert claim.state == "bound" and claim.closed_at is not None
     assert violations(fleet.pool.pk) == []
@@ -119,7 +120,7 @@ def test_a_task_waits_for_its_new_layout_and_binds_once_the_agent_applied_it(fle
     run(fleet, minutes=3)
     other.refresh_from_db()
     assert other.state == "assigned"
-    assert [(u.mig_profile, u.mig_start) for u in ComputeUnit.objects.filter(task=other)] == [("4g.40gb", 0)]
+    assert [(u.mig_profile, u.mig_start) for u in units_held_by(other)] == [("4g.40gb", 0)]
     assert violations(fleet.pool.pk) == []
 
 
@@ -183,7 +184,7 @@ def test_a_cancelled_task_releases_its_gpu_and_an_unapplied_layout_times_out(fle
     # Given up, the task is planned afresh in that same cycle: the plane's layout is a free 7g.80gb now.
     waiting.refresh_from_db()
     assert waiting.state == "assigned"
-    assert [u.mig_profile for u in ComputeUnit.objects.filter(task=waiting)] == ["7g.80gb"]
+    assert [u.mig_profile for u in units_held_by(waiting)] == ["7g.80gb"]
 
 
 @pytest.mark.django_db(transaction=True)

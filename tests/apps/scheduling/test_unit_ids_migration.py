@@ -12,12 +12,17 @@ BEFORE = ("scheduling", "0004_pool_cycle_totals")
 AFTER = ("scheduling", "0005_assignment_unit_ids")
 
 
+# Later migrations of other apps that build on scheduling's after 0005: they go back with it.
+AFTER_SCHEDULING = {"inventory": ("inventory", "0007_node_fillfactor")}
+
+
 def _migrate(scheduling: tuple[str, str] | None) -> Any:
     """Every other app at its latest migration, scheduling at `scheduling` (None: its latest too)."""
     executor = MigrationExecutor(connection)
     leaves = executor.loader.graph.leaf_nodes()
     target = [leaf for leaf in leaves if leaf[0] != "scheduling" or scheduling is None]
     if scheduling is not None:
+        target = [AFTER_SCHEDULING.get(app, (app, name)) for app, name in target]
         target.append(scheduling)
     executor.migrate(target)
     return MigrationExecutor(connection).loader.project_state(target).apps

@@ -50,7 +50,7 @@ def _state() -> dict[str, Any]:
         "events": TaskEvent.objects.count(),
         "assignments": Assignment.objects.count(),
         "cycles": Cycle.objects.count(),
-        "units": sorted(ComputeUnit.objects.values_list("pk", "task_id", "version")),
+        "units": sorted(ComputeUnit.objects.values_list("pk", "gpu_id", "mig_profile", "mig_start")),
         "gpus": sorted(Gpu.objects.values_list("pk", "partition_mode", "updated_at")),
         "nodes": sorted(Node.objects.values_list("pk", "version")),
     }
