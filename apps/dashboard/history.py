@@ -24,8 +24,8 @@ from django.db.models.functions import Coalesce, Floor, Greatest, Least, TruncMi
 
 from apps.fleet.models import GpuSample
 from apps.inventory.models import Gpu, Pool
-from apps.scheduling.holders import live_holders_sql, unit_holders
-from apps.scheduling.models import Cycle
+from apps.scheduling.holders import live_holders_sql
+from apps.scheduling.models import Assignment, Cycle
 from apps.workloads.models import Task
 
 if TYPE_CHECKING:
@@ -258,19 +258,21 @@ class GpuTotals:
 
 
 def pool_gpu_totals(*, pool_id: int) -> GpuTotals:
-    """GPUs and held milli of a whole pool in two queries (the heat-map shows one page of nodes)."""
+    """GPUs and held milli of a whole pool in one query (the heat-map shows one page of nodes); held
+    units are those the pool's live assignments list."""
     from django.db import connection
 
-    from apps.inventory.models import ComputeUnit
+    from apps.inventory.models import ComputeUnit, Node
 
-    gpus = Gpu.objects.filter(node__pool_id=pool_id).count()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT coalesce(sum(u.gpu_milli), 0) FROM {ComputeUnit._meta.db_table} u"
-            f" JOIN ({live_holders_sql(of_pool=True)}) h ON h.unit_id = u.id",
+            f"SELECT (SELECT count(*) FROM {Gpu._meta.db_table} g JOIN {Node._meta.db_table} n"
+            "   ON n.id = g.node_id WHERE n.pool_id = %(pool)s),"
+            f" (SELECT coalesce(sum(u.gpu_milli), 0) FROM {ComputeUnit._meta.db_table} u"
+            f"   JOIN ({live_holders_sql(of_pool=True)}) h ON h.unit_id = u.id)",
             {"pool": pool_id},
         )
-        (held,) = cursor.fetchone()
+        gpus, held = cursor.fetchone()
     return GpuTotals(gpus=gpus, allocated_milli=int(held))
 
 
@@ -391,21 +393,25 @@ class MapGpu:
 
 def heat_map_gpus(*, node_ids: list[int]) -> list[MapGpu]:
     """The GPUs of one heat-map page with their units and each unit's holder and its tenant, as plain
-    rows (four queries): only the columns the map draws, and no model instances — a page of 800 GPUs and
+    rows (three queries): only the columns the map draws, and no model instances — a page of 800 GPUs and
     3,200 units built as Django models took most of the page's CPU. The caller has checked the pool
     is visible; the nodes are that pool's. Units come in the order they were carved (their ids)."""
     from apps.inventory.models import ComputeUnit
 
-    holders = unit_holders(node_ids=node_ids)
-    tenant_of = dict(Task.objects.filter(pk__in=set(holders.values())).values_list("pk", "tenant_id"))
+    holders = {
+        unit_id: (task_id, tenant_id)
+        for task_id, tenant_id, unit_ids in Assignment.objects.filter(
+            released_at__isnull=True, node_id__in=node_ids
+        ).values_list("task_id", "task__tenant_id", "unit_ids")
+        for unit_id in unit_ids
+    }
     units: dict[int, list[MapUnit]] = defaultdict(list)
     for pk, gpu_id, kind, profile, start, milli in (
         ComputeUnit.objects.filter(gpu__node_id__in=node_ids)
         .order_by("gpu_id", "id")
         .values_list("pk", "gpu_id", "kind", "mig_profile", "mig_start", "gpu_milli")
     ):
-        task_id = holders.get(pk)
-        tenant_id = tenant_of.get(task_id) if task_id is not None else None
+        task_id, tenant_id = holders.get(pk, (None, None))
         units[gpu_id].append(MapUnit(kind, profile or "", start, milli, task_id, tenant_id))
     return [
         MapGpu(node_id, index, model, mode, health, f"{cluster}/{node}", state, tuple(units.get(pk, ())))

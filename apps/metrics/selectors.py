@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, F, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, F, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from apps.accounting.selectors import month_usage
@@ -58,19 +58,22 @@ class FleetReadings:
     nodes: list[Row]
 
 
-def _held_units() -> dict[tuple[int, str, str], tuple[int, int]]:
-    """(pool id, cluster name, unit kind) → (units held, their milli): the units live assignments list
-    (a unit stores no holder; `apps.scheduling.holders`)."""
+def _units() -> list[Row]:
+    """Units and their milli per pool, cluster and kind, and how many of them tasks hold: those a live
+    assignment lists (a unit stores no holder; `apps.scheduling.holders`). One query."""
     units, gpus = ComputeUnit._meta.db_table, Gpu._meta.db_table
     nodes, clusters = Node._meta.db_table, Cluster._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT n.pool_id, c.name, u.kind, count(*), sum(u.gpu_milli) FROM ({live_holders_sql()}) h"
-            f" JOIN {units} u ON u.id = h.unit_id JOIN {gpus} g ON g.id = u.gpu_id"
-            f" JOIN {nodes} n ON n.id = g.node_id JOIN {clusters} c ON c.id = n.cluster_id"
+            "SELECT n.pool_id, c.name, u.kind, count(*), sum(u.gpu_milli), count(h.unit_id),"
+            " sum(CASE WHEN h.unit_id IS NULL THEN 0 ELSE u.gpu_milli END)"
+            f" FROM {units} u JOIN {gpus} g ON g.id = u.gpu_id JOIN {nodes} n ON n.id = g.node_id"
+            f" JOIN {clusters} c ON c.id = n.cluster_id"
+            f" LEFT JOIN ({live_holders_sql()}) h ON h.unit_id = u.id"
             " GROUP BY n.pool_id, c.name, u.kind"
         )
-        return {(pool, cluster, kind): (count, int(milli)) for pool, cluster, kind, count, milli in cursor}
+        keys = ("pool_id", "cluster", "kind", "units", "milli", "held", "held_milli")
+        return [dict(zip(keys, (*row[:4], int(row[4]), row[5], int(row[6])), strict=True)) for row in cursor]
 
 
 def fleet_readings() -> FleetReadings:
@@ -82,16 +85,7 @@ def fleet_readings() -> FleetReadings:
         .annotate(gpus=Count("id"))
         .order_by()
     )
-    units = list(
-        ComputeUnit.objects.values(
-            "kind", pool_id=F("gpu__node__pool_id"), cluster=F("gpu__node__cluster__name")
-        )
-        .annotate(units=Count("id"), milli=Sum("gpu_milli"))
-        .order_by()
-    )
-    held = _held_units()
-    for row in units:
-        row["held"], row["held_milli"] = held.get((row["pool_id"], row["cluster"], row["kind"]), (0, 0))
+    units = _units()
     pending = list(
         Task.objects.filter(state=Task.State.PENDING)
         .values("pool_id", "why_pending_code")
@@ -120,8 +114,8 @@ def fleet_readings() -> FleetReadings:
 
 
 def plane_readings(*, now: datetime) -> PlaneReadings:
-    """Everything `/metrics` shows, in 14 queries (one per field below except `now`; usage and the units
-    take two each), 15 when some tenant has a GPU-hour budget (its month's usage)."""
+    """Everything `/metrics` shows, in 13 queries (one per field below except `now`; usage takes two), 14
+    when some tenant has a GPU-hour budget (its month's usage)."""
     fleet = fleet_readings()
     tasks = list(
         Task.objects.values("pool_id", "state")

@@ -184,7 +184,9 @@ class Task(TimestampedModel):
             models.Index(fields=["tenant", "state"]),
             models.Index(fields=["pool", "state"]),
             models.Index(fields=["state"], name="task_state_idx"),
-            models.Index(fields=["gang_id"], name="task_gang_id_idx"),
+            # Only gang members: a row that is not one has no entry, so moving it (a cycle moves thousands
+            # of tasks; `state` is indexed, so none of those updates is heap-only) writes none either.
+            models.Index(fields=["gang_id"], condition=~models.Q(gang_id=""), name="task_gang_id_idx"),
         ]
 
     def __str__(self) -> str:
