@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import itemgetter
@@ -236,6 +237,7 @@ class _Reading:
     pictures: dict[tuple[object, ...], GpuPicture] = field(default_factory=dict)  # per GPU shape
     gpus_of_node: dict[int, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     stopping: set[int] = field(default_factory=set)
+    stopping_units: set[int] = field(default_factory=set)
     tenant_ids: dict[str, int] = field(default_factory=dict)
     queues: dict[str, tuple[int, int]] = field(default_factory=dict)
     claims: dict[str, ClaimInfo] = field(default_factory=dict)
@@ -262,33 +264,65 @@ def _read_nodes(r: _Reading) -> None:
             r.excluded[r.names[row["id"]]] = f"node is {row['state']}"
 
 
-def _read_unit_rows(pool_id: int) -> list[_UnitRow]:
-    """The pool's units as `_UNIT_COLUMNS` tuples, each with its holder joined from the live assignments
-    (one statement: the units hold no holder column of their own)."""
+@contextmanager
+def _pipelined_reads() -> Iterator[None]:
+    """Reads sent inside go to the server without waiting for the one before (a psycopg pipeline); each
+    answers when its rows are fetched. Elsewhere (SQLite) a no-op: each read runs when sent."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    connection.ensure_connection()
+    # A failed statement raises when the pipeline syncs, as psycopg's error: wrapped as Django's.
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield
+
+
+def _sent(rows: QuerySet[Any]) -> Callable[[], Iterator[tuple[Any, ...]]]:
+    """Send a `values_list` read now; returns what fetches its rows, as tuples through Django's converters
+    (what iterating the queryset gives, without a round trip at the time it is sent)."""
+    compiler = rows.query.get_compiler(using=rows.db)
+    sql, params = compiler.as_sql()
+    cursor = connection.cursor()
+    cursor.execute(sql, params)
+
+    def fetch() -> Iterator[tuple[Any, ...]]:
+        with cursor:
+            fetched = cursor.fetchall()
+        return compiler.results_iter(results=[fetched], tuple_expected=True)
+
+    return fetch
+
+
+def _send_unit_rows(pool_id: int) -> Callable[[], list[_UnitRow]]:
+    """Send the read of the pool's units as `_UNIT_COLUMNS` tuples, each with its holder joined from the
+    live assignments (one statement: the units hold no holder column of their own); returns what fetches
+    the rows."""
     units, gpus, nodes = ComputeUnit._meta.db_table, Gpu._meta.db_table, Node._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT u.kind, u.gpu_milli, u.mem_mib, h.task_id IS NULL, u.mig_profile, u.mig_start, u.id,"
-            f" u.gpu_id, h.task_id FROM {units} u JOIN {gpus} g ON g.id = u.gpu_id"
-            f" JOIN {nodes} n ON n.id = g.node_id"
-            f" LEFT JOIN ({live_holders_sql(of_pool=True)}) h ON h.unit_id = u.id"
-            " WHERE n.pool_id = %(pool)s ORDER BY u.id",
-            {"pool": pool_id},
-        )
-        return cursor.fetchall()
+    cursor = connection.cursor()
+    cursor.execute(
+        "SELECT u.kind, u.gpu_milli, u.mem_mib, h.task_id IS NULL, u.mig_profile, u.mig_start, u.id,"
+        f" u.gpu_id, h.task_id FROM {units} u JOIN {gpus} g ON g.id = u.gpu_id"
+        f" JOIN {nodes} n ON n.id = g.node_id"
+        f" LEFT JOIN ({live_holders_sql(of_pool=True)}) h ON h.unit_id = u.id"
+        " WHERE n.pool_id = %(pool)s ORDER BY u.id",
+        {"pool": pool_id},
+    )
+
+    def fetch() -> list[_UnitRow]:
+        with cursor:
+            return cursor.fetchall()
+
+    return fetch
 
 
 def _read_gpus(r: _Reading) -> None:
-    """Step 2: GPUs and their units; GPUs a released task's process may still use (the agent was told to
-    stop it and has not said it ended), which are never re-carved under it."""
+    """Step 2: GPUs; the units a released task's process may still use (the agent was told to stop it and
+    has not said it ended), whose GPUs are never re-carved under it."""
     r.gpu_rows = list(
         Gpu.objects.filter(node__pool_id=r.pool_id)
         .order_by("node_id", "index")
         .values("id", "node_id", "index", "model", "mem_mib", "partition_mode", "health", "partition__state")
     )
-    r.unit_rows = _read_unit_rows(r.pool_id)
-    for unit in r.unit_rows:
-        r.units_of[unit[GPU]].append(unit)
     for gpu in r.gpu_rows:
         r.gpus_of_node[gpu["node_id"]].append(gpu)
     horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
@@ -298,11 +332,17 @@ def _read_gpus(r: _Reading) -> None:
         task__runs__state__in=TaskRun.ALIVE,
         task__runs__node_id=F("node_id"),
     ).values_list("unit_ids", flat=True)
-    stopping_units = {u for unit_ids in released for u in unit_ids}
+    r.stopping_units = {u for unit_ids in released for u in unit_ids}
+
+
+def _read_units(r: _Reading, rows: list[_UnitRow]) -> None:
+    """Step 2b: the units of each GPU, and the GPUs a stopping task's units are on."""
+    r.unit_rows = rows
+    for unit in rows:
+        r.units_of[unit[GPU]].append(unit)
     # An id of a unit deleted since (re-carved) names no GPU: it was skipped when links were rows too.
-    r.stopping = (
-        {unit[GPU] for unit in r.unit_rows if unit[ID] in stopping_units} if stopping_units else set()
-    )
+    stopping = r.stopping_units
+    r.stopping = {unit[GPU] for unit in rows if unit[ID] in stopping} if stopping else set()
 
 
 def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:
@@ -339,13 +379,11 @@ def _read_overrides(r: _Reading) -> Callable[[int, int, int], tuple[int, str]]:
     return effective
 
 
-def _read_running(
-    r: _Reading, effective: Callable[[int, int, int], tuple[int, str]]
-) -> tuple[list[RunningTask], dict[str, RunningInfo]]:
-    """Step 3: live assignments → running tasks, what they hold, node CPU/memory in use, expected ends."""
+def _running_rows(r: _Reading) -> QuerySet[Any]:
+    """Step 3's read: the pool's live assignments with their tasks, as tuples."""
     # Tuples with the start as epoch seconds, as the pending rows: a busy pool has thousands of running
     # tasks, and a dict per row plus Django's timestamptz loader were half of this step's CPU.
-    assignment_rows = (
+    return (
         Assignment.objects.filter(released_at__isnull=True, node__pool_id=r.pool_id)
         .annotate(
             profile_p50_s=_profile_p50("task__tenant_id", "task__profile_key"),
@@ -374,6 +412,14 @@ def _read_running(
             "profile_p50_s",
         )
     )
+
+
+def _read_running(
+    r: _Reading,
+    effective: Callable[[int, int, int], tuple[int, str]],
+    assignment_rows: Iterable[tuple[Any, ...]],
+) -> tuple[list[RunningTask], dict[str, RunningInfo]]:
+    """Step 3: live assignments → running tasks, what they hold, node CPU/memory in use, expected ends."""
     index_of_gpu = {g["id"]: g["index"] for g in r.gpu_rows}
     held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
     # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
@@ -633,12 +679,10 @@ def _read_nodes_state(r: _Reading) -> _Gpus:
     return out
 
 
-def _read_pending(
-    r: _Reading, effective: Callable[[int, int, int], tuple[int, str]]
-) -> tuple[list[TaskRequest], list[TaskRequest], dict[str, PendingInfo], dict[str, float | None]]:
-    """Step 5: pending tasks; those an open claim binds or keeps waiting are set apart."""
+def _pending_rows(r: _Reading) -> QuerySet[Any]:
+    """Step 5's read: the pool's pending tasks, as tuples."""
     # A requeued task backing off (Task.not_before_at, set by workloads' requeue) is not placed before then.
-    pending_rows = (
+    return (
         Task.objects.filter(
             Q(not_before_at__isnull=True) | Q(not_before_at__lte=r.now),
             pool_id=r.pool_id,
@@ -679,6 +723,14 @@ def _read_pending(
             "profile_p50_s",
         )
     )
+
+
+def _read_pending(
+    r: _Reading,
+    effective: Callable[[int, int, int], tuple[int, str]],
+    pending_rows: Iterable[tuple[Any, ...]],
+) -> tuple[list[TaskRequest], list[TaskRequest], dict[str, PendingInfo], dict[str, float | None]]:
+    """Step 5: pending tasks; those an open claim binds or keeps waiting are set apart."""
     pending: list[TaskRequest] = []
     held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
     info: dict[str, PendingInfo] = {}
@@ -787,10 +839,17 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     _read_nodes(r)
     _read_gpus(r)
     effective = _read_overrides(r)
-    running, running_info = _read_running(r, effective)
-    _read_claims(r)
-    gpus = _read_nodes_state(r)
-    pending, held, pending_info, runtimes = _read_pending(r, effective)
+    with _pipelined_reads():
+        # The three large reads go out together: the server runs the later ones while this process turns
+        # the earlier rows into the snapshot. Small reads after them (claims) find the server done.
+        unit_rows = _send_unit_rows(pool_id)
+        running_rows = _sent(_running_rows(r))
+        pending_rows = _sent(_pending_rows(r))
+        _read_units(r, unit_rows())
+        running, running_info = _read_running(r, effective, running_rows())
+        _read_claims(r)
+        gpus = _read_nodes_state(r)
+        pending, held, pending_info, runtimes = _read_pending(r, effective, pending_rows())
     quotas = _read_quotas(r)
     cluster = ClusterSnapshot(
         nodes=tuple(gpus.nodes), pending=tuple(pending), running=tuple(running), quotas=tuple(quotas)
