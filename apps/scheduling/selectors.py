@@ -204,22 +204,24 @@ def _profile_p50(tenant: str, key: str) -> Subquery:
 
 
 # A compute unit's row is a plain tuple in this column order: a large pool has tens of thousands of units,
-# and a dict per row (or even a named tuple, ~0.7 µs each) was the largest part of reading them. The first
-# six columns are what `gpu_picture` reads of a unit (its shape), so a GPU's shape key is a slice per unit.
+# and a dict per row was the largest part of reading them. The first six columns are a `FreeUnit`'s fields
+# in its order (a free unit is the row's first six, `_free_unit`); the next six after the id are what
+# `gpu_picture` reads of a unit (its shape), so a GPU's shape key is a slice per unit.
 _UNIT_COLUMNS = (
+    "id",
     "kind",
     "gpu_milli",
     "mem_mib",
-    "free",
     "mig_profile",
     "mig_start",
-    "id",
+    "free",
     "gpu_id",
     "task_id",  # the holder: the task whose live assignment lists the unit (`apps.scheduling.holders`)
 )
-KIND, MILLI, MEM, FREE, PROFILE, START, ID, GPU, TASK = range(len(_UNIT_COLUMNS))
+ID, KIND, MILLI, MEM, PROFILE, START, FREE, GPU, TASK = range(len(_UNIT_COLUMNS))
 _UnitRow = tuple[Any, ...]
-_shape = itemgetter(slice(KIND, START + 1))
+_shape = itemgetter(slice(KIND, FREE + 1))
+_free_unit = itemgetter(slice(ID, START + 1))
 
 
 @dataclass
@@ -300,7 +302,7 @@ def _send_unit_rows(pool_id: int) -> Callable[[], list[_UnitRow]]:
     units, gpus, nodes = ComputeUnit._meta.db_table, Gpu._meta.db_table, Node._meta.db_table
     cursor = connection.cursor()
     cursor.execute(
-        "SELECT u.kind, u.gpu_milli, u.mem_mib, h.task_id IS NULL, u.mig_profile, u.mig_start, u.id,"
+        "SELECT u.id, u.kind, u.gpu_milli, u.mem_mib, u.mig_profile, u.mig_start, h.task_id IS NULL,"
         f" u.gpu_id, h.task_id FROM {units} u JOIN {gpus} g ON g.id = u.gpu_id"
         f" JOIN {nodes} n ON n.id = g.node_id"
         f" LEFT JOIN ({live_holders_sql(of_pool=True)}) h ON h.unit_id = u.id"
@@ -602,9 +604,7 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             view = like.view
             picture = GpuPicture(
                 state=like.state,
-                free_units=tuple(
-                    FreeUnit(u[ID], u[KIND], u[MILLI], u[MEM], u[PROFILE], u[START]) for u in units if u[FREE]
-                )
+                free_units=tuple(FreeUnit._make(_free_unit(u)) for u in units if u[FREE])
                 if like.free_units
                 else (),
                 view=GpuView(
