@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import itemgetter
@@ -35,6 +34,7 @@ from django.db.models.functions import Cast, Coalesce, Extract
 
 from apps.accounting.selectors import budgets_spent
 from apps.approvals.models import PriorityOverride
+from apps.common.pipeline import pipelined
 from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.holders import live_holders_sql
@@ -264,19 +264,6 @@ def _read_nodes(r: _Reading) -> None:
             r.excluded[r.names[row["id"]]] = f"cluster {row['cluster__name']} is cordoned"
         elif row["state"] != Node.State.READY:
             r.excluded[r.names[row["id"]]] = f"node is {row['state']}"
-
-
-@contextmanager
-def _pipelined_reads() -> Iterator[None]:
-    """Reads sent inside go to the server without waiting for the one before (a psycopg pipeline); each
-    answers when its rows are fetched. Elsewhere (SQLite) a no-op: each read runs when sent."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    connection.ensure_connection()
-    # A failed statement raises when the pipeline syncs, as psycopg's error: wrapped as Django's.
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        yield
 
 
 def _sent(rows: QuerySet[Any]) -> Callable[[], Iterator[tuple[Any, ...]]]:
@@ -839,7 +826,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     _read_nodes(r)
     _read_gpus(r)
     effective = _read_overrides(r)
-    with _pipelined_reads():
+    with pipelined():
         # The three large reads go out together: the server runs the later ones while this process turns
         # the earlier rows into the snapshot. Small reads after them (claims) find the server done.
         unit_rows = _send_unit_rows(pool_id)

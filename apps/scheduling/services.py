@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from apps.accounting.services import held_units_keep
 from apps.common.errors import Conflict
+from apps.common.pipeline import pipelined
 from apps.fleet.changes import node_changed
 from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
@@ -256,10 +257,10 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
             placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
         reasons[info.pk] = [admitted, placed]
     clock = out.lap("gangs_and_quota", clock)
-    # The bulk writes go out in one pipeline (`_pipelined`): each statement's parameters are built while
+    # The bulk writes go out in one pipeline (`pipelined`): each statement's parameters are built while
     # the server runs the one before, and their compare-and-set checks run once all have answered.
     checks: list[Callable[[], None]] = []
-    with _pipelined():
+    with pipelined():
         tasks_transition_bulk(
             tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in winners],
             from_state=Task.State.PENDING,
@@ -327,21 +328,6 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
     out.lap("preempt", clock)
     out.held_back = lost
     return out
-
-
-@contextmanager
-def _pipelined() -> Iterator[None]:
-    """Statements executed inside go to the server without waiting for the one before (a psycopg
-    pipeline): on two cores the server writes while this process builds the next statement's parameters.
-    Results and row counts are known only once it has ended, so what runs inside defers its checks; an
-    ORM `update()` (which reads its row count at once) must not run inside. Elsewhere (SQLite) a no-op."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    connection.ensure_connection()
-    # A failed statement raises when the pipeline syncs, as psycopg's error: wrapped as Django's.
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        yield
 
 
 def _why_pending(

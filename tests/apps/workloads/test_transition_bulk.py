@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 
 from apps.common.errors import Conflict
-from apps.scheduling.services import _pipelined
+from apps.common.pipeline import pipelined
 from apps.workloads.models import Task, TaskEvent
 from apps.workloads.services import tasks_transition_bulk
 from tests.apps.factories import QueueFactory
@@ -51,7 +51,7 @@ def test_a_task_changed_meanwhile_raises_from_the_check_run_after_the_pipeline()
     Task.objects.filter(pk=changed.pk).update(version=5)  # another writer got there first
     checks: list = []
     with pytest.raises(Conflict), transaction.atomic():
-        with _pipelined():
+        with pipelined():
             _move([moved, changed], deferred=checks)  # the statements went out; nothing raised yet
         assert len(checks) == 1
         for check in checks:
