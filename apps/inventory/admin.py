@@ -3,7 +3,7 @@ from django.contrib.admin.utils import unquote
 from django.db import transaction
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
-from apps.scheduling.holders import unit_holders
+from apps.scheduling.holders import with_holders
 
 
 @admin.register(Cluster)
@@ -56,12 +56,13 @@ class ComputeUnitInline(admin.TabularInline):
     fields = ["kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "held_by"]
     readonly_fields = ["held_by"]
 
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return with_holders(super().get_queryset(request))
+
     @admin.display(description="held by task")
     def held_by(self, unit: ComputeUnit) -> int | None:
         """The task whose live assignment lists the unit (a unit stores no holder)."""
-        if unit.pk is None:
-            return None
-        return unit_holders(node_ids=[unit.gpu.node_id]).get(unit.pk)
+        return getattr(unit, "holder_id", None)
 
 
 @admin.register(Gpu)

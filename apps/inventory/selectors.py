@@ -3,13 +3,11 @@ nodes and GPUs behind those pools; platform admins see everything."""
 
 from __future__ import annotations
 
-from django.db import connection
 from django.db.models import Count, Prefetch, QuerySet
-from django.db.models.expressions import RawSQL
 from django.http import Http404
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
-from apps.scheduling.holders import holder_sql
+from apps.scheduling.holders import with_holders
 from apps.tenants.selectors import Access
 
 
@@ -44,15 +42,7 @@ def gpu_list(*, access: Access) -> QuerySet[Gpu]:
     # Each unit carries its holder and the holder's tenant (same prefetch query, two subqueries over the
     # live assignments of the unit's node): the API shows a task id only to whoever may see the task, and
     # "in use" to everyone else.
-    table = connection.ops.quote_name(ComputeUnit._meta.db_table)
-    unit, gpu = f"{table}.id", f"{table}.gpu_id"
-    units = Prefetch(
-        "units",
-        queryset=ComputeUnit.objects.annotate(
-            holder_id=RawSQL(holder_sql(unit=unit, gpu=gpu), ()),
-            holder_tenant_id=RawSQL(holder_sql(unit=unit, gpu=gpu, select="t.tenant_id"), ()),
-        ),
-    )
+    units = Prefetch("units", queryset=with_holders(ComputeUnit.objects.all()))
     queryset = Gpu.objects.select_related("node", "node__cluster", "node__pool").prefetch_related(units)
     if not access.platform_admin:
         queryset = queryset.filter(node__pool__in=_pool_ids(access))

@@ -15,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import connection
+from django.db.models import QuerySet
+from django.db.models.expressions import RawSQL
 
-from apps.inventory.models import Gpu, Node
+from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.fields import unit_ids_sql
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Task
@@ -62,4 +64,22 @@ def holder_sql(*, unit: str, gpu: str, select: str = "a.task_id") -> str:
     return (
         f"(SELECT {select} FROM {assignments} a JOIN {tasks} t ON t.id = a.task_id"
         f" WHERE a.released_at IS NULL AND a.node_id = {node} AND {listed} LIMIT 1)"
+    )
+
+
+def gpu_units_held(*, gpu_id: int, node_id: int) -> bool:
+    """Whether a live assignment holds any unit of the GPU (checked before re-carving it, under its node's
+    lock)."""
+    holders = unit_holders(node_ids=[node_id])
+    return any(pk in holders for pk in ComputeUnit.objects.filter(gpu_id=gpu_id).values_list("pk", flat=True))
+
+
+def with_holders(units: QuerySet[ComputeUnit]) -> QuerySet[ComputeUnit]:
+    """`units` annotated with `holder_id` and `holder_tenant_id` (NULL when free): two subqueries per unit
+    over the live assignments of its node, in the same query."""
+    table = connection.ops.quote_name(ComputeUnit._meta.db_table)
+    unit, gpu = f"{table}.id", f"{table}.gpu_id"
+    return units.annotate(
+        holder_id=RawSQL(holder_sql(unit=unit, gpu=gpu), ()),
+        holder_tenant_id=RawSQL(holder_sql(unit=unit, gpu=gpu, select="t.tenant_id"), ()),
     )

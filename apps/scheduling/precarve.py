@@ -21,7 +21,7 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
-from apps.scheduling.holders import unit_holders
+from apps.scheduling.holders import gpu_units_held
 from apps.scheduling.models import Cycle, Repartition
 from apps.scheduling.selectors import PoolSnapshot
 from whalegen.scheduling import Decisions, Snapshot
@@ -63,10 +63,9 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
             with transaction.atomic():
                 node = Node.objects.select_for_update().get(pk=node_id)
                 # Under the node's lock no cycle binds on it (binding needs the lock and raises the version).
-                units = list(ComputeUnit.objects.filter(gpu_id=gpu.pk).values_list("pk", flat=True))
-                holders = unit_holders(node_ids=[node_id])
+                count = ComputeUnit.objects.filter(gpu_id=gpu.pk).count()
                 claimed = Repartition.objects.filter(gpu_id=gpu.pk, state=Repartition.State.WAITING).exists()
-                if claimed or len(units) != gpu.unit_count or any(pk in holders for pk in units):
+                if claimed or count != gpu.unit_count or gpu_units_held(gpu_id=gpu.pk, node_id=node_id):
                     logger.info("scheduling: %s changed since the snapshot; not pre-carved", gpu.view.name)
                     continue
                 held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it

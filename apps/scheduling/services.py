@@ -34,7 +34,7 @@ from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
-from apps.scheduling.holders import unit_holders
+from apps.scheduling.holders import gpu_units_held, unit_holders
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.precarve import precarve_config, precarves_commit, with_forecast
@@ -360,14 +360,12 @@ def _write_layouts(
     if not plans:
         return held
     node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _ in plans})}
-    holders = unit_holders(node_ids=node_of)
     for key, plan in plans:
         gpu = snapshot.gpus[key]
-        units = ComputeUnit.objects.filter(gpu_id=gpu.pk)
-        if any(pk in holders for pk in units.values_list("pk", flat=True)):
+        if gpu_units_held(gpu_id=gpu.pk, node_id=key[0]):
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
         held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
-        _, deleted = units.delete()
+        _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk).delete()
         if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
         layout = [(slot.mig_profile, slot.mig_start) for slot in plan.layout]

@@ -5,6 +5,7 @@ the delete waited still protects it."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -97,3 +98,22 @@ def test_an_assignment_committed_while_the_delete_waited_keeps_its_node() -> Non
     assert answer.status_code == 200 and b"protected" in answer.content
     assert Node.objects.filter(pk=node.pk).exists()
     assert Assignment.objects.filter(node=node, task=task).exists()
+
+
+@pytest.mark.django_db
+def test_the_gpu_page_shows_which_task_holds_each_unit() -> None:
+    """A unit stores no holder: the admin's GPU page reads it from the live assignments."""
+    from apps.inventory.models import ComputeUnit, Gpu
+    from apps.inventory.services import gpu_add
+    from tests.apps.factories import hold
+
+    gpu = gpu_add(
+        node=NodeFactory(), index=0, model="L40S", partition_mode=Gpu.PartitionMode.MPS, mps_shares=4
+    )
+    second = ComputeUnit.objects.filter(gpu=gpu).order_by("pk")[1]
+    task = TaskFactory()
+    hold(task, [second])
+    page = admin_client().get(f"/admin/inventory/gpu/{gpu.pk}/change/").content.decode()
+    shown = re.findall(r'class="field-held_by">\s*<p>([^<]*)</p>', page)
+    # The four units in order, then the inline's empty template row.
+    assert shown[:4] == ["None", str(task.pk), "None", "None"]
