@@ -154,7 +154,7 @@ class WhalegenPolicy(Policy):
         self.before_value: list[float | None] = [None] * len(state)
         for n in range(len(state)):
             self._reindex(n)
-        state.listeners.append(self._reindex)
+        state.listen(self._reindex)
 
     def _reindex(self, n: int) -> None:
         s = self.state

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -315,3 +317,24 @@ def test_forgetting_the_score_memos_changes_no_decision(policy: str, monkeypatch
     remembered = decisions()
     monkeypatch.setattr(engine_module, "MEMO_LIMIT", 1)
     assert decisions() == remembered
+
+
+def test_an_engine_and_its_working_copy_go_when_the_engine_does() -> None:
+    # The scheduling cycle holds the garbage collector off: whatever sits in a reference cycle waits for
+    # it, and the whalegen policy's index used to tie the working copy (every binding) into one.
+    snap = snapshot(
+        [node("a", free=[1000, 1000]), node("b", free=[500])],
+        [task("t1", gpus=1, milli=500), task("t2", gpus=1, milli=1000)],
+    )
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        engine = Engine(snap, EngineConfig(policy="whalegen"))
+        result = engine.solve(snap.pending, now=0.0)
+        assert len(result.placements) == 2
+        state, policy = weakref.ref(engine.state), weakref.ref(engine.policy)
+        del engine
+        assert state() is None and policy() is None  # freed at once, by reference counting
+    finally:
+        if was:
+            gc.enable()
