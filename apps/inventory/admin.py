@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.holders import with_holders
@@ -56,7 +58,7 @@ class ComputeUnitInline(admin.TabularInline):
     fields = ["kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "held_by"]
     readonly_fields = ["held_by"]
 
-    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ComputeUnit]:
         return with_holders(super().get_queryset(request))
 
     @admin.display(description="held by task")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 
 from apps.inventory.models import ComputeUnit, Gpu, Node
@@ -67,11 +67,13 @@ def holder_sql(*, unit: str, gpu: str, select: str = "a.task_id") -> str:
     )
 
 
-def gpu_units_held(*, gpu_id: int, node_id: int) -> bool:
+def gpu_units_held(*, gpu_id: int) -> bool:
     """Whether a live assignment holds any unit of the GPU (checked before re-carving it, under its node's
-    lock)."""
-    holders = unit_holders(node_ids=[node_id])
-    return any(pk in holders for pk in ComputeUnit.objects.filter(gpu_id=gpu_id).values_list("pk", flat=True))
+    lock): one query, the holder subquery of each of the GPU's units."""
+    table = connection.ops.quote_name(ComputeUnit._meta.db_table)
+    holder = holder_sql(unit=f"{table}.id", gpu=f"{table}.gpu_id")
+    held = RawSQL(f"{holder} IS NOT NULL", (), output_field=BooleanField())
+    return ComputeUnit.objects.filter(gpu_id=gpu_id).filter(held).exists()
 
 
 def with_holders(units: QuerySet[ComputeUnit]) -> QuerySet[ComputeUnit]:

@@ -65,7 +65,7 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
                 # Under the node's lock no cycle binds on it (binding needs the lock and raises the version).
                 count = ComputeUnit.objects.filter(gpu_id=gpu.pk).count()
                 claimed = Repartition.objects.filter(gpu_id=gpu.pk, state=Repartition.State.WAITING).exists()
-                if claimed or count != gpu.unit_count or gpu_units_held(gpu_id=gpu.pk, node_id=node_id):
+                if claimed or count != gpu.unit_count or gpu_units_held(gpu_id=gpu.pk):
                     logger.info("scheduling: %s changed since the snapshot; not pre-carved", gpu.view.name)
                     continue
                 held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it

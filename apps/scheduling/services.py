@@ -362,7 +362,7 @@ def _write_layouts(
     node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _ in plans})}
     for key, plan in plans:
         gpu = snapshot.gpus[key]
-        if gpu_units_held(gpu_id=gpu.pk, node_id=key[0]):
+        if gpu_units_held(gpu_id=gpu.pk):
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
         held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
         _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk).delete()
