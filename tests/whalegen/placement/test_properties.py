@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.policies import Policy
-from whalegen.placement.registry import POLICY_NAMES
+from whalegen.placement.registry import POLICY_NAMES, make_policy
 from whalegen.placement.state import Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
@@ -90,6 +90,9 @@ def test_placements_never_overcommit_and_respect_models_and_gangs(
     mem: dict[str, int] = defaultdict(int)
     milli: dict[tuple[str, int], int] = defaultdict(int)
     gpu_mem: dict[tuple[str, int], int] = defaultdict(int)
+    # A stock-cluster baseline (`whole_gpus_only`: the device plugin's view) sees every GPU as a whole card,
+    # an idle MIG GPU included; its placements are judged by the mode it sees.
+    whole_only = make_policy(policy).whole_gpus_only
     for p in result.placements:
         t = by_task[p.task_id]
         n = by_node[p.node]
@@ -100,20 +103,21 @@ def test_placements_never_overcommit_and_respect_models_and_gangs(
             assert n.model in t.allowed_models
         for index in p.gpu_indexes:
             gpu = n.gpus[index]
+            mode = PartitionMode.WHOLE if whole_only else gpu.mode
             assert p.unit.gpu_milli >= t.gpu_milli
             milli[(p.node, index)] += (
                 p.unit.gpu_milli if p.unit.kind is not UnitKind.WHOLE else gpu.free_milli
             )
             gpu_mem[(p.node, index)] += t.gpu_mem_mib
-            if gpu.mode is PartitionMode.WHOLE:
+            if mode is PartitionMode.WHOLE:
                 assert gpu.free_milli == WHOLE_GPU_MILLI and p.unit.kind is UnitKind.WHOLE
             if t.isolation is Isolation.MIG:
-                assert gpu.mode is PartitionMode.MIG
+                assert mode is PartitionMode.MIG
             elif t.isolation is Isolation.MPS:
-                assert gpu.mode is PartitionMode.SHARED
+                assert mode is PartitionMode.SHARED
             elif t.isolation is Isolation.EXCLUSIVE:
                 # A card nobody used, held whole (so the over-commit check below leaves room for no one).
-                assert gpu.mode is not PartitionMode.MIG and gpu.free_milli == WHOLE_GPU_MILLI
+                assert mode is not PartitionMode.MIG and gpu.free_milli == WHOLE_GPU_MILLI
                 assert p.unit.kind is UnitKind.WHOLE
     for name, used in cpu.items():
         assert used <= by_node[name].cpu_free_milli
