@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+
+# What a shell reports for a process that SIGPIPE ended (128 + 13), as `yes | head` shows for `yes`.
+EXIT_BROKEN_PIPE = 141
 
 # name → (module, one-line help). Keep sorted by how often people type them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,6 +39,20 @@ def _usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a reader that went away (`whalegen tasks ls | head`) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at interpreter exit
+    except BrokenPipeError:
+        # Python ignores SIGPIPE, so the write failed with EPIPE instead of ending the process. Stop as a
+        # Unix tool that SIGPIPE ended would: no traceback, exit 141. Standard output goes to /dev/null
+        # so that the interpreter's final flush of what is still buffered does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help", "help"}:
         print(_usage())

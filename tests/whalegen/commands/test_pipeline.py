@@ -3,6 +3,7 @@ and cancels through the `whalegen` CLI, and bad input comes back as readable fie
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.whalegen.commands.conftest import ROOT, Demo
-from whalegen.cli import main
+from whalegen.cli import EXIT_BROKEN_PIPE, main
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,24 @@ def test_another_tenants_task_is_not_found(demo: Demo, token: str, capsys) -> No
     vision_task = 1  # the demo seeds vision's tasks first
     code, _, err = _cli(capsys, demo, token, "tasks", "cancel", str(vision_task))
     assert code == 1 and "HTTP 404" in err
+
+
+def test_a_listing_into_a_reader_that_went_away_ends_quietly(demo: Demo, token: str) -> None:
+    """`whalegen tasks ls | head -1` in a pipeline: the reader is gone before the listing is written. The
+    command stops as a Unix tool that SIGPIPE ended would (exit 141), with no traceback on stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "whalegen", "tasks", "ls", "--server", demo.url, "--token", token],
+            cwd=ROOT,
+            env=demo.env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
