@@ -410,7 +410,42 @@ class Decider:
     def _bind_units(
         self, placements: list[Placement], left: dict[str, Unplaced], now_s: float
     ) -> list[Bound]:
-        """Map every placement onto free units; retry the ones no units carry until all are bound.
+        """Every placement on free units (`_bind`); then whole-GPU tasks off MIG GPUs (`_whole_off_mig`),
+        and what waits for room tries once more on the instances they left (a gang that wanted one)."""
+        taken: set[int] = set()
+        bound: list[Bound] = []
+        self._bind(placements, left, now_s, bound, taken)
+        if self._whole_off_mig(bound, taken, now_s):
+            self._bind(self._offer_room_again(left, now_s), left, now_s, bound, taken)
+        return bound
+
+    def _offer_room_again(self, left: dict[str, Unplaced], now_s: float) -> list[Placement]:
+        """Offer the tasks left for room once more (a gang with every member left), on the working copy as
+        it is now; what finds room leaves `left`, and the rest take the new answer."""
+        retry = {t for t, u in left.items() if u.outcome in CAPACITY_OUTCOMES}
+        gangs = {self.requests[t].gang_id for t in retry} - {None}
+        retry |= {t for t in left if self.requests[t].gang_id in gangs}
+        placed, unplaced, _ = self._present(
+            sorted((self.requests[t] for t in retry), key=lambda t: t.order_key or 0), now_s, preemption=False
+        )
+        for placement in placed:
+            left.pop(placement.task_id, None)
+        for task_id, item in unplaced.items():
+            # A task that had victims proposed and still finds no room keeps its proposal.
+            if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
+                left[task_id] = item
+        return placed
+
+    def _bind(
+        self,
+        placements: list[Placement],
+        left: dict[str, Unplaced],
+        now_s: float,
+        bound: list[Bound],
+        taken: set[int],
+    ) -> None:
+        """Map every placement onto free units (into `bound`, their ids into `taken`); retry the ones no
+        units carry until all are bound.
 
         A. The tasks whose placement no units carry (and their gang mates) are taken back and tried again
            with those GPUs closed to them, until each is bound or left waiting.
@@ -418,8 +453,6 @@ class Decider:
            (the exact view); a miss there goes through A. A task that misses a third time is not offered
            again (every round counts at least one miss), so the loop ends.
         """
-        taken: set[int] = set()
-        bound: list[Bound] = []
         misses: dict[str, int] = defaultdict(int)
         todo = placements
         while True:
@@ -430,9 +463,9 @@ class Decider:
                 # engine then thinks room is left that is not, or misses room that is. Tasks left for room
                 # try again on the exact view while that view differs from the engine's.
                 if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
-                    return bound
+                    return
                 if not self._diverged or not self._room_missed(self._diverged & touched_keys(bound), taken):
-                    return bound
+                    return
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
             for placement, _ in failed:
@@ -477,6 +510,52 @@ class Decider:
                 if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
                     left[task_id] = item
             todo = placed
+
+    def _whole_off_mig(self, bound: list[Bound], taken: set[int], now_s: float) -> bool:
+        """Move single whole-GPU tasks (isolation any) bound to a MIG GPU onto free whole GPUs outside MIG
+        mode, where binding left any: a gang taken back in `_bind` may have held the whole GPUs such a task
+        was after when it took the instance. A task tries whole GPUs only; one that finds none keeps its
+        instance. A gang member stays where it is: its gang binds whole or not at all. Whether any moved."""
+        if not self.has_mig:
+            return False
+        views = self.snapshot.gpu_views
+        on_mig = [
+            b
+            for b in bound
+            if _whole_any(request := self.requests[b.task_id])
+            and request.gang_id is None
+            and any(views[(b.placement.node, i)].mode is PartitionMode.MIG for i in b.placement.gpu_indexes)
+        ]
+        if not on_mig:
+            return False
+        for b in on_mig:
+            self.engine.release(b.task_id)
+            taken.difference_update(b.unit_ids)
+        leaving = {b.task_id for b in on_mig}
+        bound[:] = [b for b in bound if b.task_id not in leaving]
+        keys = touched_keys(bound) | touched_keys(on_mig)
+        self._rebuild(dict(self._exact(keys, taken)), [b.placement for b in bound], now_s)
+        engine = self.engine
+        engine.config = replace(self.engine_config, preemption=False)
+        result = engine.solve(
+            tuple(replace(self.requests[b.task_id], isolation=Isolation.EXCLUSIVE) for b in on_mig), now_s
+        )
+        engine.config = self.engine_config
+        failed = self._map(result.placements, bound, taken)
+        for placement, _ in failed:
+            engine.release(placement.task_id)
+        moved = {p.task_id for p in result.placements} - {p.task_id for p, _ in failed}
+        stay = [b for b in on_mig if b.task_id not in moved]
+        if not stay:
+            return True
+        # The rest keep their instances: their units and their quota use come back.
+        for b in stay:
+            bound.append(b)
+            taken.update(b.unit_ids)
+            request = self.requests[b.task_id]
+            engine.usage_milli[request.tenant] += request.gpu_request_milli
+        self._rebuild(dict(self._exact(touched_keys(bound), taken)), [b.placement for b in bound], now_s)
+        return bool(moved)
 
     def _map(
         self, todo: Iterable[Placement], bound: list[Bound], taken: set[int]

@@ -7,7 +7,7 @@ import pytest
 
 from tests.whalegen.placement.builders import task
 from tests.whalegen.scheduling.builders import Pool, mig, mps, whole
-from whalegen.placement.types import RunningTask
+from whalegen.placement.types import Isolation, RunningTask
 from whalegen.scheduling import Config, Decisions, decide
 
 POLICIES = ["whalegen", "bestfit", "fgd"]
@@ -48,6 +48,29 @@ def test_a_two_gpu_whole_task_takes_free_whole_gpus_not_the_idle_mig_gpu_beside_
     node, indexes, unit = placed["asr"]
     assert unit == "whole" and ("n1", 0) not in {(node, i) for i in indexes}
     assert decisions.unplaced == {} and decisions.layouts == ()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_whole_gpu_task_leaves_a_mig_instance_for_whole_gpus_a_gang_could_not_keep(policy: str) -> None:
+    # The gang (a 7g MIG task and a 2-GPU whole task) takes n0's two whole GPUs first, so the whole task
+    # behind it takes n2's free 7g instance. The engine puts the gang's MIG member on n1, whose free units
+    # (two 3g) cannot carry it, and by its retry n2's 7g is taken: the gang is taken back, and n0's whole
+    # GPUs are free again. Found by test_properties.py (hypothesis), whose whole-GPU check failed on it.
+    pool = (
+        Pool()
+        .node("n0", whole(), whole())
+        .node("n1", mig(("3g.40gb", 0, False), ("3g.40gb", 4, False)))
+        .node("n2", mig(("7g.80gb", 0, False)))
+    )
+    tasks = [
+        task("g-mig", gpus=1, isolation=Isolation.MIG, gang_id="c:g", gang_size=2, tenant="c"),
+        task("g-whole", gpus=2, gang_id="c:g", gang_size=2, tenant="c", submitted_at_s=1.0),
+        task("solo", gpus=1, tenant="a", submitted_at_s=2.0),
+    ]
+    decisions = decide(pool.snapshot(tasks), Config(policy=policy, preemption=False), 0.0)
+    node, _, unit = where(decisions)["solo"]
+    assert (node, unit) == ("n0", "whole")
+    assert set(decisions.unplaced) == {"g-mig", "g-whole"}  # n0 keeps one whole GPU: not enough for it
 
 
 @pytest.mark.parametrize("policy", POLICIES)
