@@ -16,7 +16,9 @@ Steps of one decision (`Decider.step`):
 4. **Units.** Every placement is mapped onto the free units that carry it (`whalegen.scheduling.units`).
    A placement no free units carry (the engine's slice model put it across or inside carved instances)
    is taken back, its GPU closed to it, and it is tried again, until every placement left is bound.
-   So every decision names units the commit binds; none is handled later.
+   So every decision names units the commit binds; none is handled later. Then a single whole-GPU task
+   bound to a MIG instance moves to free whole GPUs if a gang taken back meanwhile left any, and what
+   waits for room tries once more on the instances it left.
 5. **Re-carve.** Tasks still left for capacity that a MIG instance could serve try the idle MIG GPUs
    nothing landed on, opened as fresh GPUs. A single one-GPU task placed there gets a layout plan
    (`plan_repartition`) and waits for it; a gang member or a multi-GPU task only learns that a new
