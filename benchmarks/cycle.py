@@ -15,6 +15,8 @@ alone (`solve_cycle` on the same snapshot, its own order, no database), pure `de
 A second cycle then runs over the same pool, busy with the first one's placements (`busy_*` figures,
 with the engine alone on that snapshot): what every later cycle of a production pool reads.
 Goals (issue 10, reported, not asserted): ≤ 3 s per cycle and ≤ 2× the engine alone in the same run.
+`--pairs N` first runs N pairs on the empty pool (the engine alone, then a whole cycle rolled back), and
+reports each pair's ratio and their median: on a noisy host one pair is not a measurement.
 
 On a shared host wall time mostly measures the neighbours, so two load-independent figures come with it:
 this process's CPU seconds, and the PostgreSQL backend's (`cycle_db_cpu_s`, read from /proc when the
@@ -251,6 +253,69 @@ def _busy_pool_cycle(pool_id: int, policy: str) -> dict[str, Any]:
     }
 
 
+def _pairs(pool_id: int, policy: str, count: int) -> dict[str, Any]:
+    """`count` same-run pairs on the empty pool: the engine alone, then a whole cycle in a transaction
+    that is rolled back, alternated. On a shared host one pair says little (identical engine runs here
+    took 0.7 to 1.3 s); the median over pairs, each ratio taken within its pair, is the figure to read.
+
+    A rolled-back cycle runs every statement of a real one but the final COMMIT, which the committed cycle
+    after the pairs reports (`transaction_commit_ms`). Dead rows it leaves are vacuumed between pairs, so
+    every pair reads the pool as the first did.
+    """
+    import statistics
+
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from apps.scheduling.selectors import snapshot_for_pool
+    from apps.scheduling.services import cycle_run
+    from whalegen.placement.engine import EngineConfig, solve_cycle
+
+    class Rollback(Exception):
+        pass
+
+    rows: list[dict[str, float]] = []
+    for number in range(1, count + 1):
+        _progress(f"same-run pair {number} of {count}: the engine alone, then a rolled-back cycle")
+        with connection.cursor() as cursor:
+            for table in ("workloads_task", "workloads_taskevent", "scheduling_assignment"):
+                cursor.execute(f"VACUUM ANALYZE {table}")
+        now = timezone.now()
+        snapshot = snapshot_for_pool(pool_id, now)
+        started, started_cpu = time.perf_counter(), time.process_time()
+        solve_cycle(snapshot.cluster, EngineConfig(policy=policy), now.timestamp())
+        engine_s, engine_cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
+        del snapshot
+        try:
+            with transaction.atomic():
+                started, started_cpu = time.perf_counter(), time.process_time()
+                cycle_run(pool_id=pool_id, policy=policy, now=now)
+                cycle_s, cycle_cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
+                raise Rollback
+        except Rollback:
+            pass
+        rows.append(
+            {
+                "engine_alone_s": round(engine_s, 3),
+                "cycle_s": round(cycle_s, 3),
+                "ratio": round(cycle_s / engine_s, 2),
+                "engine_alone_cpu_s": round(engine_cpu_s, 3),
+                "cycle_cpu_s": round(cycle_cpu_s, 3),
+                "cpu_ratio": round(cycle_cpu_s / engine_cpu_s, 2),
+            }
+        )
+    if not rows:
+        return {}
+    return {
+        "pairs": rows,
+        "pairs_median_ratio": round(statistics.median(r["ratio"] for r in rows), 2),
+        "pairs_max_ratio": max(r["ratio"] for r in rows),
+        "pairs_median_cpu_ratio": round(statistics.median(r["cpu_ratio"] for r in rows), 2),
+        "pairs_median_cycle_s": round(statistics.median(r["cycle_s"] for r in rows), 3),
+        "pairs_median_engine_alone_s": round(statistics.median(r["engine_alone_s"] for r in rows), 3),
+    }
+
+
 def _per_task_commit_s(pool_id: int, placed: int) -> float | None:
     """Seconds per task of the one-at-a-time path (two `task_transition` calls), on a rolled-back sample."""
     from django.db import transaction
@@ -292,6 +357,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--traces",
         default=None,
         help="folder holding openb/ (default $WHALEGEN_TRACES_DIR or /work/shared/traces)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="also run N same-run pairs (engine alone, then a rolled-back cycle); report their median ratio",
     )
     parser.add_argument("--keep", action="store_true", help="keep the scratch pool in the database")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -348,6 +419,7 @@ def run(args: argparse.Namespace) -> int:
         decide_alone_cpu_s = time.process_time() - started_cpu
         _progress("baseline: per-task commit on a rolled-back sample")
         per_task_s = _per_task_commit_s(pool_id, len(alone.placements))
+        paired = _pairs(pool_id, args.policy, args.pairs)
         _progress("one production cycle")
         db_cpu_before = _backend_cpu_s()
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -415,6 +487,7 @@ def run(args: argparse.Namespace) -> int:
         if per_task_s
         else None,
         **steady,
+        **paired,
     }
     if args.json:
         print(json.dumps(figures, indent=2))

@@ -102,6 +102,8 @@ class Decider:
         self.engine_config = config.engine()
         self.engine = Engine(snapshot.cluster, self.engine_config)
         self.has_mig = any(g.mode is PartitionMode.MIG for n in snapshot.cluster.nodes for g in n.gpus)
+        # A pool of MIG GPUs only has no whole GPU to move a whole-GPU task to (`_whole_off_mig`).
+        self.has_other = any(g.mode is not PartitionMode.MIG for n in snapshot.cluster.nodes for g in n.gpus)
         # Placements of earlier steps still running (an engine built later must carry them).
         self.live: dict[str, Placement] = {}
         self.requests: dict[str, TaskRequest] = {}
@@ -518,7 +520,7 @@ class Decider:
         mode, where binding left any: a gang taken back in `_bind` may have held the whole GPUs such a task
         was after when it took the instance. A task tries whole GPUs only; one that finds none keeps its
         instance. A gang member stays where it is: its gang binds whole or not at all. Whether any moved."""
-        if not self.has_mig:
+        if not (self.has_mig and self.has_other):
             return False
         views = self.snapshot.gpu_views
         on_mig = [
