@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from itertools import combinations
+from itertools import combinations, count
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agents.backend import BackendError
@@ -42,12 +42,28 @@ operation = st.tuples(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sku=st.sampled_from(sorted(SKUS)), ops=st.lists(operation, max_size=20))
+@example(  # the pid reuse above: the second instance's process was replaced, its destroy went through
+    sku="a100-40gb",
+    ops=[
+        ("create", 0, 0),
+        ("create", 0, 1),
+        ("busy", 0, 0),
+        ("busy", 1, 0),
+        ("idle", 0, 0),
+        ("busy", 0, 0),
+        ("destroy", 1, 0),
+    ],
+)
 def test_random_create_destroy_keeps_nvmls_invariants(sku: str, ops: list[tuple[str, int, int]]) -> None:
     system = build_system({"nodes": [{"name": "p", "gpus": [{"sku": sku, "mig": "enabled"}]}]})
     backend = simulated_backend(system)
     backend.open()
     profiles = mig_profiles(SKUS[sku])
     busy: dict[int, int] = {}  # GI ID → pid
+    # Fresh pids, as an OS gives: the simulated host keys processes by pid, so a reused one replaced the
+    # process of another instance, which the test still counted busy (hypothesis found it: busy, busy,
+    # idle, busy made two instances' processes one).
+    pids = count(10_000)
     for kind, pick, start_pick in ops:
         instances = backend.instances(0)
         if kind == "create":
@@ -68,7 +84,7 @@ def test_random_create_destroy_keeps_nvmls_invariants(sku: str, ops: list[tuple[
         elif instances:
             target = instances[pick % len(instances)]
             if kind == "busy" and target.gi_id not in busy:
-                busy[target.gi_id] = 10_000 + len(system.processes)
+                busy[target.gi_id] = next(pids)
                 system.add_process(busy[target.gi_id], 0, used_mib=1, gi_id=target.gi_id, ci_id=target.ci_id)
             elif kind == "idle" and target.gi_id in busy:
                 system.remove_process(busy.pop(target.gi_id))
