@@ -530,8 +530,9 @@ class Decider:
             and request.gang_id is None
             and any(views[(b.placement.node, i)].mode is PartitionMode.MIG for i in b.placement.gpu_indexes)
         ]
-        if not on_mig:
+        if not on_mig or not self._whole_gpu_free(taken):
             return False
+        position = {b.task_id: i for i, b in enumerate(bound)}  # the order stays as it was
         for b in on_mig:
             self.engine.release(b.task_id)
             taken.difference_update(b.unit_ids)
@@ -550,16 +551,25 @@ class Decider:
             engine.release(placement.task_id)
         moved = {p.task_id for p in result.placements} - {p.task_id for p, _ in failed}
         stay = [b for b in on_mig if b.task_id not in moved]
-        if not stay:
-            return True
         # The rest keep their instances: their units and their quota use come back.
         for b in stay:
             bound.append(b)
             taken.update(b.unit_ids)
             request = self.requests[b.task_id]
             engine.usage_milli[request.tenant] += request.gpu_request_milli
-        self._rebuild(dict(self._exact(touched_keys(bound), taken)), [b.placement for b in bound], now_s)
+        if stay:
+            self._rebuild(dict(self._exact(touched_keys(bound), taken)), [b.placement for b in bound], now_s)
+        bound.sort(key=lambda b: position[b.task_id])
         return bool(moved)
+
+    def _whole_gpu_free(self, taken: set[int]) -> bool:
+        """Whether some GPU outside MIG mode has a whole GPU's worth of free units nobody took."""
+        views = self.snapshot.gpu_views
+        return any(
+            views[key].mode is not PartitionMode.MIG
+            and sum(u.gpu_milli for u in units if u.unit_id not in taken) >= WHOLE_GPU_MILLI
+            for key, units in self.snapshot.free_units.items()
+        )
 
     def _map(
         self, todo: Iterable[Placement], bound: list[Bound], taken: set[int]
