@@ -455,7 +455,9 @@ class Decider:
            with those GPUs closed to them, until each is bound or left waiting.
         B. Then every task that found no room before tries again with every GPU as its free units are
            (the exact view); a miss there goes through A. A task that misses a third time is not offered
-           again (every round counts at least one miss), so the loop ends.
+           again (every round counts at least one miss), so the loop ends. In a round where a gang member
+           missed, only gang members' misses count: a single task beside it may have lost a unit to a
+           mate of that gang, which goes back now.
         """
         misses: dict[str, int] = defaultdict(int)
         todo = placements
@@ -472,8 +474,12 @@ class Decider:
                     return
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
+            # A single task that missed beside a gang taken back may have missed a unit only that gang's
+            # member took: the gang's misses count (so the loop still ends), the single keeps its tries.
+            gang_missed = any(self.requests[p.task_id].gang_id is not None for p, _ in failed)
             for placement, _ in failed:
-                misses[placement.task_id] += 1
+                if not gang_missed or self.requests[placement.task_id].gang_id is not None:
+                    misses[placement.task_id] += 1
             released = self._take_back(failed, bound, taken)
             groups: dict[str, list[str]] = defaultdict(list)
             own: dict[str, set[GpuKey]] = defaultdict(set)

@@ -74,6 +74,32 @@ def test_a_whole_gpu_task_leaves_a_mig_instance_for_whole_gpus_a_gang_could_not_
 
 
 @pytest.mark.parametrize("policy", POLICIES)
+def test_a_task_does_not_starve_beside_a_unit_a_failing_gang_kept_taking(policy: str) -> None:
+    # The gang's small member takes the one free MPS share; its MIG member asks two 7g, which the engine
+    # carves on the idle MIG GPUs but their units (two 3g each) cannot carry, so the gang is taken back.
+    # Each round the MPS task behind it missed that share, and after three misses it was given up while
+    # the share stood free. Found by test_properties.py's work-conservation check (hypothesis).
+    three_g = [("3g.40gb", 0, False), ("3g.40gb", 4, False)]
+    pool = Pool().node("n", mps(shares=4, held=3), mig(*three_g), mig(*three_g), cpu_milli=8_000)
+    tasks = [
+        task("g-small", gpus=1, milli=100, gang_id="a:g", gang_size=2, tenant="a"),
+        task(
+            "g-mig",
+            gpus=2,
+            isolation=Isolation.MIG,
+            gang_id="a:g",
+            gang_size=2,
+            tenant="a",
+            submitted_at_s=1.0,
+        ),
+        task("solo", gpus=1, milli=100, isolation=Isolation.MPS, tenant="a", submitted_at_s=2.0),
+    ]
+    decisions = decide(pool.snapshot(tasks), Config(policy=policy, preemption=False), 0.0)
+    assert where(decisions) == {"solo": ("n", (0,), "share")}
+    assert set(decisions.unplaced) == {"g-small", "g-mig"}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
 def test_a_free_whole_gpu_takes_a_task_before_an_idle_mig_gpu_is_recarved(policy: str) -> None:
     # 500 milli with 40 GB is a 4g.40gb on MIG: the free 3g.40gb cannot hold it, the whole GPU can.
     pool = Pool().node("m", mig(THREE_G)).node("w", whole())
