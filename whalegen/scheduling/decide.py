@@ -418,10 +418,45 @@ class Decider:
         and what waits for room tries once more on the instances they left (a gang that wanted one)."""
         taken: set[int] = set()
         bound: list[Bound] = []
-        self._bind(placements, left, now_s, bound, taken)
+        self._bind_with_last_try(placements, left, now_s, bound, taken)
         if self._whole_off_mig(bound, taken, now_s):
-            self._bind(self._offer_room_again(left, now_s), left, now_s, bound, taken)
+            self._bind_with_last_try(self._offer_room_again(left, now_s), left, now_s, bound, taken)
         return bound
+
+    def _bind_with_last_try(
+        self,
+        placements: list[Placement],
+        left: dict[str, Unplaced],
+        now_s: float,
+        bound: list[Bound],
+        taken: set[int],
+    ) -> None:
+        """`_bind`; then the single tasks it gave up on (three misses) try once more on what is left. A miss
+        can come from a unit another task held in that round and gave back later (a placement of its own
+        that missed too), so a task given up may find a free unit now."""
+        given_up = self._bind(placements, left, now_s, bound, taken)
+        retry = [
+            self.requests[t]
+            for t in given_up
+            if t in left and left[t].outcome in CAPACITY_OUTCOMES and self.requests[t].gang_id is None
+        ]
+        if not retry:
+            return
+        keys = touched_keys(bound) | self._diverged | set(self.snapshot.free_units)
+        self._rebuild(dict(self._exact(keys, taken)), [b.placement for b in bound], now_s)
+        placed, unplaced, _ = self._present(
+            sorted(retry, key=lambda t: t.order_key or 0), now_s, preemption=False
+        )
+        failed = self._map(placed, bound, taken)
+        for placement, _ in failed:
+            self.engine.release(placement.task_id)  # it keeps the reason it had
+        missed = {p.task_id for p, _ in failed}
+        for placement in placed:
+            if placement.task_id not in missed:
+                left.pop(placement.task_id, None)
+        for task_id, item in unplaced.items():
+            if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
+                left[task_id] = item
 
     def _offer_room_again(self, left: dict[str, Unplaced], now_s: float) -> list[Placement]:
         """Offer the tasks left for room once more (a gang with every member left), on the working copy as
@@ -447,9 +482,9 @@ class Decider:
         now_s: float,
         bound: list[Bound],
         taken: set[int],
-    ) -> None:
+    ) -> set[str]:
         """Map every placement onto free units (into `bound`, their ids into `taken`); retry the ones no
-        units carry until all are bound.
+        units carry until all are bound. Returns the tasks given up on (three misses).
 
         A. The tasks whose placement no units carry (and their gang mates) are taken back and tried again
            with those GPUs closed to them, until each is bound or left waiting.
@@ -469,9 +504,9 @@ class Decider:
                 # engine then thinks room is left that is not, or misses room that is. Tasks left for room
                 # try again on the exact view while that view differs from the engine's.
                 if not todo or not any(u.outcome in CAPACITY_OUTCOMES for u in left.values()):
-                    return
+                    return {t for t, n in misses.items() if n >= 3}
                 if not self._diverged or not self._room_missed(self._diverged & touched_keys(bound), taken):
-                    return
+                    return {t for t, n in misses.items() if n >= 3}
             # A. Each task whose placement no units carry (a gang with its mates) alone, with the GPUs
             # where its own placements missed closed to it, until it is bound or left waiting.
             # A single task that missed beside a gang taken back may have missed a unit only that gang's

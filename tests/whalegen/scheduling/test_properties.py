@@ -29,8 +29,15 @@ NAMED_HOLDS = {
 
 
 def _left_free(snapshot: Snapshot, decisions: Decisions) -> dict[tuple[str, int], list[FreeUnit]]:
+    """The free units the decision leaves: not bound, and not on a GPU it re-carves (the commit deletes
+    those units for the new layout, which goes to the task it was planned for)."""
     taken = {u for b in decisions.placements for u in b.unit_ids}
-    return {key: [u for u in units if u.unit_id not in taken] for key, units in snapshot.free_units.items()}
+    recarved = {plan.gpu for plan in decisions.layouts}
+    return {
+        key: [u for u in units if u.unit_id not in taken]
+        for key, units in snapshot.free_units.items()
+        if key not in recarved
+    }
 
 
 def _gpu_can_carry(units: list[FreeUnit], task: TaskRequest, mode_of: str) -> bool:
