@@ -527,7 +527,11 @@ class Decider:
             for key, members in groups.items():
                 while True:
                     closing |= own[key]
-                    change: dict[GpuKey, GpuState | str] = dict(self._exact(touched_keys(bound), taken))
+                    # GPUs closed to earlier groups open again, as their free units are: closed only to
+                    # them, they stayed closed in the working copy this group inherits.
+                    change: dict[GpuKey, GpuState | str] = dict(
+                        self._exact(touched_keys(bound) | (closing - own[key]), taken)
+                    )
                     change.update(dict.fromkeys(own[key], "close"))
                     self._rebuild(change, [b.placement for b in bound], now_s)
                     again = sorted((self.requests[t] for t in members), key=lambda t: t.order_key or 0)

@@ -99,6 +99,28 @@ def test_a_task_does_not_starve_beside_a_unit_a_failing_gang_kept_taking(policy:
     assert set(decisions.unplaced) == {"g-small", "g-mig"}
 
 
+def test_a_gpu_closed_to_one_task_is_open_again_to_the_next() -> None:
+    # The engine carves a 4g for t0 over n1's 2g+1g+1g and a 2g for t4 over n0's two free 1g: neither maps.
+    # Each is retried alone with its own GPU closed. t0's retry closed n1, and t4's retry inherited that
+    # closure, so t4 waited ("no GPU node with 250 milli free") beside n1's free 2g. Found by driving the
+    # work-conservation property of test_properties.py over 30,000 examples.
+    layout = [("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)]
+    pool = (
+        Pool()
+        .node("n0", mig(*[(p, s, False) for p, s in layout]), cpu_milli=4_000)
+        .node("n1", mig(*[(p, s, p == "3g.40gb") for p, s in layout]), cpu_milli=4_000)
+    )
+    tasks = [
+        task("t0", gpus=1, milli=430),
+        task("t2", gpus=1, milli=100, gpu_mem_mib=30_000, submitted_at_s=2),
+        task("t4", gpus=1, milli=250, submitted_at_s=4),
+        task("t6", gpus=1, milli=250, priority=1, submitted_at_s=6),
+    ]
+    decisions = decide(pool.snapshot(tasks), Config(policy="whalegen", preemption=False), 0.0)
+    assert where(decisions)["t4"] == ("n1", (0,), "2g.20gb")
+    assert set(decisions.unplaced) == {"t0"}  # no free instance of 430 milli or more is left anywhere
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_free_whole_gpu_takes_a_task_before_an_idle_mig_gpu_is_recarved(policy: str) -> None:
     # 500 milli with 40 GB is a 4g.40gb on MIG: the free 3g.40gb cannot hold it, the whole GPU can.
