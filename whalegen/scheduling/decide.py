@@ -418,23 +418,18 @@ class Decider:
         and what waits for room tries once more on the instances they left (a gang that wanted one)."""
         taken: set[int] = set()
         bound: list[Bound] = []
-        self._bind_with_last_try(placements, left, now_s, bound, taken)
+        self._last_try(self._bind(placements, left, now_s, bound, taken), left, now_s, bound, taken)
         if self._whole_off_mig(bound, taken, now_s):
-            self._bind_with_last_try(self._offer_room_again(left, now_s), left, now_s, bound, taken)
+            again = self._offer_room_again(left, now_s)
+            self._last_try(self._bind(again, left, now_s, bound, taken), left, now_s, bound, taken)
         return bound
 
-    def _bind_with_last_try(
-        self,
-        placements: list[Placement],
-        left: dict[str, Unplaced],
-        now_s: float,
-        bound: list[Bound],
-        taken: set[int],
+    def _last_try(
+        self, given_up: set[str], left: dict[str, Unplaced], now_s: float, bound: list[Bound], taken: set[int]
     ) -> None:
-        """`_bind`; then the single tasks it gave up on (three misses) try once more on what is left. A miss
-        can come from a unit another task held in that round and gave back later (a placement of its own
-        that missed too), so a task given up may find a free unit now."""
-        given_up = self._bind(placements, left, now_s, bound, taken)
+        """The single tasks `_bind` gave up on (three misses) try once more on what is left. A miss can come
+        from a unit another task held in that round and gave back later (a placement of its own that missed
+        too), so a task given up may find a free unit now."""
         retry = [
             self.requests[t]
             for t in given_up
@@ -444,19 +439,10 @@ class Decider:
             return
         keys = touched_keys(bound) | self._diverged | set(self.snapshot.free_units)
         self._rebuild(dict(self._exact(keys, taken)), [b.placement for b in bound], now_s)
-        placed, unplaced, _ = self._present(
-            sorted(retry, key=lambda t: t.order_key or 0), now_s, preemption=False
-        )
-        failed = self._map(placed, bound, taken)
-        for placement, _ in failed:
-            self.engine.release(placement.task_id)  # it keeps the reason it had
-        missed = {p.task_id for p, _ in failed}
-        for placement in placed:
-            if placement.task_id not in missed:
-                left.pop(placement.task_id, None)
-        for task_id, item in unplaced.items():
-            if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
-                left[task_id] = item
+        before = {t.task_id: left[t.task_id] for t in retry}
+        for placement, _ in self._map(self._reoffer(retry, left, now_s), bound, taken):
+            self.engine.release(placement.task_id)
+            left[placement.task_id] = before[placement.task_id]  # it keeps the reason it had
 
     def _offer_room_again(self, left: dict[str, Unplaced], now_s: float) -> list[Placement]:
         """Offer the tasks left for room once more (a gang with every member left), on the working copy as
@@ -464,13 +450,19 @@ class Decider:
         retry = {t for t, u in left.items() if u.outcome in CAPACITY_OUTCOMES}
         gangs = {self.requests[t].gang_id for t in retry} - {None}
         retry |= {t for t in left if self.requests[t].gang_id in gangs}
+        return self._reoffer([self.requests[t] for t in retry], left, now_s)
+
+    def _reoffer(
+        self, tasks: Iterable[TaskRequest], left: dict[str, Unplaced], now_s: float
+    ) -> list[Placement]:
+        """Offer `tasks` again in order, without preemption; what is placed leaves `left`, the rest take the
+        new answer (a task that had victims proposed and still finds no room keeps its proposal)."""
         placed, unplaced, _ = self._present(
-            sorted((self.requests[t] for t in retry), key=lambda t: t.order_key or 0), now_s, preemption=False
+            sorted(tasks, key=lambda t: t.order_key or 0), now_s, preemption=False
         )
         for placement in placed:
             left.pop(placement.task_id, None)
         for task_id, item in unplaced.items():
-            # A task that had victims proposed and still finds no room keeps its proposal.
             if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
                 left[task_id] = item
         return placed
@@ -549,16 +541,7 @@ class Decider:
             retry = [
                 self.requests[t] for t, u in left.items() if u.outcome in CAPACITY_OUTCOMES and misses[t] < 3
             ]
-            placed, unplaced, _ = self._present(
-                sorted(retry, key=lambda t: t.order_key or 0), now_s, preemption=False
-            )
-            for placement in placed:
-                left.pop(placement.task_id, None)
-            for task_id, item in unplaced.items():
-                # A task that had victims proposed and still finds no room keeps its proposal.
-                if left[task_id].outcome is not Outcome.WAITING_FOR_PREEMPTION:
-                    left[task_id] = item
-            todo = placed
+            todo = self._reoffer(retry, left, now_s)
 
     def _whole_off_mig(self, bound: list[Bound], taken: set[int], now_s: float) -> bool:
         """Move single whole-GPU tasks (isolation any) bound to a MIG GPU onto free whole GPUs outside MIG
