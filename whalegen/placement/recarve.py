@@ -70,11 +70,19 @@ def with_gpus(nodes: Sequence[NodeState], change: Mapping[GpuKey, GpuState | str
             if isinstance(how, GpuState):
                 gpu = how
             elif how == "open":
+                # Any layout may be carved on it: no list of carved instances binds the engine there.
                 gpu = replace(
-                    gpu, free_milli=WHOLE_GPU_MILLI, free_mem_mib=gpu.total_mem_mib, mig_used_slices=0
+                    gpu,
+                    free_milli=WHOLE_GPU_MILLI,
+                    free_mem_mib=gpu.total_mem_mib,
+                    mig_used_slices=0,
+                    mig_free_instances=None,
                 )
             elif how == "close":
-                gpu = replace(gpu, free_milli=0, free_mem_mib=0, mig_used_slices=ALL_SLICES)
+                closed = () if gpu.mig_free_instances is not None else None
+                gpu = replace(
+                    gpu, free_milli=0, free_mem_mib=0, mig_used_slices=ALL_SLICES, mig_free_instances=closed
+                )
             gpus.append(gpu)
         out.append(replace(node, gpus=tuple(gpus)))
     return tuple(out)

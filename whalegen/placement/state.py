@@ -29,6 +29,7 @@ from whalegen.placement.types import (
 )
 
 ALL_SLICES = (1 << MEMORY_SLICES) - 1
+MigInstance = tuple[str, int]  # a carved MIG instance: (profile name, start slice)
 # Partition modes as small integers for the numpy device mirror (-1 = no device in that column).
 MODE_CODES = {PartitionMode.SHARED: 0, PartitionMode.WHOLE: 1, PartitionMode.MIG: 2}
 # Which partition modes each isolation accepts.
@@ -89,6 +90,9 @@ class Binding:
     request_milli: int  # what the task asked for, all GPUs together
     task_class: int
     unit: ComputeUnit
+    # Per listed GPU, the carved instance taken from a unit-exact GPU's free list (None elsewhere): a
+    # release puts it back on the list.
+    held_instances: tuple[MigInstance | None, ...] = ()
 
 
 def task_class(req: Request) -> int:
@@ -123,6 +127,25 @@ def mig_start(profile: MigProfile, used_slices: int) -> int | None:
     return None
 
 
+def smallest_instance(
+    model: str, instances: tuple[MigInstance, ...], gpu_milli: int, gpu_mem_mib: int
+) -> tuple[MigProfile, int] | None:
+    """The smallest carved instance with at least this compute share and memory (ties: lowest start),
+    the one `whalegen.scheduling.units` binds a MIG request to."""
+    best: tuple[MigProfile, int] | None = None
+    for name, start in instances:
+        profile = profile_by_name(model, name)
+        if profile.gpu_milli < gpu_milli or profile.mem_mib < gpu_mem_mib:
+            continue
+        if best is None or (profile.gpu_milli, profile.mem_mib, start) < (
+            best[0].gpu_milli,
+            best[0].mem_mib,
+            best[1],
+        ):
+            best = (profile, start)
+    return best
+
+
 class ClusterState:
     """Mutable working copy built from a snapshot; node order is the tie-break order."""
 
@@ -150,6 +173,19 @@ class ClusterState:
             [PartitionMode.WHOLE if whole_gpus_only else gpu.mode for gpu in node.gpus] for node in nodes
         ]
         self.mig_used = [[gpu.mig_used_slices for gpu in node.gpus] for node in nodes]
+        # A unit-exact shared GPU's share, as (milli, memory), or None (see GpuState.share_milli).
+        self.share_size: list[list[tuple[int, int] | None]] = [
+            [(gpu.share_milli, gpu.share_mem_mib) if gpu.share_milli else None for gpu in node.gpus]
+            for node in nodes
+        ]
+        # A unit-exact MIG GPU's free carved instances (None: slices are carved at will; see GpuState).
+        self.mig_free: list[list[tuple[MigInstance, ...] | None]] = [
+            [
+                gpu.mig_free_instances if mode is PartitionMode.MIG else None
+                for gpu, mode in zip(node.gpus, modes, strict=True)
+            ]
+            for node, modes in zip(nodes, self.modes, strict=True)
+        ]
         self.plain = [all(mode is PartitionMode.SHARED for mode in modes) for modes in self.modes]
         # Everything feasibility and node-local scores read, as one hashable value per node.
         self.node_key: list[tuple[object, ...]] = [self._key(n) for n in range(len(nodes))]
@@ -222,6 +258,7 @@ class ClusterState:
             tuple(self.gpu_mem_free[n]),
             tuple(self.gpu_mem_total[n]),
             tuple(self.mig_used[n]),
+            tuple(self.mig_free[n]),
         )
         return (*base, *extra)
 
@@ -257,9 +294,21 @@ class ClusterState:
             return free >= req.gpu_milli and self.gpu_mem_free[n][d] >= req.gpu_mem_mib
         if mode is PartitionMode.WHOLE:
             return free == WHOLE_GPU_MILLI and self.gpu_mem_total[n][d] >= req.gpu_mem_mib
+        return self._mig_unit(n, d, req) is not None
+
+    def _mig_unit(self, n: int, d: int, req: Request) -> tuple[MigProfile, int] | None:
+        """The MIG instance one GPU of `req` would take on device d, as (profile, start slice): on a
+        unit-exact GPU the smallest free carved instance that covers it, elsewhere the smallest profile
+        that does, carved at its first free start."""
         model = self.models[n]
-        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib) if model else None
-        return profile is not None and mig_start(profile, self.mig_used[n][d]) is not None
+        if not model:
+            return None
+        instances = self.mig_free[n][d]
+        if instances is not None:
+            return smallest_instance(model, instances, req.gpu_milli, req.gpu_mem_mib)
+        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib)
+        start = mig_start(profile, self.mig_used[n][d]) if profile else None
+        return None if profile is None or start is None else (profile, start)
 
     def eligible_devices(self, n: int, req: Request) -> list[int] | None:
         """Devices of node `n` that could take one GPU of `req`, or None when the node cannot host it."""
@@ -289,12 +338,11 @@ class ClusterState:
         """The GPU milli binding one GPU of `req` to device d takes away (what a score should simulate)."""
         mode = self.modes[n][d]
         if mode is PartitionMode.SHARED:
-            return req.gpu_milli
+            return self._shares(n, d, req)[0]
         if mode is PartitionMode.WHOLE:
             return WHOLE_GPU_MILLI
-        model = self.models[n]
-        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib) if model else None
-        return min(profile.gpu_milli, self.gpu_free[n][d]) if profile else req.gpu_milli
+        unit = self._mig_unit(n, d, req)
+        return min(unit[0].gpu_milli, self.gpu_free[n][d]) if unit else req.gpu_milli
 
     def _unit_on(self, n: int, d: int, req: Request) -> tuple[int, int, int, ComputeUnit]:
         """What binding one GPU of `req` to device d takes: (milli, GPU memory, MIG slices, unit)."""
@@ -303,28 +351,44 @@ class ClusterState:
             return WHOLE_GPU_MILLI, self.gpu_mem_free[n][d], 0, ComputeUnit(UnitKind.WHOLE, WHOLE_GPU_MILLI)
         if mode is PartitionMode.SHARED:
             kind = UnitKind.SHARE if req.gpu_milli < WHOLE_GPU_MILLI else UnitKind.WHOLE
-            return req.gpu_milli, req.gpu_mem_mib, 0, ComputeUnit(kind, req.gpu_milli)
+            milli, mem = self._shares(n, d, req)
+            return milli, mem, 0, ComputeUnit(kind, req.gpu_milli)
         if mode is PartitionMode.WHOLE:
             return WHOLE_GPU_MILLI, self.gpu_mem_free[n][d], 0, ComputeUnit(UnitKind.WHOLE, WHOLE_GPU_MILLI)
-        model = self.models[n]
-        profile = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib) if model else None
-        start = mig_start(profile, self.mig_used[n][d]) if profile else None
-        if profile is None or start is None:
+        found = self._mig_unit(n, d, req)
+        if found is None:
             raise ValueError(f"no MIG unit for {req} on {self.names[n]} GPU {d}")
+        profile, start = found
         milli = min(profile.gpu_milli, self.gpu_free[n][d])
         unit = ComputeUnit(UnitKind.MIG, profile.gpu_milli, profile.name, start)
         return milli, profile.mem_mib, profile.slice_mask(start), unit
+
+    def _shares(self, n: int, d: int, req: Request) -> tuple[int, int]:
+        """The compute and memory one GPU of `req` holds on shared device d: whole shares where the GPU's
+        shares are known (what covers both asks), the ask itself elsewhere."""
+        size = self.share_size[n][d]
+        if size is None:
+            return req.gpu_milli, req.gpu_mem_mib
+        milli, mem = size
+        count = max(-(-req.gpu_milli // milli), -(-req.gpu_mem_mib // mem) if mem else 0, 1)
+        return count * milli, count * mem
 
     def bind(self, task_id: str, n: int, devices: tuple[int, ...], req: Request) -> Binding:
         held_milli: list[int] = []
         held_mem: list[int] = []
         held_slices: list[int] = []
+        held_instances: list[MigInstance | None] = []
         unit = ComputeUnit(UnitKind.NONE, 0)
         for d in devices:
             milli, mem, slices, unit = self._unit_on(n, d, req)
             self.gpu_free[n][d] -= milli
             self.gpu_mem_free[n][d] -= mem
             self.mig_used[n][d] |= slices
+            instance = None
+            if unit.kind is UnitKind.MIG and self.mig_free[n][d] is not None:
+                instance = (unit.mig_profile or "", unit.mig_start_slice or 0)
+                self._take_instance(n, d, instance)
+            held_instances.append(instance)
             self.np_gpu_free[n, d] = self.gpu_free[n][d]
             if self.schedulable[n]:
                 self.free_milli_total -= milli
@@ -343,9 +407,27 @@ class ClusterState:
             req.num_gpu * req.gpu_milli,
             task_class(req),
             unit,
+            tuple(held_instances),
         )
         self._account(binding, +1)
         return binding
+
+    def _take_instance(self, n: int, d: int, instance: MigInstance) -> None:
+        free = self.mig_free[n][d] or ()
+        self.mig_free[n][d] = tuple(i for i in free if i != instance)
+
+    def _give_instances(self, binding: Binding, sign: int) -> None:
+        """Put a binding's carved instances back on their GPUs' free lists (sign -1: take them again)."""
+        if not binding.held_instances:
+            return
+        n = binding.node
+        for d, instance in zip(binding.gpu_indexes, binding.held_instances, strict=True):
+            if instance is None or self.mig_free[n][d] is None:
+                continue
+            if sign > 0:
+                self.mig_free[n][d] = tuple(sorted({*(self.mig_free[n][d] or ()), instance}))
+            else:
+                self._take_instance(n, d, instance)
 
     def release(self, task_id: str) -> Binding:
         binding = self.bindings[task_id]
@@ -364,6 +446,7 @@ class ClusterState:
             self.np_gpu_free[n, d] = self.gpu_free[n][d]
             if self.schedulable[n]:
                 self.free_milli_total += milli
+        self._give_instances(binding, +1)
         self._account(binding, -1)
         return binding
 
@@ -383,6 +466,7 @@ class ClusterState:
             self.np_gpu_free[n, d] = self.gpu_free[n][d]
             if self.schedulable[n]:
                 self.free_milli_total -= milli
+        self._give_instances(binding, -1)
         self._account(binding, +1)
 
     def _account(self, binding: Binding, sign: int) -> None:
@@ -439,10 +523,12 @@ class ClusterState:
         slices = 0
         unit = ComputeUnit(UnitKind.SHARE if req.is_share else UnitKind.WHOLE, task.gpu_milli)
         model = self.models[n]
+        instance: MigInstance | None = None
         if task.mig_profile is not None and task.mig_start_slice is not None and model is not None:
             profile = profile_by_name(model, task.mig_profile)
             slices = profile.slice_mask(task.mig_start_slice)
             unit = ComputeUnit(UnitKind.MIG, profile.gpu_milli, profile.name, task.mig_start_slice)
+            instance = (profile.name, task.mig_start_slice)
         binding = Binding(
             task.task_id,
             n,
@@ -455,6 +541,9 @@ class ClusterState:
             task.gpu_milli * len(devices),
             task_class(req),
             unit,
+            # Its instance is not on the free list (the snapshot lists free units only); a trial release
+            # puts it there.
+            tuple(instance if self.mig_free[n][d] is not None else None for d in devices),
         )
         counts = self.classes[n]
         counts[binding.task_class] = counts.get(binding.task_class, 0) + 1
@@ -473,6 +562,8 @@ class ClusterState:
                 self.gpu_mem_total[n][d],
                 self.modes[n][d],
                 self.mig_used[n][d],
+                self.mig_free[n][d],
+                *(self.share_size[n][d] or (0, 0)),
             )
             for d in range(self.gpu_count[n])
         )

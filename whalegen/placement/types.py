@@ -64,6 +64,15 @@ class GpuState:
     mode: PartitionMode = PartitionMode.SHARED
     # MIG only: bitmask of occupied memory slices (bit i = slice i), see whalegen.gpus.mig.
     mig_used_slices: int = 0
+    # MIG only, in a unit-exact snapshot: the free carved instances as (profile name, start slice), sorted.
+    # The engine then takes one of these and nothing else, so its choice is a unit the commit can bind.
+    # None (the trace replays, and a GPU opened for a re-carve): any free slices may be carved at will.
+    mig_free_instances: tuple[tuple[str, int], ...] | None = None
+    # Shared mode only, in a unit-exact snapshot whose shares are alike: one share's compute and memory.
+    # A task then holds whole shares (286 milli on 250-milli shares holds two), as the commit binds them;
+    # 0 (the trace replays): any milli may be held.
+    share_milli: int = 0
+    share_mem_mib: int = 0
 
 
 @dataclass(frozen=True)

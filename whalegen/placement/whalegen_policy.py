@@ -381,9 +381,19 @@ class WhalegenPolicy(Policy):
             choice = (NEG_INF, ())
             for chosen in candidates:
                 after = list(gpus)
+                waste = 0
                 for d in chosen:
-                    after[d] -= req.gpu_milli if plain else s.held_milli(n, d, req)
-                value = self._value(self.frag(model, cpu_after, mem_after, after) - before, req, model)
+                    held = req.gpu_milli if plain else s.held_milli(n, d, req)
+                    after[d] -= held
+                    if not plain and s.mig_free[n][d] is not None:
+                        # A carved instance larger than the ask: what it holds beyond the ask is lost to
+                        # everyone while the task runs, a fragment the measure does not see (the GPU
+                        # looks full). Counted as one, a small task takes the smallest instance around,
+                        # not a 7g that would leave "no fragment".
+                        waste += max(held - req.gpu_milli, 0)
+                value = self._value(
+                    self.frag(model, cpu_after, mem_after, after) - before + waste, req, model
+                )
                 if value > choice[0]:
                     choice = (value, chosen)
         return choice

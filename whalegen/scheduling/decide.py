@@ -647,6 +647,8 @@ class Decider:
             state.gpu_mem_total[n][d],
             state.modes[n][d],
             state.mig_used[n][d],
+            state.mig_free[n][d],
+            *(state.share_size[n][d] or (0, 0)),
         )
 
     def _exact(self, keys: set[GpuKey], taken: set[int]) -> dict[GpuKey, GpuState]:
@@ -668,6 +670,8 @@ class Decider:
             if exact.free_milli and exact.free_mem_mib > seen.free_mem_mib:
                 return True
             if seen.mig_used_slices & ~exact.mig_used_slices:
+                return True
+            if set(exact.mig_free_instances or ()) - set(seen.mig_free_instances or ()):
                 return True
         return False
 

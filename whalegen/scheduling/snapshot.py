@@ -53,6 +53,7 @@ def engine_gpu(gpu: GpuState, free: Sequence[FreeUnit]) -> GpuState:
     `gpu_picture`, for a GPU some of whose units a cycle has just bound)."""
     free_milli = sum(u.gpu_milli for u in free)
     used_slices = 0
+    instances = None
     if gpu.mode is PartitionMode.MIG:
         profiles = {p.name: p for p in mig_profiles(gpu.model)}
         open_slices = 0
@@ -63,12 +64,33 @@ def engine_gpu(gpu: GpuState, free: Sequence[FreeUnit]) -> GpuState:
         used_slices = ALL_SLICES & ~open_slices
         if used_slices == 0:
             free_milli = WHOLE_GPU_MILLI
+        instances = carved(free)
     return replace(
         gpu,
         free_milli=min(free_milli, WHOLE_GPU_MILLI),
         free_mem_mib=sum(u.mem_mib for u in free),
         mig_used_slices=used_slices,
+        mig_free_instances=instances,
     )
+
+
+def carved(free: Sequence[FreeUnit | UnitFact]) -> tuple[tuple[str, int], ...]:
+    """The free MIG instances among these units, as the engine takes them (GpuState.mig_free_instances)."""
+    return tuple(
+        sorted((u.mig_profile, u.mig_start) for u in free if u.mig_profile and u.mig_start is not None)
+    )
+
+
+def alike_shares(g: GpuFacts) -> tuple[int, int]:
+    """One share's (milli, memory) on a shared GPU whose shares are all alike, else (0, 0): the engine
+    then holds whole shares per task, as the commit binds them (GpuState.share_milli)."""
+    if g.mode is not PartitionMode.SHARED or not g.units:
+        return 0, 0
+    sizes = {(u.gpu_milli, u.mem_mib) for u in g.units}
+    if len(sizes) != 1:
+        return 0, 0
+    milli, mem = sizes.pop()
+    return (milli, mem) if milli > 0 else (0, 0)
 
 
 def gpu_picture(g: GpuFacts) -> GpuPicture:
@@ -87,8 +109,10 @@ def gpu_picture(g: GpuFacts) -> GpuPicture:
     free_milli = sum(u.gpu_milli for u in free) if usable else 0
     free_mem = sum(u.mem_mib for u in free) if usable else 0
     used_slices = 0
+    instances = None
     idle: IdleMigGpu | None = None
     if g.mode is PartitionMode.MIG:
+        instances = carved(free) if usable else ()
         # The engine sees the free carved instances only: slices outside them are unusable without a new
         # layout. An idle GPU may still be re-carved, but only for tasks no present unit holds.
         open_slices = 0
@@ -109,6 +133,7 @@ def gpu_picture(g: GpuFacts) -> GpuPicture:
                 g.index,
                 tuple(FreeInstance(u.mig_profile, u.mig_start, u.gpu_milli, u.mem_mib) for u in free),
             )
+    share_milli, share_mem = alike_shares(g)
     state = GpuState(
         index=g.index,
         model=g.model,
@@ -117,6 +142,9 @@ def gpu_picture(g: GpuFacts) -> GpuPicture:
         total_mem_mib=g.mem_mib,
         mode=g.mode,
         mig_used_slices=used_slices,
+        mig_free_instances=instances,
+        share_milli=share_milli,
+        share_mem_mib=share_mem,
     )
     units = (
         tuple(FreeUnit(u.unit_id, u.kind, u.gpu_milli, u.mem_mib, u.mig_profile, u.mig_start) for u in free)

@@ -51,11 +51,12 @@ def test_a_two_gpu_whole_task_takes_free_whole_gpus_not_the_idle_mig_gpu_beside_
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_a_whole_gpu_task_leaves_a_mig_instance_for_whole_gpus_a_gang_could_not_keep(policy: str) -> None:
-    # The gang (a 7g MIG task and a 2-GPU whole task) takes n0's two whole GPUs first, so the whole task
-    # behind it takes n2's free 7g instance. The engine puts the gang's MIG member on n1, whose free units
-    # (two 3g) cannot carry it, and by its retry n2's 7g is taken: the gang is taken back, and n0's whole
-    # GPUs are free again. Found by test_properties.py (hypothesis), whose whole-GPU check failed on it.
+def test_a_gang_mig_member_is_placed_on_the_one_instance_that_carries_it(policy: str) -> None:
+    # The gang (a 7g MIG task and a 2-GPU whole task) needs n2's 7g and n0's two whole GPUs. When the engine
+    # saw MIG GPUs as free slices it put the MIG member on n1, whose free units (two 3g) cannot carry it;
+    # by its retry the whole task behind had taken n2's 7g, the gang was taken back and the whole task sat
+    # on a MIG instance beside two idle whole GPUs (found by test_properties.py). The engine now takes
+    # carved instances only: the gang binds whole, and the whole task waits, as nothing left carries it.
     pool = (
         Pool()
         .node("n0", whole(), whole())
@@ -68,9 +69,10 @@ def test_a_whole_gpu_task_leaves_a_mig_instance_for_whole_gpus_a_gang_could_not_
         task("solo", gpus=1, tenant="a", submitted_at_s=2.0),
     ]
     decisions = decide(pool.snapshot(tasks), Config(policy=policy, preemption=False), 0.0)
-    node, _, unit = where(decisions)["solo"]
-    assert (node, unit) == ("n0", "whole")
-    assert set(decisions.unplaced) == {"g-mig", "g-whole"}  # n0 keeps one whole GPU: not enough for it
+    placed = where(decisions)
+    assert placed["g-mig"] == ("n2", (0,), "7g.80gb")
+    assert placed["g-whole"] == ("n0", (0, 1), "whole")
+    assert set(decisions.unplaced) == {"solo"}  # n1's two 3g instances are not a whole GPU
 
 
 @pytest.mark.parametrize("policy", POLICIES)
