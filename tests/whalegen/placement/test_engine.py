@@ -14,6 +14,8 @@ from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.types import (
     ClusterSnapshot,
+    GpuState,
+    NodeState,
     Outcome,
     PartitionMode,
     Quota,
@@ -225,6 +227,45 @@ def test_mig_gpus_hand_out_the_smallest_profile_that_fits() -> None:
     assert units["small"].kind is UnitKind.MIG and units["small"].mig_profile == "1g.5gb"
     assert units["mid"].mig_profile == "2g.10gb"
     assert units["small"].mig_start_slice != units["mid"].mig_start_slice
+
+
+def _carved(name: str, instances: tuple[tuple[str, int], ...], used_slices: int) -> NodeState:
+    """One H100 in MIG mode whose free carved instances are `instances` (a unit-exact snapshot's GPU)."""
+    gpu = GpuState(0, "H100-80GB", 1000, 81_559, 81_559, PartitionMode.MIG, used_slices, instances)
+    return NodeState(name, 32_000, 32_000, 128 * 1024, 128 * 1024, (gpu,))
+
+
+@pytest.mark.parametrize("policy", ["fgd", "whalegen", "bestfit"])
+def test_a_carved_gpu_hands_out_its_free_instances_and_nothing_else(policy: str) -> None:
+    # Free: a 3g at slice 0 and a 1g at slice 6 (slices 4-5 held). Three 1g-sized tasks: the 1g first
+    # (the smallest instance that covers the ask), then the 3g; the third finds nothing, although the 3g
+    # has slices to spare: a carved instance is one unit, as the commit binds it.
+    gpu_node = _carved("a", (("1g.10gb", 6), ("3g.40gb", 0)), 0b0110000)
+    tasks = [task(f"t{i}", gpus=1, milli=140, submitted_at_s=float(i)) for i in range(3)]
+    result = solve_cycle(snapshot([gpu_node], tasks), EngineConfig(policy=policy), now=0.0)
+    units = sorted((p.unit.mig_profile, p.unit.mig_start_slice) for p in result.placements)
+    assert units == [("1g.10gb", 6), ("3g.40gb", 0)]
+    assert [u.task_id for u in result.unplaced] == ["t2"]
+
+
+def test_a_released_instance_goes_back_on_its_gpu_free_list() -> None:
+    engine = Engine(snapshot([_carved("a", (("3g.40gb", 0),), 0b1110000)]), EngineConfig(policy="fgd"))
+    first = engine.solve((task("x", gpus=1, milli=300),), 0.0)
+    assert engine.state.mig_free[0][0] == ()
+    engine.release(first.placements[0].task_id)
+    assert engine.state.mig_free[0][0] == (("3g.40gb", 0),)
+    again = engine.solve((task("y", gpus=1, milli=300),), 0.0)
+    assert again.placements[0].unit.mig_profile == "3g.40gb"
+
+
+def test_a_gpu_of_alike_shares_holds_whole_shares_per_task() -> None:
+    # Four 250-milli shares: a 286-milli task holds two of them (as the commit binds it), so after two
+    # such tasks the GPU is full and a third waits, where counting asks alone (572 milli) left room.
+    gpu = GpuState(0, "T4", 1000, 16_000, 16_000, PartitionMode.SHARED, share_milli=250, share_mem_mib=4000)
+    shared = NodeState("a", 32_000, 32_000, 128 * 1024, 128 * 1024, (gpu,))
+    tasks = [task(f"t{i}", gpus=1, milli=286, submitted_at_s=float(i)) for i in range(3)]
+    result = solve_cycle(snapshot([shared], tasks), EngineConfig(policy="bestfit"), now=0.0)
+    assert len(result.placements) == 2 and [u.task_id for u in result.unplaced] == ["t2"]
 
 
 def test_whole_mode_gpus_take_one_task_each() -> None:
