@@ -401,7 +401,10 @@ class Decider:
             u for u in first.unplaced if u.outcome in CAPACITY_OUTCOMES or _whole_any(by_id[u.task_id])
         ]
         again = tuple(by_id[u.task_id] for u in retried)
-        done = {u.task_id: u for u in first.unplaced if u not in retried}
+        # By id: `u not in retried` compared dataclasses pairwise, quadratic in what waits (1.1 s of a
+        # 2.3 s decide at 3,000 tasks on a MIG pool).
+        tried = {u.task_id for u in retried}
+        done = {u.task_id: u for u in first.unplaced if u.task_id not in tried}
         engine.config = config
         second = engine.solve(_whole_gangs(again, list(ordered)), now_s)
         engine.config = self.engine_config
