@@ -529,12 +529,19 @@ class ClusterState:
             slices = profile.slice_mask(task.mig_start_slice)
             unit = ComputeUnit(UnitKind.MIG, profile.gpu_milli, profile.name, task.mig_start_slice)
             instance = (profile.name, task.mig_start_slice)
+        holds = [
+            self._shares(n, d, req)
+            if self.modes[n][d] is PartitionMode.SHARED
+            else (req.gpu_milli, req.gpu_mem_mib)
+            for d in devices
+        ]
         binding = Binding(
             task.task_id,
             n,
             devices,
-            tuple(task.gpu_milli for _ in devices),
-            tuple(task.gpu_mem_mib for _ in devices),
+            # On a GPU of alike shares the task holds whole shares: a trial release frees all of them.
+            tuple(held[0] for held in holds),
+            tuple(held[1] for held in holds),
             tuple(slices if self.modes[n][d] is PartitionMode.MIG else 0 for d in devices),
             task.cpu_milli,
             task.mem_mib,

@@ -268,6 +268,17 @@ def test_a_gpu_of_alike_shares_holds_whole_shares_per_task() -> None:
     assert len(result.placements) == 2 and [u.task_id for u in result.unplaced] == ["t2"]
 
 
+def test_a_running_task_on_alike_shares_gives_back_whole_shares() -> None:
+    # A running 286-milli task holds two 250-milli shares (the snapshot shows 500 free): releasing it, as a
+    # trial preemption or a binding taken back does, frees both, not 286.
+    gpu = GpuState(0, "T4", 500, 8_000, 16_000, PartitionMode.SHARED, share_milli=250, share_mem_mib=4000)
+    shared = NodeState("a", 32_000, 31_000, 128 * 1024, 127 * 1024, (gpu,))
+    running = [RunningTask("r", "a", (0,), 286, 1000, 1024)]
+    engine = Engine(snapshot([shared], running=running), EngineConfig(policy="bestfit"))
+    engine.release("r")
+    assert engine.state.gpu_free[0][0] == 1000 and engine.state.gpu_mem_free[0][0] == 16_000
+
+
 def test_whole_mode_gpus_take_one_task_each() -> None:
     whole = node("a", gpus=1, mode=PartitionMode.WHOLE)
     result = solve_cycle(
