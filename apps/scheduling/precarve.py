@@ -1,4 +1,4 @@
-"""Pre-carving in the production cycle: the forecast in, the layouts out (docs/scheduling.md §4b).
+"""Pre-carving in the production cycle: the forecast in, the layouts out (docs/scheduling.md §3b).
 
 `decide` proposes the layouts (whalegen.scheduling.precarve); this reads what it needs (the settings and
 the pool's arrivals forecast) and commits what it proposed the way a last-resort re-carve is committed:

@@ -101,7 +101,7 @@ class Task(TimestampedModel):
     queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="tasks")
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="tasks", db_index=False)
     # Not indexed: no query looks tasks up by submitter, and each task move that is not a heap-only update
-    # (a state change) wrote an entry into it (docs/scheduling.md §9, "Speed round 7"). Deleting a user,
+    # (a state change) wrote an entry into it (docs/cycle-speed.md, "Speed round 7"). Deleting a user,
     # an admin's rare act, scans the task table to clear it.
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -205,10 +205,10 @@ class Task(TimestampedModel):
 class TaskEvent(models.Model):
     # No database constraint (index kept): every writer of an event holds its task row, locked or updated,
     # in the same transaction, and tasks are never deleted; the check of each of the cycle's ~13,560
-    # events at COMMIT was measurable (docs/scheduling.md §9, "Speed round 6").
+    # events at COMMIT was measurable (docs/cycle-speed.md, "Speed round 6").
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_constraint=False)
     # Not indexed: events are read per task (through `task`, then sorted), never by time across tasks,
-    # and the index cost an entry per event, two per placement (docs/scheduling.md §9, "Speed round 7").
+    # and the index cost an entry per event, two per placement (docs/cycle-speed.md, "Speed round 7").
     created_at = models.DateTimeField(auto_now_add=True)
     from_state = models.CharField(max_length=10, choices=Task.State.choices, blank=True)  # blank on submit
     to_state = models.CharField(max_length=10, choices=Task.State.choices)

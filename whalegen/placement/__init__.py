@@ -1,7 +1,8 @@
 """Placement engine: snapshot types, filters, scores and `solve_cycle`. Pure: no Django, no I/O.
 
-Production builds a `ClusterSnapshot` and calls `solve_cycle(snapshot, EngineConfig(policy=...), now)`;
-the replay and the benchmarks drive the same `Engine`. See docs/placement.md.
+The production cycle, the replays and the benchmarks run the `Engine` inside `whalegen.scheduling.decide`,
+which adds ordering, unit binding, re-carving and reasons around it; `solve_cycle(snapshot,
+EngineConfig(policy=...), now)` is the engine alone (the benchmarks' baseline). See docs/placement.md.
 """
 
 from whalegen.placement.engine import Engine, EngineConfig, solve_cycle

@@ -12,7 +12,7 @@ tasks first; a task on a larger instance than its share counts as served by that
 on a 7g instance strands six slices of the GPU until it ends).
 Whole one-GPU tasks are first given the pool's free whole GPUs outside MIG mode, as step 3 does.
 
-Rules (docs/scheduling.md §4b):
+Rules (docs/scheduling.md §3b):
 - only idle MIG GPUs the snapshot offers for re-carving (`IdleMigGpu`: healthy, no unit held, no process
   stopping, not promised), that no placement, preemption or re-carve of this cycle touches; the layout
   goes through `plan_repartition`, which refuses a GPU with a unit in use;
