@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import itemgetter
 from types import MappingProxyType
@@ -495,6 +495,8 @@ def _read_claims(r: _Reading) -> None:
             "id",
             "task_id",
             "task__state",
+            "task__tenant_id",
+            "task__gang_id",
             "gpu_id",
             "unit_id",
             "generation",
@@ -511,6 +513,8 @@ def _read_claims(r: _Reading) -> None:
     gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
     unit_by_pk = {unit[ID]: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
+    gpu_of: dict[str, int] = {}
+    gang_of: dict[str, tuple[int, str]] = {}
     for row in claim_rows:
         gpu = gpu_by_pk.get(row["gpu_id"])
         if gpu is None:  # the GPU left the pool: only the closing write remains
@@ -545,8 +549,25 @@ def _read_claims(r: _Reading) -> None:
             verdict=verdict,
             gpu_milli=unit[MILLI] if unit is not None else 0,
         )
-        if verdict.action is not ClaimAction.ABANDON:
-            r.claimed_gpus[gpu["id"]].append(key)
+        gpu_of[key] = gpu["id"]
+        if row["task__gang_id"]:
+            gang_of[key] = (row["task__tenant_id"], row["task__gang_id"])
+    # A gang binds whole: a member's claim given up gives up its mates' too, so the gang goes back to
+    # pending together and is planned afresh, rather than its other members holding their GPUs until their
+    # own claims time out.
+    given_up = {gang_of[k]: c.verdict.reason for k, c in r.claims.items() if k in gang_of and _abandoned(c)}
+    for key, gang in gang_of.items():
+        claim = r.claims[key]
+        if gang in given_up and not _abandoned(claim):
+            why = f"gang {gang[1]}: another member's new layout was given up ({given_up[gang]})"[:500]
+            r.claims[key] = replace(claim, verdict=ClaimVerdict(ClaimAction.ABANDON, why))
+    for key, claim in r.claims.items():
+        if not _abandoned(claim):
+            r.claimed_gpus[gpu_of[key]].append(key)
+
+
+def _abandoned(claim: ClaimInfo) -> bool:
+    return claim.verdict.action is ClaimAction.ABANDON
 
 
 @dataclass

@@ -209,6 +209,7 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
                 )
         else:
             kept_plans.append((key, plan))
+    kept_plans = _whole_gang_plans(kept_plans, lost, request_of)
 
     clock = out.lap("lock_and_compare", clock)
     # 3. A gang goes whole or not at all: one member lost holds back every member.
@@ -328,6 +329,25 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
     out.lap("preempt", clock)
     out.held_back = lost
     return out
+
+
+def _whole_gang_plans(
+    plans: list[tuple[tuple[int, int], RepartitionPlan]],
+    lost: dict[str, tuple[str, str]],
+    request_of: Mapping[str, TaskRequest],
+) -> list[tuple[tuple[int, int], RepartitionPlan]]:
+    """The plans to write: a gang's new layouts go ahead together or not at all, so a plan with a member
+    of a gang that lost another member is dropped, and its tasks are retried next cycle."""
+    while True:
+        gangs = {request_of[t].gang_id for t in lost if t in request_of} - {None}
+        dropped = [(k, p) for k, p in plans if any(request_of[t].gang_id in gangs for t, _ in p.for_tasks)]
+        if not dropped:
+            return plans
+        why = (LOST_RACE, "a new layout for a gang on this GPU or another could not be written; retried")
+        for _, plan in dropped:
+            for task_id, _ in plan.for_tasks:
+                lost.setdefault(task_id, why)
+        plans = [entry for entry in plans if entry not in dropped]
 
 
 def _why_pending(

@@ -4,7 +4,8 @@ A re-carve costs minutes of agent work and destroys the GPU's present layout, so
 an MPS share or a free MIG instance can hold this cycle never waits for one: `decide` places on present
 units first and opens idle MIG GPUs (the `IdleMigGpu`s of the snapshot) as fresh GPUs only for the tasks
 left for capacity (`CAPACITY_OUTCOMES`) that a MIG instance could serve (`can_use_mig`); of those only a
-single one-GPU task is re-carved for (`recarvable`). `with_gpus` opens, closes or restores GPUs in the
+task on one GPU is re-carved for (`recarvable`), and a gang only when a layout is planned for every
+member. `with_gpus` opens, closes or restores GPUs in the
 engine's picture of the pool.
 """
 
@@ -53,8 +54,9 @@ def can_use_mig(task: TaskRequest) -> bool:
 
 
 def recarvable(task: TaskRequest) -> bool:
-    """Only a single task on one GPU is re-carved for (a gang binds in one cycle or not at all)."""
-    return can_use_mig(task) and task.gang_id is None and task.num_gpu == 1
+    """Only a task on one GPU is re-carved for. A gang member is, too, but its gang goes whole: `decide`
+    plans a layout for every member or for none, and the members bind once every layout is applied."""
+    return can_use_mig(task) and task.num_gpu == 1
 
 
 def with_gpus(nodes: Sequence[NodeState], change: Mapping[GpuKey, GpuState | str]) -> tuple[NodeState, ...]:

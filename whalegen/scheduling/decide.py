@@ -6,7 +6,8 @@ benchmarks call this; Django code around it only reads the snapshot and commits 
 Steps of one decision (`Decider.step`):
 
 1. **Claims.** GPUs re-carved by earlier cycles: a task whose new instance is in place binds to it
-   (within its quota); one whose layout is not applied yet keeps waiting (`waiting_for_layout`).
+   (within its quota); one whose layout is not applied yet keeps waiting (`waiting_for_layout`). A gang
+   binds when every member's instance is in place, all members at once.
 2. **Order.** Guarantees first, then borrowing; effective priority; weighted dominant-resource fair
    share between queues and tenants; age (`whalegen.scheduling.order`). Gangs go as one unit.
 3. **Present units.** The engine places the ordered tasks on the units GPUs have now, with quotas, gangs
@@ -20,10 +21,11 @@ Steps of one decision (`Decider.step`):
    bound to a MIG instance moves to free whole GPUs if a gang taken back meanwhile left any, and what
    waits for room tries once more on the instances it left.
 5. **Re-carve.** Tasks still left for capacity that a MIG instance could serve try the idle MIG GPUs
-   nothing landed on, opened as fresh GPUs. A single one-GPU task placed there gets a layout plan
-   (`plan_repartition`) and waits for it; a gang member or a multi-GPU task only learns that a new
-   layout would be needed (`needs_layout_change`): it binds in one cycle or not at all. Re-carving comes
-   after present units, so a task only a re-carve can serve never holds up the tasks behind it.
+   nothing landed on, opened as fresh GPUs. A one-GPU task placed there gets a layout plan
+   (`plan_repartition`) and waits for it; a gang of one-GPU tasks gets a plan for every member or for
+   none (its members bind together in step 1 of a later cycle); a multi-GPU task only learns that a new
+   layout would be needed (`needs_layout_change`). Re-carving comes after present units, so a task only
+   a re-carve can serve never holds up the tasks behind it.
 5b. **Pre-carve** (only with `Config.precarve` and a confident `Snapshot.forecast`): idle MIG GPUs that
    nothing in this decision touches, whose layout serves the forecast's expected MIG shapes worse than
    another layout of their model would, get that layout now, a few per cycle, each with its reason
@@ -71,6 +73,7 @@ from whalegen.scheduling.reserve import plan as plan_reservation
 from whalegen.scheduling.snapshot import engine_gpu
 from whalegen.scheduling.types import (
     Bound,
+    Claim,
     Code,
     Config,
     Decisions,
@@ -138,26 +141,7 @@ class Decider:
         self._before_recarve = {}
         self._diverged = set()
         # 1. Claims.
-        for task_id, claim in snapshot.claims.items():
-            request = snapshot.claimed_requests.get(task_id)
-            if request is None or claim.action is ClaimAction.ABANDON:
-                continue
-            if claim.action is ClaimAction.WAIT or claim.slot is None or claim.unit_id is None:
-                unplaced[task_id] = Reason(Code.WAITING_FOR_LAYOUT, claim.reason)
-                continue
-            if (spent := self.engine.budget_check(request.tenant)) is not None:
-                unplaced[task_id] = Reason(Outcome.BUDGET_SPENT.value, spent)
-                continue
-            need = request.gpu_request_milli
-            problem, borrowed = self.engine.quota_check(request.tenant, need)
-            if problem is not None:
-                unplaced[task_id] = Reason(Outcome.QUOTA_EXCEEDED.value, problem)
-                continue
-            self.engine.usage_milli[request.tenant] += need
-            unit = ComputeUnit(UnitKind.MIG, claim.gpu_milli, claim.slot.mig_profile, claim.slot.mig_start)
-            bound.append(
-                Bound(Placement(task_id, claim.node, (claim.gpu_index,), unit, borrowed), (claim.unit_id,))
-            )
+        bound += self._claims(unplaced)
         # 2. Order: each task carries its place.
         if len(pending) == 1:
             ordered = [_with_order_key(pending[0], 0)]  # one task is its own order
@@ -292,6 +276,55 @@ class Decider:
             else {},
             precarves=precarves,
         )
+
+    # -- 1. claims --------------------------------------------------------------------------------
+
+    def _claims(self, unplaced: dict[str, Reason]) -> list[Bound]:
+        """GPUs re-carved by earlier cycles: a task whose new instance is in place binds to it, within its
+        quota. A gang binds only when every member's instance is, all members at once; until then each
+        keeps its instance and waits (`waiting_for_layout`)."""
+        snapshot = self.snapshot
+        groups: dict[str, list[tuple[TaskRequest, Claim]]] = defaultdict(list)
+        for task_id, claim in snapshot.claims.items():
+            request = snapshot.claimed_requests.get(task_id)
+            if request is None or claim.action is ClaimAction.ABANDON:
+                continue
+            groups[request.gang_id or task_id].append((request, claim))
+        bound: list[Bound] = []
+        for group in groups.values():
+            first = group[0][0]
+            waiting = {
+                r.task_id
+                for r, c in group
+                if c.action is ClaimAction.WAIT or c.slot is None or c.unit_id is None
+            }
+            if waiting or (first.gang_id is not None and len(group) < first.gang_size):
+                gang = (first.gang_id or "").split(":", 1)[-1]
+                for request, claim in group:
+                    message = claim.reason
+                    if request.task_id not in waiting:
+                        message += f"; gang {gang} binds once every member's new layout is applied"
+                    unplaced[request.task_id] = Reason(Code.WAITING_FOR_LAYOUT, message)
+                continue
+            if (spent := self.engine.budget_check(first.tenant)) is not None:
+                for request, _ in group:
+                    unplaced[request.task_id] = Reason(Outcome.BUDGET_SPENT.value, spent)
+                continue
+            need = sum(request.gpu_request_milli for request, _ in group)
+            problem, borrowed = self.engine.quota_check(first.tenant, need)
+            if problem is not None:
+                for request, _ in group:
+                    unplaced[request.task_id] = Reason(Outcome.QUOTA_EXCEEDED.value, problem)
+                continue
+            self.engine.usage_milli[first.tenant] += need
+            for request, claim in group:
+                slot, unit_id = claim.slot, claim.unit_id
+                if slot is None or unit_id is None:  # such a claim waits (above); this tells the type checker
+                    continue
+                unit = ComputeUnit(UnitKind.MIG, claim.gpu_milli, slot.mig_profile, slot.mig_start)
+                placement = Placement(request.task_id, claim.node, (claim.gpu_index,), unit, borrowed)
+                bound.append(Bound(placement, (unit_id,)))
+        return bound
 
     # -- 3b. reservation ---------------------------------------------------------------------------
 
@@ -709,7 +742,7 @@ class Decider:
             for t, u in left.items()
             if u.outcome in CAPACITY_OUTCOMES
             and can_use_mig(requests[t])
-            # A multi-GPU task or a gang member with victims proposed keeps them: never re-carved for.
+            # A multi-GPU task with victims proposed keeps them (and so does its gang): never re-carved for.
             and (recarvable(requests[t]) or u.outcome is not Outcome.WAITING_FOR_PREEMPTION)
         ]
         ids = {t.task_id for t in candidates}
@@ -727,54 +760,91 @@ class Decider:
         change.update(dict.fromkeys(opened, "open"))
         self._rebuild(change, [b.placement for b in bound], now_s)
         offset = 1 + max((t.order_key or 0 for t in requests.values()), default=0)
-        # Single one-GPU tasks first: gangs and multi-GPU tasks are never re-carved for, so they must not
-        # take an opened GPU from one that can be.
+        # What a re-carve can serve first (one-GPU tasks, and gangs of them only): a task on several GPUs is
+        # never re-carved for, nor is its gang, so they must not take an opened GPU from one that can be.
+        unserved = {t.gang_id or t.task_id for t in candidates if not recarvable(t)}
         ordered = tuple(
-            t if recarvable(t) else replace(t, order_key=offset + (t.order_key or 0)) for t in candidates
+            t
+            if (t.gang_id or t.task_id) not in unserved
+            else replace(t, order_key=offset + (t.order_key or 0))
+            for t in candidates
         )
         self.engine.config = replace(self.engine_config, preemption=False)
         result = self.engine.solve(ordered, now_s)
         self.engine.config = self.engine_config
         wanted: dict[GpuKey, list[Placement]] = defaultdict(list)
+        refused: dict[str, str] = {}  # task → why no new layout is planned for it
         for placement in result.placements:
             request = requests[placement.task_id]
             key = (placement.node, placement.gpu_indexes[0])
             if recarvable(request) and placement.unit.kind is UnitKind.MIG and key in snapshot.gpu_views:
                 wanted[key].append(placement)
                 continue
-            why = (
-                "a GPU is not re-carved for a gang member (the gang binds in one cycle or not at all)"
-                if request.gang_id is not None
-                else "a GPU is not re-carved for a task on several GPUs"
-            )
-            left[placement.task_id] = Unplaced(
-                placement.task_id,
-                Outcome.NO_CAPACITY,
+            refused[placement.task_id] = (
                 f"only a new MIG layout on {placement.node} GPU "
-                f"{','.join(map(str, placement.gpu_indexes))} would hold it; {why}",
+                f"{','.join(map(str, placement.gpu_indexes))} would hold it; a GPU is not re-carved for a "
+                "task on several GPUs"
             )
-            self._needs_layout.add(placement.task_id)
-        plans: list[LayoutPlan] = []
-        for key, placements in wanted.items():
-            plan = plan_repartition(
-                snapshot.gpu_views[key],
-                [
-                    WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
-                    for p in placements
-                ],
-            )
-            if isinstance(plan, RepartitionPlan):
-                plans.append(LayoutPlan(key, plan))
-                continue
-            for p in placements:
-                left[p.task_id] = Unplaced(
-                    p.task_id,
-                    Outcome.NO_CAPACITY,
-                    f"only a new layout on {snapshot.gpu_views[key].name} ({p.unit.mig_profile}) would hold "
-                    f"it, and the GPU cannot be re-carved: {plan.reason}",
-                )
-                self._needs_layout.add(p.task_id)
+        plans = self._plans(wanted, refused, requests)
+        for task_id, why in refused.items():
+            left[task_id] = Unplaced(task_id, Outcome.NO_CAPACITY, why)
+            self._needs_layout.add(task_id)
         return plans
+
+    def _plans(
+        self,
+        wanted: dict[GpuKey, list[Placement]],
+        refused: dict[str, str],
+        requests: Mapping[str, TaskRequest],
+    ) -> list[LayoutPlan]:
+        """A new layout for each GPU from the instances the engine put there. A gang goes whole: when one
+        member gets no layout (its GPU cannot be carved so, or it is on several GPUs), its mates come off
+        their GPUs too, and those GPUs are planned again for what is left on them. Each round takes at
+        least one task off, so it ends."""
+        snapshot = self.snapshot
+        plans: dict[GpuKey, RepartitionPlan] = {}
+        todo = set(wanted)
+        while todo:
+            for key in todo:
+                placements = wanted[key]
+                plans.pop(key, None)
+                if not placements:
+                    continue
+                plan = plan_repartition(
+                    snapshot.gpu_views[key],
+                    [
+                        WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
+                        for p in placements
+                    ],
+                )
+                if isinstance(plan, RepartitionPlan):
+                    plans[key] = plan
+                    continue
+                for p in placements:
+                    refused[p.task_id] = (
+                        f"only a new layout on {snapshot.gpu_views[key].name} ({p.unit.mig_profile}) would "
+                        f"hold it, and the GPU cannot be re-carved: {plan.reason}"
+                    )
+            out = {requests[t].gang_id: t for t in refused if requests[t].gang_id is not None}
+            todo = set()
+            for key, placements in wanted.items():
+                keep = [
+                    p
+                    for p in placements
+                    if p.task_id not in refused and requests[p.task_id].gang_id not in out
+                ]
+                if len(keep) == len(placements):
+                    continue
+                for p in placements:
+                    mate = out.get(requests[p.task_id].gang_id)
+                    if p.task_id not in refused and mate is not None:
+                        refused[p.task_id] = (
+                            f"only a new layout on {snapshot.gpu_views[key].name} would hold it, and its "
+                            f"gang binds whole: member {mate} gets none ({refused[mate]})"
+                        )[:500]
+                wanted[key] = keep
+                todo.add(key)
+        return [LayoutPlan(key, plans[key]) for key in wanted if key in plans]
 
     # -- 5b. pre-carve -----------------------------------------------------------------------------
 

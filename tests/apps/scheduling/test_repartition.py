@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db.models import F
 
 from apps.fleet.models import NodeAgent
 from apps.fleet.selectors import desired_state_build, gpu_partition_applied
 from apps.fleet.services import agent_report
-from apps.inventory.models import ComputeUnit, Gpu
+from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.models import Repartition
 from apps.workloads.models import Task
 from apps.workloads.services import task_cancel
@@ -205,15 +206,97 @@ def test_two_cycles_racing_to_recarve_one_gpu_make_one_claim(fleet, monkeypatch)
     assert task.why_pending_code in ("waiting_for_layout", "lost_race")
 
 
-def test_a_gang_whose_best_place_needs_a_new_layout_waits_with_that_reason(fleet) -> None:
-    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
-    gpu = Gpu.objects.get(node=node)
-    fleet.tenant("a", guaranteed=7000)
-    gang = [fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000, gang_id="g", gang_size=2) for _ in range(2)]
-    before = layout_of(gpu)
+def _gang_on_two_recarved_gpus(fleet) -> tuple[list[Any], list[Gpu], list[Task], dict[int, Repartition]]:
+    """Two H100s of seven 1g each and a gang of two tasks that each want a 7g: a cycle re-carves both."""
+    nodes = [fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G) for _ in range(2)]
+    gpus = [Gpu.objects.get(node=node) for node in nodes]
+    fleet.tenant("a", guaranteed=14_000)
+    gang = [fleet.submit("a", gpu_milli=1000, gpu_mem_mib=70_000, gang_id="g", gang_size=2) for _ in range(2)]
     run(fleet)
+    claims = {c.gpu_id: c for c in Repartition.objects.filter(task__in=gang)}
+    assert set(claims) == {gpu.pk for gpu in gpus}
+    assert {c.state for c in claims.values()} == {"waiting"}
+    for gpu in gpus:
+        assert layout_of(gpu) == [("7g.80gb", 0, None)]
     for task in gang:
         task.refresh_from_db()
-        assert (task.state, task.why_pending_code) == ("pending", "needs_layout_change")
-    assert any("not re-carved for a gang member" in t.why_pending for t in gang)
-    assert layout_of(gpu) == before and not Repartition.objects.exists()
+        assert (task.state, task.why_pending_code) == ("pending", "waiting_for_layout")
+    return nodes, gpus, gang, claims
+
+
+def test_a_gang_is_recarved_for_and_binds_whole_once_every_new_layout_is_applied(fleet) -> None:
+    # Before, a gang was never re-carved for: it waited `needs_layout_change` beside idle MIG GPUs for good.
+    nodes, gpus, gang, claims = _gang_on_two_recarved_gpus(fleet)
+    first = next(t for t in gang if claims[gpus[0].pk].task_id == t.pk)
+
+    # One layout applied: its member keeps its instance and waits for the other.
+    report_partition(nodes[0], gpus[0], generation=claims[gpus[0].pk].generation, seq=1)
+    report = run(fleet, minutes=1)
+    assert report.placed == 0
+    for task in gang:
+        task.refresh_from_db()
+        assert (task.state, task.why_pending_code) == ("pending", "waiting_for_layout")
+    first.refresh_from_db()
+    assert "gang g binds once every member's new layout is applied" in first.why_pending
+
+    # Both applied: the gang binds in one cycle, each member to its new 7g.
+    report_partition(nodes[1], gpus[1], generation=claims[gpus[1].pk].generation, seq=1)
+    report = run(fleet, minutes=2)
+    assert report.placed == 2
+    for task in gang:
+        task.refresh_from_db()
+        assert task.state == "assigned"
+        assert [u.mig_profile for u in units_held_by(task)] == ["7g.80gb"]
+    assert {c.state for c in Repartition.objects.filter(task__in=gang)} == {"bound"}
+    assert violations(fleet.pool.pk) == []
+
+
+def test_a_gang_member_whose_new_layout_fails_gives_its_mates_claim_up_too(fleet) -> None:
+    nodes, gpus, gang, claims = _gang_on_two_recarved_gpus(fleet)
+    report_partition(nodes[0], gpus[0], generation=claims[gpus[0].pk].generation, seq=1)
+    report_partition(
+        nodes[1], gpus[1], state="blocked", generation=claims[gpus[1].pk].generation, seq=1, reason="busy"
+    )
+    run(fleet, minutes=1)
+    failed, mate = (Repartition.objects.get(pk=claims[gpu.pk].pk) for gpu in reversed(gpus))
+    assert failed.state == "abandoned" and "could not repartition" in failed.reason
+    # Its mate's GPU is applied, but the gang binds whole: that claim is given up in the same cycle, not
+    # left holding the GPU until its own timeout.
+    assert mate.state == "abandoned"
+    assert "gang g: another member's new layout was given up" in mate.reason
+    for task in gang:
+        task.refresh_from_db()
+        assert task.state == "pending"
+    assert violations(fleet.pool.pk) == []
+
+
+def test_a_gangs_new_layouts_are_written_together_or_not_at_all(fleet, monkeypatch) -> None:
+    """One of the gang's two GPUs changes between the snapshot and the commit: its new layout is not
+    written, and neither is the other, which would leave one member holding a GPU for a gang that cannot
+    bind."""
+    from apps.scheduling import services
+
+    nodes = [fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G) for _ in range(2)]
+    gpus = [Gpu.objects.get(node=node) for node in nodes]
+    fleet.tenant("a", guaranteed=14_000)
+    gang = [fleet.submit("a", gpu_milli=1000, gpu_mem_mib=70_000, gang_id="g", gang_size=2) for _ in range(2)]
+    read = services.snapshot_for_pool
+
+    def snapshot_then_a_change(pool_id: int, now: Any) -> Any:
+        snapshot = read(pool_id, now)
+        Node.objects.filter(pk=nodes[1].pk).update(version=F("version") + 1)  # e.g. an agent's report
+        return snapshot
+
+    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_a_change)
+    report = run(fleet)
+    assert report.conflicts == 2
+    assert not Repartition.objects.exists()
+    for gpu in gpus:
+        assert layout_of(gpu) == sorted((profile, start, None) for profile, start in SEVEN_1G)
+    for task in gang:
+        task.refresh_from_db()
+        assert (task.state, task.why_pending_code) == ("pending", "lost_race")
+    monkeypatch.setattr(services, "snapshot_for_pool", read)
+    run(fleet, minutes=1)  # nothing changed since: both GPUs are re-carved now
+    assert Repartition.objects.filter(task__in=gang, state="waiting").count() == 2
+    assert violations(fleet.pool.pk) == []

@@ -3,12 +3,15 @@ only for what no present unit holds, and every placement bound to free units."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.whalegen.placement.builders import task
 from tests.whalegen.scheduling.builders import Pool, mig, mps, whole
-from whalegen.placement.types import Isolation, RunningTask
-from whalegen.scheduling import Config, Decisions, decide
+from whalegen.placement.repartition import ClaimAction, MigSlot
+from whalegen.placement.types import Isolation, Quota, RunningTask, TaskRequest
+from whalegen.scheduling import Claim, Config, Decisions, Snapshot, decide
 
 POLICIES = ["whalegen", "bestfit", "fgd"]
 THREE_G = ("3g.40gb", 0, False)
@@ -163,13 +166,71 @@ def test_a_recarve_comes_before_stopping_running_work() -> None:
     assert [p.victim_task_id for p in decisions.preemptions] == ["old"]
 
 
-def test_single_tasks_are_recarved_for_before_a_gang_that_never_is() -> None:
+def test_a_gang_is_recarved_for_whole_and_in_its_order() -> None:
+    # Two idle MIG GPUs, each one free 3g: every task wants a whole GPU's worth (a 7g). The gang comes
+    # first (priority 9) and gets a new layout on each GPU; the single behind it waits. A gang was never
+    # re-carved for before: it waited `needs_layout_change` beside the idle GPUs for good.
     pool = Pool().node("m", mig(THREE_G), mig(THREE_G))
     gang = [task(f"g{i}", gpus=1, gang_id="job", gang_size=2, priority=9) for i in range(2)]
     single = task("single", gpus=1)
     decisions = decide(pool.snapshot([*gang, single]), Config(), 0.0)
-    assert layouts(decisions)["single"][2] == "7g.80gb"
-    assert {"g0", "g1"} <= set(decisions.unplaced) and not {"g0", "g1"} & set(where(decisions))
+    assert layouts(decisions) == {"g0": ("m", 0, "7g.80gb"), "g1": ("m", 1, "7g.80gb")} or layouts(
+        decisions
+    ) == {"g0": ("m", 1, "7g.80gb"), "g1": ("m", 0, "7g.80gb")}
+    assert {decisions.unplaced[t].code for t in ("g0", "g1")} == {"waiting_for_layout"}
+    assert "single" in decisions.unplaced and not decisions.placements
+
+
+def test_a_gang_gets_new_layouts_for_every_member_or_for_none() -> None:
+    # Three idle MIG GPUs; the gang's second member needs two GPUs, which no re-carve is planned for. The
+    # engine still places the whole gang on the opened GPUs, so its one-GPU member must come off its GPU
+    # too: no layout for any member, and each says why.
+    pool = Pool().node("m", mig(THREE_G), mig(THREE_G), mig(THREE_G))
+    one = task("one", gpus=1, gang_id="job", gang_size=2, priority=9)
+    two = task("two", gpus=2, gang_id="job", gang_size=2, priority=9)
+    decisions = decide(pool.snapshot([one, two]), Config(), 0.0)
+    assert decisions.layouts == () and decisions.placements == ()
+    assert {decisions.unplaced[t].code for t in ("one", "two")} == {"needs_layout_change"}
+    assert "several GPUs" in decisions.unplaced["two"].message
+    assert "its gang binds whole: member two gets none" in decisions.unplaced["one"].message
+
+
+def _claimed(
+    pool: Pool, tasks: list[TaskRequest], actions: dict[str, ClaimAction], **extra: object
+) -> Snapshot:
+    """The pool's snapshot with each task holding a claim on the free 7g of GPU i of node m."""
+    base = pool.snapshot(**extra)  # type: ignore[arg-type]
+    claims = {}
+    for i, t in enumerate(tasks):
+        (unit,) = base.free_units[("m", i)]
+        claims[t.task_id] = Claim(
+            t.task_id, "m", i, unit.unit_id, MigSlot("7g.80gb", 0), 1000, actions[t.task_id], "the layout"
+        )
+    return replace(base, claims=claims, claimed_requests={t.task_id: t for t in tasks})
+
+
+def test_a_gang_binds_once_every_members_new_instance_is_in_place() -> None:
+    pool = Pool().node("m", mig(("7g.80gb", 0, False)), mig(("7g.80gb", 0, False)))
+    gang = [task(f"g{i}", gpus=1, gang_id="t:job", gang_size=2, tenant="t") for i in range(2)]
+    ready = {"g0": ClaimAction.BIND, "g1": ClaimAction.BIND}
+    decisions = decide(_claimed(pool, gang, ready), Config(), 0.0)
+    assert where(decisions) == {"g0": ("m", (0,), "7g.80gb"), "g1": ("m", (1,), "7g.80gb")}
+
+    half = {"g0": ClaimAction.BIND, "g1": ClaimAction.WAIT}
+    decisions = decide(_claimed(pool, gang, half), Config(), 0.0)
+    assert decisions.placements == ()
+    assert {decisions.unplaced[t].code for t in ("g0", "g1")} == {"waiting_for_layout"}
+    assert "gang job binds once every member's new layout is applied" in decisions.unplaced["g0"].message
+
+
+def test_a_gang_whose_instances_are_ready_binds_within_its_tenants_quota_whole_or_not_at_all() -> None:
+    pool = Pool().node("m", mig(("7g.80gb", 0, False)), mig(("7g.80gb", 0, False)))
+    gang = [task(f"g{i}", gpus=1, gang_id="t:job", gang_size=2, tenant="t") for i in range(2)]
+    ready = {"g0": ClaimAction.BIND, "g1": ClaimAction.BIND}
+    one_gpu = [Quota("t", guaranteed_milli=1000)]
+    decisions = decide(_claimed(pool, gang, ready, quotas=one_gpu), Config(), 0.0)
+    assert decisions.placements == ()
+    assert {decisions.unplaced[t].code for t in ("g0", "g1")} == {"quota_exceeded"}
 
 
 def test_two_small_tasks_never_share_one_carved_instance() -> None:

@@ -82,11 +82,12 @@ def _check(
     placed = {b.task_id for b in decisions.placements}
     assert placed | set(decisions.unplaced) == set(by_id)
     assert not placed & set(decisions.unplaced)
-    # 2. Gangs all or none.
-    gangs: dict[str, set[bool]] = defaultdict(set)
+    # 2. Gangs all or none: placed, and re-carved for.
+    planned = {t for plan in decisions.layouts for t, _ in plan.plan.for_tasks}
+    gangs: dict[str, set[tuple[bool, bool]]] = defaultdict(set)
     for t in tasks:
         if t.gang_id is not None:
-            gangs[t.gang_id].add(t.task_id in placed)
+            gangs[t.gang_id].add((t.task_id in placed, t.task_id in planned))
     assert all(len(states) == 1 for states in gangs.values()), gangs
     # 3. Quotas.
     use: dict[str, int] = defaultdict(int)
