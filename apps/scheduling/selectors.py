@@ -515,9 +515,12 @@ def _read_claims(r: _Reading) -> None:
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
     gpu_of: dict[str, int] = {}
     gang_of: dict[str, tuple[int, str]] = {}
+    given_up: dict[tuple[int, str], str] = {}  # gang → why a member's claim was given up
     for row in claim_rows:
         gpu = gpu_by_pk.get(row["gpu_id"])
         if gpu is None:  # the GPU left the pool: only the closing write remains
+            if row["task__gang_id"]:
+                given_up[(row["task__tenant_id"], row["task__gang_id"])] = "its GPU left the pool"
             continue
         name = r.names[gpu["node_id"]]
         unit = unit_by_pk.get(row["unit_id"]) if row["unit_id"] is not None else None
@@ -555,7 +558,7 @@ def _read_claims(r: _Reading) -> None:
     # A gang binds whole: a member's claim given up gives up its mates' too, so the gang goes back to
     # pending together and is planned afresh, rather than its other members holding their GPUs until their
     # own claims time out.
-    given_up = {gang_of[k]: c.verdict.reason for k, c in r.claims.items() if k in gang_of and _abandoned(c)}
+    given_up |= {gang_of[k]: c.verdict.reason for k, c in r.claims.items() if k in gang_of and _abandoned(c)}
     for key, gang in gang_of.items():
         claim = r.claims[key]
         if gang in given_up and not _abandoned(claim):

@@ -12,7 +12,7 @@ from django.db.models import F
 from apps.fleet.models import NodeAgent
 from apps.fleet.selectors import desired_state_build, gpu_partition_applied
 from apps.fleet.services import agent_report
-from apps.inventory.models import ComputeUnit, Gpu, Node
+from apps.inventory.models import ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.models import Repartition
 from apps.workloads.models import Task
 from apps.workloads.services import task_cancel
@@ -300,3 +300,15 @@ def test_a_gangs_new_layouts_are_written_together_or_not_at_all(fleet, monkeypat
     run(fleet, minutes=1)  # nothing changed since: both GPUs are re-carved now
     assert Repartition.objects.filter(task__in=gang, state="waiting").count() == 2
     assert violations(fleet.pool.pk) == []
+
+
+def test_a_gang_members_gpu_leaving_the_pool_gives_its_mates_claim_up(fleet) -> None:
+    nodes, gpus, gang, claims = _gang_on_two_recarved_gpus(fleet)
+    Node.objects.filter(pk=nodes[1].pk).update(pool=Pool.objects.create(name="elsewhere"))
+    run(fleet, minutes=1)
+    # Not held until its own claim times out: the gang cannot bind whole in this pool any more.
+    mate = Repartition.objects.get(pk=claims[gpus[0].pk].pk)
+    assert mate.state == "abandoned" and "its GPU left the pool" in mate.reason
+    for task in gang:
+        task.refresh_from_db()
+        assert task.state == "pending"
