@@ -347,7 +347,8 @@ def _whole_gang_plans(
         for _, plan in dropped:
             for task_id, _ in plan.for_tasks:
                 lost.setdefault(task_id, why)
-        plans = [entry for entry in plans if entry not in dropped]
+        gone = {key for key, _ in dropped}
+        plans = [(key, plan) for key, plan in plans if key not in gone]
 
 
 def _why_pending(

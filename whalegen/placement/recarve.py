@@ -5,8 +5,7 @@ an MPS share or a free MIG instance can hold this cycle never waits for one: `de
 units first and opens idle MIG GPUs (the `IdleMigGpu`s of the snapshot) as fresh GPUs only for the tasks
 left for capacity (`CAPACITY_OUTCOMES`) that a MIG instance could serve (`can_use_mig`); of those only a
 task on one GPU is re-carved for (`recarvable`), and a gang only when a layout is planned for every
-member. `with_gpus` opens, closes or restores GPUs in the
-engine's picture of the pool.
+member. `with_gpus` opens, closes or restores GPUs in the engine's picture of the pool.
 """
 
 from __future__ import annotations

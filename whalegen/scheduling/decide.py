@@ -293,16 +293,17 @@ class Decider:
         bound: list[Bound] = []
         for group in groups.values():
             first = group[0][0]
-            waiting = {
-                r.task_id
-                for r, c in group
-                if c.action is ClaimAction.WAIT or c.slot is None or c.unit_id is None
-            }
-            if waiting or (first.gang_id is not None and len(group) < first.gang_size):
+            ready = [
+                (request, claim, claim.slot, claim.unit_id)
+                for request, claim in group
+                if claim.action is ClaimAction.BIND and claim.slot is not None and claim.unit_id is not None
+            ]
+            if len(ready) < len(group) or (first.gang_id is not None and len(group) < first.gang_size):
                 gang = (first.gang_id or "").split(":", 1)[-1]
+                in_place = {request.task_id for request, *_ in ready}
                 for request, claim in group:
                     message = claim.reason
-                    if request.task_id not in waiting:
+                    if request.task_id in in_place:
                         message += f"; gang {gang} binds once every member's new layout is applied"
                     unplaced[request.task_id] = Reason(Code.WAITING_FOR_LAYOUT, message)
                 continue
@@ -317,10 +318,7 @@ class Decider:
                     unplaced[request.task_id] = Reason(Outcome.QUOTA_EXCEEDED.value, problem)
                 continue
             self.engine.usage_milli[first.tenant] += need
-            for request, claim in group:
-                slot, unit_id = claim.slot, claim.unit_id
-                if slot is None or unit_id is None:  # such a claim waits (above); this tells the type checker
-                    continue
+            for request, claim, slot, unit_id in ready:
                 unit = ComputeUnit(UnitKind.MIG, claim.gpu_milli, slot.mig_profile, slot.mig_start)
                 placement = Placement(request.task_id, claim.node, (claim.gpu_index,), unit, borrowed)
                 bound.append(Bound(placement, (unit_id,)))
@@ -805,7 +803,8 @@ class Decider:
         plans: dict[GpuKey, RepartitionPlan] = {}
         todo = set(wanted)
         while todo:
-            for key in todo:
+            # In the engine's order, not the set's (which changes with the process's string hashing).
+            for key in [k for k in wanted if k in todo]:
                 placements = wanted[key]
                 plans.pop(key, None)
                 if not placements:
