@@ -736,14 +736,23 @@ def _pending_rows(r: _Reading) -> QuerySet[Any]:
     )
 
 
+@dataclass
+class _Waiting:
+    """Step 5's output: every pending task's request (claimed or not), row facts and expected runtime."""
+
+    requests: list[TaskRequest] = field(default_factory=list)
+    info: dict[str, PendingInfo] = field(default_factory=dict)
+    runtimes: dict[str, float | None] = field(default_factory=dict)
+
+
 def _read_pending(
     r: _Reading,
     effective: Callable[[int, int, int], tuple[int, str]],
     pending_rows: Iterable[tuple[Any, ...]],
-) -> tuple[list[TaskRequest], list[TaskRequest], dict[str, PendingInfo], dict[str, float | None]]:
-    """Step 5: pending tasks; those an open claim binds or keeps waiting are set apart."""
+) -> _Waiting:
+    """Step 5: pending tasks. Read before the units and the claims (the server is still joining the units
+    meanwhile); `_set_apart_claimed` sorts them by claim afterwards."""
     pending: list[TaskRequest] = []
-    held: list[TaskRequest] = []  # tasks a repartition claim binds or keeps waiting
     info: dict[str, PendingInfo] = {}
     runtimes: dict[str, float | None] = {}
     allowed_of: dict[str | None, frozenset[str]] = {None: frozenset()}
@@ -781,9 +790,7 @@ def _read_pending(
         allowed = allowed_of.get(allowed_text)
         if allowed is None:
             allowed = allowed_of[allowed_text] = frozenset(json.loads(allowed_text) or ())
-        claim = r.claims.get(key)
-        planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
-        (held if planned else pending).append(
+        pending.append(
             TaskRequest(
                 task_id=key,
                 cpu_milli=cpu_milli,
@@ -815,7 +822,23 @@ def _read_pending(
             priority_source=source,
         )
         runtimes[key] = _expected_runtime_s(p50_s, max_runtime_s, profile_p50_s)
-    return pending, held, info, runtimes
+    return _Waiting(pending, info, runtimes)
+
+
+def _set_apart_claimed(
+    r: _Reading, requests: list[TaskRequest]
+) -> tuple[list[TaskRequest], list[TaskRequest]]:
+    """The pending requests split in two, each in read order: those the engine plans, and those an open
+    claim binds or keeps waiting (a claim given up leaves its task to the engine)."""
+    if not r.claims:
+        return requests, []
+    pending: list[TaskRequest] = []
+    held: list[TaskRequest] = []
+    for request in requests:
+        claim = r.claims.get(request.task_id)
+        planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
+        (held if planned else pending).append(request)
+    return pending, held
 
 
 def _read_quotas(r: _Reading) -> list[QuotaState]:
@@ -851,16 +874,18 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
     _read_gpus(r)
     effective = _read_overrides(r)
     with pipelined():
-        # The three large reads go out together: the server runs the later ones while this process turns
-        # the earlier rows into the snapshot. Small reads after them (claims) find the server done.
+        # psycopg's fetch waits for every statement sent before it, so the pending rows are fetched first,
+        # alone; then the units (the slowest read: 62,120 rows joined to their holders) and the running
+        # tasks go out, and the server reads them while this process turns the pending rows into requests.
+        pending_rows = _sent(_pending_rows(r))()
         unit_rows = _send_unit_rows(pool_id)
         running_rows = _sent(_running_rows(r))
-        pending_rows = _sent(_pending_rows(r))
+        waiting = _read_pending(r, effective, pending_rows)
         _read_units(r, unit_rows())
         running, running_info = _read_running(r, effective, running_rows())
         _read_claims(r)
         gpus = _read_nodes_state(r)
-        pending, held, pending_info, runtimes = _read_pending(r, effective, pending_rows())
+    pending, held = _set_apart_claimed(r, waiting.requests)
     quotas = _read_quotas(r)
     cluster = ClusterSnapshot(
         nodes=tuple(gpus.nodes), pending=tuple(pending), running=tuple(running), quotas=tuple(quotas)
@@ -889,7 +914,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         claimed_requests=claimed_requests,
         queues=MappingProxyType(r.queues),
         expected_end_s=MappingProxyType({k: v.expected_end_s for k, v in running_info.items()}),
-        expected_runtime_s=MappingProxyType(runtimes),
+        expected_runtime_s=MappingProxyType(waiting.runtimes),
     )
     return PoolSnapshot(
         pool_id=pool_id,
@@ -898,7 +923,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         node_ids=MappingProxyType({r.names[row["id"]]: row["id"] for row in r.node_rows}),
         node_versions=MappingProxyType({row["id"]: row["version"] for row in r.node_rows}),
         node_models=MappingProxyType(gpus.node_models),
-        pending=MappingProxyType(pending_info),
+        pending=MappingProxyType(waiting.info),
         running=MappingProxyType(running_info),
         tenant_ids=MappingProxyType(r.tenant_ids),
         excluded_nodes=MappingProxyType(r.excluded),
