@@ -114,7 +114,8 @@ class Assignment(models.Model):
 
 class Repartition(models.Model):
     """A GPU re-carved by a cycle for a pending task: the claim that holds the GPU for that task until
-    the node's agent reports the new layout applied (then a cycle binds the task to `unit`). Or, with no
+    the node's agent reports the new layout applied (then a cycle binds the task to `unit`; a task on
+    several GPUs holds a claim on each and binds once every one of them is applied). Or, with no
     task and state `ahead`, an idle GPU re-carved ahead of the pool's arrivals forecast, with the reason
     (closed when written: nobody waits on it).
 
@@ -148,10 +149,11 @@ class Repartition(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
+            # A task on several GPUs holds one claim on each.
             models.UniqueConstraint(
-                fields=["task"],
+                fields=["task", "gpu"],
                 condition=models.Q(state="waiting"),
-                name="repartition_one_open_claim_per_task",
+                name="repartition_one_open_claim_per_task_gpu",
             ),
         ]
 

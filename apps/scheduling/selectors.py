@@ -126,6 +126,7 @@ class ClaimInfo:
     slot: MigSlot | None  # the task's instance in the new layout
     verdict: ClaimVerdict
     gpu_milli: int = 0  # the instance's compute share
+    gpu_pk: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,9 +143,10 @@ class PoolSnapshot:
     excluded_nodes: MappingProxyType[str, str]  # engine node name → why it takes nothing new
     # (Node.pk, GPU index) → the GPU as a repartition sees it.
     gpus: MappingProxyType[tuple[int, int], GpuInfo] = field(default_factory=_empty)
-    # Engine task id → its open repartition claim. Tasks with a claim to bind or wait on are not in
-    # `cluster.pending` (the engine does not plan them again) and their GPU is full to the engine.
-    claims: MappingProxyType[str, ClaimInfo] = field(default_factory=_empty)
+    # Engine task id → its open repartition claims, one per GPU re-carved for it. Tasks with claims to
+    # bind or wait on are not in `cluster.pending` (the engine does not plan them again) and their GPUs
+    # are full to the engine.
+    claims: MappingProxyType[str, tuple[ClaimInfo, ...]] = field(default_factory=_empty)
     # The requests of the tasks those claims hold (bound or kept waiting outside the engine).
     claimed_requests: MappingProxyType[str, TaskRequest] = field(default_factory=_empty)
     # Engine task id (pending and running) → (Queue.pk, its weight): fair share within a tenant.
@@ -242,7 +244,7 @@ class _Reading:
     stopping_units: set[int] = field(default_factory=set)
     tenant_ids: dict[str, int] = field(default_factory=dict)
     queues: dict[str, tuple[int, int]] = field(default_factory=dict)
-    claims: dict[str, ClaimInfo] = field(default_factory=dict)
+    claims: dict[str, list[ClaimInfo]] = field(default_factory=lambda: defaultdict(list))
     claimed_gpus: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
     cpu_used: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     mem_used: dict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -513,14 +515,18 @@ def _read_claims(r: _Reading) -> None:
     gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
     unit_by_pk = {unit[ID]: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
-    gpu_of: dict[str, int] = {}
-    gang_of: dict[str, tuple[int, str]] = {}
-    given_up: dict[tuple[int, str], str] = {}  # gang → why a member's claim was given up
+    # A task on several GPUs, and a gang, binds whole: one claim given up gives up the others of the same
+    # task or gang, so it goes back to pending together and is planned afresh, rather than holding its
+    # other GPUs until their own claims time out. Group: the gang (tenant, gang id), else the task.
+    group_of: dict[str, tuple[int, str]] = {}
+    given_up: dict[tuple[int, str], str] = {}  # group → why one of its claims was given up
     for row in claim_rows:
+        key = str(row["task_id"])
+        group = (row["task__tenant_id"], row["task__gang_id"]) if row["task__gang_id"] else (0, key)
+        group_of[key] = group
         gpu = gpu_by_pk.get(row["gpu_id"])
         if gpu is None:  # the GPU left the pool: only the closing write remains
-            if row["task__gang_id"]:
-                given_up[(row["task__tenant_id"], row["task__gang_id"])] = "its GPU left the pool"
+            given_up.setdefault(group, "its GPU left the pool")
             continue
         name = r.names[gpu["node_id"]]
         unit = unit_by_pk.get(row["unit_id"]) if row["unit_id"] is not None else None
@@ -541,8 +547,7 @@ def _read_claims(r: _Reading) -> None:
             reported_reason=row["gpu__partition__reason"] or "",
         )
         verdict = claim_verdict(facts, timeout_s=timeout_s)
-        key = str(row["task_id"])
-        r.claims[key] = ClaimInfo(
+        claim = ClaimInfo(
             pk=row["id"],
             task_key=key,
             node=name,
@@ -551,22 +556,25 @@ def _read_claims(r: _Reading) -> None:
             slot=MigSlot(unit[PROFILE], unit[START]) if unit is not None else None,
             verdict=verdict,
             gpu_milli=unit[MILLI] if unit is not None else 0,
+            gpu_pk=gpu["id"],
         )
-        gpu_of[key] = gpu["id"]
-        if row["task__gang_id"]:
-            gang_of[key] = (row["task__tenant_id"], row["task__gang_id"])
-    # A gang binds whole: a member's claim given up gives up its mates' too, so the gang goes back to
-    # pending together and is planned afresh, rather than its other members holding their GPUs until their
-    # own claims time out.
-    given_up |= {gang_of[k]: c.verdict.reason for k, c in r.claims.items() if k in gang_of and _abandoned(c)}
-    for key, gang in gang_of.items():
-        claim = r.claims[key]
-        if gang in given_up and not _abandoned(claim):
-            why = f"gang {gang[1]}: another member's new layout was given up ({given_up[gang]})"[:500]
-            r.claims[key] = replace(claim, verdict=ClaimVerdict(ClaimAction.ABANDON, why))
-    for key, claim in r.claims.items():
-        if not _abandoned(claim):
-            r.claimed_gpus[gpu_of[key]].append(key)
+        r.claims[key].append(claim)
+        if _abandoned(claim):
+            given_up.setdefault(group, verdict.reason)
+    for key, claims in r.claims.items():
+        group = group_of[key]
+        if group not in given_up:
+            for claim in claims:
+                r.claimed_gpus[claim.gpu_pk].append(key)
+            continue
+        if group[0]:
+            why = f"gang {group[1]}: another member's new layout was given up ({given_up[group]})"
+        else:
+            why = f"another of its new layouts was given up ({given_up[group]})"
+        why = why[:500]
+        r.claims[key] = [
+            c if _abandoned(c) else replace(c, verdict=ClaimVerdict(ClaimAction.ABANDON, why)) for c in claims
+        ]
 
 
 def _abandoned(claim: ClaimInfo) -> bool:
@@ -835,8 +843,9 @@ def _set_apart_claimed(
     pending: list[TaskRequest] = []
     held: list[TaskRequest] = []
     for request in requests:
-        claim = r.claims.get(request.task_id)
-        planned = claim is not None and claim.verdict.action is not ClaimAction.ABANDON
+        # A task's claims are given up together (`_read_claims`): the first says for all.
+        claims = r.claims.get(request.task_id)
+        planned = bool(claims) and not _abandoned(claims[0])
         (held if planned else pending).append(request)
     return pending, held
 
@@ -898,17 +907,20 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         idle_mig=MappingProxyType(gpus.idle_mig),
         claims=MappingProxyType(
             {
-                key: Claim(
-                    task_id=key,
-                    node=c.node,
-                    gpu_index=c.gpu_index,
-                    unit_id=c.unit_id,
-                    slot=c.slot,
-                    gpu_milli=c.gpu_milli,
-                    action=c.verdict.action,
-                    reason=c.verdict.reason,
+                key: tuple(
+                    Claim(
+                        task_id=key,
+                        node=c.node,
+                        gpu_index=c.gpu_index,
+                        unit_id=c.unit_id,
+                        slot=c.slot,
+                        gpu_milli=c.gpu_milli,
+                        action=c.verdict.action,
+                        reason=c.verdict.reason,
+                    )
+                    for c in sorted(claims, key=lambda c: c.gpu_index)
                 )
-                for key, c in r.claims.items()
+                for key, claims in r.claims.items()
             }
         ),
         claimed_requests=claimed_requests,
@@ -928,7 +940,7 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         tenant_ids=MappingProxyType(r.tenant_ids),
         excluded_nodes=MappingProxyType(r.excluded),
         gpus=MappingProxyType(gpus.gpu_infos),
-        claims=MappingProxyType(r.claims),
+        claims=MappingProxyType({key: tuple(claims) for key, claims in r.claims.items()}),
         claimed_requests=claimed_requests,
         queues=MappingProxyType(r.queues),
         idle_mig=MappingProxyType(gpus.idle_mig),

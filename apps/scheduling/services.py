@@ -52,9 +52,9 @@ from whalegen.placement.fragmentation import (
     cluster_fragmentation,
     shape_mix_from_tasks,
 )
-from whalegen.placement.repartition import ClaimAction, RepartitionPlan
+from whalegen.placement.repartition import ClaimAction, MigSlot, RepartitionPlan
 from whalegen.placement.types import ShapeMix, TaskRequest
-from whalegen.scheduling import Code, Decisions, Snapshot, decide, nodes_before
+from whalegen.scheduling import Code, Decisions, Snapshot, decide, nodes_before, repartition_sentence
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -290,7 +290,7 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         check()
     # The wait for the server to finish the statements above (their time shows here, not in their phases).
     clock = out.lap("writes_finished", clock)
-    # Claims first: a task whose claim was given up may get a new one now (one open claim per task).
+    # Claims first: a task whose claims were given up may get new ones now (one open claim per task and GPU).
     _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
     if layouts := _write_layouts(snapshot, kept_plans, cycle, now):
         lost.update(layouts)
@@ -336,14 +336,20 @@ def _whole_gang_plans(
     lost: dict[str, tuple[str, str]],
     request_of: Mapping[str, TaskRequest],
 ) -> list[tuple[tuple[int, int], RepartitionPlan]]:
-    """The plans to write: a gang's new layouts go ahead together or not at all, so a plan with a member
-    of a gang that lost another member is dropped, and its tasks are retried next cycle."""
+    """The plans to write: the new layouts of a task on several GPUs, and of a gang, go ahead together or
+    not at all, so a plan with a task (or a member of a gang) that lost on another GPU is dropped, and its
+    tasks are retried next cycle."""
+
+    def group(task_id: str) -> str:
+        request = request_of.get(task_id)
+        return (request.gang_id if request is not None else None) or task_id
+
     while True:
-        gangs = {request_of[t].gang_id for t in lost if t in request_of} - {None}
-        dropped = [(k, p) for k, p in plans if any(request_of[t].gang_id in gangs for t, _ in p.for_tasks)]
+        groups = {group(t) for t in lost}
+        dropped = [(k, p) for k, p in plans if any(group(t) in groups for t, _ in p.for_tasks)]
         if not dropped:
             return plans
-        why = (LOST_RACE, "a new layout for a gang on this GPU or another could not be written; retried")
+        why = (LOST_RACE, "a new layout for it or its gang on another GPU could not be written; retried")
         for _, plan in dropped:
             for task_id, _ in plan.for_tasks:
                 lost.setdefault(task_id, why)
@@ -371,15 +377,17 @@ def _write_layouts(
     now: datetime,
 ) -> dict[str, tuple[str, str]]:
     """Re-carve each planned GPU: its units become the new layout (the node's desired state, which the
-    agent enforces), the node's desired-state generation is raised, and a claim per task holds the GPU.
+    agent enforces), the node's desired-state generation is raised, and a claim per task holds the GPU (a
+    task on several GPUs holds one on each).
 
     The GPU was idle at the snapshot and its node is locked and unchanged since, so every unit must
     still be free; one that is not means a writer changed units without raising the node's version,
     and the whole cycle rolls back rather than re-carve under a task.
     """
-    held: dict[str, tuple[str, str]] = {}
     if not plans:
-        return held
+        return {}
+    # Task → each GPU re-carved for it: (name, new layout, its instance, generation), for its reason.
+    parts: dict[str, list[tuple[str, str, MigSlot, int]]] = defaultdict(list)
     node_of = {n.pk: n for n in Node.objects.filter(pk__in={key[0] for key, _ in plans})}
     for key, plan in plans:
         gpu = snapshot.gpus[key]
@@ -410,23 +418,24 @@ def _write_layouts(
             for task_id, slot in plan.for_tasks
         )
         for task_id, slot in plan.for_tasks:
-            held[task_id] = (
-                WAITING_FOR_LAYOUT,
-                f"{gpu.view.name} is being repartitioned to {plan.text} (generation {generation}) for it "
-                f"({slot.mig_profile} at slice {slot.mig_start}); it binds once the agent reports the "
-                "layout applied",
-            )
-    return held
+            parts[task_id].append((gpu.view.name, plan.text, slot, generation))
+    return {task_id: (WAITING_FOR_LAYOUT, repartition_sentence(on)) for task_id, on in parts.items()}
 
 
 def _close_claims(snapshot: PoolSnapshot, *, bound: set[str], now: datetime) -> None:
     """Claims whose task was bound this cycle are done; claims the snapshot gave up are abandoned."""
-    done = [c.pk for t, c in snapshot.claims.items() if t in bound and c.verdict.action is ClaimAction.BIND]
+    done = [
+        c.pk
+        for t, claims in snapshot.claims.items()
+        if t in bound
+        for c in claims
+        if c.verdict.action is ClaimAction.BIND
+    ]
     if done:
         Repartition.objects.filter(pk__in=done, state=Repartition.State.WAITING).update(
             state=Repartition.State.BOUND, closed_at=now, reason="bound to its new instance"
         )
-    for claim in snapshot.claims.values():
+    for claim in (c for claims in snapshot.claims.values() for c in claims):
         if claim.verdict.action is ClaimAction.ABANDON:
             Repartition.objects.filter(pk=claim.pk, state=Repartition.State.WAITING).update(
                 state=Repartition.State.ABANDONED, closed_at=now, reason=claim.verdict.reason[:500]

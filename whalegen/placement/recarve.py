@@ -3,9 +3,9 @@
 A re-carve costs minutes of agent work and destroys the GPU's present layout, so a task that a whole GPU,
 an MPS share or a free MIG instance can hold this cycle never waits for one: `decide` places on present
 units first and opens idle MIG GPUs (the `IdleMigGpu`s of the snapshot) as fresh GPUs only for the tasks
-left for capacity (`CAPACITY_OUTCOMES`) that a MIG instance could serve (`can_use_mig`); of those only a
-task on one GPU is re-carved for (`recarvable`), and a gang only when a layout is planned for every
-member. `with_gpus` opens, closes or restores GPUs in the engine's picture of the pool.
+left for capacity (`CAPACITY_OUTCOMES`) that a MIG instance could serve (`can_use_mig`). A task on
+several GPUs, and a gang, is re-carved for only when a layout is planned for every GPU it needs.
+`with_gpus` opens, closes or restores GPUs in the engine's picture of the pool.
 """
 
 from __future__ import annotations
@@ -50,12 +50,6 @@ class IdleMigGpu:
 
 def can_use_mig(task: TaskRequest) -> bool:
     return task.num_gpu > 0 and task.isolation in (Isolation.ANY, Isolation.MIG)
-
-
-def recarvable(task: TaskRequest) -> bool:
-    """Only a task on one GPU is re-carved for. A gang member is, too, but its gang goes whole: `decide`
-    plans a layout for every member or for none, and the members bind once every layout is applied."""
-    return can_use_mig(task) and task.num_gpu == 1
 
 
 def with_gpus(nodes: Sequence[NodeState], change: Mapping[GpuKey, GpuState | str]) -> tuple[NodeState, ...]:

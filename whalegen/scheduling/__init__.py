@@ -4,7 +4,7 @@ Pure: no Django, no clock, no I/O. The production cycle, the replays and the ben
 `whalegen.scheduling.decide` for its steps and docs/scheduling.md for where each part of a cycle lives.
 """
 
-from whalegen.scheduling.decide import Decider, decide, nodes_before
+from whalegen.scheduling.decide import Decider, decide, nodes_before, repartition_sentence
 from whalegen.scheduling.types import (
     Bound,
     Claim,
@@ -30,4 +30,5 @@ __all__ = [
     "Snapshot",
     "decide",
     "nodes_before",
+    "repartition_sentence",
 ]

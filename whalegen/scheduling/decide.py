@@ -42,9 +42,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from whalegen.placement.engine import Engine
-from whalegen.placement.recarve import CAPACITY_OUTCOMES, can_use_mig, recarvable, with_gpus
+from whalegen.placement.recarve import CAPACITY_OUTCOMES, can_use_mig, with_gpus
 from whalegen.placement.repartition import (
     ClaimAction,
+    MigSlot,
     RepartitionPlan,
     WantedInstance,
     plan_repartition,
@@ -88,6 +89,11 @@ from whalegen.scheduling.units import Mapped, map_placement
 def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
     """Every decision of one cycle over `snapshot` (see the module for the steps)."""
     return Decider(snapshot, config).step(snapshot.cluster.pending, now_s, estimates=estimates)
+
+
+# Re-carve solves per step: a task refused a layout (its GPU cannot be carved so) gives the GPUs the
+# engine put it on back to the tasks it kept out, in another solve. Refusals are rare, so a few do.
+RECARVE_ROUNDS = 3
 
 
 class Decider:
@@ -173,16 +179,12 @@ class Decider:
             bound += [Bound(p, ()) for p in placements]
         # 5. Re-carve.
         layouts = self._recarve(bound, left, requests, now_s)
+        parts: dict[str, list[tuple[str, str, MigSlot, int | None]]] = defaultdict(list)
         for plan in layouts:
             for task_id, slot in plan.plan.for_tasks:
-                view = snapshot.gpu_views[plan.gpu]
-                left[task_id] = Unplaced(
-                    task_id,
-                    Outcome.NO_CAPACITY,
-                    f"{view.name} is being repartitioned to {plan.plan.text} for it ({slot.mig_profile} at "
-                    "slice "
-                    f"{slot.mig_start}); it binds once the agent reports the layout applied",
-                )
+                parts[task_id].append((snapshot.gpu_views[plan.gpu].name, plan.plan.text, slot, None))
+        for task_id, on in parts.items():
+            left[task_id] = Unplaced(task_id, Outcome.NO_CAPACITY, repartition_sentence(on))
         layout_tasks = {t for plan in layouts for t, _ in plan.plan.for_tasks}
         # 5b. Pre-carve.
         precarves = self._precarve(bound, layouts, preemptions) if self.config.precarve is not None else ()
@@ -280,29 +282,27 @@ class Decider:
     # -- 1. claims --------------------------------------------------------------------------------
 
     def _claims(self, unplaced: dict[str, Reason]) -> list[Bound]:
-        """GPUs re-carved by earlier cycles: a task whose new instance is in place binds to it, within its
-        quota. A gang binds only when every member's instance is, all members at once; until then each
-        keeps its instance and waits (`waiting_for_layout`)."""
+        """GPUs re-carved by earlier cycles: a task whose new instances are all in place (one per GPU it
+        asked for) binds to them, within its quota. A gang binds only when every member's instances are,
+        all members at once; until then each keeps its instances and waits (`waiting_for_layout`)."""
         snapshot = self.snapshot
-        groups: dict[str, list[tuple[TaskRequest, Claim]]] = defaultdict(list)
-        for task_id, claim in snapshot.claims.items():
+        groups: dict[str, list[tuple[TaskRequest, tuple[Claim, ...]]]] = defaultdict(list)
+        for task_id, claims in snapshot.claims.items():
             request = snapshot.claimed_requests.get(task_id)
-            if request is None or claim.action is ClaimAction.ABANDON:
+            if request is None or not claims or any(c.action is ClaimAction.ABANDON for c in claims):
                 continue
-            groups[request.gang_id or task_id].append((request, claim))
+            groups[request.gang_id or task_id].append((request, claims))
         bound: list[Bound] = []
         for group in groups.values():
             first = group[0][0]
-            ready = [
-                (request, claim, claim.slot, claim.unit_id)
-                for request, claim in group
-                if claim.action is ClaimAction.BIND and claim.slot is not None and claim.unit_id is not None
-            ]
+            ready = [(request, claims) for request, claims in group if all(map(_in_place, claims))]
             if len(ready) < len(group) or (first.gang_id is not None and len(group) < first.gang_size):
                 gang = (first.gang_id or "").split(":", 1)[-1]
-                in_place = {request.task_id for request, *_ in ready}
-                for request, claim in group:
-                    message = claim.reason
+                in_place = {request.task_id for request, _ in ready}
+                for request, claims in group:
+                    # The claim still waited on says why; a task whose claims are all ready waits for
+                    # its gang.
+                    message = next((c.reason for c in claims if not _in_place(c)), claims[0].reason)
                     if request.task_id in in_place:
                         message += f"; gang {gang} binds once every member's new layout is applied"
                     unplaced[request.task_id] = Reason(Code.WAITING_FOR_LAYOUT, message)
@@ -318,10 +318,8 @@ class Decider:
                     unplaced[request.task_id] = Reason(Outcome.QUOTA_EXCEEDED.value, problem)
                 continue
             self.engine.usage_milli[first.tenant] += need
-            for request, claim, slot, unit_id in ready:
-                unit = ComputeUnit(UnitKind.MIG, claim.gpu_milli, slot.mig_profile, slot.mig_start)
-                placement = Placement(request.task_id, claim.node, (claim.gpu_index,), unit, borrowed)
-                bound.append(Bound(placement, (unit_id,)))
+            for request, claims in ready:
+                bound.append(_claimed_placement(request, claims, borrowed))
         return bound
 
     # -- 3b. reservation ---------------------------------------------------------------------------
@@ -738,10 +736,7 @@ class Decider:
         candidates = [
             requests[t]
             for t, u in left.items()
-            if u.outcome in CAPACITY_OUTCOMES
-            and can_use_mig(requests[t])
-            # A multi-GPU task with victims proposed keeps them (and so does its gang): never re-carved for.
-            and (recarvable(requests[t]) or u.outcome is not Outcome.WAITING_FOR_PREEMPTION)
+            if u.outcome in CAPACITY_OUTCOMES and can_use_mig(requests[t])
         ]
         ids = {t.task_id for t in candidates}
         gangs_out = {t.gang_id for t in requests.values() if t.gang_id is not None and t.task_id not in ids}
@@ -757,37 +752,62 @@ class Decider:
                 change[(node.name, g.index)] = "close"
         change.update(dict.fromkeys(opened, "open"))
         self._rebuild(change, [b.placement for b in bound], now_s)
-        offset = 1 + max((t.order_key or 0 for t in requests.values()), default=0)
-        # What a re-carve can serve first (one-GPU tasks, and gangs of them only): a task on several GPUs is
-        # never re-carved for, nor is its gang, so they must not take an opened GPU from one that can be.
-        unserved = {t.gang_id or t.task_id for t in candidates if not recarvable(t)}
-        ordered = tuple(
-            t
-            if (t.gang_id or t.task_id) not in unserved
-            else replace(t, order_key=offset + (t.order_key or 0))
-            for t in candidates
-        )
         self.engine.config = replace(self.engine_config, preemption=False)
-        result = self.engine.solve(ordered, now_s)
-        self.engine.config = self.engine_config
-        wanted: dict[GpuKey, list[Placement]] = defaultdict(list)
+        plans: list[LayoutPlan] = []
         refused: dict[str, str] = {}  # task → why no new layout is planned for it
-        for placement in result.placements:
-            request = requests[placement.task_id]
-            key = (placement.node, placement.gpu_indexes[0])
-            if recarvable(request) and placement.unit.kind is UnitKind.MIG and key in snapshot.gpu_views:
-                wanted[key].append(placement)
-                continue
-            refused[placement.task_id] = (
-                f"only a new MIG layout on {placement.node} GPU "
-                f"{','.join(map(str, placement.gpu_indexes))} would hold it; a GPU is not re-carved for a "
-                "task on several GPUs"
-            )
-        plans = self._plans(wanted, refused, requests)
+        rest = candidates
+        for _ in range(RECARVE_ROUNDS):
+            planned, refused_now = self._recarve_round(rest, {plan.gpu for plan in plans}, requests, now_s)
+            plans += planned
+            refused.update(refused_now)
+            if not refused_now:
+                break
+            # The GPUs a refused task took in the engine are open again for the tasks it kept out.
+            for task_id in refused_now:
+                if task_id in self.engine.records:
+                    self.engine.release(task_id)
+            done = {t for plan in planned for t, _ in plan.plan.for_tasks} | set(refused)
+            rest = [t for t in rest if t.task_id not in done]
+        self.engine.config = self.engine_config
         for task_id, why in refused.items():
             left[task_id] = Unplaced(task_id, Outcome.NO_CAPACITY, why)
             self._needs_layout.add(task_id)
         return plans
+
+    def _recarve_round(
+        self,
+        candidates: Sequence[TaskRequest],
+        planned: set[GpuKey],
+        requests: Mapping[str, TaskRequest],
+        now_s: float,
+    ) -> tuple[list[LayoutPlan], dict[str, str]]:
+        """One solve over the opened GPUs: the new layouts, and the tasks refused one (with why). A GPU
+        planned in an earlier round keeps its plan: what the engine adds there now waits for a later
+        cycle (its task stays left, with its own reason)."""
+        snapshot = self.snapshot
+        result = self.engine.solve(tuple(candidates), now_s)
+        wanted: dict[GpuKey, list[Placement]] = defaultdict(list)
+        refused: dict[str, str] = {}
+        # A gang goes whole here too: one member on a planned GPU takes its mates off with it.
+        late = {
+            requests[p.task_id].gang_id or p.task_id
+            for p in result.placements
+            if planned.intersection((p.node, i) for i in p.gpu_indexes)
+        }
+        for placement in result.placements:
+            keys = [(placement.node, i) for i in placement.gpu_indexes]
+            if (requests[placement.task_id].gang_id or placement.task_id) in late:
+                self.engine.release(placement.task_id)
+                continue
+            if placement.unit.kind is UnitKind.MIG and all(k in snapshot.gpu_views for k in keys):
+                for key in keys:
+                    wanted[key].append(placement)
+                continue
+            refused[placement.task_id] = (
+                f"only a new MIG layout on {placement.node} GPU "
+                f"{','.join(map(str, placement.gpu_indexes))} would hold it, and none can be planned there"
+            )
+        return self._plans(wanted, refused, requests), refused
 
     def _plans(
         self,
@@ -795,10 +815,10 @@ class Decider:
         refused: dict[str, str],
         requests: Mapping[str, TaskRequest],
     ) -> list[LayoutPlan]:
-        """A new layout for each GPU from the instances the engine put there. A gang goes whole: when one
-        member gets no layout (its GPU cannot be carved so, or it is on several GPUs), its mates come off
-        their GPUs too, and those GPUs are planned again for what is left on them. Each round takes at
-        least one task off, so it ends."""
+        """A new layout for each GPU from the instances the engine put there. A task on several GPUs and
+        a gang go whole: when one GPU cannot be carved so, the task comes off its other GPUs too, and a
+        gang member's mates come off theirs; those GPUs are planned again for what is left on them. Each
+        round takes at least one task off, so it ends."""
         snapshot = self.snapshot
         plans: dict[GpuKey, RepartitionPlan] = {}
         todo = set(wanted)
@@ -812,7 +832,13 @@ class Decider:
                 plan = plan_repartition(
                     snapshot.gpu_views[key],
                     [
-                        WantedInstance(p.task_id, p.unit.mig_profile or "", p.unit.mig_start_slice)
+                        # A task on several GPUs has one start in its placement, not one per GPU: the
+                        # planner chooses each GPU's.
+                        WantedInstance(
+                            p.task_id,
+                            p.unit.mig_profile or "",
+                            p.unit.mig_start_slice if len(p.gpu_indexes) == 1 else None,
+                        )
                         for p in placements
                     ],
                 )
@@ -951,3 +977,36 @@ def _as_running(placement: Placement, request: TaskRequest, now_s: float) -> Run
         mig_start_slice=placement.unit.mig_start_slice if placement.unit.kind is UnitKind.MIG else None,
         sla_online=request.sla_online,
     )
+
+
+def repartition_sentence(parts: Sequence[tuple[str, str, MigSlot, int | None]]) -> str:
+    """Why a task waits for new layouts. `parts`: each GPU re-carved for it as (GPU name, the new layout,
+    the task's instance there, the node's desired-state generation that carries it, once written)."""
+
+    def one(name: str, text: str, slot: MigSlot, generation: int | None) -> str:
+        carried = f" (generation {generation})" if generation is not None else ""
+        return (
+            f"{name} is being repartitioned to {text}{carried} for it ({slot.mig_profile} at slice "
+            f"{slot.mig_start})"
+        )
+
+    if len(parts) == 1:
+        return f"{one(*parts[0])}; it binds once the agent reports the layout applied"
+    said = "; ".join(one(*part) for part in parts)
+    return f"{said}; it binds once every layout is reported applied"[:500]
+
+
+def _in_place(claim: Claim) -> bool:
+    """The claim's new instance is there to bind (the agent reported the layout)."""
+    return claim.action is ClaimAction.BIND and claim.slot is not None and claim.unit_id is not None
+
+
+def _claimed_placement(request: TaskRequest, claims: tuple[Claim, ...], borrowed: bool) -> Bound:
+    """A task on the instances its claims planned, one per GPU, in GPU order (all on one node)."""
+    ordered = sorted(claims, key=lambda c: c.gpu_index)
+    first = ordered[0]
+    profile, start = (first.slot.mig_profile, first.slot.mig_start) if first.slot else (None, None)
+    unit = ComputeUnit(UnitKind.MIG, first.gpu_milli, profile, start)
+    indexes = tuple(c.gpu_index for c in ordered)
+    placement = Placement(request.task_id, first.node, indexes, unit, borrowed)
+    return Bound(placement, tuple(c.unit_id for c in ordered if c.unit_id is not None))

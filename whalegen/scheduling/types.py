@@ -55,7 +55,8 @@ class FreeUnit(NamedTuple):
 
 @dataclass(frozen=True)
 class Claim:
-    """A GPU an earlier cycle re-carved for a pending task, and what this cycle does with it."""
+    """A GPU an earlier cycle re-carved for a pending task, and what this cycle does with it. A task on
+    several GPUs holds one claim per GPU, all on one node; it binds when every one of them says bind."""
 
     task_id: str
     node: str
@@ -78,7 +79,8 @@ class Snapshot:
     gpu_views: Mapping[GpuKey, GpuView] = field(default_factory=_empty)
     # Idle MIG GPUs that may be re-carved (as a last resort, after present units).
     idle_mig: Mapping[GpuKey, IdleMigGpu] = field(default_factory=_empty)
-    claims: Mapping[str, Claim] = field(default_factory=_empty)
+    # Task id → its claims, one per GPU re-carved for it (in GPU order).
+    claims: Mapping[str, tuple[Claim, ...]] = field(default_factory=_empty)
     # Requests of the tasks those claims bind or keep waiting (not in `cluster.pending`).
     claimed_requests: Mapping[str, TaskRequest] = field(default_factory=_empty)
     # Task id (pending and running) → (queue key, weight): weighted fair share within a tenant.

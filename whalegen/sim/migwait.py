@@ -158,15 +158,17 @@ def _snapshot(
         gpu = run.gpus[key]
         unit = next(u for u in gpu.units if (u.profile, u.start) == (slot.mig_profile, slot.mig_start))
         applied = now_s >= gpu.ready_s
-        claims[task_id] = Claim(
-            task_id,
-            key[0],
-            key[1],
-            unit.unit_id,
-            slot,
-            unit.milli,
-            ClaimAction.BIND if applied else ClaimAction.WAIT,
-            "applied" if applied else "the agent is applying the layout",
+        claims[task_id] = (  # one GPU per task here: one claim each
+            Claim(
+                task_id,
+                key[0],
+                key[1],
+                unit.unit_id,
+                slot,
+                unit.milli,
+                ClaimAction.BIND if applied else ClaimAction.WAIT,
+                "applied" if applied else "the agent is applying the layout",
+            ),
         )
     return Snapshot(
         cluster=cluster,

@@ -312,3 +312,63 @@ def test_a_gang_members_gpu_leaving_the_pool_gives_its_mates_claim_up(fleet) -> 
     for task in gang:
         task.refresh_from_db()
         assert task.state == "pending"
+
+
+def _task_on_two_recarved_gpus(fleet) -> tuple[Any, list[Gpu], Task, dict[int, Repartition]]:
+    """One node of two H100s of seven 1g each and a task that wants a 7g on each: a cycle re-carves both
+    GPUs and writes a claim on each for the task."""
+    node = fleet.node(model=H100, gpus=2, mode="mig", mig_layout=SEVEN_1G)
+    gpus = list(Gpu.objects.filter(node=node).order_by("index"))
+    fleet.tenant("a", guaranteed=14_000)
+    task = fleet.submit("a", gpu_count=2, gpu_milli=1000, gpu_mem_mib=70_000)
+    run(fleet)
+    claims = {c.gpu_id: c for c in Repartition.objects.filter(task=task)}
+    assert set(claims) == {gpu.pk for gpu in gpus}
+    assert {c.state for c in claims.values()} == {"waiting"}
+    for gpu in gpus:
+        assert layout_of(gpu) == [("7g.80gb", 0, None)]
+    task.refresh_from_db()
+    assert (task.state, task.why_pending_code) == ("pending", "waiting_for_layout")
+    assert "GPU 0 on eu-1/n001 is being repartitioned to 7g.80gb" in task.why_pending
+    assert "GPU 1 on eu-1/n001 is being repartitioned to 7g.80gb" in task.why_pending
+    return node, gpus, task, claims
+
+
+def test_a_task_on_two_gpus_is_recarved_for_on_both_and_binds_once_both_are_applied(fleet) -> None:
+    # Before, a task on several GPUs was never re-carved for: it waited `needs_layout_change` beside idle
+    # MIG GPUs for good.
+    node, gpus, task, claims = _task_on_two_recarved_gpus(fleet)
+
+    # One layout applied: the task keeps both GPUs and waits for the other, saying which.
+    report_partition(node, gpus[0], generation=claims[gpus[0].pk].generation, seq=1)
+    report = run(fleet, minutes=1)
+    task.refresh_from_db()
+    assert report.placed == 0 and (task.state, task.why_pending_code) == ("pending", "waiting_for_layout")
+    assert "GPU 1 on eu-1/n001" in task.why_pending
+
+    # Both applied (the agent reports every GPU of its node): the task binds to both new 7g instances.
+    report_partition(node, gpus[1], generation=claims[gpus[1].pk].generation, seq=2)
+    report = run(fleet, minutes=2)
+    task.refresh_from_db()
+    assert report.placed == 1 and task.state == "assigned"
+    held = sorted((u.gpu_id, u.mig_profile) for u in units_held_by(task))
+    assert held == [(gpus[0].pk, "7g.80gb"), (gpus[1].pk, "7g.80gb")]
+    assert {c.state for c in Repartition.objects.filter(task=task)} == {"bound"}
+    assert violations(fleet.pool.pk) == []
+
+
+def test_a_task_on_two_gpus_whose_layout_fails_on_one_gives_the_other_up_too(fleet) -> None:
+    node, gpus, task, claims = _task_on_two_recarved_gpus(fleet)
+    report_partition(node, gpus[0], generation=claims[gpus[0].pk].generation, seq=1)
+    report_partition(
+        node, gpus[1], state="blocked", generation=claims[gpus[1].pk].generation, seq=2, reason="busy"
+    )
+    run(fleet, minutes=1)
+    kept, failed = (Repartition.objects.get(pk=claims[gpu.pk].pk) for gpu in gpus)
+    assert failed.state == "abandoned" and "could not repartition" in failed.reason
+    # GPU 0's layout is applied, but the task cannot run on one GPU: that claim is given up in the same
+    # cycle, not left holding the GPU until its own timeout.
+    assert kept.state == "abandoned" and "another of its new layouts was given up" in kept.reason
+    task.refresh_from_db()
+    assert task.state == "pending"
+    assert violations(fleet.pool.pk) == []

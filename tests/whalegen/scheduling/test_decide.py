@@ -181,18 +181,50 @@ def test_a_gang_is_recarved_for_whole_and_in_its_order() -> None:
     assert "single" in decisions.unplaced and not decisions.placements
 
 
-def test_a_gang_gets_new_layouts_for_every_member_or_for_none() -> None:
-    # Three idle MIG GPUs; the gang's second member needs two GPUs, which no re-carve is planned for. The
-    # engine still places the whole gang on the opened GPUs, so its one-GPU member must come off its GPU
-    # too: no layout for any member, and each says why.
+def test_a_gang_with_a_member_on_two_gpus_is_recarved_for_on_every_gpu() -> None:
+    # Three idle MIG GPUs, each one free 3g; the gang's second member needs two GPUs. Before, a task on
+    # several GPUs was never re-carved for, so neither member was: both waited `needs_layout_change`
+    # beside the idle GPUs.
     pool = Pool().node("m", mig(THREE_G), mig(THREE_G), mig(THREE_G))
     one = task("one", gpus=1, gang_id="job", gang_size=2, priority=9)
     two = task("two", gpus=2, gang_id="job", gang_size=2, priority=9)
     decisions = decide(pool.snapshot([one, two]), Config(), 0.0)
-    assert decisions.layouts == () and decisions.placements == ()
-    assert {decisions.unplaced[t].code for t in ("one", "two")} == {"needs_layout_change"}
-    assert "several GPUs" in decisions.unplaced["two"].message
-    assert "its gang binds whole: member two gets none" in decisions.unplaced["one"].message
+    planned = sorted((plan.gpu[1], t) for plan in decisions.layouts for t, _ in plan.plan.for_tasks)
+    assert [t for _, t in planned].count("two") == 2 and [t for _, t in planned].count("one") == 1
+    assert {i for i, _ in planned} == {0, 1, 2} and decisions.placements == ()
+    assert {decisions.unplaced[t].code for t in ("one", "two")} == {"waiting_for_layout"}
+    assert "it binds once every layout is reported applied" in decisions.unplaced["two"].message
+
+
+def test_a_task_on_two_gpus_is_recarved_for_on_both_before_the_task_behind_it() -> None:
+    pool = Pool().node("m", mig(THREE_G), mig(THREE_G))
+    pair = task("pair", gpus=2, priority=9)
+    single = task("single", gpus=1)
+    decisions = decide(pool.snapshot([pair, single]), Config(), 0.0)
+    assert sorted(plan.gpu for plan in decisions.layouts) == [("m", 0), ("m", 1)]
+    assert {t for plan in decisions.layouts for t, _ in plan.plan.for_tasks} == {"pair"}
+    assert decisions.unplaced["pair"].code == "waiting_for_layout"
+    assert decisions.unplaced["single"].code != "waiting_for_layout"
+
+
+def test_a_task_on_two_gpus_gets_new_layouts_on_both_or_on_neither() -> None:
+    # GPU 1 cannot be carved so (a stopped task's process is still on it: the engine's picture has it
+    # open, the plan refuses it). The task must not keep GPU 0's layout: it would hold a GPU it can never
+    # use; GPU 0 goes to the one-GPU task behind it, in the same step.
+    pool = Pool().node("m", mig(THREE_G), mig(THREE_G))
+    pair = task("pair", gpus=2, priority=9)
+    single = task("single", gpus=1)
+    base = pool.snapshot([pair, single])
+    views = dict(base.gpu_views)
+    views[("m", 1)] = replace(views[("m", 1)], stopping=True)
+    decisions = decide(replace(base, gpu_views=views), Config(), 0.0)
+    assert "pair" not in {t for plan in decisions.layouts for t, _ in plan.plan.for_tasks}
+    assert decisions.unplaced["pair"].code == "needs_layout_change"
+    assert "still has a stopped task's process on it" in decisions.unplaced["pair"].message
+    assert [(plan.gpu, [t for t, _ in plan.plan.for_tasks]) for plan in decisions.layouts] == [
+        (("m", 0), ["single"])
+    ]
+    assert decisions.unplaced["single"].code == "waiting_for_layout"
 
 
 def _claimed(
@@ -203,8 +235,10 @@ def _claimed(
     claims = {}
     for i, t in enumerate(tasks):
         (unit,) = base.free_units[("m", i)]
-        claims[t.task_id] = Claim(
-            t.task_id, "m", i, unit.unit_id, MigSlot("7g.80gb", 0), 1000, actions[t.task_id], "the layout"
+        claims[t.task_id] = (
+            Claim(
+                t.task_id, "m", i, unit.unit_id, MigSlot("7g.80gb", 0), 1000, actions[t.task_id], "the layout"
+            ),
         )
     return replace(base, claims=claims, claimed_requests={t.task_id: t for t in tasks})
 
@@ -231,6 +265,49 @@ def test_a_gang_whose_instances_are_ready_binds_within_its_tenants_quota_whole_o
     decisions = decide(_claimed(pool, gang, ready, quotas=one_gpu), Config(), 0.0)
     assert decisions.placements == ()
     assert {decisions.unplaced[t].code for t in ("g0", "g1")} == {"quota_exceeded"}
+
+
+def _two_gpu_claims(
+    pool: Pool, t: TaskRequest, actions: tuple[ClaimAction, ClaimAction], **extra: object
+) -> Snapshot:
+    """The pool's snapshot with task `t` holding a claim on the free 7g of GPUs 0 and 1 of node m."""
+    base = pool.snapshot(**extra)  # type: ignore[arg-type]
+    claims = []
+    for i, action in enumerate(actions):
+        (unit,) = base.free_units[("m", i)]
+        why = "applied" if action is ClaimAction.BIND else f"GPU {i} on m: the agent has not reported it"
+        claims.append(Claim(t.task_id, "m", i, unit.unit_id, MigSlot("7g.80gb", 0), 1000, action, why))
+    return replace(base, claims={t.task_id: tuple(claims)}, claimed_requests={t.task_id: t})
+
+
+def test_a_task_on_two_gpus_binds_once_both_new_instances_are_in_place() -> None:
+    pool = Pool().node("m", mig(("7g.80gb", 0, False)), mig(("7g.80gb", 0, False)))
+    pair = task("pair", gpus=2, tenant="t")
+    both = (ClaimAction.BIND, ClaimAction.BIND)
+    decisions = decide(_two_gpu_claims(pool, pair, both), Config(), 0.0)
+    (bound,) = decisions.placements
+    assert where(decisions) == {"pair": ("m", (0, 1), "7g.80gb")}
+    assert len(set(bound.unit_ids)) == 2
+
+    half = (ClaimAction.BIND, ClaimAction.WAIT)
+    decisions = decide(_two_gpu_claims(pool, pair, half), Config(), 0.0)
+    assert decisions.placements == ()
+    assert decisions.unplaced["pair"].code == "waiting_for_layout"
+    assert decisions.unplaced["pair"].message == "GPU 1 on m: the agent has not reported it"
+
+
+def test_a_task_on_two_gpus_binds_within_its_quota_counted_once_per_gpu() -> None:
+    pool = Pool().node("m", mig(("7g.80gb", 0, False)), mig(("7g.80gb", 0, False)))
+    pair = task("pair", gpus=2, tenant="t")
+    both = (ClaimAction.BIND, ClaimAction.BIND)
+    short = decide(
+        _two_gpu_claims(pool, pair, both, quotas=[Quota("t", guaranteed_milli=1000)]), Config(), 0.0
+    )
+    assert short.placements == () and short.unplaced["pair"].code == "quota_exceeded"
+    enough = decide(
+        _two_gpu_claims(pool, pair, both, quotas=[Quota("t", guaranteed_milli=2000)]), Config(), 0.0
+    )
+    assert where(enough) == {"pair": ("m", (0, 1), "7g.80gb")}
 
 
 def test_two_small_tasks_never_share_one_carved_instance() -> None:

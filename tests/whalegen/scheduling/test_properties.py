@@ -89,6 +89,15 @@ def _check(
         if t.gang_id is not None:
             gangs[t.gang_id].add((t.task_id in placed, t.task_id in planned))
     assert all(len(states) == 1 for states in gangs.values()), gangs
+    # A task re-carved for has a new layout on every GPU it asks for, all on one node, or none; and a GPU
+    # gets one new layout.
+    gpus_of: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for plan in decisions.layouts:
+        for t, _ in plan.plan.for_tasks:
+            gpus_of[t].append(plan.gpu)
+    for t, on in gpus_of.items():
+        assert len(set(on)) == by_id[t].num_gpu and len({node for node, _ in on}) == 1, (t, on)
+    assert len({plan.gpu for plan in decisions.layouts}) == len(decisions.layouts)
     # 3. Quotas.
     use: dict[str, int] = defaultdict(int)
     for t in placed:
