@@ -3,9 +3,9 @@
     python benchmarks/heartbeat_load.py [--agents 2000] [--interval-s 10] [--duration-s 60] [--gpus 4]
         [--web-port P] [--keep-alive-s 30]
 
-Starts a PostgreSQL cluster of its own (port WHALEGEN_FAULTS_POSTGRES_PORT, default 55434), migrates and
+Starts a PostgreSQL cluster of its own (port WHALEGEN_FAULTS_POSTGRES_PORT, default 15434), migrates and
 seeds N nodes, starts gunicorn (port --web-port, default $WHALEGEN_BENCH_WEB_PORT or 18601) and one
-Celery worker + beat on a Redis of its own (port WHALEGEN_FAULTS_REDIS_PORT, default 56381) so that the
+Celery worker + beat on a Redis of its own (port WHALEGEN_FAULTS_REDIS_PORT, default 16381) so that the
 plane's periodic tasks (node-health check, scheduling cycles) run as in production. Each simulated agent
 is the real agent HTTP client (`agents.client.PlaneClient`: its session, timeouts and error mapping)
 sending `Register` once and then a `Heartbeat` with its GPUs' inventory and telemetry every interval,

@@ -13,8 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-REDIS_PORT = int(os.environ.get("WHALEGEN_FAULTS_REDIS_PORT", "56381"))
-POSTGRES_PORT = int(os.environ.get("WHALEGEN_FAULTS_POSTGRES_PORT", "55434"))
+# Below Linux's ephemeral range (32768-60999): a port in it can be taken at any moment as the local end
+# of an outgoing connection (the suite opens thousands), which is how a server of ours once failed to
+# bind ("Address already in use") between the free-port check and its start.
+REDIS_PORT = int(os.environ.get("WHALEGEN_FAULTS_REDIS_PORT", "16381"))
+POSTGRES_PORT = int(os.environ.get("WHALEGEN_FAULTS_POSTGRES_PORT", "15434"))
 
 
 def _port_open(port: int) -> bool:
@@ -129,8 +132,9 @@ class PostgresServer:
         try:
             self._run(*start)
         except subprocess.CalledProcessError as first:
-            # Seen once in a CI rehearsal, not reproduced: pg_ctl gave up and the log went with the
-            # temporary directory. Say why (the server's log), then try once more before failing.
+            # Seen in CI rehearsals: once the log went with the temporary directory; once the port was
+            # taken as an outgoing connection's local port (the ports are now below the ephemeral range).
+            # Say why (the server's log), then try once more before failing.
             why = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
             print(f"pg_ctl start failed ({first.stderr!r}); server log:\n{why}", file=sys.stderr)
             self.stop("immediate")

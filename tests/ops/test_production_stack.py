@@ -32,9 +32,10 @@ from tests.faults.services import PostgresServer, RedisServer
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
+# Below Linux's ephemeral range, as the fault suite's (tests/faults/services.py says why).
 WEB_PORT = int(os.environ.get("WHALEGEN_OPS_WEB_PORT", "18620"))
-POSTGRES_PORT = int(os.environ.get("WHALEGEN_OPS_POSTGRES_PORT", "55464"))
-REDIS_PORT = int(os.environ.get("WHALEGEN_OPS_REDIS_PORT", "56411"))
+POSTGRES_PORT = int(os.environ.get("WHALEGEN_OPS_POSTGRES_PORT", "15464"))
+REDIS_PORT = int(os.environ.get("WHALEGEN_OPS_REDIS_PORT", "16411"))
 # Seconds each process may take to stop after SIGTERM: gunicorn's --graceful-timeout plus slack, Celery's
 # warm shutdown of an idle worker, beat's schedule sync, the agent's clean exit (it leaves runs running).
 FINAL = {"succeeded", "failed", "cancelled"}
