@@ -53,8 +53,8 @@ from whalegen.placement.fragmentation import (
     shape_mix_from_tasks,
 )
 from whalegen.placement.repartition import ClaimAction, MigSlot, RepartitionPlan
-from whalegen.placement.types import ShapeMix, TaskRequest
-from whalegen.scheduling import Code, Decisions, Snapshot, decide, nodes_before, repartition_sentence
+from whalegen.placement.types import Placement, ShapeMix, TaskRequest
+from whalegen.scheduling import Code, Decider, Decisions, Snapshot, nodes_before, repartition_sentence
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -96,6 +96,9 @@ class _Commit:
     preempted: int = 0
     conflicts: int = 0
     held_back: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
+    # Every task left pending → (code, sentence), as written: what `decide` left and what was held back.
+    reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    decisions: Decisions | None = None  # as completed by `explain`
     phases_ms: dict[str, float] = field(default_factory=dict)  # where the commit's time went
     # The same phases in this process's CPU milliseconds: on a loaded host wall time mostly measures the
     # neighbours, and the database's share (wall minus CPU) is what a schema change moves.
@@ -143,13 +146,22 @@ def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[i
         return {row[0]: dict(zip(fields, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
-def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: datetime) -> _Commit:
+def _commit(
+    snapshot: PoolSnapshot,
+    decisions: Decisions,
+    cycle: Cycle,
+    now: datetime,
+    explain: Callable[[], Decisions] | None = None,
+) -> _Commit:
     """Write placements, then preemptions; what lost a race or `decide` left stays pending with a reason.
 
     Steps: 1. every placement names its units already (`decide` bound it); 2. lock quotas, nodes and tasks
     (in that order, ids ascending) and compare with the snapshot; 3. drop whole gangs that lost any member;
     4. keep tenants within their limit; 5. write tasks, units, nodes, assignments and why-pending, then
-    new layouts; 6. preempt.
+    new layouts; 6. preempt. `explain`, when given, completes `decisions` with their estimates
+    (`Decider.explain`) once the placements' writes have gone out, while the server works on them (a
+    10,000-task cycle's writes keep it busy for a fifth of a second); why-pending is written from what it
+    returns. `out.decisions` are the decisions as completed.
     """
     out = _Commit()
     clock = time.perf_counter()
@@ -241,22 +253,6 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
 
     # 5. Write.
     winners = [p for p in placements if p.task_id not in lost]
-    reasons: dict[int, list[str]] = {}
-    for placement in winners:
-        info = snapshot.pending[placement.task_id]
-        admitted = (
-            f"admitted borrowing above the guarantee of tenant {request_of[placement.task_id].tenant}"
-            if placement.borrowed
-            else f"admitted within the guarantee of tenant {request_of[placement.task_id].tenant}"
-        )
-        if info.priority_source:
-            admitted += f" at priority {request_of[placement.task_id].priority} ({info.priority_source})"
-        where = ",".join(str(i) for i in placement.gpu_indexes)
-        unit = placement.unit.mig_profile or placement.unit.kind.value
-        placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
-        if (why := decisions.placement_reasons.get(placement.task_id)) is not None:
-            placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
-        reasons[info.pk] = [admitted, placed]
     clock = out.lap("gangs_and_quota", clock)
     # The bulk writes go out in one pipeline (`pipelined`): each statement's parameters are built while
     # the server runs the one before, and their compare-and-set checks run once all have answered.
@@ -267,7 +263,8 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
             from_state=Task.State.PENDING,
             path=[Task.State.ADMITTED, Task.State.ASSIGNED],
             actor=ACTOR,
-            reasons=reasons,
+            # Built once the task moves have gone out: the server moves the rows meanwhile.
+            reasons=lambda: _event_sentences(snapshot, decisions, winners, request_of, cycle),
             now=now,
             deferred=checks,
         )
@@ -284,7 +281,12 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         clock = out.lap("write_units_nodes_and_assignments", clock)
         # What `decide` left and what lost a race: nothing below changes them but a new layout's tasks,
         # written again after it.
-        _write_why_pending(snapshot, *_why_pending(decisions, lost, now.timestamp()))
+        # The placements have gone out: the estimates are worked out while the server writes them.
+        if explain is not None:
+            decisions = explain()
+        clock = out.lap("explain", clock)
+        out.reasons, estimates = _why_pending(decisions, lost, now.timestamp())
+        _write_why_pending(snapshot, out.reasons, estimates)
         clock = out.lap("why_pending", clock)
     for check in checks:
         check()
@@ -296,6 +298,8 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
         lost.update(layouts)
         reasons_now, estimates = _why_pending(decisions, lost, now.timestamp())
         _write_why_pending(snapshot, {t: reasons_now[t] for t in layouts}, estimates)
+        out.reasons = reasons_now
+    out.decisions = decisions
     # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
     node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
     clock = out.lap("repartitions", clock)
@@ -329,6 +333,34 @@ def _commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: dat
     out.lap("preempt", clock)
     out.held_back = lost
     return out
+
+
+def _event_sentences(
+    snapshot: PoolSnapshot,
+    decisions: Decisions,
+    winners: Sequence[Placement],
+    request_of: Mapping[str, TaskRequest],
+    cycle: Cycle,
+) -> dict[int, list[str]]:
+    """Task pk → the reasons of its two events: admitted (within the guarantee or borrowing), placed."""
+    reasons: dict[int, list[str]] = {}
+    for placement in winners:
+        info = snapshot.pending[placement.task_id]
+        request = request_of[placement.task_id]
+        admitted = (
+            f"admitted borrowing above the guarantee of tenant {request.tenant}"
+            if placement.borrowed
+            else f"admitted within the guarantee of tenant {request.tenant}"
+        )
+        if info.priority_source:
+            admitted += f" at priority {request.priority} ({info.priority_source})"
+        where = ",".join(str(i) for i in placement.gpu_indexes)
+        unit = placement.unit.mig_profile or placement.unit.kind.value
+        placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
+        if (why := decisions.placement_reasons.get(placement.task_id)) is not None:
+            placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
+        reasons[info.pk] = [admitted, placed]
+    return reasons
 
 
 def _whole_gang_plans(
@@ -713,17 +745,26 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
         config = replace(config, precarve=precarve_config())
         pure = with_forecast(decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve)
         before = cluster_fragmentation(nodes_before(pure), mix)
-        decisions = decide(pure, config, now_s)
-        after = cluster_fragmentation(decisions.nodes_after, mix)
+        # `decide` in two parts: what to place, then (while the commit's writes run) the estimates.
+        decider = Decider(pure, config)
+        placed = decider.step(pure.cluster.pending, now_s, estimates=False, nodes_after=False)
         solve_ms = (time.perf_counter() - started) * 1000
         cpu_ms["solve"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()
         # 4. Commit.
         started = time.perf_counter()
         cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
-        commit = _commit(snapshot, decisions, cycle, now)
+        measured: list[ClusterFragmentation] = []
+
+        def explain() -> Decisions:  # with the pool's fragmentation after, while the server writes
+            explained = decider.explain(placed, now_s)
+            measured.append(cluster_fragmentation(explained.nodes_after, mix))
+            return explained
+
+        commit = _commit(snapshot, placed, cycle, now, explain=explain)
+        decisions, after = commit.decisions or placed, measured[0]
         precarved = precarves_commit(snapshot, decisions, cycle, now)
         # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).
-        reasons, _ = _why_pending(decisions, commit.held_back, now_s)
+        reasons = commit.reasons
         commit_ms = (time.perf_counter() - started) * 1000
         cpu_ms["commit"] = round((time.process_time() - cpu) * 1000, 1)
         # 6. Record.

@@ -832,7 +832,7 @@ def tasks_transition_bulk(
     from_state: str,
     path: Sequence[str],
     actor: str,
-    reasons: Mapping[int, Sequence[str]],
+    reasons: Mapping[int, Sequence[str]] | Callable[[], Mapping[int, Sequence[str]]],
     now: datetime | None = None,
     deferred: list[Callable[[], None]] | None = None,
 ) -> int:
@@ -845,6 +845,9 @@ def tasks_transition_bulk(
     must touch exactly the rows it names; if not, Conflict is raised and the caller's transaction rolls
     back. Only moves that neither finish nor requeue a task are allowed: those release units and quota
     and stay with `task_transition`.
+
+    `reasons` may be a function returning them: it is called once the UPDATE has gone out, so a caller in
+    a pipeline builds its thousands of sentences while the server moves the rows.
 
     `deferred`: a caller that sends these statements inside a psycopg pipeline (the scheduler's commit,
     which builds its next statement while the server runs this one) learns the row counts only once the
@@ -906,10 +909,11 @@ def tasks_transition_bulk(
             else:
                 moved = rows.filter(pk__in=pks).update(**updates)
                 counts.append((lambda moved=moved: moved, len(pks)))
+        sentences = reasons() if callable(reasons) else reasons
         events = [
             (pk, before, after, reason[:500])
             for pk, _ in tasks
-            for (before, after), reason in zip(pairwise(states), reasons[pk], strict=True)
+            for (before, after), reason in zip(pairwise(states), sentences[pk], strict=True)
         ]
         if postgres:
             # Thousands of events per cycle: one INSERT … SELECT, no model instances. The rows go as one

@@ -88,7 +88,9 @@ from whalegen.scheduling.units import Mapped, map_placement
 
 def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
     """Every decision of one cycle over `snapshot` (see the module for the steps)."""
-    return Decider(snapshot, config).step(snapshot.cluster.pending, now_s, estimates=estimates)
+    decider = Decider(snapshot, config)
+    decisions = decider.step(snapshot.cluster.pending, now_s, estimates=False, nodes_after=False)
+    return decider.explain(decisions, now_s) if estimates else decisions
 
 
 # Re-carve solves per step: a task refused a layout (its GPU cannot be carved so) gives the GPUs the
@@ -119,6 +121,7 @@ class Decider:
         self._needs_layout: set[str] = set()
         self._before_recarve: dict[GpuKey, GpuState] = {}
         self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
+        self._held: dict[str, Reason] = {}  # tasks the last step held back for a reservation
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -238,15 +241,41 @@ class Decider:
             else:
                 code = item.outcome.value
             unplaced[task_id] = Reason(code, item.message)
-        after = self._nodes_after(bound, layouts) if nodes_after or estimates else ()
         self.live.update({b.placement.task_id: b.placement for b in bound})
+        self._held = held
+        # A policy that explains its choices (whalegen.placement.aware) keeps them by task id.
+        said: Mapping[str, str] = getattr(self.engine.policy, "reasons", {})
+        decisions = Decisions(
+            placements=tuple(bound),
+            preemptions=tuple(kept),
+            layouts=tuple(layouts),
+            unplaced=unplaced,
+            reservation=reservation,
+            placement_reasons={b.task_id: said[b.task_id] for b in bound if b.task_id in said}
+            if said
+            else {},
+            precarves=precarves,
+        )
+        if estimates:
+            return self.explain(decisions, now_s)
+        return replace(decisions, nodes_after=self._nodes_after(bound, layouts)) if nodes_after else decisions
+
+    # -- 7. estimates --------------------------------------------------------------------------------
+
+    def explain(self, decisions: Decisions, now_s: float) -> Decisions:
+        """`decisions` (this decider's last step, taken with `estimates=False`) with the pool after it
+        and every unplaced task's estimated start. Nothing placed changes: the production cycle sends its
+        placements to the database first and runs this while the server writes them."""
+        bound, layouts = list(decisions.placements), list(decisions.layouts)
+        after = self._nodes_after(bound, layouts)
+        unplaced = dict(decisions.unplaced)
         starts: dict[str, float | None] = {}
-        if estimates and unplaced:
+        if unplaced:
             # Tasks left for one reason share its sentence (236 sentences for 3,220 tasks left in a
             # 10,000-task cycle): one Reason each, not one per task.
             told: dict[tuple[str, str, str], Reason] = {}
             for task_id, estimate in estimate_starts(
-                snapshot, unplaced, now_s, nodes_after=after, placements=bound, requests=requests
+                self.snapshot, unplaced, now_s, nodes_after=after, placements=bound, requests=self.requests
             ).items():
                 starts[task_id] = estimate.start_s
                 if estimate.start_s is None and estimate.why_unknown:
@@ -257,27 +286,14 @@ class Decider:
                             reason.code, f"{reason.message}; estimated start unknown: {estimate.why_unknown}"
                         )
                     unplaced[task_id] = told[key]
+            reservation = decisions.reservation
             if reservation is not None and reservation.start_s is not None:
                 # The reserved task starts when its reservation says; what is held for it, not before.
                 for task_id in reservation.task_ids:
                     starts[task_id] = reservation.start_s
-                for task_id in unplaced.keys() & held.keys():
+                for task_id in unplaced.keys() & self._held.keys():
                     starts[task_id] = max(starts.get(task_id) or now_s, reservation.start_s)
-        # A policy that explains its choices (whalegen.placement.aware) keeps them by task id.
-        said: Mapping[str, str] = getattr(self.engine.policy, "reasons", {})
-        return Decisions(
-            placements=tuple(bound),
-            preemptions=tuple(kept),
-            layouts=tuple(layouts),
-            unplaced=unplaced,
-            estimates=starts,
-            nodes_after=after,
-            reservation=reservation,
-            placement_reasons={b.task_id: said[b.task_id] for b in bound if b.task_id in said}
-            if said
-            else {},
-            precarves=precarves,
-        )
+        return replace(decisions, unplaced=unplaced, estimates=starts, nodes_after=after)
 
     # -- 1. claims --------------------------------------------------------------------------------
 
