@@ -744,7 +744,6 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
         snapshot, config = cycle_config(snapshot, policy=policy, now=now)
         config = replace(config, precarve=precarve_config())
         pure = with_forecast(decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve)
-        before = cluster_fragmentation(nodes_before(pure), mix)
         # `decide` in two parts: what to place, then (while the commit's writes run) the estimates.
         decider = Decider(pure, config)
         placed = decider.step(pure.cluster.pending, now_s, estimates=False, nodes_after=False)
@@ -755,13 +754,14 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
         cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
         measured: list[ClusterFragmentation] = []
 
-        def explain() -> Decisions:  # with the pool's fragmentation after, while the server writes
+        def explain() -> Decisions:  # with the pool's fragmentation before and after, while the server writes
             explained = decider.explain(placed, now_s)
+            measured.append(cluster_fragmentation(nodes_before(pure), mix))
             measured.append(cluster_fragmentation(explained.nodes_after, mix))
             return explained
 
         commit = _commit(snapshot, placed, cycle, now, explain=explain)
-        decisions, after = commit.decisions or placed, measured[0]
+        decisions, (before, after) = commit.decisions or placed, measured
         precarved = precarves_commit(snapshot, decisions, cycle, now)
         # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).
         reasons = commit.reasons
