@@ -508,6 +508,7 @@ def _read_claims(r: _Reading) -> None:
             "gpu__partition__generation",
             "gpu__partition__instances",
             "gpu__partition__reason",
+            "gpu__partition__reported_at",
         )
     )
     if not claim_rows:
@@ -515,6 +516,7 @@ def _read_claims(r: _Reading) -> None:
     gpu_by_pk = {gpu["id"]: gpu for gpu in r.gpu_rows}
     unit_by_pk = {unit[ID]: unit for unit in r.unit_rows}
     timeout_s = float(settings.WHALEGEN_REPARTITION_TIMEOUT_S)
+    other_layout_s = float(settings.WHALEGEN_REPARTITION_OTHER_LAYOUT_S)
     # A task on several GPUs, and a gang, binds whole: one claim given up gives up the others of the same
     # task or gang, so it goes back to pending together and is planned afresh, rather than holding its
     # other GPUs until their own claims time out. Group: the gang (tenant, gang id), else the task.
@@ -545,8 +547,11 @@ def _read_claims(r: _Reading) -> None:
                 (i.get("profile"), i.get("start")) for i in row["gpu__partition__instances"] or ()
             ),
             reported_reason=row["gpu__partition__reason"] or "",
+            reported_age_s=(r.now - row["gpu__partition__reported_at"]).total_seconds()
+            if row["gpu__partition__reported_at"] is not None
+            else 0.0,
         )
-        verdict = claim_verdict(facts, timeout_s=timeout_s)
+        verdict = claim_verdict(facts, timeout_s=timeout_s, other_layout_s=other_layout_s)
         claim = ClaimInfo(
             pk=row["id"],
             task_key=key,

@@ -281,6 +281,9 @@ WHALEGEN_ONLINE_RESERVE_QUANTILE = envfloat("WHALEGEN_ONLINE_RESERVE_QUANTILE", 
 WHALEGEN_ONLINE_RESERVE_MAX_SHARE = envfloat("WHALEGEN_ONLINE_RESERVE_MAX_SHARE", 0.5)
 # A GPU a cycle re-carved for a task is held for it this long; unapplied by then, the claim is given up.
 WHALEGEN_REPARTITION_TIMEOUT_S = envfloat("WHALEGEN_REPARTITION_TIMEOUT_S", 300.0)
+# An agent that keeps reporting the GPU applied with other instances than planned (three long polls of
+# 20 s): the claim is given up then, not at the timeout above.
+WHALEGEN_REPARTITION_OTHER_LAYOUT_S = envfloat("WHALEGEN_REPARTITION_OTHER_LAYOUT_S", 60.0)
 # Re-carve idle MIG GPUs ahead of the arrivals forecast (whalegen.scheduling.precarve): on/off, GPUs per
 # cycle, and the least confidence in the forecast mix (1 - its held-out total-variation distance).
 # Off by default: in the MIG-layout replay (docs/goodput.md §9a) only a perfect forecast helped; one

@@ -211,6 +211,7 @@ class ClaimFacts:
     reported_generation: int | None = None
     reported_slots: frozenset[tuple[str, int]] = frozenset()
     reported_reason: str = ""
+    reported_age_s: float = 0.0  # how long ago that report was made
 
 
 @dataclass(frozen=True)
@@ -219,8 +220,13 @@ class ClaimVerdict:
     reason: str
 
 
-def claim_verdict(claim: ClaimFacts, *, timeout_s: float) -> ClaimVerdict:
-    """Bind, wait or abandon one claim; "ok" is the only partition state that means applied."""
+def claim_verdict(claim: ClaimFacts, *, timeout_s: float, other_layout_s: float = 60.0) -> ClaimVerdict:
+    """Bind, wait or abandon one claim; "ok" is the only partition state that means applied.
+
+    An "ok" report of the claim's generation (or a later one) listing other instances is waited on for
+    `other_layout_s` only: a long poll that raced the cycle can serve the old layout under the new number
+    once, and the agent's next poll puts it right; a report that stays so means the GPU is carved
+    otherwise for good, and the task is better planned afresh than held until `timeout_s`."""
     text = "+".join(slot.mig_profile for slot in claim.layout)
     where = f"{claim.gpu_name} is being repartitioned to {text} (generation {claim.generation})"
     if not claim.task_pending:
@@ -240,6 +246,13 @@ def claim_verdict(claim: ClaimFacts, *, timeout_s: float) -> ClaimVerdict:
         return ClaimVerdict(
             ClaimAction.ABANDON,
             f"the agent could not repartition {claim.gpu_name} to {text} ({claim.reported_state}{why})",
+        )
+    if reported and claim.reported_state == "ok" and claim.reported_age_s > other_layout_s:
+        theirs = "+".join(profile for profile, _ in sorted(claim.reported_slots, key=lambda s: s[1] or 0))
+        return ClaimVerdict(
+            ClaimAction.ABANDON,
+            f"the agent has reported {claim.gpu_name} as {theirs or 'no instances'} for "
+            f"{claim.reported_age_s:.0f} s (generation {claim.reported_generation}), not {text}",
         )
     if claim.age_s > timeout_s:
         return ClaimVerdict(

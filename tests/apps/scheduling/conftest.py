@@ -88,7 +88,7 @@ def fleet(db: None) -> Fleet:
     return Fleet(pool=pool_create(name="train"), user=UserFactory(username="ci"))
 
 
-def run(fleet: Fleet, *, minutes: int = 0, **kwargs: Any) -> Any:
+def run(fleet: Fleet, *, minutes: float = 0, **kwargs: Any) -> Any:
     from apps.scheduling.services import cycle_run
 
     return cycle_run(pool_id=fleet.pool.pk, now=NOW + timedelta(minutes=minutes), **kwargs)

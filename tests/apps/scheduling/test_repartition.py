@@ -35,18 +35,30 @@ def layout_of(gpu: Gpu) -> list[tuple[str, int | None, int | None]]:
 
 
 def report_partition(
-    node: Any, gpu: Gpu, *, state: str = "ok", generation: int, seq: int, reason: str = ""
+    node: Any,
+    gpu: Gpu,
+    *,
+    state: str = "ok",
+    generation: int,
+    seq: int,
+    reason: str = "",
+    carved: list[tuple[str, int]] | None = None,
 ) -> None:
-    """What the node's agent says after its reconcile pass: the instances now on the GPU."""
+    """What the node's agent says after its reconcile pass: the instances now on the GPU (the plane's
+    plan, or `carved` when the GPU holds something else)."""
+    on_gpu = carved or [
+        (unit.mig_profile, unit.mig_start)
+        for unit in ComputeUnit.objects.filter(gpu=gpu).order_by("mig_start")
+    ]
     instances = tuple(
         p.MigInstance(
             gi_id=i,
-            profile_id=profile_by_name(gpu.model, unit.mig_profile).profile_id,
-            profile=unit.mig_profile,
-            start=unit.mig_start,
-            size=profile_by_name(gpu.model, unit.mig_profile).memory_slices,
+            profile_id=profile_by_name(gpu.model, profile).profile_id,
+            profile=profile,
+            start=start,
+            size=profile_by_name(gpu.model, profile).memory_slices,
         )
-        for i, unit in enumerate(ComputeUnit.objects.filter(gpu=gpu).order_by("mig_start"), start=1)
+        for i, (profile, start) in enumerate(on_gpu, start=1)
     )
     agent_report(
         node=node,
@@ -161,6 +173,28 @@ def test_a_layout_the_agent_cannot_apply_gives_the_gpu_up_with_the_agents_reason
     run(fleet, minutes=2)
     task.refresh_from_db()
     assert task.state == "assigned"
+    assert violations(fleet.pool.pk) == []
+
+
+def test_a_gpu_reported_carved_otherwise_for_a_minute_gives_its_claim_up_before_the_timeout(fleet) -> None:
+    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
+    gpu = Gpu.objects.get(node=node)
+    fleet.tenant("a", guaranteed=7000)
+    task = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
+    run(fleet)
+    claim = Repartition.objects.get(task=task)
+    assert claim.state == "waiting"
+    # The agent says "ok" for the claim's generation, but the GPU still holds its seven 1g instances.
+    report_partition(node, gpu, generation=claim.generation, seq=1, carved=SEVEN_1G)
+    run(fleet, minutes=0.5)  # half a minute: maybe a long poll that raced the cycle; the task waits
+    claim.refresh_from_db()
+    task.refresh_from_db()
+    assert claim.state == "waiting" and task.why_pending_code == "waiting_for_layout"
+    run(fleet, minutes=1.5)  # the same report a minute and a half on: given up, long before 300 s
+    claim.refresh_from_db()
+    assert claim.state == "abandoned"
+    assert "has reported GPU 0 on eu-1/n001 as " + "+".join(["1g.10gb"] * 7) in claim.reason
+    assert f"(generation {claim.generation}), not " in claim.reason
     assert violations(fleet.pool.pk) == []
 
 
