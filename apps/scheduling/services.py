@@ -98,7 +98,7 @@ class _Commit:
     held_back: dict[str, tuple[str, str]] = field(default_factory=dict)  # task id → (code, sentence)
     # Every task left pending → (code, sentence), as written: what `decide` left and what was held back.
     reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
-    decisions: Decisions | None = None  # as completed by `explain`
+    decisions: Decisions = field(default_factory=Decisions)  # as completed by `explain`
     phases_ms: dict[str, float] = field(default_factory=dict)  # where the commit's time went
     # The same phases in this process's CPU milliseconds: on a loaded host wall time mostly measures the
     # neighbours, and the database's share (wall minus CPU) is what a schema change moves.
@@ -761,7 +761,7 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
             return explained
 
         commit = _commit(snapshot, placed, cycle, now, explain=explain)
-        decisions, (before, after) = commit.decisions or placed, measured
+        decisions, (before, after) = commit.decisions, measured
         precarved = precarves_commit(snapshot, decisions, cycle, now)
         # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).
         reasons = commit.reasons

@@ -88,9 +88,7 @@ from whalegen.scheduling.units import Mapped, map_placement
 
 def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
     """Every decision of one cycle over `snapshot` (see the module for the steps)."""
-    decider = Decider(snapshot, config)
-    decisions = decider.step(snapshot.cluster.pending, now_s, estimates=False, nodes_after=False)
-    return decider.explain(decisions, now_s) if estimates else decisions
+    return Decider(snapshot, config).step(snapshot.cluster.pending, now_s, estimates=estimates)
 
 
 # Re-carve solves per step: a task refused a layout (its GPU cannot be carved so) gives the GPUs the

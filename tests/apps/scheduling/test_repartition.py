@@ -154,13 +154,20 @@ def test_a_gpu_with_a_unit_in_use_is_never_recarved(fleet) -> None:
     assert not Repartition.objects.exists()
 
 
-def test_a_layout_the_agent_cannot_apply_gives_the_gpu_up_with_the_agents_reason(fleet) -> None:
+def recarved_for_a_3g_task(fleet: Any) -> tuple[Any, Gpu, Task, Repartition]:
+    """A node whose one H100 is carved in seven 1g instances, and the claim a cycle made on it for a task
+    that needs a 3g: (node, GPU, task, claim)."""
     node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
     gpu = Gpu.objects.get(node=node)
     fleet.tenant("a", guaranteed=7000)
     task = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
     run(fleet)
     claim = Repartition.objects.get(task=task)
+    return node, gpu, task, claim
+
+
+def test_a_layout_the_agent_cannot_apply_gives_the_gpu_up_with_the_agents_reason(fleet) -> None:
+    node, gpu, task, claim = recarved_for_a_3g_task(fleet)
     report_partition(node, gpu, state="blocked", generation=claim.generation, seq=1, reason="instance 3 busy")
     run(fleet, minutes=1)
     claim.refresh_from_db()
@@ -177,12 +184,7 @@ def test_a_layout_the_agent_cannot_apply_gives_the_gpu_up_with_the_agents_reason
 
 
 def test_a_gpu_reported_carved_otherwise_for_a_minute_gives_its_claim_up_before_the_timeout(fleet) -> None:
-    node = fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G)
-    gpu = Gpu.objects.get(node=node)
-    fleet.tenant("a", guaranteed=7000)
-    task = fleet.submit("a", gpu_milli=400, gpu_mem_mib=30_000)
-    run(fleet)
-    claim = Repartition.objects.get(task=task)
+    node, gpu, task, claim = recarved_for_a_3g_task(fleet)
     assert claim.state == "waiting"
     # The agent says "ok" for the claim's generation, but the GPU still holds its seven 1g instances.
     report_partition(node, gpu, generation=claim.generation, seq=1, carved=SEVEN_1G)
