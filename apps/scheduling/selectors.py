@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection
@@ -59,6 +59,7 @@ from whalegen.placement.types import (
     RunningTask,
     TaskPrediction,
     TaskRequest,
+    task_request,
 )
 from whalegen.placement.types import (
     Quota as QuotaState,
@@ -79,8 +80,10 @@ _MODES = {
 _ISOLATIONS = {i.value: i for i in Isolation}
 
 
-@dataclass(frozen=True)
-class PendingInfo:
+class PendingInfo(NamedTuple):
+    """A pending task's row facts beside its request. A named tuple, as `FreeUnit` is: one per pending
+    task per cycle, built in a third of a frozen dataclass's time."""
+
     pk: int
     version: int
     tenant_id: int
@@ -207,7 +210,7 @@ def _profile_p50(tenant: str, key: str) -> Subquery:
 
 # A compute unit's row is a plain tuple in this column order: a large pool has tens of thousands of units,
 # and a dict per row was the largest part of reading them. The first six columns are a `FreeUnit`'s fields
-# in its order (a free unit is the row's first six, `_free_unit`); the next six after the id are what
+# in its order (a free unit is the row's first six: `_FREE_END`); the next six after the id are what
 # `gpu_picture` reads of a unit (its shape), so a GPU's shape key is a slice per unit.
 _UNIT_COLUMNS = (
     "id",
@@ -223,7 +226,8 @@ _UNIT_COLUMNS = (
 ID, KIND, MILLI, MEM, PROFILE, START, FREE, GPU, TASK = range(len(_UNIT_COLUMNS))
 _UnitRow = tuple[Any, ...]
 _shape = itemgetter(slice(KIND, FREE + 1))
-_free_unit = itemgetter(slice(ID, START + 1))
+_FREE_END = START + 1  # a unit row's first columns are a `FreeUnit`'s fields
+_new_tuple = tuple.__new__
 
 
 @dataclass
@@ -606,7 +610,8 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
     stopping = gpu["id"] in r.stopping
     claimed_by = tuple(r.claimed_gpus.get(gpu["id"], ()))
     layout_ok = gpu["partition__state"] in (None, PartitionState.OK)
-    picture: GpuPicture | None = None
+    key = (name, gpu["index"])
+    like: GpuPicture | None = None
     shape: tuple[object, ...] | None = None
     if mode is not PartitionMode.MIG:
         # A fleet is mostly GPUs alike down to their units (same model, same shares, the same ones held):
@@ -624,25 +629,17 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
             tuple(map(_shape, units)),
         )
         like = r.pictures.get(shape)
-        if like is not None:
-            view = like.view
-            picture = GpuPicture(
-                state=like.state,
-                free_units=tuple(FreeUnit._make(_free_unit(u)) for u in units if u[FREE])
-                if like.free_units
-                else (),
-                view=GpuView(
-                    f"GPU {gpu['index']} on {name}",
-                    view.model,
-                    view.mode,
-                    view.units,
-                    view.healthy,
-                    view.stopping,
-                    view.claimed_by,
-                ),
-                idle_mig=None,
-            )
-    if picture is None:
+    if like is not None:
+        # The alike GPU's answer with this GPU's units and name. Built field by field, not as a new
+        # `GpuPicture`: most of a 6,212-GPU pool comes this way, and each frozen dataclass and named tuple
+        # built through its constructor cost (tuple.__new__ takes the row's slice as it is).
+        state = like.state
+        free = (
+            tuple([_new_tuple(FreeUnit, u[:_FREE_END]) for u in units if u[FREE]]) if like.free_units else ()
+        )
+        view = _renamed(like.view, f"GPU {gpu['index']} on {name}")
+        idle_mig = None
+    else:
         picture = gpu_picture(
             GpuFacts(
                 node=name,
@@ -662,16 +659,24 @@ def _gpu_state(r: _Reading, gpu: dict[str, Any], name: str, out: _Gpus) -> GpuSt
         )
         if shape is not None:
             r.pictures[shape] = picture
-    key = (name, gpu["index"])
-    out.gpu_infos[(gpu["node_id"], gpu["index"])] = GpuInfo(
-        pk=gpu["id"], unit_count=len(units), view=picture.view
-    )
-    out.gpu_views[key] = picture.view
-    if picture.free_units:
-        out.free_units[key] = picture.free_units
-    if picture.idle_mig is not None:
-        out.idle_mig[key] = picture.idle_mig
-    return picture.state
+        state, free, view, idle_mig = picture.state, picture.free_units, picture.view, picture.idle_mig
+    out.gpu_infos[(gpu["node_id"], gpu["index"])] = GpuInfo(pk=gpu["id"], unit_count=len(units), view=view)
+    out.gpu_views[key] = view
+    if free:
+        out.free_units[key] = free
+    if idle_mig is not None:
+        out.idle_mig[key] = idle_mig
+    return state
+
+
+def _renamed(view: GpuView, name: str) -> GpuView:
+    """`replace(view, name=name)` without `__init__` (a frozen dataclass sets each field through
+    `object.__setattr__`): the same view, still frozen, under another GPU's name."""
+    fields = view.__dict__.copy()
+    fields["name"] = name
+    copy = object.__new__(GpuView)
+    object.__setattr__(copy, "__dict__", fields)
+    return copy
 
 
 def _read_nodes_state(r: _Reading) -> _Gpus:
@@ -804,7 +809,7 @@ def _read_pending(
         if allowed is None:
             allowed = allowed_of[allowed_text] = frozenset(json.loads(allowed_text) or ())
         pending.append(
-            TaskRequest(
+            task_request(
                 task_id=key,
                 cpu_milli=cpu_milli,
                 mem_mib=host_mem_mib,
