@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -40,6 +40,7 @@ from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.precarve import precarve_config, precarves_commit, with_forecast
 from apps.scheduling.profiles import snapshot_with_profiles
 from apps.scheduling.selectors import (
+    LIVE_STATES,
     PoolSnapshot,
     live_usage_milli,
     snapshot_for_pool,
@@ -104,6 +105,8 @@ class _Commit:
     # neighbours, and the database's share (wall minus CPU) is what a schema change moves.
     phases_cpu_ms: dict[str, float] = field(default_factory=dict)
     cpu_mark: float = field(default_factory=time.process_time)
+    # Why the unlocked attempt was rolled back for the locked path ("" when it held or was not tried).
+    unlocked_missed: str = ""
 
     def lap(self, phase: str, since: float) -> float:
         now, cpu = time.perf_counter(), time.process_time()
@@ -146,6 +149,10 @@ def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[i
         return {row[0]: dict(zip(fields, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
+class _Changed(Exception):
+    """The unlocked attempt found a row moved since the snapshot: its savepoint is rolled back."""
+
+
 def _commit(
     snapshot: PoolSnapshot,
     decisions: Decisions,
@@ -155,25 +162,111 @@ def _commit(
 ) -> _Commit:
     """Write placements, then preemptions; what lost a race or `decide` left stays pending with a reason.
 
-    Steps: 1. every placement names its units already (`decide` bound it); 2. lock quotas, nodes and tasks
-    (in that order, ids ascending) and compare with the snapshot; 3. drop whole gangs that lost any member;
-    4. keep tenants within their limit; 5. write tasks, units, nodes, assignments and why-pending, then
-    new layouts; 6. preempt. `explain`, when given, completes `decisions` with their estimates
+    Steps: 1. every placement names its units already (`decide` bound it); 2. the writes, unlocked
+    (`_write`): sent at once, each a compare-and-set against the snapshot (tasks still pending at the
+    version seen, nodes at the version seen, tenants within their limit once written), in a savepoint;
+    when all hold (nearly always: one cycle per pool runs at a time) that is the commit. Else, or with new
+    layouts to write, back to the savepoint and the locked path: 3. lock quotas, nodes and tasks (in that
+    order, ids ascending) and compare with the snapshot; 4. drop whole gangs that lost any member; 5. keep
+    tenants within their limit; 6. write tasks, units, nodes, assignments and why-pending, then new
+    layouts; 7. preempt. `explain`, when given, completes `decisions` with their estimates
     (`Decider.explain`) once the placements' writes have gone out, while the server works on them (a
-    10,000-task cycle's writes keep it busy for a fifth of a second); why-pending is written from what it
-    returns. `out.decisions` are the decisions as completed.
+    10,000-task cycle's writes keep it busy for a fifth of a second), once whichever path writes; why-pending
+    is written from what it returns. `out.decisions` are the decisions as completed.
     """
     out = _Commit()
     clock = time.perf_counter()
     request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
-    lost: dict[str, tuple[str, str]] = {}
 
     # 1. Units for each placement: named by the decision, with the version the snapshot saw.
     units_for: dict[str, tuple[int, ...]] = {b.task_id: b.unit_ids for b in decisions.placements}
     placements = [b.placement for b in decisions.placements]
     plans = [((snapshot.node_ids[layout.gpu[0]], layout.gpu[1]), layout.plan) for layout in decisions.layouts]
     clock = out.lap("map_units", clock)
-    # 2. Lock and compare.
+    completed: list[Decisions] = []
+
+    def explained() -> Decisions:  # once, whichever attempt writes
+        if not completed:
+            completed.append(explain() if explain is not None else decisions)
+        return completed[0]
+
+    attempt = _Attempt(snapshot, decisions, units_for, request_of, cycle, now, explained, out)
+
+    # 2. Unlocked: a cycle's commit used to spend 30-45 ms locking and comparing 8,000 rows before its
+    # first write, to find what nearly never moves. New layouts go the locked way (they lock GPUs' units).
+    lost: dict[str, tuple[str, str]] | None = None
+    kept_plans: list[tuple[tuple[int, int], RepartitionPlan]] = []
+    if connection.vendor == "postgresql" and not plans:
+        try:
+            with transaction.atomic():
+                clock = _write(attempt, placements, [], {}, clock, unlocked=True)
+            lost = {}
+        except (_Changed, IntegrityError, OperationalError) as changed:
+            # A row moved since the snapshot (a unique index can be the first to say so: a task another
+            # cycle placed meanwhile has its live assignment): the locked path sorts out what is lost.
+            out.unlocked_missed = str(changed).splitlines()[0][:300]
+            clock = out.lap("unlocked_missed", clock)
+    if lost is None:
+        lost, kept_plans = _lock_and_compare(snapshot, placements, units_for, plans, request_of)
+        clock = out.lap("lock_and_compare", clock)
+        winners = [p for p in placements if p.task_id not in lost]
+        clock = _write(attempt, winners, kept_plans, lost, clock, unlocked=False)
+    else:
+        winners = placements
+    decisions = explained()
+    # Claims first: a task whose claims were given up may get new ones now (one open claim per task and GPU).
+    _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
+    if layouts := _write_layouts(snapshot, kept_plans, cycle, now):
+        lost.update(layouts)
+        reasons_now, estimates = _why_pending(decisions, lost, now.timestamp())
+        _write_why_pending(snapshot, {t: reasons_now[t] for t in layouts}, estimates)
+        out.reasons = reasons_now
+    out.decisions = decisions
+    # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
+    node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
+    clock = out.lap("repartitions", clock)
+    out.placed = len(winners)
+    out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
+
+    # 7. Preempt: the victim returns to pending with its attempt counted; the agent stops it when its
+    # node's desired state no longer lists it.
+    for preemption in decisions.preemptions:
+        info = snapshot.running[preemption.victim_task_id]
+        victim = Task(pk=info.pk, state=info.state, version=info.version, tenant_id=info.tenant_id)
+        reason = f"preempted for task {preemption.for_task_id}: {preemption.reason}"
+        try:
+            with transaction.atomic():
+                moved = task_transition(
+                    task=victim, to_state=Task.State.PREEMPTED, actor=ACTOR, reason=reason, now=now
+                )
+                task_transition(
+                    task=moved,
+                    to_state=Task.State.PENDING,
+                    actor=ACTOR,
+                    reason="requeued after preemption",
+                    now=now,
+                    why_pending=reason[:500],
+                )
+        except Conflict:
+            out.conflicts += 1
+            continue
+        Node.objects.filter(pk=info.node_id).update(version=F("version") + 1)
+        out.preempted += 1
+    out.lap("preempt", clock)
+    out.held_back = lost
+    return out
+
+
+def _lock_and_compare(
+    snapshot: PoolSnapshot,
+    placements: Sequence[Placement],
+    units_for: Mapping[str, tuple[int, ...]],
+    plans: Sequence[tuple[tuple[int, int], RepartitionPlan]],
+    request_of: Mapping[str, TaskRequest],
+) -> tuple[dict[str, tuple[str, str]], list[tuple[tuple[int, int], RepartitionPlan]]]:
+    """Steps 3-5 of `_commit`: what lost a race (task → reason) and the new layouts that may go ahead."""
+    lost: dict[str, tuple[str, str]] = {}
+    # 3. Lock and compare.
     tenants = {snapshot.pending[t].tenant_id for t in units_for}
     quota_rows = _lock_rows(
         Quota,
@@ -223,15 +316,14 @@ def _commit(
             kept_plans.append((key, plan))
     kept_plans = _whole_gang_plans(kept_plans, lost, request_of)
 
-    clock = out.lap("lock_and_compare", clock)
-    # 3. A gang goes whole or not at all: one member lost holds back every member.
+    # 4. A gang goes whole or not at all: one member lost holds back every member.
     gang_of = {t: request_of[t].gang_id for t in units_for}
     broken = {gang_of[t] for t in lost if t in gang_of and gang_of[t] is not None}
     for task_id, gang in gang_of.items():
         if gang is not None and gang in broken and task_id not in lost:
             lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")
 
-    # 4. Quota limits against what tenants hold now (not what the snapshot saw), under the quota row lock.
+    # 5. Quota limits against what tenants hold now (not what the snapshot saw), under the quota row lock.
     usage = live_usage_milli(pool_id=snapshot.pool_id, tenant_ids=list(tenants))
     limits = {row["tenant_id"]: row for row in quota_rows.values()}
     for placement in placements:
@@ -250,10 +342,47 @@ def _commit(
     for task_id, gang in gang_of.items():
         if gang is not None and task_id not in lost and any(gang_of.get(t) == gang for t in lost):
             lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")
+    return lost, kept_plans
 
-    # 5. Write.
-    winners = [p for p in placements if p.task_id not in lost]
-    clock = out.lap("gangs_and_quota", clock)
+
+@dataclass(frozen=True)
+class _Attempt:
+    """What either attempt of `_commit` writes from."""
+
+    snapshot: PoolSnapshot
+    decisions: Decisions  # as `decide` stepped; `explained` completes them
+    units_for: Mapping[str, tuple[int, ...]]
+    request_of: Mapping[str, TaskRequest]
+    cycle: Cycle
+    now: datetime
+    explained: Callable[[], Decisions]
+    out: _Commit
+
+
+def _write(
+    attempt: _Attempt,
+    winners: Sequence[Placement],
+    kept_plans: Sequence[tuple[tuple[int, int], RepartitionPlan]],
+    lost: Mapping[str, tuple[str, str]],
+    clock: float,
+    *,
+    unlocked: bool,
+) -> float:
+    """Step 6 of `_commit`: the placements' writes and why-pending, each checked against the snapshot.
+
+    Unlocked (every placement, no layouts), a failed check raises `_Changed` for `_commit` to roll the
+    savepoint back, and the tenants' limits are checked here, on what they hold once these are written.
+    Locked, the rows were compared already: a failed check is a writer that skipped the locks (`Conflict`,
+    the cycle rolls back)."""
+    snapshot, units_for, cycle, now, out = (
+        attempt.snapshot,
+        attempt.units_for,
+        attempt.cycle,
+        attempt.now,
+        attempt.out,
+    )
+    tenants = sorted({snapshot.pending[p.task_id].tenant_id for p in winners})
+    nodes = {snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans}
     # The bulk writes go out in one pipeline (`pipelined`): each statement's parameters are built while
     # the server runs the one before, and their compare-and-set checks run once all have answered.
     checks: list[Callable[[], None]] = []
@@ -264,75 +393,63 @@ def _commit(
             path=[Task.State.ADMITTED, Task.State.ASSIGNED],
             actor=ACTOR,
             # Built once the task moves have gone out: the server moves the rows meanwhile.
-            reasons=lambda: _event_sentences(snapshot, decisions, winners, request_of, cycle),
+            reasons=lambda: _event_sentences(snapshot, attempt.decisions, winners, attempt.request_of, cycle),
             now=now,
             deferred=checks,
         )
         clock = out.lap("write_tasks_and_events", clock)
         _write_placements(
             held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
-            nodes={snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans},
+            nodes={n: snapshot.node_versions[n] for n in nodes},
             assignments=[
                 (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
             ],
             cycle=cycle,
             deferred=checks,
         )
+        if unlocked and tenants:
+            checks.append(_send_quota_check(snapshot.pool_id, tenants))
         clock = out.lap("write_units_nodes_and_assignments", clock)
         # What `decide` left and what lost a race: nothing below changes them but a new layout's tasks,
         # written again after it.
         # The placements have gone out: the estimates are worked out while the server writes them.
-        if explain is not None:
-            decisions = explain()
+        decisions = attempt.explained()
         clock = out.lap("explain", clock)
         out.reasons, estimates = _why_pending(decisions, lost, now.timestamp())
         _write_why_pending(snapshot, out.reasons, estimates)
         clock = out.lap("why_pending", clock)
-    for check in checks:
-        check()
+    try:
+        for check in checks:
+            check()
+    except Conflict as conflict:
+        if unlocked:
+            raise _Changed(str(conflict)) from conflict
+        raise
     # The wait for the server to finish the statements above (their time shows here, not in their phases).
-    clock = out.lap("writes_finished", clock)
-    # Claims first: a task whose claims were given up may get new ones now (one open claim per task and GPU).
-    _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
-    if layouts := _write_layouts(snapshot, kept_plans, cycle, now):
-        lost.update(layouts)
-        reasons_now, estimates = _why_pending(decisions, lost, now.timestamp())
-        _write_why_pending(snapshot, {t: reasons_now[t] for t in layouts}, estimates)
-        out.reasons = reasons_now
-    out.decisions = decisions
-    # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
-    node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
-    clock = out.lap("repartitions", clock)
-    out.placed = len(winners)
-    out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
+    return out.lap("writes_finished", clock)
 
-    # 6. Preempt: the victim returns to pending with its attempt counted; the agent stops it when its
-    # node's desired state no longer lists it.
-    for preemption in decisions.preemptions:
-        info = snapshot.running[preemption.victim_task_id]
-        victim = Task(pk=info.pk, state=info.state, version=info.version, tenant_id=info.tenant_id)
-        reason = f"preempted for task {preemption.for_task_id}: {preemption.reason}"
-        try:
-            with transaction.atomic():
-                moved = task_transition(
-                    task=victim, to_state=Task.State.PREEMPTED, actor=ACTOR, reason=reason, now=now
-                )
-                task_transition(
-                    task=moved,
-                    to_state=Task.State.PENDING,
-                    actor=ACTOR,
-                    reason="requeued after preemption",
-                    now=now,
-                    why_pending=reason[:500],
-                )
-        except Conflict:
-            out.conflicts += 1
-            continue
-        Node.objects.filter(pk=info.node_id).update(version=F("version") + 1)
-        out.preempted += 1
-    out.lap("preempt", clock)
-    out.held_back = lost
-    return out
+
+def _send_quota_check(pool_id: int, tenant_ids: Sequence[int]) -> Callable[[], None]:
+    """Lock the tenants' quota rows and send the read of what each holds in the pool (this cycle's writes
+    included) beside its limit; returns the check, which raises `Conflict` for a tenant above it."""
+    cursor = connection.cursor()  # closed by the check, once the statement has answered
+    cursor.execute(
+        f"SELECT q.tenant_id, q.guaranteed_milli + q.borrow_limit_milli, (SELECT coalesce(sum("
+        f"t.gpu_count * t.gpu_milli), 0) FROM {Task._meta.db_table} t WHERE t.pool_id = q.pool_id AND "
+        "t.tenant_id = q.tenant_id AND t.state = ANY(%(live)s)) "
+        f"FROM {Quota._meta.db_table} q "
+        "WHERE q.pool_id = %(pool)s AND q.tenant_id = ANY(%(tenants)s::bigint[]) "
+        "ORDER BY q.id FOR UPDATE OF q",
+        {"pool": pool_id, "tenants": _int_array(tenant_ids), "live": list(LIVE_STATES)},
+    )
+
+    def check() -> None:
+        with cursor:
+            over = [tenant for tenant, limit, used in cursor.fetchall() if used > limit]
+        if over:
+            raise Conflict(f"tenants {over} would hold more than their quota limit")
+
+    return check
 
 
 def _event_sentences(
@@ -477,12 +594,13 @@ def _close_claims(snapshot: PoolSnapshot, *, bound: set[str], now: datetime) -> 
 def _write_placements(
     *,
     held: Mapping[int, Sequence[int]],
-    nodes: set[int],
+    nodes: Mapping[int, int],
     assignments: Sequence[tuple[int, int, bool]],
     cycle: Cycle,
     deferred: list[Callable[[], None]] | None = None,
 ) -> None:
-    """Raise node versions and insert assignments with the ids of the units they hold.
+    """Raise node versions (`nodes`: node → the version the snapshot saw, compared and set) and insert
+    assignments with the ids of the units they hold.
 
     `held` maps each task to the units it binds, in order. A unit's holder is the live assignment that
     lists it (`apps.scheduling.holders`), so binding writes no unit row: the nodes are locked and found
@@ -501,7 +619,7 @@ def _write_placements(
     if not binds and not nodes:
         return
     if connection.vendor != "postgresql":
-        _write_placements_orm(held=held, nodes=nodes, assignments=assignments, cycle=cycle)
+        _write_placements_orm(held=held, nodes=set(nodes), assignments=assignments, cycle=cycle)
         return
     # Ids are ints from the database, so the literals need no quoting.
     ids_of = {task: ",".join(map(str, ids)) for task, ids in held.items() if ids}
@@ -514,8 +632,9 @@ def _write_placements(
         "   JOIN unnest(%(unit)s::bigint[]) AS v(id) ON v.id = l.id"
         "   WHERE a.released_at IS NULL AND a.node_id = ANY(%(nodes)s::bigint[])"
         "), raised AS ("
-        f"  UPDATE {Node._meta.db_table} SET version = version + 1 WHERE id = ANY(%(nodes)s::bigint[])"
-        "   RETURNING id"
+        f"  UPDATE {Node._meta.db_table} AS n SET version = n.version + 1"
+        "   FROM unnest(%(nodes)s::bigint[], %(versions)s::bigint[]) AS v(id, seen)"
+        "   WHERE n.id = v.id AND n.version = v.seen RETURNING n.id"
         "), made AS ("
         f"  INSERT INTO {table}"
         "   (task_id, node_id, cycle_id, borrowed, created_at, release_reason, unit_ids)"
@@ -527,6 +646,7 @@ def _write_placements(
         {
             "unit": "{" + ",".join(ids_of.values()) + "}",
             "nodes": _int_array(sorted(nodes)),
+            "versions": _int_array(nodes[n] for n in sorted(nodes)),
             "cycle": cycle.pk,
             # created_at is the writing time, as auto_now_add sets it (the cycle's `now` may be
             # simulated).
@@ -541,9 +661,11 @@ def _write_placements(
 
     def check() -> None:
         with cursor:
-            taken, _, made = cursor.fetchone()
+            taken, raised, made = cursor.fetchone()
         if taken or made != len(assignments):
             raise Conflict(f"{taken} of {binds} compute units were taken during the commit")
+        if raised != len(nodes):
+            raise Conflict(f"{len(nodes) - raised} of {len(nodes)} nodes changed since the snapshot")
 
     if deferred is None:
         check()
@@ -789,6 +911,8 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
                 "fragmentation_after": _frag(after),
                 "commit_phases_ms": commit.phases_ms,
                 "commit_phases_cpu_ms": commit.phases_cpu_ms,
+                # Why the unlocked commit was rolled back for the locked one (None: it held, or none ran).
+                "commit_unlocked_missed": commit.unlocked_missed or None,
                 "cpu_ms": cpu_ms,
                 "precarved": precarved,
                 "shape_mix_source": steer.source,

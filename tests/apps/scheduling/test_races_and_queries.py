@@ -229,7 +229,10 @@ def test_a_tenant_that_reached_its_limit_while_the_cycle_decided_gets_no_more(
         return snapshot
 
     monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_start_another)
-    services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    # The unlocked attempt found the tenant above its limit once written, and went the locked way.
+    missed = Cycle.objects.get(pk=report.cycle_id).stats["commit_unlocked_missed"]
+    assert "more than their quota limit" in missed
     first.refresh_from_db()
     second.refresh_from_db()
     assert sorted([first.state, second.state]) == ["assigned", "pending"]
