@@ -16,7 +16,7 @@ import threading
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -150,67 +150,83 @@ def _lock_rows(model: type, pks: Iterable[int], fields: Sequence[str]) -> dict[i
 
 
 class _Changed(Exception):
-    """The unlocked attempt found a row moved since the snapshot: its savepoint is rolled back."""
+    """The unlocked attempt found a row moved since the snapshot, or `decide` moved one of the engine's
+    placements: its savepoint is rolled back."""
 
 
 def _commit(
     snapshot: PoolSnapshot,
-    decisions: Decisions,
     cycle: Cycle,
     now: datetime,
-    explain: Callable[[], Decisions] | None = None,
+    *,
+    begun: Sequence[Placement],
+    finish: Callable[[], Decisions],
+    explain: Callable[[Decisions], Decisions] | None = None,
+    reason_of: Callable[[str], str | None] = lambda _: None,
 ) -> _Commit:
-    """Write placements, then preemptions; what lost a race or `decide` left stays pending with a reason.
+    """Finish `decide` and write what it decided, then preemptions; what lost a race or `decide` left
+    stays pending with a reason.
 
-    Steps: 1. every placement names its units already (`decide` bound it); 2. the writes, unlocked
-    (`_write`): sent at once, each a compare-and-set against the snapshot (tasks still pending at the
-    version seen, nodes at the version seen, tenants within their limit once written), in a savepoint;
-    when all hold (nearly always: one cycle per pool runs at a time) that is the commit. Else, or with new
-    layouts to write, back to the savepoint and the locked path: 3. lock quotas, nodes and tasks (in that
-    order, ids ascending) and compare with the snapshot; 4. drop whole gangs that lost any member; 5. keep
-    tenants within their limit; 6. write tasks, units, nodes, assignments and why-pending, then new
-    layouts; 7. preempt. `explain`, when given, completes `decisions` with their estimates
-    (`Decider.explain`) once the placements' writes have gone out, while the server works on them (a
-    10,000-task cycle's writes keep it busy for a fifth of a second), once whichever path writes; why-pending
-    is written from what it returns. `out.decisions` are the decisions as completed.
+    `begun` are the engine's placements (`Decider.begin`), `finish` the rest of the decision
+    (`Decider.finish`: units, re-carves, reasons), `explain` what completes it with estimates
+    (`Decider.explain`), `reason_of` the policy's words for a placement as `begun` made it.
+
+    Steps: 1. unlocked, in a savepoint: the engine's task moves go out, `finish` runs while the server
+    moves the rows, and, if it bound every one of them as the engine placed it, the rest of the writes
+    follow (`_send_writes`), each a compare-and-set against the snapshot (tasks still pending at the
+    version seen, nodes at the version seen, tenants within their limit once written). When all hold
+    (nearly always: one cycle per pool runs at a time) that is the commit. Else, or with new layouts to
+    write, back to the savepoint and the locked path: 2. lock quotas, nodes and tasks (in that order, ids
+    ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep tenants
+    within their limit; 5. write tasks, units, nodes, assignments and why-pending, then new layouts;
+    6. preempt. `explain` runs once the placements' writes have gone out, while the server works on them
+    (a 10,000-task cycle's writes keep it busy for a fifth of a second), once whichever path writes.
+    `out.decisions` are the decisions as completed.
     """
     out = _Commit()
     clock = time.perf_counter()
     request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
+    done: dict[str, Decisions] = {}
 
-    # 1. Units for each placement: named by the decision, with the version the snapshot saw.
-    units_for: dict[str, tuple[int, ...]] = {b.task_id: b.unit_ids for b in decisions.placements}
-    placements = [b.placement for b in decisions.placements]
-    plans = [((snapshot.node_ids[layout.gpu[0]], layout.gpu[1]), layout.plan) for layout in decisions.layouts]
-    clock = out.lap("map_units", clock)
-    completed: list[Decisions] = []
+    def decided() -> Decisions:  # `finish`, once, whichever attempt writes
+        if "finished" not in done:
+            done["finished"] = finish()
+        return done["finished"]
 
     def explained() -> Decisions:  # once, whichever attempt writes
-        if not completed:
-            completed.append(explain() if explain is not None else decisions)
-        return completed[0]
+        if "explained" not in done:
+            done["explained"] = explain(decided()) if explain is not None else decided()
+        return done["explained"]
 
-    attempt = _Attempt(snapshot, decisions, units_for, request_of, cycle, now, explained, out)
-
-    # 2. Unlocked: a cycle's commit used to spend 30-45 ms locking and comparing 8,000 rows before its
-    # first write, to find what nearly never moves. New layouts go the locked way (they lock GPUs' units).
+    attempt = _Attempt(snapshot, request_of, cycle, now, explained, out)
     lost: dict[str, tuple[str, str]] | None = None
     kept_plans: list[tuple[tuple[int, int], RepartitionPlan]] = []
-    if connection.vendor == "postgresql" and not plans:
+    if connection.vendor == "postgresql":
         try:
             with transaction.atomic():
-                clock = _write(attempt, placements, [], {}, clock, unlocked=True)
+                clock = _write_unlocked(attempt, begun, decided, reason_of, clock)
             lost = {}
         except (_Changed, IntegrityError, OperationalError) as changed:
             # A row moved since the snapshot (a unique index can be the first to say so: a task another
             # cycle placed meanwhile has its live assignment): the locked path sorts out what is lost.
             out.unlocked_missed = str(changed).splitlines()[0][:300]
             clock = out.lap("unlocked_missed", clock)
+    decisions = decided()
+    placements = [b.placement for b in decisions.placements]
     if lost is None:
+        units_for = {b.task_id: b.unit_ids for b in decisions.placements}
+        plans = [((snapshot.node_ids[lay.gpu[0]], lay.gpu[1]), lay.plan) for lay in decisions.layouts]
         lost, kept_plans = _lock_and_compare(snapshot, placements, units_for, plans, request_of)
         clock = out.lap("lock_and_compare", clock)
         winners = [p for p in placements if p.task_id not in lost]
-        clock = _write(attempt, winners, kept_plans, lost, clock, unlocked=False)
+        checks: list[Callable[[], None]] = []
+        with pipelined():
+            clock = _send_writes(
+                attempt, decisions, winners, (), kept_plans, lost, checks, clock, unlocked=False
+            )
+        for check in checks:
+            check()
+        clock = out.lap("writes_finished", clock)
     else:
         winners = placements
     decisions = explained()
@@ -228,7 +244,7 @@ def _commit(
     out.placed = len(winners)
     out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
 
-    # 7. Preempt: the victim returns to pending with its attempt counted; the agent stops it when its
+    # 6. Preempt: the victim returns to pending with its attempt counted; the agent stops it when its
     # node's desired state no longer lists it.
     for preemption in decisions.preemptions:
         info = snapshot.running[preemption.victim_task_id]
@@ -255,6 +271,69 @@ def _commit(
     out.lap("preempt", clock)
     out.held_back = lost
     return out
+
+
+def _write_unlocked(
+    attempt: _Attempt,
+    begun: Sequence[Placement],
+    decided: Callable[[], Decisions],
+    reason_of: Callable[[str], str | None],
+    clock: float,
+) -> float:
+    """Step 1 of `_commit`: every write without a lock, each compared and set; `_Changed` when one fails.
+
+    The engine's task moves go out first and `decide` finishes (`decided`) while the server moves the
+    rows: a 10,000-task cycle's moves and events keep it busy for 0.13 s, which `decide`'s binding of
+    units (50 ms) and this process's building of the next statements now overlap. Should `decide` have
+    bound one of them elsewhere, taken one back, or planned new layouts (which lock the GPUs' units),
+    the attempt is rolled back: the locked path writes what it decided."""
+    out, snapshot = attempt.out, attempt.snapshot
+    said: dict[str, str | None] = {}
+
+    def sentences() -> dict[int, list[str]]:
+        # The policy's words as the engine placed them (`decide` may re-place a task and say others).
+        said.update({p.task_id: reason_of(p.task_id) for p in begun})
+        return _event_sentences(snapshot, said.get, begun, attempt.request_of, attempt.cycle)
+
+    checks: list[Callable[[], None]] = []
+    with pipelined():
+        tasks_transition_bulk(
+            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in begun],
+            from_state=Task.State.PENDING,
+            path=[Task.State.ADMITTED, Task.State.ASSIGNED],
+            actor=ACTOR,
+            reasons=sentences,  # built once the UPDATE has gone out: the server moves the rows meanwhile
+            now=attempt.now,
+            deferred=checks,
+        )
+        clock = out.lap("write_engine_moves", clock)
+        decisions = decided()
+        clock = out.lap("decide_finish", clock)
+        if decisions.layouts:
+            raise _Changed(f"{len(decisions.layouts)} new layouts to write (the locked way)")
+        final = {b.task_id: b.placement for b in decisions.placements}
+        placed = decisions.placement_reasons.get
+        moved = sum(1 for p in begun if final.get(p.task_id) != p or placed(p.task_id) != said.get(p.task_id))
+        if moved:
+            raise _Changed(f"decide bound {moved} of the engine's {len(begun)} placements otherwise")
+        clock = _send_writes(
+            attempt,
+            decisions,
+            [b.placement for b in decisions.placements],
+            {p.task_id for p in begun},
+            (),
+            {},
+            checks,
+            clock,
+            unlocked=True,
+        )
+    try:
+        for check in checks:
+            check()
+    except Conflict as conflict:
+        raise _Changed(str(conflict)) from conflict
+    # The wait for the server to finish the statements above (their time shows here, not in their phases).
+    return out.lap("writes_finished", clock)
 
 
 def _lock_and_compare(
@@ -350,83 +429,69 @@ class _Attempt:
     """What either attempt of `_commit` writes from."""
 
     snapshot: PoolSnapshot
-    decisions: Decisions  # as `decide` stepped; `explained` completes them
-    units_for: Mapping[str, tuple[int, ...]]
     request_of: Mapping[str, TaskRequest]
     cycle: Cycle
     now: datetime
-    explained: Callable[[], Decisions]
+    explained: Callable[[], Decisions]  # the decisions completed with their estimates
     out: _Commit
 
 
-def _write(
+def _send_writes(
     attempt: _Attempt,
+    decisions: Decisions,
     winners: Sequence[Placement],
+    moved: Collection[str],
     kept_plans: Sequence[tuple[tuple[int, int], RepartitionPlan]],
     lost: Mapping[str, tuple[str, str]],
+    checks: list[Callable[[], None]],
     clock: float,
     *,
     unlocked: bool,
 ) -> float:
-    """Step 6 of `_commit`: the placements' writes and why-pending, each checked against the snapshot.
+    """Send the placements' writes and why-pending inside the caller's pipeline; their compare-and-set
+    checks go to `checks`, for after it. The task moves of `moved` went out already.
 
-    Unlocked (every placement, no layouts), a failed check raises `_Changed` for `_commit` to roll the
-    savepoint back, and the tenants' limits are checked here, on what they hold once these are written.
-    Locked, the rows were compared already: a failed check is a writer that skipped the locks (`Conflict`,
-    the cycle rolls back)."""
-    snapshot, units_for, cycle, now, out = (
-        attempt.snapshot,
-        attempt.units_for,
-        attempt.cycle,
-        attempt.now,
-        attempt.out,
-    )
-    tenants = sorted({snapshot.pending[p.task_id].tenant_id for p in winners})
-    nodes = {snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans}
-    # The bulk writes go out in one pipeline (`pipelined`): each statement's parameters are built while
-    # the server runs the one before, and their compare-and-set checks run once all have answered.
-    checks: list[Callable[[], None]] = []
-    with pipelined():
+    Unlocked, the tenants' limits are checked here too, on what they hold once these are written; locked,
+    the rows were compared already, and a failed check is a writer that skipped the locks."""
+    snapshot, cycle, now, out = attempt.snapshot, attempt.cycle, attempt.now, attempt.out
+    units_for = {b.task_id: b.unit_ids for b in decisions.placements}
+    # Each statement's parameters are built while the server runs the one before.
+    if rest := [p for p in winners if p.task_id not in moved]:
         tasks_transition_bulk(
-            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in winners],
+            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in rest],
             from_state=Task.State.PENDING,
             path=[Task.State.ADMITTED, Task.State.ASSIGNED],
             actor=ACTOR,
             # Built once the task moves have gone out: the server moves the rows meanwhile.
-            reasons=lambda: _event_sentences(snapshot, attempt.decisions, winners, attempt.request_of, cycle),
+            reasons=lambda: _event_sentences(
+                snapshot, decisions.placement_reasons.get, rest, attempt.request_of, cycle
+            ),
             now=now,
             deferred=checks,
         )
-        clock = out.lap("write_tasks_and_events", clock)
-        _write_placements(
-            held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
-            nodes={n: snapshot.node_versions[n] for n in nodes},
-            assignments=[
-                (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
-            ],
-            cycle=cycle,
-            deferred=checks,
-        )
-        if unlocked and tenants:
-            checks.append(_send_quota_check(snapshot.pool_id, tenants))
-        clock = out.lap("write_units_nodes_and_assignments", clock)
-        # What `decide` left and what lost a race: nothing below changes them but a new layout's tasks,
-        # written again after it.
-        # The placements have gone out: the estimates are worked out while the server writes them.
-        decisions = attempt.explained()
-        clock = out.lap("explain", clock)
-        out.reasons, estimates = _why_pending(decisions, lost, now.timestamp())
-        _write_why_pending(snapshot, out.reasons, estimates)
-        clock = out.lap("why_pending", clock)
-    try:
-        for check in checks:
-            check()
-    except Conflict as conflict:
-        if unlocked:
-            raise _Changed(str(conflict)) from conflict
-        raise
-    # The wait for the server to finish the statements above (their time shows here, not in their phases).
-    return out.lap("writes_finished", clock)
+    clock = out.lap("write_tasks_and_events", clock)
+    nodes = {snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans}
+    _write_placements(
+        held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
+        nodes={n: snapshot.node_versions[n] for n in nodes},
+        assignments=[
+            (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
+        ],
+        cycle=cycle,
+        deferred=checks,
+    )
+    if unlocked and winners:
+        tenants = sorted({snapshot.pending[p.task_id].tenant_id for p in winners})
+        checks.append(_send_quota_check(snapshot.pool_id, tenants))
+    clock = out.lap("write_units_nodes_and_assignments", clock)
+    # What `decide` left and what lost a race: nothing below changes them but a new layout's tasks,
+    # written again after it. The placements have gone out: the estimates are worked out while the
+    # server writes them.
+    explained = attempt.explained()
+    clock = out.lap("explain", clock)
+    out.reasons, estimates = _why_pending(explained, lost, now.timestamp())
+    _write_why_pending(snapshot, out.reasons, estimates)
+    return out.lap("why_pending", clock)
 
 
 def _send_quota_check(pool_id: int, tenant_ids: Sequence[int]) -> Callable[[], None]:
@@ -454,7 +519,7 @@ def _send_quota_check(pool_id: int, tenant_ids: Sequence[int]) -> Callable[[], N
 
 def _event_sentences(
     snapshot: PoolSnapshot,
-    decisions: Decisions,
+    reason_of: Callable[[str], str | None],
     winners: Sequence[Placement],
     request_of: Mapping[str, TaskRequest],
     cycle: Cycle,
@@ -474,7 +539,7 @@ def _event_sentences(
         where = ",".join(str(i) for i in placement.gpu_indexes)
         unit = placement.unit.mig_profile or placement.unit.kind.value
         placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
-        if (why := decisions.placement_reasons.get(placement.task_id)) is not None:
+        if (why := reason_of(placement.task_id)) is not None:
             placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
         reasons[info.pk] = [admitted, placed]
     return reasons
@@ -866,23 +931,32 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
         snapshot, config = cycle_config(snapshot, policy=policy, now=now)
         config = replace(config, precarve=precarve_config())
         pure = with_forecast(decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve)
-        # `decide` in two parts: what to place, then (while the commit's writes run) the estimates.
+        # `decide` in three parts: the engine's pass here; the rest (units, re-carves, reasons) inside the
+        # commit, while the server moves the engine's tasks; the estimates while it writes the rest.
         decider = Decider(pure, config)
-        placed = decider.step(pure.cluster.pending, now_s, estimates=False, nodes_after=False)
+        cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)  # the events name it
+        begun = decider.begin(pure.cluster.pending, now_s)
         solve_ms = (time.perf_counter() - started) * 1000
         cpu_ms["solve"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()
         # 4. Commit.
         started = time.perf_counter()
-        cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)
         measured: list[ClusterFragmentation] = []
 
-        def explain() -> Decisions:  # with the pool's fragmentation before and after, while the server writes
+        def explain(placed: Decisions) -> Decisions:  # with the pool's fragmentation before and after
             explained = decider.explain(placed, now_s)
             measured.append(cluster_fragmentation(nodes_before(pure), mix))
             measured.append(cluster_fragmentation(explained.nodes_after, mix))
             return explained
 
-        commit = _commit(snapshot, placed, cycle, now, explain=explain)
+        commit = _commit(
+            snapshot,
+            cycle,
+            now,
+            begun=begun,
+            finish=lambda: decider.finish(now_s, estimates=False, nodes_after=False),
+            explain=explain,
+            reason_of=decider.placement_reason,
+        )
         decisions, (before, after) = commit.decisions, measured
         precarved = precarves_commit(snapshot, decisions, cycle, now)
         # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).

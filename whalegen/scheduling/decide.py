@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from whalegen.placement.engine import Engine
 from whalegen.placement.recarve import CAPACITY_OUTCOMES, can_use_mig, with_gpus
@@ -86,6 +86,19 @@ from whalegen.scheduling.types import (
 from whalegen.scheduling.units import Mapped, map_placement
 
 
+@dataclass
+class _Begun:
+    """What `Decider.begin` hands `Decider.finish`: one step's state after the engine's pass."""
+
+    unplaced: dict[str, Reason]
+    bound: list[Bound]  # claims bound in step 1
+    ordered: list[TaskRequest]
+    requests: dict[str, TaskRequest]
+    placements: list[Placement]
+    left: dict[str, Unplaced]
+    preemptions: list[Preemption]
+
+
 def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
     """Every decision of one cycle over `snapshot` (see the module for the steps)."""
     return Decider(snapshot, config).step(snapshot.cluster.pending, now_s, estimates=estimates)
@@ -120,6 +133,7 @@ class Decider:
         self._before_recarve: dict[GpuKey, GpuState] = {}
         self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
         self._held: dict[str, Reason] = {}  # tasks the last step held back for a reservation
+        self._begun: _Begun | None = None  # between `begin` and `finish`
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -141,6 +155,14 @@ class Decider:
         `estimates` and `nodes_after` cost a sweep over the pool; a replay that steps once per arriving
         task and reads neither turns them off.
         """
+        self.begin(pending, now_s)
+        return self.finish(now_s, estimates=estimates, nodes_after=nodes_after)
+
+    def begin(self, pending: Sequence[TaskRequest], now_s: float) -> tuple[Placement, ...]:
+        """`step`'s steps 1-3 (claims, order, the engine on present units); `finish` does the rest. Returns
+        the engine's placements: step 4 binds nearly all of them as they are, but may move one or take it
+        back (and place others), so they are what the decision will most likely say, not what it says.
+        The production cycle sends their task moves while `finish` runs."""
         snapshot = self.snapshot
         unplaced: dict[str, Reason] = {}
         bound: list[Bound] = []
@@ -166,6 +188,23 @@ class Decider:
         self.requests.update(requests)
         # 3. Present units.
         placements, left, preemptions = self._present(ordered, now_s)
+        self._begun = _Begun(unplaced, bound, ordered, requests, placements, left, preemptions)
+        return tuple(placements)
+
+    def placement_reason(self, task_id: str) -> str | None:
+        """The policy's own words for where it put `task_id` last, when it explains its choices
+        (`whalegen.placement.aware`; `Decisions.placement_reasons` keeps those of the step's placements)."""
+        said: Mapping[str, str] = getattr(self.engine.policy, "reasons", {})
+        return said.get(task_id)
+
+    def finish(self, now_s: float, *, estimates: bool = True, nodes_after: bool = True) -> Decisions:
+        """`step`'s steps 3b-7, after `begin` (see `step`)."""
+        if self._begun is None:
+            raise RuntimeError("finish() without begin()")
+        begun, self._begun = self._begun, None
+        snapshot = self.snapshot
+        unplaced, bound, ordered, requests = begun.unplaced, begun.bound, begun.ordered, begun.requests
+        placements, left, preemptions = begun.placements, begun.left, begun.preemptions
         # 3b. Reservation (only with `Config.reserve`): backfill that would delay the first large task
         #     left waiting is taken back (whalegen.scheduling.reserve).
         reservation: Reservation | None = None
