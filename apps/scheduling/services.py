@@ -64,6 +64,9 @@ LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
 LOST_RACE = "lost_race"
 WAITING_FOR_LAYOUT = Code.WAITING_FOR_LAYOUT
 CYCLE_WORK_MEM = "64MB"
+# The engine's placements go to the database in chunks of this many task moves while it places the rest:
+# each chunk is two statements (moves, events); the last waits for the engine to end.
+STREAM_CHUNK = 500
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
@@ -159,20 +162,24 @@ def _commit(
     cycle: Cycle,
     now: datetime,
     *,
-    begun: Sequence[Placement],
+    begin: Callable[[Callable[[list[Placement]], None] | None], Sequence[Placement]],
     finish: Callable[[], Decisions],
     explain: Callable[[Decisions], Decisions] | None = None,
+    measure: Callable[[Decisions], None] | None = None,
     reason_of: Callable[[str], str | None] = lambda _: None,
 ) -> _Commit:
     """Finish `decide` and write what it decided, then preemptions; what lost a race or `decide` left
     stays pending with a reason.
 
-    `begun` are the engine's placements (`Decider.begin`), `finish` the rest of the decision
-    (`Decider.finish`: units, re-carves, reasons), `explain` what completes it with estimates
-    (`Decider.explain`), `reason_of` the policy's words for a placement as `begun` made it.
+    `begin` is `decide` up to the engine's placements (`Decider.begin`, told of each as it is made),
+    `finish` the rest of the decision (`Decider.finish`: units, re-carves, reasons), `explain` what
+    completes it with estimates (`Decider.explain`), `measure` what the caller measures of the completed
+    decisions (once their last statement has gone out), `reason_of` the policy's words for a placement as
+    the engine made it.
 
-    Steps: 1. unlocked, in a savepoint: the engine's task moves go out, `finish` runs while the server
-    moves the rows, and, if it bound every one of them as the engine placed it, the rest of the writes
+    Steps: 1. unlocked, in a savepoint: the engine's task moves go out as it places them, `finish` runs
+    while the server moves the last of them, and, if it bound every one as the engine placed it, the rest
+    of the writes
     follow (`_send_writes`), each a compare-and-set against the snapshot (tasks still pending at the
     version seen, nodes at the version seen, tenants within their limit once written). When all hold
     (nearly always: one cycle per pool runs at a time) that is the commit. Else, or with new layouts to
@@ -187,6 +194,7 @@ def _commit(
     clock = time.perf_counter()
     request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
     done: dict[str, Decisions] = {}
+    begun: list[Placement] = []
 
     def decided() -> Decisions:  # `finish`, once, whichever attempt writes
         if "finished" not in done:
@@ -198,19 +206,30 @@ def _commit(
             done["explained"] = explain(decided()) if explain is not None else decided()
         return done["explained"]
 
-    attempt = _Attempt(snapshot, request_of, cycle, now, explained, out)
+    def measured() -> None:  # once, whichever attempt writes
+        if "measured" not in done:
+            done["measured"] = explained()
+            if measure is not None:
+                measure(done["measured"])
+
+    attempt = _Attempt(snapshot, request_of, cycle, now, explained, measured, out)
     lost: dict[str, tuple[str, str]] | None = None
     kept_plans: list[tuple[tuple[int, int], RepartitionPlan]] = []
     if connection.vendor == "postgresql":
         try:
             with transaction.atomic():
-                clock = _write_unlocked(attempt, begun, decided, reason_of, clock)
+                clock = _write_unlocked(attempt, begin, begun, decided, reason_of, clock)
             lost = {}
         except (_Changed, IntegrityError, OperationalError) as changed:
             # A row moved since the snapshot (a unique index can be the first to say so: a task another
             # cycle placed meanwhile has its live assignment): the locked path sorts out what is lost.
             out.unlocked_missed = str(changed).splitlines()[0][:300]
             clock = out.lap("unlocked_missed", clock)
+    else:
+        begun += begin(None)
+        clock = out.lap("decide_begin", clock)
+        decided()
+        clock = out.lap("decide_finish", clock)
     decisions = decided()
     placements = [b.placement for b in decisions.placements]
     if lost is None:
@@ -275,52 +294,68 @@ def _commit(
 
 def _write_unlocked(
     attempt: _Attempt,
-    begun: Sequence[Placement],
+    begin: Callable[[Callable[[list[Placement]], None] | None], Sequence[Placement]],
+    begun: list[Placement],
     decided: Callable[[], Decisions],
     reason_of: Callable[[str], str | None],
     clock: float,
 ) -> float:
     """Step 1 of `_commit`: every write without a lock, each compared and set; `_Changed` when one fails.
 
-    The engine's task moves go out first and `decide` finishes (`decided`) while the server moves the
-    rows: a 10,000-task cycle's moves and events keep it busy for 0.13 s, which `decide`'s binding of
-    units (50 ms) and this process's building of the next statements now overlap. Should `decide` have
-    bound one of them elsewhere, taken one back, or planned new layouts (which lock the GPUs' units),
-    the attempt is rolled back: the locked path writes what it decided."""
+    The engine's task moves go out in chunks as it places the tasks (`begin`, whose placements end up in
+    `begun`), and `decide` finishes (`decided`) while the server moves the last: a 10,000-task cycle's
+    moves and events keep the server busy for 0.13 s, which the engine's own half second now covers.
+    Should `decide` then have bound one of them elsewhere, taken one back, or planned new layouts (which
+    lock the GPUs' units), the attempt is rolled back: the locked path writes what it decided."""
     out, snapshot = attempt.out, attempt.snapshot
-    said: dict[str, str | None] = {}
-
-    def sentences() -> dict[int, list[str]]:
-        # The policy's words as the engine placed them (`decide` may re-place a task and say others).
-        said.update({p.task_id: reason_of(p.task_id) for p in begun})
-        return _event_sentences(snapshot, said.get, begun, attempt.request_of, attempt.cycle)
-
+    said: dict[str, str | None] = {}  # the policy's words for each placement as the engine made it
+    sent: set[str] = set()
+    chunk: list[Placement] = []
     checks: list[Callable[[], None]] = []
-    with pipelined():
+
+    def send() -> None:
+        moving = [p for p in chunk if p.task_id not in sent]
+        chunk.clear()
+        if not moving:
+            return
+        said.update({p.task_id: reason_of(p.task_id) for p in moving})
+        sent.update(p.task_id for p in moving)
         tasks_transition_bulk(
-            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in begun],
+            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in moving],
             from_state=Task.State.PENDING,
             path=[Task.State.ADMITTED, Task.State.ASSIGNED],
             actor=ACTOR,
-            reasons=sentences,  # built once the UPDATE has gone out: the server moves the rows meanwhile
+            reasons=lambda: _event_sentences(snapshot, said.get, moving, attempt.request_of, attempt.cycle),
             now=attempt.now,
             deferred=checks,
         )
+
+    def placed(placements: list[Placement]) -> None:
+        chunk.extend(placements)
+        if len(chunk) >= STREAM_CHUNK:
+            send()
+
+    with pipelined():
+        begun += begin(placed)
+        clock = out.lap("decide_begin", clock)
+        # The last chunk; all of them when the engine made two passes (and said nothing as it went).
+        chunk[:] = [p for p in begun if p.task_id not in sent]
+        send()
         clock = out.lap("write_engine_moves", clock)
         decisions = decided()
         clock = out.lap("decide_finish", clock)
         if decisions.layouts:
             raise _Changed(f"{len(decisions.layouts)} new layouts to write (the locked way)")
         final = {b.task_id: b.placement for b in decisions.placements}
-        placed = decisions.placement_reasons.get
-        moved = sum(1 for p in begun if final.get(p.task_id) != p or placed(p.task_id) != said.get(p.task_id))
+        words = decisions.placement_reasons.get
+        moved = sum(1 for p in begun if final.get(p.task_id) != p or words(p.task_id) != said.get(p.task_id))
         if moved:
             raise _Changed(f"decide bound {moved} of the engine's {len(begun)} placements otherwise")
         clock = _send_writes(
             attempt,
             decisions,
             [b.placement for b in decisions.placements],
-            {p.task_id for p in begun},
+            sent,
             (),
             {},
             checks,
@@ -433,6 +468,7 @@ class _Attempt:
     cycle: Cycle
     now: datetime
     explained: Callable[[], Decisions]  # the decisions completed with their estimates
+    measured: Callable[[], None]  # what the cycle measures of them, once
     out: _Commit
 
 
@@ -491,7 +527,9 @@ def _send_writes(
     clock = out.lap("explain", clock)
     out.reasons, estimates = _why_pending(explained, lost, now.timestamp())
     _write_why_pending(snapshot, out.reasons, estimates)
-    return out.lap("why_pending", clock)
+    clock = out.lap("why_pending", clock)
+    attempt.measured()  # the cycle record's figures: no statement waits for them
+    return out.lap("measure", clock)
 
 
 def _send_quota_check(pool_id: int, tenant_ids: Sequence[int]) -> Callable[[], None]:
@@ -935,26 +973,25 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
         # commit, while the server moves the engine's tasks; the estimates while it writes the rest.
         decider = Decider(pure, config)
         cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)  # the events name it
-        begun = decider.begin(pure.cluster.pending, now_s)
+        # The decision's inputs: its steps run inside the commit (`Cycle.stats["commit_phases_ms"]`).
         solve_ms = (time.perf_counter() - started) * 1000
         cpu_ms["solve"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()
         # 4. Commit.
         started = time.perf_counter()
         measured: list[ClusterFragmentation] = []
 
-        def explain(placed: Decisions) -> Decisions:  # with the pool's fragmentation before and after
-            explained = decider.explain(placed, now_s)
+        def measure(explained: Decisions) -> None:  # the pool's fragmentation before and after
             measured.append(cluster_fragmentation(nodes_before(pure), mix))
             measured.append(cluster_fragmentation(explained.nodes_after, mix))
-            return explained
 
         commit = _commit(
             snapshot,
             cycle,
             now,
-            begun=begun,
+            begin=lambda placed: decider.begin(pure.cluster.pending, now_s, on_placed=placed),
             finish=lambda: decider.finish(now_s, estimates=False, nodes_after=False),
-            explain=explain,
+            explain=lambda placed: decider.explain(placed, now_s),
+            measure=measure,
             reason_of=decider.placement_reason,
         )
         decisions, (before, after) = commit.decisions, measured
@@ -963,6 +1000,12 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
         reasons = commit.reasons
         commit_ms = (time.perf_counter() - started) * 1000
         cpu_ms["commit"] = round((time.process_time() - cpu) * 1000, 1)
+        # `decide`'s steps ran inside the commit: they count as solving.
+        for phase in ("decide_begin", "decide_finish"):
+            solve_ms += commit.phases_ms.get(phase, 0.0)
+            commit_ms -= commit.phases_ms.get(phase, 0.0)
+            cpu_ms["solve"] += commit.phases_cpu_ms.get(phase, 0.0)
+            cpu_ms["commit"] -= commit.phases_cpu_ms.get(phase, 0.0)
         # 6. Record.
         by_code: dict[str, int] = defaultdict(int)
         for code, _ in reasons.values():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,8 +227,17 @@ class Engine:
 
     # -- the cycle ---------------------------------------------------------------------------------
 
-    def solve(self, pending: tuple[TaskRequest, ...], now: float) -> CycleResult:
+    def solve(
+        self,
+        pending: tuple[TaskRequest, ...],
+        now: float,
+        on_placed: Callable[[list[Placement]], None] | None = None,
+    ) -> CycleResult:
         """Place what fits, in priority order, and commit it to the working copy.
+
+        `on_placed`, when given, hears each unit's placements as they are committed (a gang's at once):
+        they stay in this result, so a caller may start on them while the rest is placed (the production
+        cycle sends their task moves to the database meanwhile).
 
         Steps: 1. order tasks: the caller's `order_key` first where given (lowest first), then priority,
         then submission time; gangs go as one unit at the position of their first member. 2. For each
@@ -303,8 +313,10 @@ class Engine:
                 unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, problem) for t in unit]
                 continue
             if failed is None:
-                for task, binding in bound:
-                    placements.append(self._commit(task, binding, borrowed, now))
+                made = [self._commit(task, binding, borrowed, now) for task, binding in bound]
+                placements += made
+                if on_placed is not None:
+                    on_placed(made)
                 continue
             for _, binding in reversed(bound):
                 self.state.release(binding.task_id)

@@ -38,7 +38,7 @@ Steps of one decision (`Decider.step`):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from whalegen.placement.engine import Engine
@@ -158,11 +158,17 @@ class Decider:
         self.begin(pending, now_s)
         return self.finish(now_s, estimates=estimates, nodes_after=nodes_after)
 
-    def begin(self, pending: Sequence[TaskRequest], now_s: float) -> tuple[Placement, ...]:
+    def begin(
+        self,
+        pending: Sequence[TaskRequest],
+        now_s: float,
+        on_placed: Callable[[list[Placement]], None] | None = None,
+    ) -> tuple[Placement, ...]:
         """`step`'s steps 1-3 (claims, order, the engine on present units); `finish` does the rest. Returns
         the engine's placements: step 4 binds nearly all of them as they are, but may move one or take it
         back (and place others), so they are what the decision will most likely say, not what it says.
-        The production cycle sends their task moves while `finish` runs."""
+        The production cycle sends their task moves as `on_placed` hears of them (from the engine's one
+        pass; a pool where whole-GPU tasks first try GPUs outside MIG mode has two, and hears nothing)."""
         snapshot = self.snapshot
         unplaced: dict[str, Reason] = {}
         bound: list[Bound] = []
@@ -187,7 +193,7 @@ class Decider:
         requests.update({t.task_id: t for t in ordered})
         self.requests.update(requests)
         # 3. Present units.
-        placements, left, preemptions = self._present(ordered, now_s)
+        placements, left, preemptions = self._present(ordered, now_s, on_placed=on_placed)
         self._begun = _Begun(unplaced, bound, ordered, requests, placements, left, preemptions)
         return tuple(placements)
 
@@ -454,7 +460,12 @@ class Decider:
     # -- 3. present units --------------------------------------------------------------------------
 
     def _present(
-        self, ordered: Sequence[TaskRequest], now_s: float, *, preemption: bool = True
+        self,
+        ordered: Sequence[TaskRequest],
+        now_s: float,
+        *,
+        preemption: bool = True,
+        on_placed: Callable[[list[Placement]], None] | None = None,
     ) -> tuple[list[Placement], dict[str, Unplaced], list[Preemption]]:
         """Placements on present units; the tasks left with the engine's reason; preemption proposals."""
         engine = self.engine
@@ -466,7 +477,7 @@ class Decider:
         engine.config = config
         whole_first = self.has_mig and any(_whole_any(t) for t in ordered)
         if not whole_first:
-            result = engine.solve(tuple(ordered), now_s)
+            result = engine.solve(tuple(ordered), now_s, on_placed)
             engine.config = self.engine_config
             return list(result.placements), {u.task_id: u for u in result.unplaced}, list(result.preemptions)
         # A whole-GPU task first sees whole GPUs outside MIG mode only (EXCLUSIVE asks exactly that of a

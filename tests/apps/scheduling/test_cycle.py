@@ -79,9 +79,9 @@ def test_the_cycle_asks_the_engine_once_with_its_own_order(fleet, monkeypatch) -
     calls: list[list[tuple[str, int | None]]] = []
     real = Engine.solve
 
-    def spy(self: Engine, pending: tuple, now: float) -> object:
+    def spy(self: Engine, pending: tuple, now: float, on_placed: object = None) -> object:
         calls.append([(t.task_id, t.order_key) for t in pending])
-        return real(self, pending, now)
+        return real(self, pending, now, on_placed)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Engine, "solve", spy)
     fleet.node(gpus=2)

@@ -5,6 +5,7 @@ whole, MPS and MIG GPUs (some MIG GPUs idle, some partly held by a first cycle's
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -82,15 +83,24 @@ def _submit(fleet: Fleet, specs: list[tuple[str, tuple[int, int], str, int]]) ->
     first=st.lists(task_specs, max_size=5),
     second=st.lists(task_specs, min_size=1, max_size=8),
     policy=st.sampled_from(["whalegen", "bestfit"]),
+    chunk=st.sampled_from([1, 500]),
 )
 def test_the_cycle_binds_what_decide_decides_on_the_same_snapshot(
-    db: None, nodes: list[list[tuple[str, int | None, int]]], first: list[Any], second: list[Any], policy: str
+    db: None,
+    nodes: list[list[tuple[str, int | None, int]]],
+    first: list[Any],
+    second: list[Any],
+    policy: str,
+    chunk: int,
 ) -> None:
+    """`chunk`: the commit sends the engine's task moves as it places them, in chunks of this many (1: each
+    on its own, while the engine runs on; 500: all of them once it is done, in these small pools)."""
     from apps.inventory.services import pool_create
+    from apps.scheduling import services
     from apps.scheduling.models import Assignment
     from apps.scheduling.selectors import snapshot_for_pool
     from apps.scheduling.services import cycle_mix, cycle_run, decision_input
-    from apps.workloads.models import Task
+    from apps.workloads.models import Task, TaskEvent
     from tests.apps.factories import UserFactory
     from whalegen.scheduling import Config, decide
 
@@ -107,7 +117,8 @@ def test_the_cycle_binds_what_decide_decides_on_the_same_snapshot(
         snapshot = snapshot_for_pool(fleet.pool.pk, later)
         _, mix = cycle_mix(snapshot, later)
         expected = decide(decision_input(snapshot, mix), Config(policy=policy), later.timestamp())
-        report = cycle_run(pool_id=fleet.pool.pk, now=later, policy=policy)
+        with mock.patch.object(services, "STREAM_CHUNK", chunk):
+            report = cycle_run(pool_id=fleet.pool.pk, now=later, policy=policy)
         bound = {
             str(a.task_id): tuple(sorted(u.pk for u in a.units.all()))
             for a in Assignment.objects.filter(cycle_id=report.cycle_id)
@@ -129,4 +140,10 @@ def test_the_cycle_binds_what_decide_decides_on_the_same_snapshot(
         )
         assert {str(t) for t in preempted} == {p.victim_task_id for p in expected.preemptions}
         assert report.placed == len(expected.placements)
+        # Each placed task moved once, whichever attempt of the commit wrote it.
+        for a in Assignment.objects.filter(cycle_id=report.cycle_id):
+            history = list(
+                TaskEvent.objects.filter(task_id=a.task_id).order_by("pk").values_list("to_state", flat=True)
+            )
+            assert history[-2:] == ["admitted", "assigned"] and history.count("admitted") == 1, history
         transaction.set_rollback(True)

@@ -106,3 +106,64 @@ def test_tasks_on_a_node_that_changed_after_the_snapshot_wait_for_the_next_cycle
     services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
     task.refresh_from_db()
     assert task.state == Task.State.ASSIGNED
+
+
+def test_the_engines_placements_stream_out_as_it_makes_them(fleet: Fleet, monkeypatch: Any) -> None:
+    """In chunks of one, each placement's task move goes out before the engine makes the next."""
+    from whalegen.placement.engine import Engine
+
+    monkeypatch.setattr(services, "STREAM_CHUNK", 1)
+    fleet.node(gpus=4)
+    fleet.tenant("a", guaranteed=8000)
+    tasks = [fleet.submit("a") for _ in range(3)]
+    moved_while_placing: list[int] = []
+    real = Engine._commit
+
+    def commit_and_count(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        # What the cycle's own connection sees as the engine places the next task: the moves sent so far.
+        moved_while_placing.append(
+            Task.objects.filter(pk__in=[t.pk for t in tasks], state=Task.State.ASSIGNED).count()
+        )
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "_commit", commit_and_count)
+    report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    assert report.placed == 3
+    assert moved_while_placing == [0, 1, 2]
+    assert Cycle.objects.get(pk=report.cycle_id).stats["commit_unlocked_missed"] is None
+    for task in tasks:
+        assert _history(task) == ["pending", "admitted", "assigned"]
+
+
+def test_a_placement_decide_takes_back_after_the_engine_rolls_the_streamed_moves_back(
+    fleet: Fleet, monkeypatch: Any
+) -> None:
+    """`decide` may bind an engine placement elsewhere or take it back (units the engine's picture got
+    wrong): the moves already sent are undone and the locked path writes what `decide` decided."""
+    from dataclasses import replace
+
+    from whalegen.scheduling import Decider
+
+    fleet.node(gpus=2)
+    fleet.tenant("a", guaranteed=4000)
+    kept, taken_back = fleet.submit("a"), fleet.submit("a")
+    real = Decider.finish
+
+    def finish_taking_one_back(self: Decider, *args: Any, **kwargs: Any) -> Any:
+        decisions = real(self, *args, **kwargs)
+        return replace(
+            decisions, placements=tuple(b for b in decisions.placements if b.task_id != str(taken_back.pk))
+        )
+
+    monkeypatch.setattr(Decider, "finish", finish_taking_one_back)
+    report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
+    assert (
+        "decide bound 1 of the engine's 2 placements otherwise"
+        in (Cycle.objects.get(pk=report.cycle_id).stats["commit_unlocked_missed"])
+    )
+    kept.refresh_from_db()
+    taken_back.refresh_from_db()
+    assert (kept.state, taken_back.state) == (Task.State.ASSIGNED, Task.State.PENDING)
+    assert _history(kept) == ["pending", "admitted", "assigned"]
+    assert _history(taken_back) == ["pending"]
+    assert list(Assignment.objects.values_list("task_id", flat=True)) == [kept.pk]
