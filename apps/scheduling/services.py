@@ -46,7 +46,7 @@ from apps.scheduling.selectors import (
     snapshot_for_pool,
 )
 from apps.workloads.models import Quota, Task
-from apps.workloads.services import task_transition, tasks_transition_bulk
+from apps.workloads.services import task_events_bulk, task_transition, tasks_move_bulk, tasks_transition_bulk
 from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
@@ -67,6 +67,8 @@ CYCLE_WORK_MEM = "64MB"
 # The engine's placements go to the database in chunks of this many task moves while it places the rest:
 # each chunk is two statements (moves, events); the last waits for the engine to end.
 STREAM_CHUNK = 500
+PENDING = Task.State.PENDING
+ADMITTED_ASSIGNED = (Task.State.ADMITTED, Task.State.ASSIGNED)  # a placement's two steps
 
 # SQLite (the embedded default) has no advisory locks; one process serves it, so a lock per pool in
 # memory keeps its cycles apart. Its single-writer database does the rest.
@@ -310,6 +312,7 @@ def _write_unlocked(
     out, snapshot = attempt.out, attempt.snapshot
     said: dict[str, str | None] = {}  # the policy's words for each placement as the engine made it
     sent: set[str] = set()
+    streamed: list[Placement] = []
     chunk: list[Placement] = []
     checks: list[Callable[[], None]] = []
 
@@ -320,14 +323,12 @@ def _write_unlocked(
             return
         said.update({p.task_id: reason_of(p.task_id) for p in moving})
         sent.update(p.task_id for p in moving)
-        tasks_transition_bulk(
-            tasks=[(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in moving],
-            from_state=Task.State.PENDING,
-            path=[Task.State.ADMITTED, Task.State.ASSIGNED],
-            actor=ACTOR,
-            reasons=lambda: _event_sentences(snapshot, said.get, moving, attempt.request_of, attempt.cycle),
-            now=attempt.now,
-            deferred=checks,
+        streamed.extend(moving)
+        # The moves only, a few kilobytes: the events' sentences (a hundred times that) would fill the
+        # socket while the server is busy, and the engine would wait on it. They go once it is done.
+        move = [(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in moving]
+        checks.append(
+            tasks_move_bulk(tasks=move, from_state=PENDING, path=ADMITTED_ASSIGNED, now=attempt.now)
         )
 
     def placed(placements: list[Placement]) -> None:
@@ -341,6 +342,13 @@ def _write_unlocked(
         # The last chunk; all of them when the engine made two passes (and said nothing as it went).
         chunk[:] = [p for p in begun if p.task_id not in sent]
         send()
+        task_events_bulk(
+            tasks=[snapshot.pending[p.task_id].pk for p in streamed],
+            from_state=PENDING,
+            path=ADMITTED_ASSIGNED,
+            actor=ACTOR,
+            reasons=lambda: _event_sentences(snapshot, said.get, streamed, attempt.request_of, attempt.cycle),
+        )
         clock = out.lap("write_engine_moves", clock)
         decisions = decided()
         clock = out.lap("decide_finish", clock)

@@ -841,10 +841,10 @@ def tasks_transition_bulk(
     The scheduler's commit moves thousands of tasks per cycle; one `task_transition` each would cost five
     queries per task. Each step is still checked against the state machine and each move leaves one
     event per step (`reasons[pk]`, one per step). Compare-and-set on (state, version) per task, grouped by
-    version: the caller holds the rows locked (select_for_update) and has checked them, so every UPDATE
-    must touch exactly the rows it names; if not, Conflict is raised and the caller's transaction rolls
-    back. Only moves that neither finish nor requeue a task are allowed: those release units and quota
-    and stay with `task_transition`.
+    version: every UPDATE must touch exactly the rows it names; if not, Conflict is raised and the
+    caller's transaction rolls back (the scheduler's commit then takes its locked path, which locks and
+    compares the rows first). Only moves that neither finish nor requeue a task are allowed: those
+    release units and quota and stay with `task_transition`.
 
     `reasons` may be a function returning them: it is called once the UPDATE has gone out, so a caller in
     a pipeline builds its thousands of sentences while the server moves the rows.
@@ -853,15 +853,45 @@ def tasks_transition_bulk(
     which builds its next statement while the server runs this one) learns the row counts only once the
     pipeline has synced; it passes a list, gets the compare-and-set check appended instead of run, and
     runs it after. A failed check raises Conflict then, and the caller's transaction must roll back.
+
+    The two halves, `tasks_move_bulk` and `task_events_bulk`, are for a caller that sends the moves of
+    several batches before their events (the scheduler, while its engine is still placing tasks).
     """
     now = now or timezone.now()
+    with transaction.atomic():
+        check = tasks_move_bulk(tasks=tasks, from_state=from_state, path=path, now=now)
+        if tasks:
+            task_events_bulk(
+                tasks=[pk for pk, _ in tasks], from_state=from_state, path=path, actor=actor, reasons=reasons
+            )
+        if deferred is None:
+            check()  # inside the savepoint: a conflict undoes this call's writes
+    if deferred is not None:
+        deferred.append(check)
+    return len(tasks)
+
+
+def tasks_move_bulk(
+    *, tasks: Sequence[tuple[int, int]], from_state: str, path: Sequence[str], now: datetime
+) -> Callable[[], None]:
+    """`tasks_transition_bulk`'s moves without their events: sends the UPDATEs and returns their
+    compare-and-set check (Conflict unless each moved exactly the rows it names), to run once they have
+    answered. The caller writes the events (`task_events_bulk`) in the same transaction."""
     states = [from_state, *path]
     for before, after in pairwise(states):
         check_transition(before, after)
         if after in FINAL or after in RETRY_FROM or after == Task.State.PENDING:
             raise ValueError(f"bulk moves cannot enter {after}; use task_transition")
+    counts: list[tuple[Callable[[], int], int]] = []  # (rows the UPDATE moved, once known; rows it must move)
+
+    def check() -> None:
+        for moved_of, wanted in counts:
+            moved = moved_of()
+            if moved != wanted:
+                raise Conflict(f"{wanted - moved} of {wanted} tasks changed while the scheduler moved them")
+
     if not tasks:
-        return 0
+        return check
     by_version: dict[int, list[int]] = {}
     for pk, version in tasks:
         by_version.setdefault(version, []).append(pk)
@@ -877,71 +907,67 @@ def tasks_transition_bulk(
     if to_state == Task.State.RUNNING:
         updates["started_at"] = now
     postgres = connection.vendor == "postgresql"
-    counts: list[tuple[Callable[[], int], int]] = []  # (rows the UPDATE moved, once known; rows it must move)
-
-    def check() -> None:
-        for moved_of, wanted in counts:
-            moved = moved_of()
-            if moved != wanted:
-                raise Conflict(f"{wanted - moved} of {wanted} tasks changed while the scheduler moved them")
-
-    with transaction.atomic():
-        for version, pks in by_version.items():
-            # On PostgreSQL the ids go as one array literal: thousands of IN placeholders cost the client
-            # more CPU (query text, adaptation) than the UPDATE costs the server. `id = ANY(array)` is an
-            # index (or hashed) condition; `id IN (SELECT unnest(array))` let the planner pick a join that
-            # took 6.2 s for 6,780 rows on a freshly filled, unanalysed task table.
-            rows = Task.objects.filter(state=from_state, version=version)
-            if postgres:
-                literal = "{" + ",".join(map(str, pks)) + "}"
-                rows = rows.filter(
-                    RawSQL(f'"{Task._meta.db_table}"."id" = ANY(%s::bigint[])', [literal], BooleanField())
-                )
-                # The ORM's UPDATE statement on a cursor of our own: `QuerySet.update` reads the row count
-                # at once, which a pipeline knows only after it syncs.
-                query = rows.query.chain(UpdateQuery)
-                query.add_update_values(updates)
-                query.clear_select_clause()
-                sql, params = query.get_compiler(connection.alias).as_sql()
-                cursor = connection.cursor()
-                cursor.execute(sql, params)
-                counts.append((lambda cursor=cursor: cursor.rowcount, len(pks)))
-            else:
-                moved = rows.filter(pk__in=pks).update(**updates)
-                counts.append((lambda moved=moved: moved, len(pks)))
-        sentences = reasons() if callable(reasons) else reasons
-        events = [
-            (pk, before, after, reason[:500])
-            for pk, _ in tasks
-            for (before, after), reason in zip(pairwise(states), sentences[pk], strict=True)
-        ]
+    for version, pks in by_version.items():
+        # On PostgreSQL the ids go as one array literal: thousands of IN placeholders cost the client
+        # more CPU (query text, adaptation) than the UPDATE costs the server. `id = ANY(array)` is an
+        # index (or hashed) condition; `id IN (SELECT unnest(array))` let the planner pick a join that
+        # took 6.2 s for 6,780 rows on a freshly filled, unanalysed task table.
+        rows = Task.objects.filter(state=from_state, version=version)
         if postgres:
-            # Thousands of events per cycle: one INSERT … SELECT, no model instances. The rows go as one
-            # JSON document (json.dumps runs in C; psycopg dumps a list of strings element by element),
-            # read as `json`, not `jsonb`: the rows are read once, so converting the document to jsonb
-            # first is work for nothing (13,560 events: 130 ms of server time against 150, medians of 9).
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"INSERT INTO {TaskEvent._meta.db_table} "
-                    "(task_id, from_state, to_state, reason, actor, created_at) "
-                    "SELECT v.t, v.f, v.s, v.r, %s, %s "
-                    "FROM json_to_recordset(%s::json) AS v(t bigint, f text, s text, r text)",
-                    # created_at is when the event is written, as auto_now_add would set it.
-                    [
-                        actor,
-                        timezone.now(),
-                        json.dumps([{"t": t, "f": b, "s": a, "r": r} for t, b, a, r in events]),
-                    ],
-                )
-        else:
-            TaskEvent.objects.bulk_create(
-                [
-                    TaskEvent(task_id=t, from_state=b, to_state=a, actor=actor, reason=r)
-                    for t, b, a, r in events
-                ]
+            literal = "{" + ",".join(map(str, pks)) + "}"
+            rows = rows.filter(
+                RawSQL(f'"{Task._meta.db_table}"."id" = ANY(%s::bigint[])', [literal], BooleanField())
             )
-        if deferred is None:
-            check()  # inside the savepoint: a conflict undoes this call's writes
-    if deferred is not None:
-        deferred.append(check)
-    return len(tasks)
+            # The ORM's UPDATE statement on a cursor of our own: `QuerySet.update` reads the row count
+            # at once, which a pipeline knows only after it syncs.
+            query = rows.query.chain(UpdateQuery)
+            query.add_update_values(updates)
+            query.clear_select_clause()
+            sql, params = query.get_compiler(connection.alias).as_sql()
+            cursor = connection.cursor()
+            cursor.execute(sql, params)
+            counts.append((lambda cursor=cursor: cursor.rowcount, len(pks)))
+        else:
+            moved = rows.filter(pk__in=pks).update(**updates)
+            counts.append((lambda moved=moved: moved, len(pks)))
+    return check
+
+
+def task_events_bulk(
+    *,
+    tasks: Sequence[int],
+    from_state: str,
+    path: Sequence[str],
+    actor: str,
+    reasons: Mapping[int, Sequence[str]] | Callable[[], Mapping[int, Sequence[str]]],
+) -> None:
+    """The events of `tasks_move_bulk`'s moves: one per step and task, `reasons[pk]` giving each step's."""
+    states = [from_state, *path]
+    sentences = reasons() if callable(reasons) else reasons
+    events = [
+        (pk, before, after, reason[:500])
+        for pk in tasks
+        for (before, after), reason in zip(pairwise(states), sentences[pk], strict=True)
+    ]
+    if connection.vendor == "postgresql":
+        # Thousands of events per cycle: one INSERT … SELECT, no model instances. The rows go as one
+        # JSON document (json.dumps runs in C; psycopg dumps a list of strings element by element),
+        # read as `json`, not `jsonb`: the rows are read once, so converting the document to jsonb
+        # first is work for nothing (13,560 events: 130 ms of server time against 150, medians of 9).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {TaskEvent._meta.db_table} "
+                "(task_id, from_state, to_state, reason, actor, created_at) "
+                "SELECT v.t, v.f, v.s, v.r, %s, %s "
+                "FROM json_to_recordset(%s::json) AS v(t bigint, f text, s text, r text)",
+                # created_at is when the event is written, as auto_now_add would set it.
+                [
+                    actor,
+                    timezone.now(),
+                    json.dumps([{"t": t, "f": b, "s": a, "r": r} for t, b, a, r in events]),
+                ],
+            )
+        return
+    TaskEvent.objects.bulk_create(
+        [TaskEvent(task_id=t, from_state=b, to_state=a, actor=actor, reason=r) for t, b, a, r in events]
+    )
