@@ -942,32 +942,33 @@ def task_events_bulk(
     reasons: Mapping[int, Sequence[str]] | Callable[[], Mapping[int, Sequence[str]]],
 ) -> None:
     """The events of `tasks_move_bulk`'s moves: one per step and task, `reasons[pk]` giving each step's."""
-    states = [from_state, *path]
+    steps = list(pairwise([from_state, *path]))
     sentences = reasons() if callable(reasons) else reasons
-    events = [
-        (pk, before, after, reason[:500])
-        for pk in tasks
-        for (before, after), reason in zip(pairwise(states), sentences[pk], strict=True)
-    ]
     if connection.vendor == "postgresql":
-        # Thousands of events per cycle: one INSERT … SELECT, no model instances. The rows go as one
-        # JSON document (json.dumps runs in C; psycopg dumps a list of strings element by element),
-        # read as `json`, not `jsonb`: the rows are read once, so converting the document to jsonb
-        # first is work for nothing (13,560 events: 130 ms of server time against 150, medians of 9).
+        # Thousands of events per cycle: one INSERT … SELECT, no model instances. One JSON object per
+        # task with its steps' reasons (json.dumps runs in C; psycopg dumps a list of strings element by
+        # element), read as `json`, not `jsonb` (read once: converting first is work for nothing), each
+        # joined to the path's steps in the server: 13,560 events of 6,780 tasks cost this process 6 ms
+        # and the server 48 against 17 and 58 as one object per event (medians of five, rolled back).
+        names = [f"r{i}" for i in range(1, len(steps) + 1)]
+        values = ", ".join(f"(%s, %s, {i})" for i in range(1, len(steps) + 1))
+        rows = [dict(zip(names, (r[:500] for r in sentences[pk]), strict=True), t=pk) for pk in tasks]
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {TaskEvent._meta.db_table} "
                 "(task_id, from_state, to_state, reason, actor, created_at) "
-                "SELECT v.t, v.f, v.s, v.r, %s, %s "
-                "FROM json_to_recordset(%s::json) AS v(t bigint, f text, s text, r text)",
+                f"SELECT e.t, v.f, v.s, (ARRAY[{', '.join('e.' + n for n in names)}])[v.i], %s, %s "
+                f"FROM json_to_recordset(%s::json) AS e(t bigint, {', '.join(n + ' text' for n in names)}) "
+                f"CROSS JOIN (VALUES {values}) AS v(f, s, i)",
                 # created_at is when the event is written, as auto_now_add would set it.
-                [
-                    actor,
-                    timezone.now(),
-                    json.dumps([{"t": t, "f": b, "s": a, "r": r} for t, b, a, r in events]),
-                ],
+                [actor, timezone.now(), json.dumps(rows), *(state for step in steps for state in step)],
             )
         return
+    events = [
+        (pk, before, after, reason[:500])
+        for pk in tasks
+        for (before, after), reason in zip(steps, sentences[pk], strict=True)
+    ]
     TaskEvent.objects.bulk_create(
         [TaskEvent(task_id=t, from_state=b, to_state=a, actor=actor, reason=r) for t, b, a, r in events]
     )
