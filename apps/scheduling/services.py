@@ -572,20 +572,30 @@ def _event_sentences(
 ) -> dict[int, list[str]]:
     """Task pk → the reasons of its two events: admitted (within the guarantee or borrowing), placed."""
     reasons: dict[int, list[str]] = {}
+    # Thousands of placements, a few tenants: each admission sentence is built once.
+    admitted_as: dict[tuple[str, bool, int, str], str] = {}
+    tail = f"by cycle {cycle.pk}, policy {cycle.policy}"
+    pending = snapshot.pending
     for placement in winners:
-        info = snapshot.pending[placement.task_id]
-        request = request_of[placement.task_id]
-        admitted = (
-            f"admitted borrowing above the guarantee of tenant {request.tenant}"
-            if placement.borrowed
-            else f"admitted within the guarantee of tenant {request.tenant}"
-        )
-        if info.priority_source:
-            admitted += f" at priority {request.priority} ({info.priority_source})"
-        where = ",".join(str(i) for i in placement.gpu_indexes)
+        task_id = placement.task_id
+        info = pending[task_id]
+        request = request_of[task_id]
+        key = (request.tenant, placement.borrowed, request.priority, info.priority_source)
+        admitted = admitted_as.get(key)
+        if admitted is None:
+            admitted = (
+                f"admitted borrowing above the guarantee of tenant {request.tenant}"
+                if placement.borrowed
+                else f"admitted within the guarantee of tenant {request.tenant}"
+            )
+            if info.priority_source:
+                admitted += f" at priority {request.priority} ({info.priority_source})"
+            admitted_as[key] = admitted
+        indexes = placement.gpu_indexes
+        where = str(indexes[0]) if len(indexes) == 1 else ",".join(map(str, indexes))
         unit = placement.unit.mig_profile or placement.unit.kind.value
-        placed = f"placed on {placement.node} GPU {where} ({unit}) by cycle {cycle.pk}, policy {cycle.policy}"
-        if (why := reason_of(placement.task_id)) is not None:
+        placed = f"placed on {placement.node} GPU {where} ({unit}) {tail}"
+        if (why := reason_of(task_id)) is not None:
             placed = f"{placed}: {why}"[:500]  # the profile-aware choice, in the event's reason
         reasons[info.pk] = [admitted, placed]
     return reasons
@@ -830,7 +840,7 @@ def _write_why_pending(
             cursor.execute(
                 f"UPDATE {Task._meta.db_table} AS t SET why_pending = v.why, why_pending_code = v.code, "
                 "predicted_start_at = v.eta "
-                "FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, why text, code text, eta timestamptz) "
+                "FROM json_to_recordset(%s::json) AS v(id bigint, why text, code text, eta timestamptz) "
                 # A task still waiting for the same reason keeps its row: each new version of a task row
                 # writes every index of the table, and a pool's backlog is mostly the same from one cycle
                 # to the next.

@@ -952,7 +952,10 @@ def task_events_bulk(
         # and the server 48 against 17 and 58 as one object per event (medians of five, rolled back).
         names = [f"r{i}" for i in range(1, len(steps) + 1)]
         values = ", ".join(f"(%s, %s, {i})" for i in range(1, len(steps) + 1))
-        rows = [dict(zip(names, (r[:500] for r in sentences[pk]), strict=True), t=pk) for pk in tasks]
+        if len(steps) == 2:  # the scheduler's pending → admitted → assigned: a literal is built at once
+            rows = [{"t": pk, "r1": (r := sentences[pk])[0][:500], "r2": r[1][:500]} for pk in tasks]
+        else:
+            rows = [dict(zip(names, (r[:500] for r in sentences[pk]), strict=True), t=pk) for pk in tasks]
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {TaskEvent._meta.db_table} "

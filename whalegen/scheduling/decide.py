@@ -50,7 +50,6 @@ from whalegen.placement.repartition import (
     WantedInstance,
     plan_repartition,
 )
-from whalegen.placement.state import Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ComputeUnit,
@@ -83,7 +82,7 @@ from whalegen.scheduling.types import (
     Reason,
     Snapshot,
 )
-from whalegen.scheduling.units import Mapped, map_placement
+from whalegen.scheduling.units import Mapped, Need, map_placement
 
 
 @dataclass
@@ -704,7 +703,7 @@ class Decider:
         free_units = self.snapshot.free_units
         bindings = self.engine.state.bindings
         for placement in todo:
-            mapped = map_placement(placement, Request.of(requests[placement.task_id]), free_units, taken)
+            mapped = map_placement(placement, Need.of(requests[placement.task_id]), free_units, taken)
             if not isinstance(mapped, Mapped):
                 failed.append((placement, mapped))
                 continue

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tests.whalegen.placement.builders import task
 from whalegen.placement.state import Request
-from whalegen.placement.types import ComputeUnit, Placement, UnitKind
+from whalegen.placement.types import ComputeUnit, Isolation, Placement, TaskRequest, UnitKind
 from whalegen.scheduling.types import FreeUnit
-from whalegen.scheduling.units import Mapped, map_placement
+from whalegen.scheduling.units import Mapped, Need, map_placement
 
 
 def shares(first_id: int, count: int, milli: int = 100, mem_mib: int = 1000) -> tuple[FreeUnit, ...]:
@@ -79,3 +81,18 @@ def test_mig_takes_the_engines_own_instance_when_free_else_the_smallest_that_fit
     elsewhere = Placement("t", "n1", (0,), ComputeUnit(UnitKind.MIG, 142, "1g.10gb", 6))
     assert map_placement(elsewhere, req, free, set()) == Mapped((2,), 142)
     assert map_placement(elsewhere, req, free, {2, 3}) == Mapped((1,), 428)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        task("t", gpus=1, milli=250, gpu_mem_mib=9_000),
+        task("t", gpus=2),
+        task("t", gpus=0),
+        replace(task("t", gpus=1, milli=300), isolation=Isolation.EXCLUSIVE),
+    ],
+)
+def test_need_reads_what_binding_reads_of_the_request(request_: TaskRequest) -> None:
+    """Binding reads a placement's need as `Need.of`, which must say what `Request.of` says."""
+    full = Request.of(request_)
+    assert Need.of(request_) == (full.gpu_milli, full.gpu_mem_mib)
