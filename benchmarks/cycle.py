@@ -457,6 +457,8 @@ def run(args: argparse.Namespace) -> int:
         "goal_s": GOAL_S,
         "within_goal": cycle_s <= GOAL_S,
         "commit_phases_ms": cycle.stats.get("commit_phases_ms"),
+        # None: the commit wrote unlocked (docs/scheduling.md §4 step 1); else why it took the locked path.
+        "commit_unlocked_missed": cycle.stats.get("commit_unlocked_missed"),
         # This process's CPU per step and commit phase: comparable on a loaded host, where wall is not.
         "cpu_ms": cycle.stats.get("cpu_ms"),
         "commit_phases_cpu_ms": cycle.stats.get("commit_phases_cpu_ms"),
