@@ -182,13 +182,14 @@ def _commit(
     Steps: 1. unlocked, in a savepoint: the engine's task moves go out as it places them, `finish` runs
     while the server moves the last of them, and, if it bound every one as the engine placed it, the rest
     of the writes follow (`_send_writes`), each a compare-and-set against the snapshot (tasks still
-    pending at the version seen, nodes at the version seen, tenants within their limit once written).
-    When all hold (nearly always: one cycle per pool runs at a time) that is the commit. Else, or with new layouts to
-    write, back to the savepoint and the locked path: 2. lock quotas, nodes and tasks (in that order, ids
-    ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep tenants
-    within their limit; 5. write tasks, units, nodes, assignments and why-pending, then new layouts;
-    6. preempt. `explain` runs once the placements' writes have gone out, while the server works on them
-    (a 10,000-task cycle's writes keep it busy for a fifth of a second), once whichever path writes.
+    pending at the version seen, nodes at the version seen, tenants within their limit once written). When
+    all hold (nearly always: one cycle per pool runs at a time) that is the commit. Else, or with new
+    layouts to write, back to the savepoint and the locked path: 2. lock quotas, nodes and tasks (in that
+    order, ids ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep
+    tenants within their limit; 5. write tasks, units, nodes, assignments and why-pending, then new
+    layouts; 6. preempt. `explain` runs once the placements' writes have gone out, while the server works
+    on them (a 10,000-task cycle's writes keep it busy for a fifth of a second), once whichever path
+    writes.
     `out.decisions` are the decisions as completed.
     """
     out = _Commit()
