@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import itemgetter
@@ -272,18 +272,19 @@ def _read_nodes(r: _Reading) -> None:
             r.excluded[r.names[row["id"]]] = f"node is {row['state']}"
 
 
-def _sent(rows: QuerySet[Any]) -> Callable[[], Iterator[tuple[Any, ...]]]:
+def _sent(rows: QuerySet[Any], *, convert: bool = True) -> Callable[[], Iterable[tuple[Any, ...]]]:
     """Send a `values_list` read now; returns what fetches its rows, as tuples through Django's converters
-    (what iterating the queryset gives, without a round trip at the time it is sent)."""
+    (what iterating the queryset gives, without a round trip at the time it is sent), or as the driver
+    gives them (`convert=False`: for reads whose columns the driver already gives as Python wants them)."""
     compiler = rows.query.get_compiler(using=rows.db)
     sql, params = compiler.as_sql()
     cursor = connection.cursor()
     cursor.execute(sql, params)
 
-    def fetch() -> Iterator[tuple[Any, ...]]:
+    def fetch() -> Iterable[tuple[Any, ...]]:
         with cursor:
             fetched = cursor.fetchall()
-        return compiler.results_iter(results=[fetched], tuple_expected=True)
+        return compiler.results_iter(results=[fetched], tuple_expected=True) if convert else fetched
 
     return fetch
 
@@ -896,7 +897,10 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         # psycopg's fetch waits for every statement sent before it, so the pending rows are fetched first,
         # alone; then the units (the slowest read: 62,120 rows joined to their holders) and the running
         # tasks go out, and the server reads them while this process turns the pending rows into requests.
-        pending_rows = _sent(_pending_rows(r))()
+        # On PostgreSQL the pending rows' columns come from psycopg as `_read_pending` reads them (the two
+        # float columns Django would pass through `float()` once more are double precision already): the
+        # converters cost 10,000 calls for nothing.
+        pending_rows = _sent(_pending_rows(r), convert=connection.vendor != "postgresql")()
         unit_rows = _send_unit_rows(pool_id)
         running_rows = _sent(_running_rows(r))
         waiting = _read_pending(r, effective, pending_rows)
