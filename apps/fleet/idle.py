@@ -258,7 +258,7 @@ def idle_check_pool(
         wants = [
             Want(task_id=pk, gpu_count=count, gpu_milli=milli, allowed_models=frozenset(allowed or ()))
             for pk, count, milli, allowed in Task.objects.filter(
-                pool_id=pool_id, state=Task.State.PENDING, why_pending_code__in=WANTS_CAPACITY
+                pool_id=pool_id, state=Task.State.PENDING, wait__code__in=WANTS_CAPACITY
             )
             .filter(Q(not_before_at__isnull=True) | Q(not_before_at__lte=now))
             .order_by("-priority", "created_at", "pk")

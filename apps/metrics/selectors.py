@@ -88,7 +88,7 @@ def fleet_readings() -> FleetReadings:
     units = _units()
     pending = list(
         Task.objects.filter(state=Task.State.PENDING)
-        .values("pool_id", "why_pending_code")
+        .values("pool_id", why_pending_code=F("wait__code"))
         .annotate(tasks=Count("id"), oldest=Min("created_at"))
         .order_by()
     )

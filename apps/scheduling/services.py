@@ -45,7 +45,7 @@ from apps.scheduling.selectors import (
     live_usage_milli,
     snapshot_for_pool,
 )
-from apps.workloads.models import Quota, Task
+from apps.workloads.models import Quota, Task, TaskWait
 from apps.workloads.services import task_events_bulk, task_transition, tasks_move_bulk, tasks_transition_bulk
 from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import (
@@ -816,7 +816,11 @@ def _write_placements_orm(
 def _write_why_pending(
     snapshot: PoolSnapshot, reasons: dict[str, tuple[str, str]], estimates: dict[str, float | None]
 ) -> None:
-    """Latest reason and estimated start on every task still pending (never on one that moved on)."""
+    """Latest reason and estimated start of every task the cycle left pending, in their TaskWait rows.
+
+    Written whatever the task's state now: a task that moved on since the snapshot keeps a row nobody
+    reads (Task.why_pending shows it only while the task is pending) and the next move into pending
+    rewrites it."""
     if not reasons:
         return
     ids = [snapshot.pending[t].pk for t in reasons]
@@ -836,24 +840,28 @@ def _write_why_pending(
         )
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {Task._meta.db_table} AS t SET why_pending = v.why, why_pending_code = v.code, "
-                "predicted_start_at = v.eta "
+                f"INSERT INTO {TaskWait._meta.db_table} AS w (task_id, why, code, start_at) "
+                "SELECT v.id, v.why, v.code, v.eta "
                 "FROM json_to_recordset(%s::json) AS v(id bigint, why text, code text, eta timestamptz) "
-                # A task still waiting for the same reason keeps its row: each new version of a task row
-                # writes every index of the table, and a pool's backlog is mostly the same from one cycle
-                # to the next.
-                "WHERE t.id = v.id AND t.state = %s AND (t.why_pending, t.why_pending_code, "
-                "t.predicted_start_at) IS DISTINCT FROM (v.why, v.code, v.eta)",
-                [rows, Task.State.PENDING],
+                "ON CONFLICT (task_id) DO UPDATE SET why = EXCLUDED.why, code = EXCLUDED.code, "
+                "start_at = EXCLUDED.start_at "
+                # A task still waiting for the same reason keeps its row version: a pool's backlog is
+                # mostly the same from one cycle to the next.
+                "WHERE (w.why, w.code, w.start_at) IS DISTINCT FROM (EXCLUDED.why, EXCLUDED.code, "
+                "EXCLUDED.start_at)",
+                [rows],
             )
         return
-    still = set(Task.objects.filter(pk__in=ids, state=Task.State.PENDING).values_list("pk", flat=True))
-    rows = [
-        Task(pk=pk, why_pending=why, why_pending_code=code, predicted_start_at=eta)
-        for pk, why, code, eta in zip(ids, sentences, codes, etas, strict=True)
-        if pk in still
-    ]
-    Task.objects.bulk_update(rows, ["why_pending", "why_pending_code", "predicted_start_at"], batch_size=500)
+    TaskWait.objects.bulk_create(
+        [
+            TaskWait(task_id=pk, why=why, code=code, start_at=eta)
+            for pk, why, code, eta in zip(ids, sentences, codes, etas, strict=True)
+        ],
+        update_conflicts=True,
+        unique_fields=["task"],
+        update_fields=["why", "code", "start_at"],
+        batch_size=500,
+    )
 
 
 def cycle_mix(snapshot: PoolSnapshot, now: datetime) -> tuple[PoolShapeMix, ShapeMix]:

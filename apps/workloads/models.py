@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -144,9 +146,7 @@ class Task(TimestampedModel):
     attempts = models.PositiveIntegerField(default=0)
     # A requeued task (lost, preempted) backs off: no cycle places it before this instant.
     not_before_at = models.DateTimeField(null=True, blank=True)
-    why_pending = models.CharField(max_length=500, blank=True)
-    # The solver's machine code for why_pending (whalegen.placement.types.Outcome values).
-    why_pending_code = models.CharField(max_length=32, blank=True)
+    # Why it waits and when it should start live in TaskWait (the properties below read them).
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
@@ -162,7 +162,6 @@ class Task(TimestampedModel):
     predicted_duration_p50_s = models.FloatField(null=True, blank=True)
     predicted_duration_p90_s = models.FloatField(null=True, blank=True)
     predicted_gpu_mem_peak_mib = models.PositiveIntegerField(null=True, blank=True)
-    predicted_start_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -200,6 +199,65 @@ class Task(TimestampedModel):
     @property
     def charge_mem_mib(self) -> int:
         return self.gpu_count * (self.gpu_mem_mib or 0)
+
+    # Why a pending task waits, its machine code and its estimated start: the task's TaskWait row, shown
+    # only while the task is pending (a row outlives the wait it describes). A list of tasks reads them
+    # with `select_related("wait")`; otherwise each first read is a query.
+    @property
+    def why_pending(self) -> str:
+        if self.state != Task.State.PENDING:
+            return ""
+        wait = self._wait()
+        return FIRST_CYCLE if wait is None else wait.why
+
+    @property
+    def why_pending_code(self) -> str:
+        """The solver's machine code for why_pending (whalegen.placement.types.Outcome values)."""
+        wait = self._wait() if self.state == Task.State.PENDING else None
+        return "" if wait is None else wait.code
+
+    @property
+    def predicted_start_at(self) -> datetime | None:
+        wait = self._wait() if self.state == Task.State.PENDING else None
+        return None if wait is None else wait.start_at
+
+    def _wait(self) -> TaskWait | None:
+        try:
+            return self.wait  # type: ignore[no-any-return]
+        except TaskWait.DoesNotExist:
+            return None
+
+
+# What a pending task no cycle has looked at yet waits for (it has no TaskWait row).
+FIRST_CYCLE = "waiting for the first scheduling cycle"
+
+
+class TaskWait(models.Model):
+    """The scheduler's latest word on a pending task: why it waits, as a sentence and a machine code, and
+    when it should start.
+
+    A table of its own, not columns of Task: every cycle rewrites it for most of a pool's backlog, and a
+    new version of a task row writes every index of that table (none of those updates stays on its page
+    once the cycle's moves have filled it), where a new version of this row writes one. For the 3,220
+    tasks the bench cycle leaves pending: 40–65 ms of the server's time against 124–155 ms
+    (docs/cycle-speed.md, round 17). A row is written when its task enters pending (the transition's
+    sentence) and by each cycle; it is left behind when the task moves on and read only while the task
+    is pending (Task.why_pending).
+
+    No database constraint on `task` (index kept: it is the key): the check would lock each task row the
+    cycle names (FOR KEY SHARE) on every cycle. Every writer names a task it has just read or moved, and
+    tasks are never deleted but by the ORM, which deletes this row with them.
+    """
+
+    task = models.OneToOneField(
+        Task, on_delete=models.CASCADE, primary_key=True, related_name="wait", db_constraint=False
+    )
+    why = models.CharField(max_length=500, blank=True)
+    code = models.CharField(max_length=32, blank=True)
+    start_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.task_id}: {self.code or '-'} {self.why}"
 
 
 class TaskEvent(models.Model):

@@ -21,7 +21,7 @@ def _visible(queryset: QuerySet, access: Access, tenant_field: str = "tenant_id"
 
 
 def task_list(*, access: Access) -> QuerySet[Task]:
-    related = ("tenant", "queue", "pool", "submitted_by", "forecast")
+    related = ("tenant", "queue", "pool", "submitted_by", "forecast", "wait")
     return _visible(Task.objects.select_related(*related), access)
 
 

@@ -23,7 +23,7 @@ from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import Gpu, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
-from apps.workloads.models import Queue, Quota, Task, TaskEvent
+from apps.workloads.models import Queue, Quota, Task, TaskEvent, TaskWait
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
 from apps.workloads.task_insert import queue_get_for_submission, tasks_insert
 from whalegen.gpus import UnknownGpuModel, get_model
@@ -358,7 +358,6 @@ def _new_task(
         pool=queue.pool,
         submitted_by=submitted_by,
         idempotency_key=key or "",
-        why_pending="waiting for the first scheduling cycle",
         **values,
     )
 
@@ -404,9 +403,10 @@ def _submit_one(
 
 
 def _no_forecast_yet(task: Task) -> None:
-    """A task just stored has no forecast (it is attached after commit): say so to the ORM, so showing
-    the new task does not read the forecast table for nothing."""
+    """A task just stored has no forecast (it is attached after commit) and no TaskWait row (no cycle has
+    seen it): say so to the ORM, so showing the new task reads neither table for nothing."""
     task._state.fields_cache[Task.forecast.related.cache_name] = None  # type: ignore[attr-defined]
+    task._state.fields_cache[Task.wait.related.cache_name] = None  # type: ignore[attr-defined]
 
 
 def task_submit(
@@ -749,6 +749,7 @@ def _transition(
 ) -> Task:
     check_transition(task.state, to_state)
     updates: dict[str, Any] = {"state": to_state, "version": F("version") + 1, "updated_at": now}
+    code = ""  # of the task's TaskWait row, once it is pending
     if to_state == Task.State.RUNNING:
         updates["started_at"] = now
     if to_state in FINAL:
@@ -769,16 +770,12 @@ def _transition(
         if delay_s > 0:  # WHALEGEN_REQUEUE_BACKOFF_S=0 turns back-off off
             not_before = now + timedelta(seconds=delay_s)
             updates["not_before_at"] = not_before
-            updates["why_pending_code"] = BACKING_OFF
+            code = BACKING_OFF
             backing_off = (
                 f"backing off after attempt {attempt} until {not_before.isoformat(timespec='seconds')}"
             )
             # The cause first (what users and tests read), the back-off kept whole at the end.
             why_pending = f"{(why_pending or reason)[: 500 - len(backing_off) - 2]}; {backing_off}"
-    if why_pending is not None:
-        updates["why_pending"] = why_pending
-    elif to_state != Task.State.PENDING:
-        updates["why_pending"] = ""
     with transaction.atomic():
         moved = Task.objects.filter(pk=task.pk, state=task.state, version=task.version).update(**updates)
         if moved != 1:
@@ -790,6 +787,14 @@ def _transition(
         TaskEvent.objects.create(
             task=task, from_state=task.state, to_state=to_state, actor=actor, reason=reason
         )
+        if to_state == Task.State.PENDING:
+            # Back in the queue: the words of its last wait no longer hold; the next cycle writes its own.
+            TaskWait.objects.bulk_create(
+                [TaskWait(task_id=task.pk, why=(why_pending or "")[:500], code=code, start_at=None)],
+                update_conflicts=True,
+                unique_fields=["task"],
+                update_fields=["why", "code", "start_at"],
+            )
         if to_state in FINAL or to_state in RETRY_FROM:
             # Releasing the assignment frees its units: a unit's holder is the live assignment listing it.
             live = Assignment.objects.filter(task=task, released_at__isnull=True)
@@ -903,8 +908,7 @@ def tasks_move_bulk(
         started = ", started_at = %(now)s" if to_state == Task.State.RUNNING else ""
         sql = (
             f"UPDATE {Task._meta.db_table} SET state = %(to)s, version = version + %(steps)s, "
-            "updated_at = %(now)s, why_pending = '', why_pending_code = '', "
-            f"predicted_start_at = NULL{started} "
+            f"updated_at = %(now)s{started} "
             "WHERE state = %(from)s AND version = %(version)s AND id = ANY(%(ids)s::bigint[])"
         )
         for version, pks in by_version.items():
@@ -927,9 +931,6 @@ def tasks_move_bulk(
         "state": to_state,
         "version": F("version") + len(path),
         "updated_at": now,
-        "why_pending": "",
-        "why_pending_code": "",
-        "predicted_start_at": None,
     }
     if to_state == Task.State.RUNNING:
         updates["started_at"] = now

@@ -4,7 +4,7 @@ charge): use them to fill lists; use `task_submit` when accounting matters."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import factory
 from django.contrib.auth import get_user_model
@@ -14,7 +14,7 @@ from apps.approvals.models import PriorityOverride
 from apps.fleet.models import GpuSample, TaskSample
 from apps.inventory.models import Cluster, ComputeUnit, Node, Pool
 from apps.tenants.models import Membership, Tenant
-from apps.workloads.models import Queue, Quota, Task
+from apps.workloads.models import Queue, Quota, Task, TaskWait
 
 if TYPE_CHECKING:
     from apps.scheduling.models import Assignment
@@ -93,6 +93,11 @@ class QueueFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"queue{n}")
 
 
+# The scheduler's words on a pending task live in its TaskWait row: `TaskFactory(why_pending=…,
+# why_pending_code=…, predicted_start_at=…)` writes one.
+TASK_WAIT_FIELDS = {"why_pending": "why", "why_pending_code": "code", "predicted_start_at": "start_at"}
+
+
 class TaskFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Task
@@ -103,6 +108,14 @@ class TaskFactory(factory.django.DjangoModelFactory):
     name = factory.Sequence(lambda n: f"task{n}")
     priority = 0
     command = ["python", "train.py"]
+
+    @classmethod
+    def _create(cls, model_class: type[Task], *args: Any, **kwargs: Any) -> Task:
+        wait = {field: kwargs.pop(name) for name, field in TASK_WAIT_FIELDS.items() if name in kwargs}
+        task = super()._create(model_class, *args, **kwargs)
+        if wait:
+            TaskWait.objects.create(task=task, **wait)
+        return task
 
 
 class OverrideFactory(factory.django.DjangoModelFactory):

@@ -93,6 +93,10 @@ class TaskOutputSerializer(serializers.ModelSerializer):
     forecast = TaskForecastOutputSerializer(
         read_only=True, allow_null=True, help_text="Predictions made at submission; null until made."
     )
+    # The scheduler's latest word on a pending task (its TaskWait row; blank or null once it moved on).
+    why_pending = serializers.CharField(read_only=True)
+    why_pending_code = serializers.CharField(read_only=True)
+    predicted_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = Task

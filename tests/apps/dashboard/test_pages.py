@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from apps.approvals.models import OverrideAuditEntry, PriorityOverride
 from apps.approvals.services import override_request
-from apps.workloads.models import Task, TaskEvent
+from apps.workloads.models import Task, TaskEvent, TaskWait
 
 pytestmark = pytest.mark.django_db
 
@@ -127,7 +127,7 @@ def test_platform_admin_sees_every_tenant(scene: Any, page: Any) -> None:
 def test_task_list_shows_why_pending_and_only_own_tasks(scene: Any, page: Any) -> None:
     w = scene.world
     eta = timezone.now() + timedelta(minutes=30)
-    Task.objects.filter(pk=scene.waiting.pk).update(predicted_start_at=eta)
+    TaskWait.objects.update_or_create(task_id=scene.waiting.pk, defaults={"start_at": eta})
     body = text(page(w.alice).get("/tasks/"))
     assert f'data-task="{scene.waiting.pk}"' in body and f'data-task="{scene.placed.pk}"' in body
     assert f'data-task="{w.task_b.pk}"' not in body

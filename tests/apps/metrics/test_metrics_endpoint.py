@@ -92,8 +92,8 @@ def test_tasks_by_state_and_pending_by_reason_match_the_tasks(busy_world, token,
     want = {"pending": 1, "running": 1, "cancelled": 1, "succeeded": 0, "assigned": 0}
     assert {s: value(samples, "whalegen_tasks", pool=H100, state=s) for s in want} == want
     assert value(samples, "whalegen_tasks", pool=L4, state="pending") == 1
-    codes = dict(Task.objects.filter(state="pending").values_list("pool__name", "why_pending_code"))
-    assert codes == {H100: "waiting_for_layout", L4: ""}
+    codes = dict(Task.objects.filter(state="pending").values_list("pool__name", "wait__code"))
+    assert codes == {H100: "waiting_for_layout", L4: None}
     assert value(samples, "whalegen_tasks_pending", pool=H100, reason="waiting_for_layout") == 1
     assert value(samples, "whalegen_tasks_pending", pool=L4, reason="not_considered") == 1
     assert sum(samples["whalegen_tasks_pending"].values()) == Task.objects.filter(state="pending").count()

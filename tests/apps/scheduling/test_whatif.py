@@ -45,7 +45,7 @@ def _state() -> dict[str, Any]:
 
     return {
         "tasks": sorted(
-            Task.objects.values_list("pk", "state", "version", "why_pending_code", "predicted_start_at")
+            Task.objects.values_list("pk", "state", "version", "wait__code", "wait__start_at")
         ),
         "events": TaskEvent.objects.count(),
         "assignments": Assignment.objects.count(),

@@ -15,7 +15,7 @@ from apps.inventory.models import Pool
 from apps.tenants.models import Tenant
 from apps.workloads.api import serializers as s
 from apps.workloads.api.fast_output import FastOutput
-from apps.workloads.models import Queue, Task
+from apps.workloads.models import Queue, Task, TaskWait
 
 AT = datetime(2026, 3, 1, 12, 30, 5, 123456, tzinfo=UTC)
 
@@ -38,8 +38,10 @@ def _task(**changes: Any) -> Task:
         **changes,
     }
     forecast = values.pop("forecast", None)
+    wait = values.pop("wait", None)
     task = Task(**values)
     task._state.fields_cache["forecast"] = forecast
+    task._state.fields_cache["wait"] = wait
     return task
 
 
@@ -65,13 +67,12 @@ SHAPES = {
         profile_key="resnet50",
         idempotency_key="ci-1",
         attempts=2,
-        why_pending="",
-        why_pending_code="",
         started_at=AT + timedelta(seconds=3),
         predicted_duration_p50_s=120.5,
         predicted_duration_p90_s=300,
         predicted_gpu_mem_peak_mib=30000,
-        predicted_start_at=datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))),
+        # Words of an earlier wait, which a running task no longer shows.
+        wait=TaskWait(why="no GPU free", code="no_capacity", start_at=AT),
         forecast=TaskForecast(
             duration_p50_s=120.5,
             duration_p90_s=300.0,
@@ -88,10 +89,16 @@ SHAPES = {
         exit_code=137,
         failure_reason="killed: out of memory",
         finished_at=AT + timedelta(minutes=5),
-        why_pending="waiting for the first scheduling cycle",
         forecast=TaskForecast(source="none", baseline=""),
     ),
     "a state given as its plain string": _task(state="pending", isolation="any", kind="batch"),
+    "a pending task with the cycle's words on it": _task(
+        wait=TaskWait(
+            why="no GPU node with 1000 milli free",
+            code="no_capacity",
+            start_at=datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))),
+        )
+    ),
 }
 
 

@@ -29,7 +29,7 @@ def test_every_column_of_a_stored_batch_reads_back_as_it_was_sent() -> None:
         allowed_gpu_models=["H100-80GB"], isolation=Task.Isolation.EXCLUSIVE, kind=Task.Kind.TRAINING,
         sla_class=Task.SlaClass.ONLINE, priority=-7, preemptible=False, gang_id="g", gang_size=2,
         command=["python", "-c", "print('x')"], env={"A": "1", "Ü": ""}, max_runtime_s=60,
-        working_dir="/data", profile_key="k", idempotency_key="key-1", why_pending="waiting",
+        working_dir="/data", profile_key="k", idempotency_key="key-1",
     )  # fmt: skip
     tasks_insert([plain, full], actor="user:ci", reason="submitted", now=AT)
 
