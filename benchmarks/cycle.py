@@ -420,8 +420,13 @@ def run(args: argparse.Namespace) -> int:
         decided = decide(decision_input(snapshot, mix), Config(policy=args.policy), now.timestamp())
         decide_alone_s = time.perf_counter() - started
         decide_alone_cpu_s = time.process_time() - started_cpu
+        engine_alone_placed, decide_alone_placed = len(alone.placements), len(decided.placements)
+        # Let the baselines' pictures go before any cycle runs: a production worker holds no other
+        # snapshot and decisions (a few million objects) while it cycles, and holding them slowed the
+        # cycles' allocation-heavy steps more than the engine's (docs/cycle-speed.md, round 17).
+        del snapshot, alone, decided
         _progress("baseline: per-task commit on a rolled-back sample")
-        per_task_s = _per_task_commit_s(pool_id, len(alone.placements))
+        per_task_s = _per_task_commit_s(pool_id, engine_alone_placed)
         paired = _pairs(pool_id, args.policy, args.pairs)
         _progress("one production cycle")
         db_cpu_before = _backend_cpu_s()
@@ -465,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
         "fragmentation_before": cycle.stats.get("fragmentation_before"),
         "fragmentation_after": cycle.stats.get("fragmentation_after"),
         "baseline_engine_alone_s": round(engine_alone_s, 3),
-        "baseline_engine_alone_placed": len(alone.placements),
+        "baseline_engine_alone_placed": engine_alone_placed,
         "cycle_over_engine_alone": round(cycle_s / engine_alone_s, 2) if engine_alone_s else None,
         "cycle_cpu_s": round(cycle_cpu_s, 3),
         # The database server's CPU for the same cycle (its COMMIT included), when it runs on this host.
@@ -482,7 +487,7 @@ def run(args: argparse.Namespace) -> int:
         else None,
         "decide_alone_s": round(decide_alone_s, 3),
         "decide_alone_cpu_s": round(decide_alone_cpu_s, 3),
-        "decide_alone_placed": len(decided.placements),
+        "decide_alone_placed": decide_alone_placed,
         "decide_cpu_over_engine_alone_cpu": round(decide_alone_cpu_s / engine_alone_cpu_s, 2)
         if engine_alone_cpu_s
         else None,

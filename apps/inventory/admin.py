@@ -24,6 +24,7 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     fields = ["index", "model", "uuid", "mem_mib", "mig_capable", "partition_mode", "health"]
+    readonly_fields = ["partition_mode"]  # as on the GPU's own page (GpuAdmin)
 
 
 @admin.register(Node)
@@ -53,10 +54,19 @@ class NodeAdmin(admin.ModelAdmin):
 
 
 class ComputeUnitInline(admin.TabularInline):
+    """A GPU's units, shown, never edited here. They are cut when the GPU is added (`gpu_add`: equal
+    shares, MIG layouts checked against the model's table) or re-carved by the scheduler, and its picture
+    of a GPU relies on that: a GPU's shares are alike (docs/scheduling.md §3), a unit row is never
+    rewritten while it exists (ComputeUnit). A unit edited by hand could already be bound by a cycle."""
+
     model = ComputeUnit
     extra = 0
+    can_delete = False
     fields = ["kind", "mig_profile", "mig_start", "mps_thread_pct", "gpu_milli", "mem_mib", "held_by"]
-    readonly_fields = ["held_by"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Gpu | None = None) -> bool:
+        return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ComputeUnit]:
         return with_holders(super().get_queryset(request))
@@ -72,4 +82,6 @@ class GpuAdmin(admin.ModelAdmin):
     list_display = ["uuid", "model", "node", "index", "partition_mode", "health"]
     list_filter = ["model", "partition_mode", "health", "node__pool"]
     search_fields = ["uuid", "node__name"]
+    # The partition mode goes with the units (above): changed only by a re-carve, never by hand.
+    readonly_fields = ["partition_mode"]
     inlines = [ComputeUnitInline]
