@@ -44,9 +44,7 @@ def _state() -> dict[str, Any]:
     from apps.workloads.models import Task, TaskEvent
 
     return {
-        "tasks": sorted(
-            Task.objects.values_list("pk", "state", "version", "wait__code", "wait__start_at")
-        ),
+        "tasks": sorted(Task.objects.values_list("pk", "state", "version", "wait__code", "wait__start_at")),
         "events": TaskEvent.objects.count(),
         "assignments": Assignment.objects.count(),
         "cycles": Cycle.objects.count(),
