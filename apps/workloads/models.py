@@ -241,9 +241,8 @@ class TaskWait(models.Model):
     once the cycle's moves have filled it), where a new version of this row writes one. For the 3,220
     tasks the bench cycle leaves pending, the server's time: 18–21 ms against 33–53 ms on a fast host,
     40–65 against 124–155 ms on a slow one (docs/cycle-speed.md, rounds 16 and 17). A row is written
-    when its task enters pending (the transition's
-    sentence) and by each cycle; it is left behind when the task moves on and read only while the task
-    is pending (Task.why_pending).
+    when its task enters pending (the transition's sentence) and by each cycle; it is left behind when
+    the task moves on and read only while the task is pending (Task.why_pending).
 
     No database constraint on `task` (index kept: it is the key): the check would lock each task row the
     cycle names (FOR KEY SHARE) on every cycle. Every writer names a task it has just read or moved, and
