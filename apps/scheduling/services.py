@@ -46,7 +46,13 @@ from apps.scheduling.selectors import (
     snapshot_for_pool,
 )
 from apps.workloads.models import Quota, Task, TaskWait
-from apps.workloads.services import task_events_bulk, task_transition, tasks_move_bulk, tasks_transition_bulk
+from apps.workloads.services import (
+    task_events_bulk,
+    task_transition,
+    task_waits_write,
+    tasks_move_bulk,
+    tasks_transition_bulk,
+)
 from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import (
     ClusterFragmentation,
@@ -852,15 +858,11 @@ def _write_why_pending(
                 [rows],
             )
         return
-    TaskWait.objects.bulk_create(
+    task_waits_write(
         [
             TaskWait(task_id=pk, why=why, code=code, start_at=eta)
             for pk, why, code, eta in zip(ids, sentences, codes, etas, strict=True)
-        ],
-        update_conflicts=True,
-        unique_fields=["task"],
-        update_fields=["why", "code", "start_at"],
-        batch_size=500,
+        ]
     )
 
 

@@ -205,23 +205,26 @@ class Task(TimestampedModel):
     # with `select_related("wait")`; otherwise each first read is a query.
     @property
     def why_pending(self) -> str:
-        if self.state != Task.State.PENDING:
-            return ""
         wait = self._wait()
-        return FIRST_CYCLE if wait is None else wait.why
+        if wait is not None:
+            return wait.why
+        return FIRST_CYCLE if self.state == Task.State.PENDING else ""
 
     @property
     def why_pending_code(self) -> str:
         """The solver's machine code for why_pending (whalegen.placement.types.Outcome values)."""
-        wait = self._wait() if self.state == Task.State.PENDING else None
+        wait = self._wait()
         return "" if wait is None else wait.code
 
     @property
     def predicted_start_at(self) -> datetime | None:
-        wait = self._wait() if self.state == Task.State.PENDING else None
+        wait = self._wait()
         return None if wait is None else wait.start_at
 
     def _wait(self) -> TaskWait | None:
+        """The task's TaskWait row while it is pending; None otherwise or when no cycle has written one."""
+        if self.state != Task.State.PENDING:
+            return None
         try:
             return self.wait  # type: ignore[no-any-return]
         except TaskWait.DoesNotExist:

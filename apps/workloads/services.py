@@ -402,6 +402,17 @@ def _submit_one(
     return task, True
 
 
+def task_waits_write(waits: list[TaskWait]) -> None:
+    """Each task's TaskWait row as given, written over the one it had (one upsert per 500 rows)."""
+    TaskWait.objects.bulk_create(
+        waits,
+        update_conflicts=True,
+        unique_fields=["task"],
+        update_fields=["why", "code", "start_at"],
+        batch_size=500,
+    )
+
+
 def _no_forecast_yet(task: Task) -> None:
     """A task just stored has no forecast (it is attached after commit) and no TaskWait row (no cycle has
     seen it): say so to the ORM, so showing the new task reads neither table for nothing."""
@@ -789,12 +800,7 @@ def _transition(
         )
         if to_state == Task.State.PENDING:
             # Back in the queue: the words of its last wait no longer hold; the next cycle writes its own.
-            TaskWait.objects.bulk_create(
-                [TaskWait(task_id=task.pk, why=(why_pending or "")[:500], code=code, start_at=None)],
-                update_conflicts=True,
-                unique_fields=["task"],
-                update_fields=["why", "code", "start_at"],
-            )
+            task_waits_write([TaskWait(task_id=task.pk, why=(why_pending or "")[:500], code=code)])
         if to_state in FINAL or to_state in RETRY_FROM:
             # Releasing the assignment frees its units: a unit's holder is the live assignment listing it.
             live = Assignment.objects.filter(task=task, released_at__isnull=True)
