@@ -184,7 +184,13 @@ def test_scan_adopts_only_this_nodes_launchers(tmp_path: Path, record_dir: Path)
     try:
         ours = mine.start("7", command, env, device_uuid=None, now_s=time.time(), attempt=2)
         theirs = other.start("7", command, env, device_uuid=None, now_s=time.time(), attempt=2)
+        # A launcher just started may still be inside exec (its /proc cmdline not yet the launcher's): wait
+        # until both show, as an agent restarting beside long-running launchers never has to.
+        deadline = time.monotonic() + 10
         markers = {f.pid: f.marker for f in find_launchers()}
+        while {ours.pid, theirs.pid} - set(markers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            markers = {f.pid: f.marker for f in find_launchers()}
         assert markers[ours.pid] == ("node-a", "7", 2) and markers[theirs.pid] == ("node-b", "7", 2)
         # The task's own process inherits the marker but is not a launcher.
         deadline = time.monotonic() + 10
