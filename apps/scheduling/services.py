@@ -61,7 +61,15 @@ from whalegen.placement.fragmentation import (
 )
 from whalegen.placement.repartition import ClaimAction, MigSlot, RepartitionPlan
 from whalegen.placement.types import Placement, ShapeMix, TaskRequest
-from whalegen.scheduling import Code, Decider, Decisions, Snapshot, nodes_before, repartition_sentence
+from whalegen.scheduling import (
+    Bound,
+    Code,
+    Decider,
+    Decisions,
+    Snapshot,
+    nodes_before,
+    repartition_sentence,
+)
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -70,8 +78,9 @@ LOCK_CLASS = zlib.crc32(b"whalegen.cycle") & 0x7FFFFFFF
 LOST_RACE = "lost_race"
 WAITING_FOR_LAYOUT = Code.WAITING_FOR_LAYOUT
 CYCLE_WORK_MEM = "64MB"
-# The engine's placements go to the database in chunks of this many task moves while it places the rest:
-# each chunk is two statements (moves, events); the last waits for the engine to end.
+# The engine's placements go to the database in chunks of at least this many while it places the rest,
+# each on its units: three statements a chunk (task moves, their events, assignments); the last chunk
+# waits for the engine to end.
 STREAM_CHUNK = 500
 PENDING = Task.State.PENDING
 ADMITTED_ASSIGNED = (Task.State.ADMITTED, Task.State.ASSIGNED)  # a placement's two steps
@@ -170,7 +179,7 @@ def _commit(
     cycle: Cycle,
     now: datetime,
     *,
-    begin: Callable[[Callable[[list[Placement]], None] | None], Sequence[Placement]],
+    begin: Callable[[Callable[[list[Bound]], None] | None], Sequence[Placement]],
     finish: Callable[[], Decisions],
     explain: Callable[[Decisions], Decisions] | None = None,
     measure: Callable[[Decisions], None] | None = None,
@@ -248,7 +257,7 @@ def _commit(
         checks: list[Callable[[], None]] = []
         with pipelined():
             clock = _send_writes(
-                attempt, decisions, winners, (), kept_plans, lost, checks, clock, unlocked=False
+                attempt, decisions, winners, (), (), kept_plans, lost, checks, clock, unlocked=False
             )
         for check in checks:
             check()
@@ -301,73 +310,91 @@ def _commit(
 
 def _write_unlocked(
     attempt: _Attempt,
-    begin: Callable[[Callable[[list[Placement]], None] | None], Sequence[Placement]],
+    begin: Callable[[Callable[[list[Bound]], None] | None], Sequence[Placement]],
     decided: Callable[[], Decisions],
     reason_of: Callable[[str], str | None],
     clock: float,
 ) -> float:
     """Step 1 of `_commit`: every write without a lock, each compared and set; `_Changed` when one fails.
 
-    The engine's task moves go out in chunks as it places the tasks (`begin`), and `decide` finishes
-    (`decided`) while the server writes the last of them and their events: a 10,000-task cycle's moves
-    keep the server busy for 70 ms, which the engine's own half second now covers.
-    Should `decide` then have bound one of them elsewhere, taken one back, or planned new layouts (which
-    lock the GPUs' units), the attempt is rolled back: the locked path writes what it decided."""
+    The engine's placements go out in chunks as it makes them (`begin`), each already on its units: the
+    task moves, their events and their assignments. The server writes them during the engine's half
+    second, where it had nothing else to do; the nodes' versions are raised once, after `decide`
+    finishes (`decided`). Should `decide` then have bound one of them elsewhere or on other units, taken
+    one back, or planned new layouts (which lock the GPUs' units), the attempt is rolled back: the locked
+    path writes what it decided. A pool whose engine made two passes (and said nothing as it went) gets
+    its task moves and events sent after the engine, and its assignments after `decide`."""
     out, snapshot = attempt.out, attempt.snapshot
     said: dict[str, str | None] = {}  # the policy's words for each placement as the engine made it
-    sent: set[str] = set()
-    streamed: list[Placement] = []
-    chunk: list[Placement] = []
+    moved: dict[str, Placement] = {}  # task moves and events sent
+    written: dict[str, tuple[int, ...]] = {}  # of those, the assignments sent: task → its units
     checks: list[Callable[[], None]] = []
 
-    def send() -> None:
-        moving = [p for p in chunk if p.task_id not in sent]
-        chunk.clear()
-        if not moving:
+    def send(bounds: list[Bound], *, units: bool) -> None:
+        going = [b for b in bounds if b.task_id not in moved]
+        if not going:
             return
-        said.update({p.task_id: reason_of(p.task_id) for p in moving})
-        sent.update(p.task_id for p in moving)
-        streamed.extend(moving)
-        # The moves only, a few kilobytes: the events' sentences (a hundred times that) would fill the
-        # socket while the server is busy, and the engine would wait on it. They go once it is done.
-        move = [(snapshot.pending[p.task_id].pk, snapshot.pending[p.task_id].version) for p in moving]
+        placements = [b.placement for b in going]
+        said.update({p.task_id: reason_of(p.task_id) for p in placements})
+        moved.update({p.task_id: p for p in placements})
+        pending = snapshot.pending
+        pks = [pending[p.task_id].pk for p in placements]
+        move = [(pk, pending[p.task_id].version) for pk, p in zip(pks, placements, strict=True)]
         checks.append(
             tasks_move_bulk(tasks=move, from_state=PENDING, path=ADMITTED_ASSIGNED, now=attempt.now)
         )
+        task_events_bulk(
+            tasks=pks,
+            from_state=PENDING,
+            path=ADMITTED_ASSIGNED,
+            actor=ACTOR,
+            reasons=lambda: _event_sentences(
+                snapshot, said.get, placements, attempt.request_of, attempt.cycle
+            ),
+        )
+        if units:
+            written.update({b.task_id: b.unit_ids for b in going})
+            _write_placements(
+                held={pk: b.unit_ids for pk, b in zip(pks, going, strict=True)},
+                nodes={},  # raised once, at the end
+                assignments=[
+                    (pk, snapshot.node_ids[p.node], p.borrowed) for pk, p in zip(pks, placements, strict=True)
+                ],
+                cycle=attempt.cycle,
+                deferred=checks,
+            )
 
-    def placed(placements: list[Placement]) -> None:
-        chunk.extend(placements)
-        if len(chunk) >= STREAM_CHUNK:
-            send()
+    def placed(bounds: list[Bound]) -> None:  # `STREAM_CHUNK` or more, the last batch fewer
+        send(bounds, units=True)
 
     with pipelined():
         begun = begin(placed)
         clock = out.lap("decide_begin", clock)
-        # The last chunk; all of them when the engine made two passes (and said nothing as it went).
-        chunk[:] = [p for p in begun if p.task_id not in sent]
-        send()
-        task_events_bulk(
-            tasks=[snapshot.pending[p.task_id].pk for p in streamed],
-            from_state=PENDING,
-            path=ADMITTED_ASSIGNED,
-            actor=ACTOR,
-            reasons=lambda: _event_sentences(snapshot, said.get, streamed, attempt.request_of, attempt.cycle),
-        )
+        if not moved:  # the engine made two passes and said nothing as it went: the moves go now
+            send([Bound(p, ()) for p in begun], units=False)
         clock = out.lap("write_engine_moves", clock)
         decisions = decided()
         clock = out.lap("decide_finish", clock)
         if decisions.layouts:
             raise _Changed(f"{len(decisions.layouts)} new layouts to write (the locked way)")
-        final = {b.task_id: b.placement for b in decisions.placements}
+        final = {b.task_id: b for b in decisions.placements}
         words = decisions.placement_reasons.get
-        moved = sum(1 for p in begun if final.get(p.task_id) != p or words(p.task_id) != said.get(p.task_id))
-        if moved:
-            raise _Changed(f"decide bound {moved} of the engine's {len(begun)} placements otherwise")
+        changed = sum(
+            1
+            for task_id, placement in moved.items()
+            if (b := final.get(task_id)) is None
+            or b.placement != placement
+            or words(task_id) != said.get(task_id)
+            or written.get(task_id, b.unit_ids) != b.unit_ids
+        )
+        if changed:
+            raise _Changed(f"decide bound {changed} of the {len(moved)} placements sent otherwise")
         clock = _send_writes(
             attempt,
             decisions,
             [b.placement for b in decisions.placements],
-            sent,
+            moved,
+            written,
             (),
             {},
             checks,
@@ -489,6 +516,7 @@ def _send_writes(
     decisions: Decisions,
     winners: Sequence[Placement],
     moved: Collection[str],
+    written: Collection[str],
     kept_plans: Sequence[tuple[tuple[int, int], RepartitionPlan]],
     lost: Mapping[str, tuple[str, str]],
     checks: list[Callable[[], None]],
@@ -497,7 +525,8 @@ def _send_writes(
     unlocked: bool,
 ) -> float:
     """Send the placements' writes and why-pending inside the caller's pipeline; their compare-and-set
-    checks go to `checks`, for after it. The task moves of `moved` went out already.
+    checks go to `checks`, for after it. The task moves and events of `moved` went out already, and the
+    assignments of `written`; the nodes of every winner have their versions raised here.
 
     Unlocked, the tenants' limits are checked here too, on what they hold once these are written; locked,
     the rows were compared already, and a failed check is a writer that skipped the locks."""
@@ -519,11 +548,12 @@ def _send_writes(
         )
     clock = out.lap("write_tasks_and_events", clock)
     nodes = {snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans}
+    unwritten = [p for p in winners if p.task_id not in written]
     _write_placements(
-        held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in winners},
+        held={snapshot.pending[p.task_id].pk: units_for[p.task_id] for p in unwritten},
         nodes={n: snapshot.node_versions[n] for n in nodes},
         assignments=[
-            (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in winners
+            (snapshot.pending[p.task_id].pk, snapshot.node_ids[p.node], p.borrowed) for p in unwritten
         ],
         cycle=cycle,
         deferred=checks,
@@ -730,8 +760,10 @@ def _write_placements(
     `held` maps each task to the units it binds, in order. A unit's holder is the live assignment that
     lists it (`apps.scheduling.holders`), so binding writes no unit row: the nodes are locked and found
     at the version the snapshot saw, and every writer of units raises that version under the same lock.
-    The statement still counts the units it binds that a live assignment already lists: any is a path
-    that skipped the lock, and the whole cycle rolls back rather than double-book.
+    The statement still counts the units it binds that a live assignment on their nodes already lists:
+    any is a path that skipped the lock, and the whole cycle rolls back rather than double-book. The
+    unlocked commit sends its assignments in batches as the engine places (`nodes` empty) and raises
+    the versions once at the end (no assignments).
 
     On PostgreSQL this is one statement (two data-modifying CTEs and the check) fed by array literals
     (`unnest`): a cycle binds tens of thousands of units, and neither model instances nor one round trip
@@ -752,10 +784,10 @@ def _write_placements(
     cursor = connection.cursor()  # closed by the check, once the statement has answered
     cursor.execute(
         "WITH taken AS ("
-        # Only the live assignments of the nodes written: a unit is listed on its own node's assignment.
+        # Only the live assignments of the nodes bound on: a unit is listed on its own node's assignment.
         f"  SELECT count(*) AS n FROM {table} AS a CROSS JOIN LATERAL unnest(a.unit_ids) AS l(id)"
         "   JOIN unnest(%(unit)s::bigint[]) AS v(id) ON v.id = l.id"
-        "   WHERE a.released_at IS NULL AND a.node_id = ANY(%(nodes)s::bigint[])"
+        "   WHERE a.released_at IS NULL AND a.node_id = ANY(%(a_node)s::bigint[])"
         "), raised AS ("
         f"  UPDATE {Node._meta.db_table} AS n SET version = n.version + 1"
         "   FROM unnest(%(nodes)s::bigint[], %(versions)s::bigint[]) AS v(id, seen)"
@@ -805,7 +837,7 @@ def _write_placements_orm(
     assignments: Sequence[tuple[int, int, bool]],
     cycle: Cycle,
 ) -> None:
-    holders = unit_holders(node_ids=nodes)
+    holders = unit_holders(node_ids={node for _, node, _ in assignments})
     taken = sum(1 for ids in held.values() for unit_id in ids if unit_id in holders)
     if taken:
         binds = sum(len(ids) for ids in held.values())
@@ -1018,7 +1050,9 @@ def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
             snapshot,
             cycle,
             now,
-            begin=lambda placed: decider.begin(pure.cluster.pending, now_s, on_placed=placed),
+            begin=lambda placed: decider.begin(
+                pure.cluster.pending, now_s, on_placed=placed, batch=STREAM_CHUNK
+            ),
             finish=lambda: decider.finish(now_s, estimates=False, nodes_after=False),
             explain=lambda placed: decider.explain(placed, now_s),
             measure=measure,

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from whalegen.placement.engine import Engine
 from whalegen.placement.recarve import CAPACITY_OUTCOMES, can_use_mig, with_gpus
@@ -98,6 +98,25 @@ class _Begun:
     preemptions: list[Preemption]
 
 
+@dataclass
+class _Early:
+    """Step 4 begun while the engine places (`begin` with `on_placed`): the placements as heard, mapped
+    onto free units in that order. `_bind`'s first `_map` over the same placements, from nothing taken,
+    maps each the same way, so `finish` takes these results instead of mapping again."""
+
+    heard: list[Placement] = field(default_factory=list)
+    bound: list[Bound] = field(default_factory=list)
+    failed: list[tuple[Placement, GpuKey]] = field(default_factory=list)
+    taken: set[int] = field(default_factory=set)
+    diverged: set[GpuKey] = field(default_factory=set)
+
+    def covers(self, placements: Sequence[Placement]) -> bool:
+        """Whether these are exactly the placements heard, in the order heard (the same objects)."""
+        return len(placements) == len(self.heard) and all(
+            a is b for a, b in zip(placements, self.heard, strict=True)
+        )
+
+
 def decide(snapshot: Snapshot, config: Config, now_s: float, *, estimates: bool = True) -> Decisions:
     """Every decision of one cycle over `snapshot` (see the module for the steps)."""
     return Decider(snapshot, config).step(snapshot.cluster.pending, now_s, estimates=estimates)
@@ -133,6 +152,7 @@ class Decider:
         self._diverged: set[GpuKey] = set()  # GPUs whose bound units differ from the engine's picture
         self._held: dict[str, Reason] = {}  # tasks the last step held back for a reservation
         self._begun: _Begun | None = None  # between `begin` and `finish`
+        self._early: _Early | None = None  # units mapped as the engine placed (`begin` with `on_placed`)
 
     def release(self, task_id: str) -> None:
         """A task placed by an earlier step finished: its resources go back to the working copy."""
@@ -161,19 +181,25 @@ class Decider:
         self,
         pending: Sequence[TaskRequest],
         now_s: float,
-        on_placed: Callable[[list[Placement]], None] | None = None,
+        on_placed: Callable[[list[Bound]], None] | None = None,
+        batch: int = 1,
     ) -> tuple[Placement, ...]:
         """`step`'s steps 1-3 (claims, order, the engine on present units); `finish` does the rest. Returns
         the engine's placements: step 4 binds nearly all of them as they are, but may move one or take it
         back (and place others), so they are what the decision will most likely say, not what it says.
-        The production cycle sends their task moves as `on_placed` hears of them (from the engine's one
-        pass; a pool where whole-GPU tasks first try GPUs outside MIG mode has two, and hears nothing)."""
+
+        `on_placed` hears the engine's placements as it makes them (its one pass; a pool where whole-GPU
+        tasks first try GPUs outside MIG mode has two, and hears nothing), each already mapped onto free
+        units as step 4 maps it first, `batch` or more at a time (the rest when the pass ends): the
+        production cycle writes them while the engine goes on. A unit of work (a task, or a gang at
+        once) with a placement no free units carry is not heard: step 4 takes it back and tries again."""
         snapshot = self.snapshot
         unplaced: dict[str, Reason] = {}
         bound: list[Bound] = []
         self._needs_layout = set()
         self._before_recarve = {}
         self._diverged = set()
+        self._early = None
         # 1. Claims.
         bound += self._claims(unplaced)
         # 2. Order: each task carries its place.
@@ -191,10 +217,50 @@ class Decider:
         requests = dict(snapshot.claimed_requests)
         requests.update({t.task_id: t for t in ordered})
         self.requests.update(requests)
-        # 3. Present units.
-        placements, left, preemptions = self._present(ordered, now_s, on_placed=on_placed)
+        # 3. Present units (and step 4's first mapping as they are made, when someone listens).
+        if on_placed is not None and snapshot.unit_exact:
+            heard, flush = self._mapping_early(on_placed, batch)
+            placements, left, preemptions = self._present(ordered, now_s, on_placed=heard)
+            flush()
+        else:
+            placements, left, preemptions = self._present(ordered, now_s)
         self._begun = _Begun(unplaced, bound, ordered, requests, placements, left, preemptions)
         return tuple(placements)
+
+    def _mapping_early(
+        self, on_placed: Callable[[list[Bound]], None], batch: int
+    ) -> tuple[Callable[[list[Placement]], None], Callable[[], None]]:
+        """What the engine tells of each unit of work it places, and what passes on the rest at the end:
+        mapped onto units `batch` placements at a time (a call per task cost more than the mapping)."""
+        early = self._early = _Early()
+        waiting: list[list[Placement]] = []  # units of work heard and not mapped yet
+        count = 0
+
+        def flush() -> None:
+            nonlocal count
+            placements = [p for unit in waiting for p in unit]
+            start = len(early.bound)
+            missed = self._map(placements, early.bound, early.taken, early.diverged)
+            early.heard += placements
+            early.failed += missed
+            bound = early.bound[start:]
+            if missed:  # a unit of work with a miss is not passed on, whole
+                ids = {p.task_id for p, _ in missed}
+                out = {p.task_id for unit in waiting if any(p.task_id in ids for p in unit) for p in unit}
+                bound = [b for b in bound if b.task_id not in out]
+            waiting.clear()
+            count = 0
+            if bound:
+                on_placed(bound)
+
+        def heard(made: list[Placement]) -> None:
+            nonlocal count
+            waiting.append(made)
+            count += len(made)
+            if count >= batch:
+                flush()
+
+        return heard, flush
 
     def placement_reason(self, task_id: str) -> str | None:
         """The policy's own words for where it put `task_id` last, when it explains its choices
@@ -513,7 +579,12 @@ class Decider:
         and what waits for room tries once more on the instances they left (a gang that wanted one)."""
         taken: set[int] = set()
         bound: list[Bound] = []
-        self._last_try(self._bind(placements, left, now_s, bound, taken), left, now_s, bound, taken)
+        mapped: list[tuple[Placement, GpuKey]] | None = None
+        early, self._early = self._early, None
+        if early is not None and early.covers(placements):  # mapped already, as the engine placed
+            bound, taken, mapped = early.bound, early.taken, early.failed
+            self._diverged |= early.diverged
+        self._last_try(self._bind(placements, left, now_s, bound, taken, mapped), left, now_s, bound, taken)
         if self._whole_off_mig(bound, taken, now_s):
             again = self._offer_room_again(left, now_s)
             self._last_try(self._bind(again, left, now_s, bound, taken), left, now_s, bound, taken)
@@ -569,9 +640,11 @@ class Decider:
         now_s: float,
         bound: list[Bound],
         taken: set[int],
+        mapped: list[tuple[Placement, GpuKey]] | None = None,
     ) -> set[str]:
         """Map every placement onto free units (into `bound`, their ids into `taken`); retry the ones no
-        units carry until all are bound. Returns the tasks given up on (three misses).
+        units carry until all are bound. Returns the tasks given up on (three misses). `mapped`: the
+        placements' first mapping is done already (into `bound` and `taken`), and these missed.
 
         A. The tasks whose placement no units carry (and their gang mates) are taken back and tried again
            with those GPUs closed to them, until each is bound or left waiting.
@@ -584,7 +657,8 @@ class Decider:
         misses: dict[str, int] = defaultdict(int)
         todo = placements
         while True:
-            failed = self._map(todo, bound, taken)
+            failed = self._map(todo, bound, taken) if mapped is None else mapped
+            mapped = None
             closing: set[GpuKey] = set()  # GPUs closed to some task in A: opened again for B
             if not failed:
                 # Bound, but perhaps on bigger units than the engine chose (a 1g request on a free 3g): the
@@ -695,10 +769,16 @@ class Decider:
         )
 
     def _map(
-        self, todo: Iterable[Placement], bound: list[Bound], taken: set[int]
+        self,
+        todo: Iterable[Placement],
+        bound: list[Bound],
+        taken: set[int],
+        diverged: set[GpuKey] | None = None,
     ) -> list[tuple[Placement, GpuKey]]:
-        """Bind what free units carry (appended to `bound`); the rest with the GPU that could not."""
+        """Bind what free units carry (appended to `bound`); the rest with the GPU that could not. GPUs
+        whose units now differ from the engine's picture go to `diverged` (default: the step's)."""
         failed: list[tuple[Placement, GpuKey]] = []
+        diverged = self._diverged if diverged is None else diverged
         requests = self.requests
         free_units = self.snapshot.free_units
         bindings = self.engine.state.bindings
@@ -712,7 +792,7 @@ class Decider:
             if mapped.gpu_milli != sum(bindings[placement.task_id].held_milli) or (
                 placement.unit.kind is UnitKind.MIG
             ):
-                self._diverged.update((placement.node, i) for i in placement.gpu_indexes)
+                diverged.update((placement.node, i) for i in placement.gpu_indexes)
         return failed
 
     def _take_back(

@@ -158,7 +158,7 @@ def test_a_placement_decide_takes_back_after_the_engine_rolls_the_streamed_moves
     monkeypatch.setattr(Decider, "finish", finish_taking_one_back)
     report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
     assert (
-        "decide bound 1 of the engine's 2 placements otherwise"
+        "decide bound 1 of the 2 placements sent otherwise"
         in (Cycle.objects.get(pk=report.cycle_id).stats["commit_unlocked_missed"])
     )
     kept.refresh_from_db()

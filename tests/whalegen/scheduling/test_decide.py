@@ -11,7 +11,7 @@ from tests.whalegen.placement.builders import task
 from tests.whalegen.scheduling.builders import Pool, mig, mps, whole
 from whalegen.placement.repartition import ClaimAction, MigSlot
 from whalegen.placement.types import Isolation, Quota, RunningTask, TaskRequest
-from whalegen.scheduling import Claim, Config, Decisions, Snapshot, decide
+from whalegen.scheduling import Bound, Claim, Config, Decider, Decisions, Snapshot, decide
 
 POLICIES = ["whalegen", "bestfit", "fgd"]
 THREE_G = ("3g.40gb", 0, False)
@@ -357,3 +357,22 @@ def test_fragmentation_before_and_after_a_decision_that_places_nothing_is_the_sa
     after = cluster_fragmentation(decisions.nodes_after, mix)
     assert before.amount_pct == pytest.approx(after.amount_pct)
     assert before.idle_milli == after.idle_milli == 2000  # the idle MIG GPU and the free whole GPU
+
+
+def test_a_placement_no_units_carry_is_not_heard_while_the_engine_places() -> None:
+    # n0's GPU is free in the engine's picture but lists no free unit (as a picture that fell behind
+    # its units would): whichever task the engine puts there misses. The production cycle writes what it
+    # hears at once, so that one must not be heard (`finish` takes it back and tries again).
+    pool = Pool().node("n0", whole()).node("n1", whole())
+    tasks = [task("a", gpus=1), task("b", gpus=1, submitted_at_s=1.0)]
+    full = pool.snapshot(tasks)
+    snapshot = replace(full, free_units={k: v for k, v in full.free_units.items() if k[0] != "n0"})
+    config = Config(preemption=False)
+    decider = Decider(snapshot, config)
+    heard: list[Bound] = []
+    made = decider.begin(snapshot.cluster.pending, 0.0, on_placed=heard.extend)
+    decisions = decider.finish(0.0)
+    assert sorted(p.node for p in made) == ["n0", "n1"]
+    assert [b.placement.node for b in heard] == ["n1"]
+    assert decisions == decide(snapshot, config, 0.0)
+    assert heard == list(decisions.placements)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tests.whalegen.scheduling.builders import Pool
 from tests.whalegen.scheduling.strategies import pending, pools, quotas
 from whalegen.placement.types import WHOLE_GPU_MILLI, Isolation, Quota, TaskRequest
-from whalegen.scheduling import Config, Decisions, FreeUnit, Snapshot, decide
+from whalegen.scheduling import Bound, Config, Decider, Decisions, FreeUnit, Snapshot, decide
 
 POLICIES = ("whalegen", "bestfit", "fgd")
 # Codes that name what holds a task back, or say nothing present can ever hold it: exempt from the
@@ -168,3 +168,30 @@ def test_a_whole_gpu_task_never_takes_a_mig_gpu_while_a_whole_gpu_is_free(
             # Allowed only when no node is left with enough free whole GPUs (and the CPU) for it.
             room = [n for n, count in whole_left.items() if count >= t.num_gpu and cpu_left[n] >= t.cpu_milli]
             assert not room, (b, room)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=pools(), tasks=pending(), quota_list=quotas(), policy=st.sampled_from(POLICIES))
+def test_units_heard_while_the_engine_places_are_the_units_the_decision_binds(
+    pool: Pool, tasks: list[TaskRequest], quota_list: list[Quota], policy: str
+) -> None:
+    """The production cycle writes each placement `begin` tells it of (already on its units) while the
+    engine goes on: listening must not change the decision, and what is heard is what `finish` keeps,
+    unless a later retry moved it (the cycle then rolls its writes back: checked there)."""
+    snapshot = pool.snapshot(tasks, quotas=quota_list)
+    config = Config(policy=policy, preemption=False)
+    expected = decide(snapshot, config, 0.0)
+    decider = Decider(snapshot, config)
+    heard: list[Bound] = []
+    decider.begin(snapshot.cluster.pending, 0.0, on_placed=heard.extend)
+    decisions = decider.finish(0.0)
+    assert decisions == expected
+    assert len({b.task_id for b in heard}) == len(heard)
+    taken = [u for b in heard for u in b.unit_ids]
+    assert len(taken) == len(set(taken))  # no unit heard twice
+    for b in heard:
+        assert snapshot.free_units[(b.placement.node, b.placement.gpu_indexes[0])]
+        free = {
+            u.unit_id for i in b.placement.gpu_indexes for u in snapshot.free_units[(b.placement.node, i)]
+        }
+        assert set(b.unit_ids) <= free
