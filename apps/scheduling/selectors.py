@@ -454,24 +454,33 @@ def _running_rows(r: _Reading) -> QuerySet[Any]:
     )
 
 
+class _Running(NamedTuple):
+    """Step 3's first half: a live assignment's row as `RunningTask` wants it, before the units say what it
+    holds."""
+
+    task_pk: int
+    node_id: int
+    started_s: float
+    priority: int
+    slug: str
+    cpu_milli: int
+    host_mem_mib: int
+    gpu_mem_mib: int
+    preemptible: bool
+    borrowed: bool
+    charge_milli: int
+
+
 def _read_running(
     r: _Reading,
     effective: Callable[[int, int, int], tuple[int, str]],
     assignment_rows: Iterable[tuple[Any, ...]],
-) -> tuple[list[RunningTask], dict[str, RunningInfo]]:
-    """Step 3: live assignments → running tasks, what they hold, node CPU/memory in use, expected ends."""
-    index_of_gpu = {g["id"]: g["index"] for g in r.gpu_rows}
-    held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
-    # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
-    held_mig: dict[int, tuple[str, int]] = {}
-    for unit in r.unit_rows:
-        if unit[TASK] is not None:
-            held[unit[TASK]][index_of_gpu[unit[GPU]]] += unit[MILLI]
-            if unit[KIND] == ComputeUnit.Kind.MIG and unit[START] is not None:
-                held_mig[unit[TASK]] = (unit[PROFILE], unit[START])
-    running: list[RunningTask] = []
+) -> tuple[list[_Running], dict[str, RunningInfo]]:
+    """Step 3: live assignments → node CPU/memory in use, expected ends, and the running tasks but for
+    what they hold (`_held_by_running`, once the units are read: this half runs while the server reads
+    them)."""
+    runs: list[_Running] = []
     info: dict[str, RunningInfo] = {}
-    no_mig = (None, None)
     for (
         task_pk,
         node_id,
@@ -496,31 +505,25 @@ def _read_running(
     ) in assignment_rows:
         r.cpu_used[node_id] += cpu_milli
         r.mem_used[node_id] += host_mem_mib
-        by_gpu = held.get(task_pk, {})
         started_s = _seconds(started_s)  # SQLite reads the datetime itself (see `_epoch_s`)
         priority, _ = effective(task_pk, queue_id, base_priority)
         r.tenant_ids[slug] = tenant_id
         key = str(task_pk)
         r.queues[key] = (queue_id, queue_weight)
-        mig = held_mig.get(task_pk, no_mig)
         charge_milli = gpu_count * gpu_milli  # Task.charge_milli
-        running.append(
-            RunningTask(
-                task_id=key,
-                node=r.names[node_id],
-                gpu_indexes=tuple(sorted(by_gpu)),
-                gpu_milli=max(by_gpu.values()) if by_gpu else 0,
-                cpu_milli=cpu_milli,
-                mem_mib=host_mem_mib,
-                gpu_mem_mib=gpu_mem_mib or 0,
-                priority=priority,
-                tenant=slug,
-                preemptible=preemptible,
-                started_at_s=started_s,
-                borrowed=borrowed,
-                mig_profile=mig[0],
-                mig_start_slice=mig[1],
-                charge_milli=charge_milli,
+        runs.append(
+            _Running(
+                task_pk,
+                node_id,
+                started_s,
+                priority,
+                slug,
+                cpu_milli,
+                host_mem_mib,
+                gpu_mem_mib or 0,
+                preemptible,
+                borrowed,
+                charge_milli,
             )
         )
         runtime = _expected_runtime_s(p50_s, max_runtime_s, profile_p50_s)
@@ -533,7 +536,45 @@ def _read_running(
             charge_milli=charge_milli,
             expected_end_s=started_s + runtime if runtime is not None else None,
         )
-    return running, info
+    return runs, info
+
+
+def _held_by_running(r: _Reading, runs: list[_Running]) -> list[RunningTask]:
+    """Step 3's second half: the running tasks with the GPUs and share each holds, from the units."""
+    index_of_gpu = {g["id"]: g["index"] for g in r.gpu_rows}
+    held: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # task → GPU index → milli
+    # task → (profile, start slice) of the MIG instance it holds, so a trial preemption frees the slices.
+    held_mig: dict[int, tuple[str, int]] = {}
+    for unit in r.unit_rows:
+        if unit[TASK] is not None:
+            held[unit[TASK]][index_of_gpu[unit[GPU]]] += unit[MILLI]
+            if unit[KIND] == ComputeUnit.Kind.MIG and unit[START] is not None:
+                held_mig[unit[TASK]] = (unit[PROFILE], unit[START])
+    running: list[RunningTask] = []
+    no_mig = (None, None)
+    for run in runs:
+        by_gpu = held.get(run.task_pk, {})
+        mig = held_mig.get(run.task_pk, no_mig)
+        running.append(
+            RunningTask(
+                task_id=str(run.task_pk),
+                node=r.names[run.node_id],
+                gpu_indexes=tuple(sorted(by_gpu)),
+                gpu_milli=max(by_gpu.values()) if by_gpu else 0,
+                cpu_milli=run.cpu_milli,
+                mem_mib=run.host_mem_mib,
+                gpu_mem_mib=run.gpu_mem_mib,
+                priority=run.priority,
+                tenant=run.slug,
+                preemptible=run.preemptible,
+                started_at_s=run.started_s,
+                borrowed=run.borrowed,
+                mig_profile=mig[0],
+                mig_start_slice=mig[1],
+                charge_milli=run.charge_milli,
+            )
+        )
+    return running
 
 
 _CLAIM_COLUMNS = (
@@ -947,9 +988,10 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         # Three rounds, each sent before the last one's rows are turned into requests and pictures, so the
         # server reads the next round meanwhile. Not all at once: psycopg's fetch in a pipeline waits for
         # every statement sent so far, so the first fetch would wait for the slowest read (the units:
-        # 62,120 rows joined to their holders). Round 1 is the small reads pending rows need (nodes, GPUs,
-        # overrides); round 2 the pending rows; round 3 the units, running tasks and claims, read by the
-        # server while this process parses the pending rows.
+        # 62,120 rows joined to their holders). Round 1 is the small reads the pending rows need (nodes,
+        # GPUs, overrides); round 2 the pending rows and the running tasks (a busy pool's 6,780 live
+        # assignments with their tasks); round 3 the units and claims, read by the server while this
+        # process parses round 2's rows.
         # On PostgreSQL the pending rows' columns come from psycopg as `_read_pending` reads them (the two
         # float columns Django would pass through `float()` once more are double precision already): the
         # converters cost 10,000 calls for nothing.
@@ -958,16 +1000,17 @@ def snapshot_for_pool(pool_id: int, now: datetime) -> PoolSnapshot:
         override_rows = _sent(_override_rows(r))
         fetched = node_rows(), gpu_rows(), stopping_rows(), override_rows()
         pending_rows = _sent(_pending_rows(r), convert=connection.vendor != "postgresql")
+        running_rows = _sent(_running_rows(r))
         _read_nodes(r, fetched[0])
         _read_gpus(r, fetched[1], fetched[2])
         effective = _read_overrides(fetched[3])
-        pending_fetched = pending_rows()
+        pending_fetched, running_fetched = pending_rows(), running_rows()
         unit_rows = _send_unit_rows(pool_id)
-        running_rows = _sent(_running_rows(r))
         claim_rows = _sent(_claim_rows(r))
         waiting = _read_pending(r, effective, pending_fetched)
+        runs, running_info = _read_running(r, effective, running_fetched)
         _read_units(r, unit_rows())
-        running, running_info = _read_running(r, effective, running_rows())
+        running = _held_by_running(r, runs)
         _read_claims(r, claim_rows())
         gpus = _read_nodes_state(r)
     pending, held = _set_apart_claimed(r, waiting.requests)

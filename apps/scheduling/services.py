@@ -379,11 +379,14 @@ def _write_unlocked(
             raise _Changed(f"{len(decisions.layouts)} new layouts to write (the locked way)")
         final = {b.task_id: b for b in decisions.placements}
         words = decisions.placement_reasons.get
+        # `finish` hands back the very placements heard (`Decider._bind_units` reuses the early mapping):
+        # identity first, as a dataclass's `==` compares every field even of the same object (~10 ms for
+        # 6,780 placements).
         changed = sum(
             1
             for task_id, placement in moved.items()
             if (b := final.get(task_id)) is None
-            or b.placement != placement
+            or (b.placement is not placement and b.placement != placement)
             or words(task_id) != said.get(task_id)
             or written.get(task_id, b.unit_ids) != b.unit_ids
         )
