@@ -58,7 +58,7 @@ from whalegen.placement.types import (
     RunningTask,
     TaskPrediction,
     TaskRequest,
-    task_request,
+    task_request_whole,
 )
 from whalegen.placement.types import (
     Quota as QuotaState,
@@ -904,26 +904,30 @@ def _read_pending(
         if allowed is None:
             allowed = allowed_of[allowed_text] = frozenset(json.loads(allowed_text) or ())
         pending.append(
-            task_request(
-                task_id=key,
-                cpu_milli=cpu_milli,
-                mem_mib=host_mem_mib,
-                num_gpu=gpu_count,
-                gpu_milli=gpu_milli,
-                gpu_mem_mib=gpu_mem_mib or 0,
-                allowed_models=allowed,
-                # Gang ids are the tenant's own words: scope them so two tenants' "g1" stay apart.
-                gang_id=f"{slug}:{gang_id}" if gang_id else None,
-                gang_size=gang_size,
-                priority=priority,
-                tenant=slug,
-                preemptible=preemptible,
-                isolation=_ISOLATIONS[isolation],
-                sla_online=sla_class == online,
-                submitted_at_s=_seconds(submitted),
-                prediction=TaskPrediction(p50_s, p90_s, mem_peak_mib)
-                if p50_s is not None or mem_peak_mib
-                else None,
+            task_request_whole(
+                {
+                    "task_id": key,
+                    "cpu_milli": cpu_milli,
+                    "mem_mib": host_mem_mib,
+                    "num_gpu": gpu_count,
+                    "gpu_milli": gpu_milli,
+                    "gpu_mem_mib": gpu_mem_mib or 0,
+                    "allowed_models": allowed,
+                    # Gang ids are the tenant's own words: scope them so two tenants' "g1" stay apart.
+                    "gang_id": f"{slug}:{gang_id}" if gang_id else None,
+                    "gang_size": gang_size,
+                    "priority": priority,
+                    "tenant": slug,
+                    "preemptible": preemptible,
+                    "submitted_at_s": _seconds(submitted),
+                    "prediction": TaskPrediction(p50_s, p90_s, mem_peak_mib)
+                    if p50_s is not None or mem_peak_mib
+                    else None,
+                    "isolation": _ISOLATIONS[isolation],
+                    "sla_online": sla_class == online,
+                    "order_key": None,
+                    "profile": None,
+                }
             )
         )
         info[key] = PendingInfo(

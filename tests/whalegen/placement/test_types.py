@@ -6,7 +6,13 @@ import dataclasses
 
 import pytest
 
-from whalegen.placement.types import Isolation, TaskPrediction, TaskRequest, task_request
+from whalegen.placement.types import (
+    Isolation,
+    TaskPrediction,
+    TaskRequest,
+    task_request,
+    task_request_whole,
+)
 
 
 def test_task_request_is_the_dataclass_it_stands_for() -> None:
@@ -37,3 +43,21 @@ def test_task_request_stays_frozen() -> None:
     request = task_request(task_id="1", cpu_milli=0, mem_mib=0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.priority = 3  # type: ignore[misc]
+
+
+def test_task_request_whole_is_the_dataclass_it_stands_for_and_wants_every_field() -> None:
+    fields = dataclasses.asdict(
+        TaskRequest("7", 4000, 16384, num_gpu=2, gpu_milli=1000, gang_id="a:g", gang_size=2, priority=3)
+    )
+    fields["prediction"] = TaskPrediction(60.0, None, None)
+    fast, slow = task_request_whole(dict(fields)), TaskRequest(**fields)
+    assert fast == slow
+    assert hash(fast) == hash(slow)
+    assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.priority = 1  # type: ignore[misc]
+    missing = {k: v for k, v in fields.items() if k != "order_key"}
+    with pytest.raises(TypeError, match="order_key"):
+        task_request_whole(missing)
+    with pytest.raises(TypeError, match="prio"):
+        task_request_whole({**missing, "prio": 1})
