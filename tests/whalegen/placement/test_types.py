@@ -10,44 +10,28 @@ from whalegen.placement.types import (
     Isolation,
     TaskPrediction,
     TaskRequest,
-    task_request,
     task_request_whole,
 )
 
 
-def test_task_request_is_the_dataclass_it_stands_for() -> None:
-    fields = {
-        "task_id": "7",
-        "cpu_milli": 4000,
-        "mem_mib": 16384,
-        "num_gpu": 1,
-        "gpu_milli": 500,
-        "gpu_mem_mib": 20000,
-        "allowed_models": frozenset({"A100-SXM4-80GB"}),
-        "gang_id": None,
-        "priority": 5,
-        "tenant": "vision",
-        "isolation": Isolation.MPS,
-        "sla_online": True,
-        "submitted_at_s": 12.5,
-        "prediction": TaskPrediction(60.0, 90.0, 8000),
-    }
-    fast, slow = task_request(**fields), TaskRequest(**fields)
-    assert fast == slow
-    assert hash(fast) == hash(slow)
-    assert dataclasses.asdict(fast) == dataclasses.asdict(slow)  # the defaults of fields not given too
-    assert dataclasses.replace(fast, priority=1) == dataclasses.replace(slow, priority=1)
-
-
-def test_task_request_stays_frozen() -> None:
-    request = task_request(task_id="1", cpu_milli=0, mem_mib=0)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        request.priority = 3  # type: ignore[misc]
-
-
 def test_task_request_whole_is_the_dataclass_it_stands_for_and_wants_every_field() -> None:
     fields = dataclasses.asdict(
-        TaskRequest("7", 4000, 16384, num_gpu=2, gpu_milli=1000, gang_id="a:g", gang_size=2, priority=3)
+        TaskRequest(
+            "7",
+            4000,
+            16384,
+            num_gpu=1,
+            gpu_milli=500,
+            gpu_mem_mib=20000,
+            allowed_models=frozenset({"A100-SXM4-80GB"}),
+            gang_id="a:g",
+            gang_size=2,
+            priority=3,
+            tenant="vision",
+            isolation=Isolation.MPS,
+            sla_online=True,
+            submitted_at_s=12.5,
+        )
     )
     fields["prediction"] = TaskPrediction(60.0, None, None)
     fast, slow = task_request_whole(dict(fields)), TaskRequest(**fields)
