@@ -38,6 +38,7 @@ def test_task_request_whole_is_the_dataclass_it_stands_for_and_wants_every_field
     assert fast == slow
     assert hash(fast) == hash(slow)
     assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
+    assert dataclasses.replace(fast, priority=1) == dataclasses.replace(slow, priority=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.priority = 1  # type: ignore[misc]
     missing = {k: v for k, v in fields.items() if k != "order_key"}
