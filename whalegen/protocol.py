@@ -24,7 +24,13 @@ ordered `LogChunk`s (line numbers per run, dropped-line counts at the cap, an en
 ride the report's outbox and its (node, seq) idempotency; a 1.1 agent simply sends none, and a 1.1 plane
 ignores the field (unknown fields are ignored). 1.3 adds `TaskSpec.working_dir`, the directory the
 command starts in; an older agent would ignore it, so the plane wraps such a run's command in a shell
-that enters the directory first (`in_directory`).
+that enters the directory first (`in_directory`). 1.4 adds how a run is isolated on its host
+(docs/isolation.md): `TaskSpec.runtime` (a container image through the host's container engine, or a
+hardened process), `image` and `pull_policy`, the tenant and the unprivileged uid/gid the run takes,
+and its host limits (`cpu_milli`, `host_mem_mib`, `pids_max`); `Registered.lease_s`, how long a run may
+go on after the agent's last acknowledged heartbeat (the fence: a run is stopped on its node before
+the plane could declare the node lost and run the work elsewhere). A 1.3 agent ignores them all and
+runs the command as before; the plane refuses to send container runs to it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, TypeVar, Union, get_args, get_origin
 
-PROTOCOL_VERSION = "1.3"  # major.minor: the major must match, minors only add optional fields
+PROTOCOL_VERSION = "1.4"  # major.minor: the major must match, minors only add optional fields
 
 API_PREFIX = "/api/v1/agent"
 REGISTER_PATH = f"{API_PREFIX}/register/"
@@ -68,6 +74,11 @@ def speaks_attempts(version: str) -> bool:
 def speaks_working_dir(version: str) -> bool:
     """True when a peer of `version` knows `TaskSpec.working_dir` (1.3 on)."""
     return compatible(version) and protocol_minor(version) >= 3
+
+
+def speaks_isolation(version: str) -> bool:
+    """True when a peer of `version` knows the 1.4 isolation fields (`TaskSpec.runtime` and the rest)."""
+    return compatible(version) and protocol_minor(version) >= 4
 
 
 def in_directory(working_dir: str, command: tuple[str, ...]) -> tuple[str, ...]:
@@ -289,6 +300,10 @@ class Registered(Message):
     # it). An agent numbering at or below it lost its state: it continues above, or its reports would
     # be taken for repeats and dropped.
     stored_seq: int = 0
+    # 1.4: a run may go on this long after the send time of the agent's last acknowledged heartbeat;
+    # then its launcher stops it (0: no fence, planes before 1.4). Shorter than the plane's loss
+    # threshold by the stop grace and a margin, so the run is gone before its work is placed elsewhere.
+    lease_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -367,6 +382,19 @@ class ComputeUnit(Message):
     mem_limit_mib: int | None = None  # time slice: the watchdog's bound on the task's GPU memory
 
 
+class TaskRuntime(StrEnum):
+    """How a run is isolated on its host (1.4; docs/isolation.md)."""
+
+    CONTAINER = "container"  # an OCI image run by the host's container engine (podman)
+    PROCESS = "process"  # a command of the host, started as the tenant's uid in a sandbox
+
+
+class PullPolicy(StrEnum):
+    ALWAYS = "always"
+    MISSING = "missing"  # pull only when the host does not have the image
+    NEVER = "never"  # the image must already be on the host
+
+
 class DesiredTaskState(StrEnum):
     RUN = "run"
     STOP = "stop"
@@ -384,8 +412,20 @@ class TaskSpec(Message):
     stop_grace_s: float = 10.0
     attempt: int = 0  # 1.1: which run of the task this is; a new attempt is a new run to the agent
     gpu_uuids: tuple[str, ...] = ()  # 1.1: all the task's GPUs in order (gpu_uuid is the first)
-    # 1.3: the directory on the host the command starts in; "" = the run's own directory on the agent.
+    # 1.3: the directory the command starts in (inside the image for a container run); "" = the run's
+    # own directory on the agent (a process run) or the image's working directory (a container run).
     working_dir: str = ""
+    # 1.4: isolation (docs/isolation.md). A 1.3 plane sends none of these: the agent then runs the
+    # command as a process of `tenant` "" (which a multi-tenant host refuses).
+    runtime: TaskRuntime = TaskRuntime.PROCESS
+    image: str = ""  # container runs: the OCI image reference; `command` is the argv inside it
+    pull_policy: PullPolicy = PullPolicy.MISSING
+    tenant: str = ""  # the tenant's name: who the run belongs to
+    run_as_uid: int | None = None  # the unprivileged uid/gid the plane maps the tenant to
+    run_as_gid: int | None = None
+    cpu_milli: int | None = None  # host CPU, thousandths of a core (cgroup CPU quota)
+    host_mem_mib: int | None = None  # host memory (cgroup memory limit; above it the run is killed)
+    pids_max: int | None = None  # processes and threads the run may hold at once
 
     @property
     def devices(self) -> tuple[str, ...]:
