@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import random
+import shutil
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from agents.client import Backoff, PlaneClient, PlaneRejected, PlaneUnavailable
 from agents.enforce.mig import reconcile_mig
 from agents.enforce.mps import MpsError, MpsManager
 from agents.enforce.timeslice import find_overruns
+from agents.isolation import host
 from agents.runner import Finished, Runner, TaskProcess, remaining_output, visible_devices
 from agents.state import Outbox, StateFile
 from whalegen import __version__
@@ -87,6 +89,13 @@ class AgentConfig:
     tick_s: float = 1.0
     reconcile_s: float = 30.0
     log_cap_bytes: int = 10 << 20  # per run: the head and the tail of a bigger output are kept
+    # Isolation (docs/isolation.md). Root agents start each run as its tenant's uid (from the plane,
+    # within this range), in a cgroup under `cgroup_root` with its limits and a /tmp of its own; an agent
+    # that is not root cannot, and runs tasks only where the operator declared the host single-tenant.
+    single_tenant: bool = False
+    uid_range: tuple[int, int] = (200_000, 299_999)
+    cgroup_root: str = "whalegen"
+    private_tmp: bool = True
 
 
 class Agent:
@@ -103,6 +112,23 @@ class Agent:
         self.clock = clock
         self.rng = rng or random.Random()
         config.state_dir.mkdir(parents=True, exist_ok=True)
+        # Tasks run as other users: they may pass through the state directory (to their own run
+        # directory, an MPS pipe) but not list it, and every file the agent keeps there is its own.
+        config.state_dir.chmod(0o711)
+        self.runs_dir = config.state_dir / "runs"  # each run's working directory, owned by its uid
+        self.runs_dir.mkdir(exist_ok=True, mode=0o711)
+        self.lease_file = config.state_dir / "lease"
+        self.lease_s = 0.0  # from the plane at registration; 0 = no fence
+        self.policy = host.HostPolicy(
+            is_root=os.geteuid() == 0,
+            agent_uid=os.geteuid(),
+            single_tenant=config.single_tenant,
+            uid_min=config.uid_range[0],
+            uid_max=config.uid_range[1],
+            cgroup_root=config.cgroup_root,
+            private_tmp=config.private_tmp,
+            container_ready="no container engine is configured on this agent",
+        )
         self.client = PlaneClient(config.server, config.token)
         self.poll_client = PlaneClient(config.server, config.token)
         self.runner = Runner(
@@ -197,6 +223,34 @@ class Agent:
                 reason="re-adopted after agent restart (found by its run marker)",
             )
         log.info("agent started: %d GPUs, %d tasks re-adopted", len(self.inventory), len(self.runner.tasks))
+        log.info("isolation: %s", self.isolation_summary())
+
+    def isolation_summary(self) -> str:
+        """How this agent runs tasks, in one sentence for its log (and the operator's first look)."""
+        policy = self.policy
+        if policy.is_root:
+            process = (
+                f"process runs as their tenant's uid ({policy.uid_min}-{policy.uid_max}), no new "
+                f"privileges, cgroup limits under {policy.cgroup_root}/"
+                + (", a private /tmp" if policy.private_tmp else "")
+                + ", other GPUs' device nodes masked"
+            )
+        elif policy.single_tenant:
+            process = (
+                f"NOT ROOT: process runs as this agent's own user (uid {policy.agent_uid}) without a "
+                "sandbox; the operator declared this host single-tenant, so runs of one tenant at a time"
+            )
+        else:
+            process = (
+                f"NOT ROOT: this agent (uid {policy.agent_uid}) refuses process runs, it cannot start "
+                "them as their tenant's user (WHALEGEN_AGENT_SINGLE_TENANT=true for a one-tenant host)"
+            )
+        containers = (
+            "container runs through the engine"
+            if policy.container_ready is None
+            else f"no container runs ({policy.container_ready})"
+        )
+        return f"{process}; {containers}"
 
     def run(self) -> None:
         self.start()
@@ -298,6 +352,7 @@ class Agent:
             agent_version=__version__,
             inventory=tuple(self.inventory),
         )
+        register_sent_s = time.time()
         try:
             registered = self.client.register(message)
         except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
@@ -310,7 +365,18 @@ class Agent:
         if registered.stored_seq > self.seq:
             self._renumber_outbox(registered.stored_seq)
         self.config = _replace_intervals(self.config, registered.heartbeat_interval_s, registered.poll_wait_s)
-        log.info("registered as node %s", self.node_id)
+        self.lease_s = max(0.0, registered.lease_s)
+        if self.lease_s:
+            self._renew_lease(register_sent_s)
+        else:
+            self.lease_file.unlink(missing_ok=True)  # a fence this plane does not keep must not fire
+        log.info(
+            "registered as node %s%s",
+            self.node_id,
+            f"; runs are fenced {self.lease_s:.0f} s after the last acknowledged heartbeat"
+            if self.lease_s
+            else "",
+        )
 
     def _renumber_outbox(self, stored_seq: int) -> None:
         """The plane holds reports numbered above anything this agent numbered: our state was lost and
@@ -444,14 +510,18 @@ class Agent:
         self.finished &= set(wanted)
 
     def _start_task(self, task: TaskSpec, now: float) -> None:
-        env = dict(os.environ)
-        env.update(self.backend.task_env())
-        env.update(task.env)
-        device_uuid: str | None = task.gpu_uuid
         lost = [uuid for uuid in task.devices if uuid in self.lost]
         if lost:
             self._reject(task, now, f"GPU {', '.join(lost)} is lost")
             return
+        live_tenants = [self.specs[key].tenant for key in self.runner.tasks if key in self.specs]
+        refused = host.refusal(task, self.policy, live_tenants)
+        if refused is not None:
+            self._reject(task, now, refused)
+            return
+        device_uuid: str | None = task.gpu_uuid
+        device_env: dict[str, str] = {}
+        expose: list[str] = []
         if task.unit.kind is UnitKind.MIG:
             instance = self._mig_instance_for(task)
             if instance is None or instance.mig_uuid is None:
@@ -465,17 +535,35 @@ class Agent:
                 )
                 return
             device_uuid = instance.mig_uuid
-            env["CUDA_VISIBLE_DEVICES"] = device_uuid
+            device_env["CUDA_VISIBLE_DEVICES"] = device_uuid
         elif task.unit.kind is UnitKind.MPS:
             if self.mps.daemon_pid(task.gpu_uuid) is None:
                 self._reject(task, now, "no MPS daemon on this GPU (layout mode is not mps)")
                 return
-            env.pop("CUDA_VISIBLE_DEVICES", None)  # the MPS server remaps devices (reference §6.1)
-            env.update(self.mps.client_env(task.gpu_uuid, task.unit.thread_pct, task.unit.pinned_mem_mib))
+            # No CUDA_VISIBLE_DEVICES: the MPS server remaps devices (reference §6.1).
+            device_env.update(
+                self.mps.client_env(task.gpu_uuid, task.unit.thread_pct, task.unit.pinned_mem_mib)
+            )
+            expose.append(str(self.mps.dirs(task.gpu_uuid).pipe))
         else:
             # Whole GPUs and time slices: every GPU of the task, in order (a multi-GPU task sees them all).
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(task.devices)
+            device_env["CUDA_VISIBLE_DEVICES"] = visible_devices(task.devices)
+        key = run_key(task.task_id, task.attempt)
+        backend_env = self.backend.task_env()
         try:
+            work_dir = self._run_dir(task)
+            env = host.task_env(task, backend_env=backend_env, device_env=device_env, home=str(work_dir))
+            # What the task's programs must reach although /tmp is its own: its working directory and
+            # the backend's directories (the simulated NVML's process directory, say).
+            expose += [str(work_dir), *(v for v in backend_env.values() if v.startswith("/"))]
+            plan = host.process_plan(
+                task,
+                self.policy,
+                name=host.run_name(self.config.node_name, self.runner.plane, task.task_id, task.attempt),
+                expose=expose,
+                mask=(),
+                lease_file=str(self.lease_file) if self.lease_s else "",
+            )
             proc = self.runner.start(
                 task.task_id,
                 list(task.command),
@@ -486,11 +574,12 @@ class Agent:
                 stop_grace_s=task.stop_grace_s,
                 attempt=task.attempt,
                 working_dir=task.working_dir,
+                plan=plan,
+                work_dir=work_dir,
             )
         except OSError as error:
             # The launcher could not be started: the run failed to launch (not a missing unit, which
             # another node may have), so it ends failed with the reason rather than being retried.
-            key = run_key(task.task_id, task.attempt)
             self.finished.add(key)
             why = f"launch failed: cannot start the launcher: {error}"
             self.pending_logs.append(
@@ -512,6 +601,16 @@ class Agent:
             device_uuid=device_uuid,
             started_at_s=now,
         )
+
+    def _run_dir(self, task: TaskSpec) -> Path:
+        """The run's own working directory: empty, owned by the uid it runs as, closed to everyone else."""
+        path = self.runs_dir / Path(self.runner.task_dir(task.task_id, task.attempt)).name
+        if path.exists():
+            shutil.rmtree(path)  # a run is new each start; nothing of an earlier one is handed over
+        path.mkdir(mode=0o700)
+        if self.policy.is_root and task.run_as_uid is not None and task.run_as_gid is not None:
+            os.chown(path, task.run_as_uid, task.run_as_gid)
+        return path
 
     def _mig_instance_for(self, task: TaskSpec) -> MigInstance | None:
         report = self.partitions.get(task.gpu_uuid)
@@ -578,6 +677,13 @@ class Agent:
         state, reason = self.stop_reasons.pop(ended.key, (None, ended.reason))
         if state is None and ended.launch_error:
             state, reason = TaskState.FAILED, f"launch failed: {ended.launch_error}"
+        if ended.fenced:
+            # Stopped on its node by its own launcher: this agent's lease ran out (it could not reach the
+            # plane, or was down), so the plane may already run the work elsewhere. Lost, not failed:
+            # the plane runs it again unless it already has.
+            state, reason = TaskState.LOST, ended.killed_reason or "stopped by the fence"
+        elif state is None and ended.killed_reason:
+            state, reason = TaskState.FAILED, ended.killed_reason  # a limit of its own: memory
         if state is None:
             if ended.lost:
                 state = TaskState.LOST
@@ -589,6 +695,8 @@ class Agent:
                 state = TaskState.FAILED
         spec = self.specs.pop(ended.key, None)
         self.finished.add(ended.key)
+        if ended.task_dir:
+            shutil.rmtree(self.runs_dir / Path(ended.task_dir).name, ignore_errors=True)
         self._task_report(
             ended.task_id,
             ended.attempt,
@@ -622,6 +730,7 @@ class Agent:
             except BackendError as error:
                 log.warning("telemetry on %s failed: %s", gpu.uuid, error)
         assert self.node_id is not None
+        sent_wall_s = time.time()  # the fence is read by launchers on the wall clock, not `self.clock`
         message = Heartbeat(
             node_id=self.node_id,
             agent_version=__version__,
@@ -643,6 +752,7 @@ class Agent:
             log.info("heartbeat failed (%s); retrying in %.1f s", error, delay)
             return
         self._backoff["heartbeat"].succeeded()
+        self._renew_lease(sent_wall_s)
         # The plane's generation is newer than the poller's: fetch (without a long poll this is how a
         # change arrives; with one, the poll in flight answers by itself). Only newer: the generation a
         # heartbeat answers from Redis may be older than one a fetch got since.
@@ -654,6 +764,16 @@ class Agent:
         # run lost and runs the work again (a finished result thrown away, docs/faults.md).
         self._backoff["report"].succeeded()
         self.events = []
+
+    def _renew_lease(self, sent_wall_s: float) -> None:
+        """Move the fence: runs may go on `lease_s` past the send time of this acknowledged heartbeat.
+        The plane received it after it was sent, so the fence falls before the plane could call this node
+        lost (its threshold counts from the receipt), and no run goes on while its work runs elsewhere."""
+        if self.lease_s <= 0:
+            return
+        tmp = self.lease_file.with_name("lease.tmp")
+        tmp.write_text(f"{sent_wall_s + self.lease_s:.3f}\n")
+        tmp.replace(self.lease_file)
 
     def _with_task(self, sample: ProcessSample) -> ProcessSample:
         """A GPU process sample named by the run whose process group holds it (None: not ours)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import capture
+from agents.isolation.plan import SandboxPlan
 from whalegen.protocol import run_key
 
 LAUNCHER = Path(__file__).with_name("launch.py")
@@ -70,6 +71,12 @@ class TaskProcess:
     # Where the agent's reading of the capture stands (`capture.Cursor`); older records lack it and
     # read from the start again (the plane keeps each line once).
     log_cursor: list[Any] = field(default_factory=lambda: [capture.HEAD, 0, 0, 0])
+    # A container run: the engine's argv prefix and the container's name. Killing the launcher's group
+    # would leave the container running (the engine's client is only its messenger): the kill goes
+    # through the engine (`rm -f`). Empty for a process run.
+    engine: list[str] = field(default_factory=list)
+    container: str = ""
+    work_dir: str = ""  # the run's own working directory (owned by its uid), removed when it has ended
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -96,6 +103,10 @@ class Finished:
     attempt: int = 0
     launch_error: str = ""  # the command never ran: the launcher's message (exit code 126/127)
     task_dir: str = ""
+    # Why the launcher (not the command) ended it, in words: a memory kill by its cgroup limit, or the
+    # fence (its agent's lease ran out). "" when the command ended by itself or the agent stopped it.
+    killed_reason: str = ""
+    fenced: bool = False
     log_cursor: tuple[Any, ...] = (capture.HEAD, 0, 0, 0)
 
     @property
@@ -176,6 +187,7 @@ class Runner:
         self.node_name = node_name
         self.plane = plane  # the plane's URL: with the node name, whose runs `scan` may adopt
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        self.tasks_dir.chmod(0o700)  # exit files, captured output and sandbox plans: the agent's alone
         self.log_cap_bytes = log_cap_bytes  # per run: head and tail kept, the middle dropped
         self.tasks: dict[str, TaskProcess] = {}  # by run key (`protocol.run_key`)
 
@@ -192,19 +204,28 @@ class Runner:
         stop_grace_s: float = 10.0,
         attempt: int = 0,
         working_dir: str = "",
+        plan: SandboxPlan | None = None,
+        work_dir: Path | None = None,
     ) -> TaskProcess:
         """Start one run; `env` is the task's whole environment (CUDA_VISIBLE_DEVICES included, see
-        `visible_devices`). The command starts in `working_dir` when one is given (the launcher enters
-        it, and a directory it cannot enter fails the run with the launcher's message), else in the
-        run's own directory under the agent's state directory."""
-        task_dir = self.tasks_dir / _safe_name(run_key(task_id, attempt))
-        task_dir.mkdir(parents=True, exist_ok=True)
+        `visible_devices`): nothing of the agent's own environment is added but the run markers. The
+        command starts in `working_dir` when one is given (the launcher enters it, and a directory it
+        cannot enter fails the run with the launcher's message), else in `work_dir`, the run's own
+        directory (`run_dir`), else in the launcher's directory. `plan` is what the launcher does around
+        the command (its uid, cgroup and limits, private /tmp, masked devices, the fence); the run's
+        launcher directory (`task_dir`: exit file, output, plan) is the agent's alone."""
+        task_dir = self.task_dir(task_id, attempt)
+        task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (task_dir / "exit.json").unlink(missing_ok=True)
         env = {**env, RUN_MARKER: run_marker(self.node_name, task_id, attempt), RUN_PLANE: self.plane}
         launch = [sys.executable, "-S", "-E", str(LAUNCHER), str(task_dir / "exit.json")]
         launch += ["--output", str(task_dir / "output"), "--cap-bytes", str(self.log_cap_bytes)]
-        if working_dir:
-            launch += ["--cwd", working_dir]
+        cwd = working_dir if working_dir and (plan is None or plan.runtime != "container") else ""
+        cwd = cwd or (str(work_dir) if work_dir is not None else "")
+        if cwd:
+            launch += ["--cwd", cwd]
+        if plan is not None:
+            launch += ["--plan", str(plan.write(task_dir))]
         with (task_dir / "launcher.log").open("ab") as own:
             popen = subprocess.Popen(
                 [*launch, "--", *command],
@@ -225,10 +246,17 @@ class Runner:
             stop_grace_s=stop_grace_s,
             proc_start_ticks=proc_start_ticks(popen.pid) or 0,
             attempt=attempt,
+            engine=list(plan.engine) if plan is not None and plan.container else [],
+            container=plan.container if plan is not None else "",
+            work_dir=str(work_dir) if work_dir is not None else "",
             popen=popen,
         )
         self.tasks[proc.key] = proc
         return proc
+
+    def task_dir(self, task_id: str, attempt: int) -> Path:
+        """The launcher's directory of one run: exit file, output capture, sandbox plan (agent only)."""
+        return self.tasks_dir / _safe_name(run_key(task_id, attempt))
 
     def adopt(self, record: dict[str, Any]) -> Finished | None:
         """Take back a task recorded by an earlier agent; returns how it ended if it already has."""
@@ -290,6 +318,18 @@ class Runner:
     def _signal(self, proc: TaskProcess, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signum)
+        if signum == signal.SIGKILL and proc.container and proc.engine:
+            # The container outlives its engine client: remove it through the engine (its launcher,
+            # still alive, would do the same on its way out; a killed launcher cannot).
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(
+                    [*proc.engine, "rm", "-f", "-t", "0", proc.container],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=30,
+                    check=False,
+                )
 
     def _alive(self, proc: TaskProcess) -> bool:
         if proc.popen is not None:
@@ -321,6 +361,8 @@ class Runner:
                 reason,
                 attempt=proc.attempt,
                 launch_error=str(data.get("launch_error") or ""),
+                killed_reason=str(data.get("killed_reason") or ""),
+                fenced=bool(data.get("fenced")),
             )
         except (OSError, ValueError):
             pass

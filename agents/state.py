@@ -17,8 +17,12 @@ STATE_FILE = "agent-state.json"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """Owner-only: the state file holds every run's environment (tenants' secrets) and the outbox their
+    output; the tasks on this host run as other users and must read neither (docs/isolation.md)."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as out:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover .tmp keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as out:
         # dumps, not dump: dump streams through the pure-Python encoder, ten times slower on the
         # outbox's reports of thousands of output lines.
         out.write(json.dumps(data, sort_keys=True))
@@ -56,7 +60,7 @@ class StateFile:
 class Outbox:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def put(self, seq: int, report: dict[str, Any]) -> None:
         write_json_atomic(self.directory / f"{seq:012d}.json", report)

@@ -60,6 +60,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="captured output kept per run: its first and last halves of this (10)",
     )
     parser.add_argument("--log-level", default=os.environ.get("WHALEGEN_LOG_LEVEL", "INFO"))
+    # Isolation (docs/isolation.md).
+    parser.add_argument(
+        "--single-tenant",
+        action="store_true",
+        default=os.environ.get("WHALEGEN_AGENT_SINGLE_TENANT", "") in {"1", "true", "yes"},
+        help="the operator's word that one tenant at a time uses this host: an agent that is not root "
+        "then runs tasks as its own user (refused otherwise)",
+    )
+    parser.add_argument(
+        "--uid-range",
+        default=os.environ.get("WHALEGEN_AGENT_UID_RANGE", "200000-299999"),
+        help="the uids (and gids) the plane may ask a run to take, LOW-HIGH (200000-299999)",
+    )
+    parser.add_argument(
+        "--cgroup-root",
+        default=os.environ.get("WHALEGEN_AGENT_CGROUP_ROOT", "whalegen"),
+        help="the runs' cgroups go under this, in each controller (whalegen)",
+    )
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -146,7 +164,13 @@ def run(args: argparse.Namespace) -> int:
         print("whalegen agent: --server and --token (or WHALEGEN_AGENT_TOKEN) are required", file=sys.stderr)
         return 2
     from agents.agent import Agent, AgentConfig
+    from agents.isolation.host import parse_uid_range
 
+    try:
+        uid_range = parse_uid_range(str(args.uid_range))
+    except ValueError as error:
+        print(f"whalegen agent: --uid-range: {error}", file=sys.stderr)
+        return 2
     config = AgentConfig(
         server=args.server,
         token=token,
@@ -158,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
         tick_s=args.tick_s,
         reconcile_s=args.reconcile_s,
         log_cap_bytes=int(args.log_cap_mib * (1 << 20)),
+        single_tenant=args.single_tenant,
+        uid_range=uid_range,
+        cgroup_root=str(args.cgroup_root),
     )
     args.state_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(config, _backend(args, args.state_dir / "sim"))
