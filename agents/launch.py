@@ -1,9 +1,9 @@
 """Tiny parent for one task: runs the command, captures its output, and records how it ended in a file.
 
-`python -m agents.launch EXIT_FILE [--output DIR] [--cap-bytes N] [--cwd DIR] [--plan FILE] -- COMMAND…`. The agent
-starts this in a new session, so the whole task is one process group it can signal. The launcher outlives the
-agent, which lets a restarted agent learn the exit code of a task it did not start (it is no longer
-that process's parent), and keeps capturing output while no agent runs.
+`python -m agents.launch EXIT_FILE [--output DIR] [--cap-bytes N] [--cwd DIR] [--plan FILE] -- COMMAND…`.
+The agent starts this in a new session, so the whole task is one process group it can signal. The
+launcher outlives the agent, which lets a restarted agent learn the exit code of a task it did not start
+(it is no longer that process's parent), and keeps capturing output while no agent runs.
 It ignores SIGTERM/SIGINT itself (handlers, reset on exec, so the command keeps default dispositions)
 and survives to record the command's fate; SIGKILL ends it too and then no file is written.
 
@@ -40,6 +40,7 @@ last line in the capture.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -338,10 +339,8 @@ class _Watch:
             if self.runtime == "process":
                 return
         for pid in [self.pid] if self.runtime == "container" else _group_pids():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     # ---- after it ended ----------------------------------------------------------------------------
     def ended(self) -> None:

@@ -20,6 +20,7 @@ also counts reclaims that succeeded; with the SIGKILL it is the best evidence v1
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -188,10 +189,8 @@ class Cgroup:
         """Send `signum` to every process in the cgroup; returns how many there were."""
         pids = self.pids()
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
         return len(pids)
 
     def kill_all(self, timeout_s: float = 5.0) -> bool:
