@@ -18,10 +18,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import pynvml
 
+from agents.isolation.cdi import DEFAULT_SPEC_DIRS
 from whalegen.gpus.skus import model_from_nvml_name
 from whalegen.protocol import GpuEvent, GpuInventory, MigInstance, NvmlFailure, ProcessSample, TelemetrySample
 
@@ -30,6 +32,8 @@ WHOLE_DEVICE = 0xFFFFFFFF
 XID_FALLEN_OFF_BUS = 79
 EVENT_NAMES = {0x1: "ecc_single", 0x2: "ecc_double", 0x8: "xid", 0x100: "mig_config_change"}
 WATCHED_EVENTS = 0x1 | 0x2 | 0x8 | 0x100
+# The CDI kind NVIDIA Container Toolkit's `nvidia-ctk cdi generate` writes (whole GPUs and MIG devices).
+NVIDIA_CDI_KIND = "nvidia.com/gpu"
 
 # NVML return codes the agent reasons about (values from pynvml; reference §2.1).
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -105,6 +109,8 @@ class GpuBackend(Protocol):
     def set_compute_mode(self, gpu: int, mode: int) -> None: ...
     def events(self, timeout_ms: int = 0) -> list[GpuEvent]: ...
     def task_env(self) -> dict[str, str]: ...
+    def cdi_device(self, uuid: str) -> str: ...
+    def cdi_spec_dirs(self) -> tuple[Path, ...]: ...
 
 
 @contextmanager
@@ -143,6 +149,19 @@ class NvmlBackend:
 
     def task_env(self) -> dict[str, str]:
         return dict(self._extra_task_env)
+
+    def cdi_device(self, uuid: str) -> str:
+        """A GPU or MIG UUID → its fully-qualified CDI name (what `podman run --device` takes).
+
+        The name nvidia-ctk writes with `--device-name-strategy=uuid`: the host must have run
+        `nvidia-ctk cdi generate --device-name-strategy=uuid --output=/etc/cdi/nvidia.yaml` (again after
+        a driver upgrade or a change of MIG layout: a new MIG instance has a new UUID). UUIDs, not
+        indices: an index names another device after a MIG re-carve or a GPU falling off the bus."""
+        return f"{NVIDIA_CDI_KIND}={uuid}"
+
+    def cdi_spec_dirs(self) -> tuple[Path, ...]:
+        """Where this host's CDI specs are, lowest priority first (podman reads the same ones)."""
+        return DEFAULT_SPEC_DIRS
 
     def driver_version(self) -> str:
         with _nvml("nvmlSystemGetDriverVersion"):
