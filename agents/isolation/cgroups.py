@@ -13,9 +13,12 @@ our limits and counters cover it.
 
 Killed for memory. On the hosts seen (kernel 6.18, hybrid v1, no systemd) the v1 `memory.oom_control`
 `oom_kill` counter stays 0 after a kill inside the cgroup, while `memory.failcnt` counts each time usage
-hit the limit. So a run counts as killed for memory when its command died of a SIGKILL the launcher did
-not send and any of: v2 `memory.events` oom_kill > 0, v1 oom_kill > 0, v1 failcnt > 0. (failcnt alone
-also counts reclaims that succeeded; with the SIGKILL it is the best evidence v1 gives here.)
+hit the limit of a process directly in it. For a container, whose processes are in the engine's child
+cgroup, even failcnt stays 0 (seen with podman 4.3 and runc); the peak, `memory.max_usage_in_bytes`,
+reaches the limit. So a run counts as killed for memory when its command died of a SIGKILL the launcher
+did not send and any of: v2 `memory.events` oom_kill > 0; v1 oom_kill > 0, a failcnt > 0 (memory or
+memory+swap), or a peak within one charge batch of the limit. (failcnt and the peak also count reclaims
+that succeeded; with the SIGKILL they are the best evidence v1 gives here.)
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ import time
 
 CONTROLLERS = ("cpu", "memory", "pids")
 CFS_PERIOD_US = 100_000
+# The kernel charges memory to a cgroup in batches of 64 pages: a peak within one batch of the limit is a
+# run that reached it (the charge that did not fit failed).
+CHARGE_BATCH_BYTES = 64 * 4096
 MOUNTINFO = "/proc/self/mountinfo"
 
 
@@ -49,25 +55,31 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def hierarchies(mountinfo: str = MOUNTINFO) -> dict[str, tuple[int, str]]:
-    """Where each of cpu, memory and pids is mounted: controller → (cgroup version, mount point).
-    A controller mounted nowhere is absent."""
-    v1: dict[str, str] = {}
-    v2: list[str] = []
+def cgroup_mounts(mountinfo: str = MOUNTINFO) -> list[tuple[str, str, list[str]]]:
+    """Every cgroup mount: (fstype `cgroup` or `cgroup2`, mount point, super options)."""
+    found = []
     with open(mountinfo) as lines:
         for line in lines:
             # `id parent major:minor root mount-point options [optional…] - fstype source super-options`
             left, _, right = line.partition(" - ")
             fields, tail = left.split(), right.split()
-            if len(fields) < 5 or len(tail) < 3:
-                continue
-            mount_point = _unescape(fields[4])
-            if tail[0] == "cgroup":
-                for option in tail[2].split(","):
-                    if option in CONTROLLERS:
-                        v1.setdefault(option, mount_point)
-            elif tail[0] == "cgroup2":
-                v2.append(mount_point)
+            if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+                found.append((tail[0], _unescape(fields[4]), tail[2].split(",")))
+    return found
+
+
+def hierarchies(mountinfo: str = MOUNTINFO) -> dict[str, tuple[int, str]]:
+    """Where each of cpu, memory and pids is mounted: controller → (cgroup version, mount point).
+    A controller mounted nowhere is absent."""
+    v1: dict[str, str] = {}
+    v2: list[str] = []
+    for fstype, mount_point, options in cgroup_mounts(mountinfo):
+        if fstype == "cgroup":
+            for option in options:
+                if option in CONTROLLERS:
+                    v1.setdefault(option, mount_point)
+        else:
+            v2.append(mount_point)
     found = {name: (1, path) for name, path in v1.items()}
     for mount_point in v2:
         try:
@@ -210,20 +222,28 @@ class Cgroup:
             return _counter(os.path.join(directory, "memory.events"), "oom_kill") > 0
         if _counter(os.path.join(directory, "memory.oom_control"), "oom_kill") > 0:
             return True
-        try:
-            with open(os.path.join(directory, "memory.failcnt")) as failcnt:
-                return int(failcnt.read().strip() or 0) > 0
-        except (OSError, ValueError):
-            return False
+        for prefix in ("memory.", "memory.memsw."):
+            if _number(os.path.join(directory, f"{prefix}failcnt")) > 0:
+                return True
+            limit = _number(os.path.join(directory, f"{prefix}limit_in_bytes"))
+            peak = _number(os.path.join(directory, f"{prefix}max_usage_in_bytes"))
+            if 0 < limit - CHARGE_BATCH_BYTES <= peak:
+                return True
+        return False
 
     # ---- remove ------------------------------------------------------------------------------------
     def remove(self, timeout_s: float = 2.0) -> bool:
-        """rmdir the run's directories, deepest first (an engine's leftover child cgroup too); retried
-        briefly while the last processes exit. True when all are gone; a busy one is left."""
+        """rmdir the run's directories, deepest first, retried briefly while the last processes exit. True
+        when all are gone; a busy one is left. Also the same path in every other cgroup hierarchy: a
+        container engine given our path as the parent makes it (and its `conmon` child) in all of them."""
+        try:
+            tops = sorted({os.path.join(mount_point, self.relative) for _, mount_point, _ in cgroup_mounts()})
+        except OSError:
+            tops = self.unique_dirs()
         deadline = time.monotonic() + timeout_s
         while True:
             left = False
-            for top in self.unique_dirs():
+            for top in tops:
                 if not os.path.isdir(top):
                     continue
                 for directory, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
@@ -236,6 +256,14 @@ class Cgroup:
             if not left or time.monotonic() > deadline:
                 return not left
             time.sleep(0.05)
+
+
+def _number(path: str) -> int:
+    try:
+        with open(path) as source:
+            return int(source.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
 
 
 def _counter(path: str, key: str) -> int:
