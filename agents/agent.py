@@ -32,7 +32,8 @@ from agents.client import Backoff, PlaneClient, PlaneRejected, PlaneUnavailable
 from agents.enforce.mig import reconcile_mig
 from agents.enforce.mps import MpsError, MpsManager
 from agents.enforce.timeslice import find_overruns
-from agents.isolation import host
+from agents.isolation import cdi, host, podman
+from agents.isolation.plan import SandboxPlan
 from agents.runner import Finished, Runner, TaskProcess, remaining_output, visible_devices
 from agents.state import Outbox, StateFile
 from whalegen import __version__
@@ -57,6 +58,7 @@ from whalegen.protocol import (
     Report,
     RunningTask,
     TaskReport,
+    TaskRuntime,
     TaskSpec,
     TaskState,
     TelemetrySample,
@@ -96,6 +98,8 @@ class AgentConfig:
     uid_range: tuple[int, int] = (200_000, 299_999)
     cgroup_root: str = "whalegen"
     private_tmp: bool = True
+    # The container engine for container runs (podman); None: this host runs none (they are refused).
+    container_engine: podman.EngineConfig | None = None
 
 
 class Agent:
@@ -129,6 +133,7 @@ class Agent:
             private_tmp=config.private_tmp,
             container_ready="no container engine is configured on this agent",
         )
+        self._cdi: cdi.CdiRegistry | None = None
         self.client = PlaneClient(config.server, config.token)
         self.poll_client = PlaneClient(config.server, config.token)
         self.runner = Runner(
@@ -172,6 +177,9 @@ class Agent:
     # ---- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
         """Open NVML, load the state file, re-adopt tasks left running by a previous agent."""
+        if self.config.container_engine is not None:
+            ready = podman.engine_available(self.config.container_engine)
+            self.policy = dataclasses.replace(self.policy, container_ready=ready)
         self.backend.open()
         self.events.extend(self.backend.events(0))  # registers for events before anything can happen
         self.inventory = self.backend.inventory()
@@ -233,7 +241,7 @@ class Agent:
                 f"process runs as their tenant's uid ({policy.uid_min}-{policy.uid_max}), no new "
                 f"privileges, cgroup limits under {policy.cgroup_root}/"
                 + (", a private /tmp" if policy.private_tmp else "")
-                + ", other GPUs' device nodes masked"
+                + ", other GPUs' device nodes masked (from the host's CDI spec)"
             )
         elif policy.single_tenant:
             process = (
@@ -549,39 +557,21 @@ class Agent:
             # Whole GPUs and time slices: every GPU of the task, in order (a multi-GPU task sees them all).
             device_env["CUDA_VISIBLE_DEVICES"] = visible_devices(task.devices)
         key = run_key(task.task_id, task.attempt)
-        backend_env = self.backend.task_env()
         try:
-            work_dir = self._run_dir(task)
-            env = host.task_env(task, backend_env=backend_env, device_env=device_env, home=str(work_dir))
-            # What the task's programs must reach although /tmp is its own: its working directory and
-            # the backend's directories (the simulated NVML's process directory, say).
-            expose += [str(work_dir), *(v for v in backend_env.values() if v.startswith("/"))]
-            plan = host.process_plan(
-                task,
-                self.policy,
-                name=host.run_name(self.config.node_name, self.runner.plane, task.task_id, task.attempt),
-                expose=expose,
-                mask=(),
-                lease_file=str(self.lease_file) if self.lease_s else "",
-            )
-            proc = self.runner.start(
-                task.task_id,
-                list(task.command),
-                env,
-                device_uuid=device_uuid,
-                now_s=now,
-                max_runtime_s=task.max_runtime_s,
-                stop_grace_s=task.stop_grace_s,
-                attempt=task.attempt,
-                working_dir=task.working_dir,
-                plan=plan,
-                work_dir=work_dir,
-            )
-        except OSError as error:
-            # The launcher could not be started: the run failed to launch (not a missing unit, which
-            # another node may have), so it ends failed with the reason rather than being retried.
+            if task.runtime is TaskRuntime.CONTAINER:
+                proc = self._start_container(task, device_uuid, device_env, expose, now)
+            else:
+                proc = self._start_process(task, device_uuid, device_env, expose, now)
+        except (OSError, ValueError) as error:
+            # The launcher could not be started, or the run cannot be put in words the engine takes (an
+            # environment variable podman's env file cannot carry): the run failed to launch (not a
+            # missing unit, which another node may have), so it ends failed rather than being retried.
             self.finished.add(key)
-            why = f"launch failed: cannot start the launcher: {error}"
+            why = (
+                f"launch failed: cannot start the launcher: {error}"
+                if isinstance(error, OSError)
+                else f"launch failed: {error}"
+            )
             self.pending_logs.append(
                 LogChunk(
                     task.task_id, task.attempt, 0, (LogLine(now, LogStreamName.LAUNCHER, why),), eof=True
@@ -601,6 +591,133 @@ class Agent:
             device_uuid=device_uuid,
             started_at_s=now,
         )
+
+    def _start_process(
+        self,
+        task: TaskSpec,
+        device_uuid: str | None,
+        device_env: dict[str, str],
+        expose: list[str],
+        now: float,
+    ) -> TaskProcess:
+        """A command of the host, as its tenant's uid in the launcher's sandbox (`host.process_plan`)."""
+        backend_env = self.backend.task_env()
+        work_dir = self._run_dir(task)
+        env = host.task_env(task, backend_env=backend_env, device_env=device_env, home=str(work_dir))
+        # What the task's programs must reach although /tmp is its own: its working directory and the
+        # backend's directories (the simulated NVML's process directory, say).
+        expose = [*expose, str(work_dir), *(v for v in backend_env.values() if v.startswith("/"))]
+        plan = host.process_plan(
+            task,
+            self.policy,
+            name=self._run_name(task),
+            expose=expose,
+            mask=self._other_devices(task, device_uuid),
+            lease_file=str(self.lease_file) if self.lease_s else "",
+        )
+        return self.runner.start(
+            task.task_id,
+            list(task.command),
+            env,
+            device_uuid=device_uuid,
+            now_s=now,
+            max_runtime_s=task.max_runtime_s,
+            stop_grace_s=task.stop_grace_s,
+            attempt=task.attempt,
+            working_dir=task.working_dir,
+            plan=plan,
+            work_dir=work_dir,
+        )
+
+    def _start_container(
+        self,
+        task: TaskSpec,
+        device_uuid: str | None,
+        device_env: dict[str, str],
+        expose: list[str],
+        now: float,
+    ) -> TaskProcess:
+        """The task's image through the container engine, given exactly its devices by CDI; the engine
+        does the sandbox, the launcher the cgroup (the container's parent) and the fence."""
+        engine = self.config.container_engine
+        assert engine is not None and task.run_as_uid is not None and task.run_as_gid is not None
+        name = self._run_name(task)
+        cgroup = f"{self.policy.cgroup_root}/{name}"
+        task_dir = self.runner.task_dir(task.task_id, task.attempt)
+        task_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The environment goes in a file only root reads: on the engine's command line every user of the
+        # host would read the values in /proc.
+        env_file = task_dir / "env"
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(podman.env_file_text({**task.env, **device_env}))
+        devices = [self.backend.cdi_device(uuid) for uuid in self._run_devices(task, device_uuid)]
+        argv = podman.run_argv(
+            engine,
+            name=podman.container_name(self.config.node_name, task.task_id, task.attempt, self.runner.plane),
+            image=task.image,
+            command=task.command,
+            uid=task.run_as_uid,
+            gid=task.run_as_gid,
+            env_file=str(env_file),
+            cdi_devices=devices,
+            mounts=[podman.Mount(path, path, read_only=False) for path in expose],
+            workdir=task.working_dir,
+            cgroup_parent=cgroup,
+            pull_policy=task.pull_policy.value,
+            pids_max=task.pids_max,
+        )
+        plan = SandboxPlan(
+            runtime="container",
+            cgroup=cgroup,
+            cpu_milli=task.cpu_milli,
+            host_mem_mib=task.host_mem_mib,
+            pids_max=task.pids_max,
+            container=argv[argv.index("--name") + 1],
+            engine=engine.prefix,
+            lease_file=str(self.lease_file) if self.lease_s else "",
+            stop_grace_s=task.stop_grace_s,
+        )
+        return self.runner.start(
+            task.task_id,
+            argv,
+            {"PATH": host.DEFAULT_PATH},  # the launcher's, to find the engine; the task's is in the file
+            device_uuid=device_uuid,
+            now_s=now,
+            max_runtime_s=task.max_runtime_s,
+            stop_grace_s=task.stop_grace_s,
+            attempt=task.attempt,
+            plan=plan,
+        )
+
+    def _run_name(self, task: TaskSpec) -> str:
+        return host.run_name(self.config.node_name, self.runner.plane, task.task_id, task.attempt)
+
+    def _run_devices(self, task: TaskSpec, device_uuid: str | None) -> list[str]:
+        """The GPU devices a run is given: its MIG instance, or its GPUs (an MPS share: its GPU)."""
+        if task.unit.kind is UnitKind.MIG and device_uuid:
+            return [device_uuid]
+        return list(task.devices)
+
+    def _other_devices(self, task: TaskSpec, device_uuid: str | None) -> tuple[str, ...]:
+        """The device nodes of this host's GPUs that a process run was not given (to mask), from the
+        host's CDI spec; none, with a warning, where the host has no spec naming them."""
+        if not self.policy.is_root:
+            return ()
+        given = self._run_devices(task, device_uuid)
+        for attempt in range(2):
+            if self._cdi is None or attempt:
+                self._cdi = cdi.load_registry(self.backend.cdi_spec_dirs())
+            try:
+                names = [self.backend.cdi_device(uuid) for uuid in given]
+                kind = cdi.parse_qualified_name(names[0])[0]
+                return cdi.mask_nodes(self._cdi, kind=kind, given=names)
+            except (cdi.CdiError, LookupError, IndexError) as error:
+                problem = str(error)
+        log.warning(
+            "run %s: other GPUs' device nodes not masked: %s", run_key(task.task_id, task.attempt), problem
+        )
+        return ()
 
     def _run_dir(self, task: TaskSpec) -> Path:
         """The run's own working directory: empty, owned by the uid it runs as, closed to everyone else."""

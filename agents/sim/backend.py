@@ -65,6 +65,9 @@ def from_spec_file(
     `sim_dir`."""
     for sub in ("control", "procs"):
         (sim_dir / sub).mkdir(parents=True, exist_ok=True)
+    # Tasks run as their tenants' uids and declare their GPU memory here (the simulated driver's view of
+    # a CUDA context): each may drop its own file in, none may list or touch another's (sticky, no read).
+    (sim_dir / "procs").chmod(0o1733)
     system = build_system(
         load_spec(spec_path),
         node,

@@ -54,8 +54,19 @@ class AgentProcess:
         self.spec_path.write_text(yaml.safe_dump({"nodes": [{"name": node_name, "gpus": gpus}]}))
         bin_dir = install_fake_tools(work / "bin")
         self.log_path = work / "agent.log"
-        self.env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+        # The credential in a file only its owner reads, as docs/operations.md sets a host up (on the
+        # command line any user of the host would read it in /proc).
+        self.token_file = work / "node-token"
+        self.token_file.write_text(token)
+        self.token_file.chmod(0o600)
+        self.env = dict(
+            os.environ,
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            PYTHONPATH=str(ROOT),
+            WHALEGEN_AGENT_TOKEN_FILE=str(self.token_file),
+        )
         self.env.pop("DJANGO_SETTINGS_MODULE", None)
+        self.env.pop("WHALEGEN_AGENT_TOKEN", None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -63,7 +74,7 @@ class AgentProcess:
             self.proc = subprocess.Popen(
                 [
                     sys.executable, "-m", "whalegen", "agent",
-                    "--server", self.server, "--token", self.token,
+                    "--server", self.server,
                     "--backend", "sim", "--sim-spec", str(self.spec_path),
                     "--state-dir", str(self.state_dir), "--node-name", self.node_name,
                     "--heartbeat-s", "0.5", "--poll-wait-s", "1", "--tick-s", "0.2", "--reconcile-s", "1",
@@ -100,8 +111,8 @@ class AgentProcess:
                 return int(record["pid"])
         return None
 
-    def task_output(self, task_id: int) -> str:
-        return stream_text(self.state_dir / "tasks" / str(task_id) / "output", "stdout")
+    def task_output(self, task_id: int, stream: str = "stdout") -> str:
+        return stream_text(self.state_dir / "tasks" / str(task_id) / "output", stream)
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

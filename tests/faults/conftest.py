@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def fault_dir() -> Iterator[Path]:
     """A work directory every user can traverse (PostgreSQL runs as `postgres` when the suite is root,
-    and pytest's own tmp_path is private to its user)."""
-    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-"))
+    and pytest's own tmp_path is private to its user), outside /tmp: each run has a /tmp of its own
+    (docs/isolation.md), and the runs write their records here."""
+    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-", dir="/var/tmp"))
     path.chmod(0o755)
     yield path
     if not os.environ.get("WHALEGEN_FAULTS_KEEP"):  # set it to read the servers' and processes' logs

@@ -74,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the uids (and gids) the plane may ask a run to take, LOW-HIGH (200000-299999)",
     )
     parser.add_argument(
+        "--container-engine",
+        choices=["podman", "none"],
+        default=os.environ.get("WHALEGEN_AGENT_CONTAINER_ENGINE", "podman"),
+        help="what runs container tasks (podman, rootful; its options from WHALEGEN_AGENT_PODMAN_OPTIONS); "
+        "none: this host refuses them",
+    )
+    parser.add_argument(
         "--cgroup-root",
         default=os.environ.get("WHALEGEN_AGENT_CGROUP_ROOT", "whalegen"),
         help="the runs' cgroups go under this, in each controller (whalegen)",
@@ -165,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from agents.agent import Agent, AgentConfig
     from agents.isolation.host import parse_uid_range
+    from agents.isolation.podman import engine_config_from_env
 
     try:
         uid_range = parse_uid_range(str(args.uid_range))
@@ -185,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         single_tenant=args.single_tenant,
         uid_range=uid_range,
         cgroup_root=str(args.cgroup_root),
+        container_engine=engine_config_from_env(os.environ) if args.container_engine == "podman" else None,
     )
     args.state_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(config, _backend(args, args.state_dir / "sim"))
