@@ -68,8 +68,8 @@ def world(db: None) -> World:
     membership_set(user=users["bob"], tenant=tenant_b, role=Membership.Role.MEMBER)
 
     cluster = cluster_create(name="eu-1", region="eu-west")
-    h100 = pool_create(name="h100-train")
-    l4 = pool_create(name="l4-infer")
+    h100 = pool_create(name="h100-train", runtime="process")
+    l4 = pool_create(name="l4-infer", runtime="process")
     node, _ = node_register(cluster=cluster, pool=h100, name="gpu-001", cpu_milli=96_000, mem_mib=1_048_576)
     gpu_add(
         node=node,

@@ -6,14 +6,16 @@ import hashlib
 import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Max, Min, Value, prefetch_related_objects
 from django.db.models.functions import Coalesce
 
 from apps.fleet.models import GpuPartition, GpuSample, TaskRun
-from apps.inventory.models import ComputeUnit, Gpu, Node
+from apps.inventory.models import ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.models import Assignment
+from apps.tenants.models import run_uid_refusal
 from apps.workloads.models import Queue, Task
 from whalegen import protocol as p
 
@@ -94,9 +96,12 @@ def _spec(
     *,
     legacy: bool,
     knows_working_dir: bool = True,
+    knows_isolation: bool = True,
 ) -> p.TaskSpec:
     """One run of `task` on its units. `legacy`: the agent speaks protocol 1.0, which has no `attempt`
-    field and learns the attempt from the task id (`<task>.<n>`); it also sees only the first GPU."""
+    field and learns the attempt from the task id (`<task>.<n>`); it also sees only the first GPU.
+    `knows_isolation` (1.4): the run carries its runtime, image, tenant, uid/gid and host limits; the
+    task's tenant and pool must be loaded with it (select_related), or each spec costs two queries."""
     units = sorted(units, key=lambda u: (u.gpu.index, u.pk))
     # Distinct GPUs in unit order: CUDA_VISIBLE_DEVICES on the agent, device 0 = the first unit's GPU.
     gpu_uuids = tuple(dict.fromkeys(u.gpu.uuid for u in units))
@@ -107,6 +112,28 @@ def _spec(
     command = tuple(str(a) for a in task.command)
     if task.working_dir and not knows_working_dir:
         command = p.in_directory(task.working_dir, command)
+    isolation: dict[str, Any] = {}
+    if knows_isolation:
+        tenant = task.tenant
+        # A uid outside the configured range is sent as none: the agent then refuses the run on a host
+        # shared by tenants rather than run it as a uid that may be someone else's (submission refuses
+        # such a tenant's tasks; this covers a range changed since).
+        uid: int | None = tenant.run_uid_effective
+        if run_uid_refusal(uid):
+            uid = None
+        container = task.runtime == Pool.Runtime.CONTAINER
+        isolation = {
+            "runtime": p.TaskRuntime(task.runtime),
+            "image": task.image if container else "",
+            "pull_policy": p.PullPolicy(task.pool.image_pull_policy),
+            # The slug: unique and stable, where a display name is neither.
+            "tenant": tenant.slug,
+            "run_as_uid": uid,
+            "run_as_gid": uid,
+            "cpu_milli": task.cpu_milli,
+            "host_mem_mib": task.host_mem_mib,
+            "pids_max": int(settings.WHALEGEN_TASK_PIDS_MAX),
+        }
     return p.TaskSpec(
         task_id=p.legacy_run_id(str(task.pk), attempt) if legacy else str(task.pk),
         command=command,
@@ -119,6 +146,7 @@ def _spec(
         attempt=0 if legacy else attempt,
         gpu_uuids=gpu_uuids,
         working_dir=task.working_dir if knows_working_dir else "",
+        **isolation,
     )
 
 
@@ -161,6 +189,7 @@ def desired_state_build(
     """
     legacy = not p.speaks_attempts(agent_protocol)
     knows_dir = p.speaks_working_dir(agent_protocol)
+    knows_isolation = p.speaks_isolation(agent_protocol)
     # 1. Layouts from the GPUs and, for MIG GPUs, their units (one or two queries).
     if gpus is None:
         gpus = node_gpus(node=node)
@@ -170,7 +199,7 @@ def desired_state_build(
         live = list(
             Assignment.objects.filter(
                 node=node, released_at__isnull=True, task__state__in=RUNNABLE
-            ).select_related("task")
+            ).select_related("task__tenant", "task__pool")
         )
     units_of = _units_of(live)
     # 3. Runs the agent last said are alive that are not the live attempt here: cancelled, preempted,
@@ -192,7 +221,7 @@ def desired_state_build(
         Assignment.objects.filter(
             node=node, released_at__gte=horizon, task_id__in={task_id for task_id, _ in alive}
         )
-        .select_related("task")
+        .select_related("task__tenant", "task__pool")
         .order_by("task_id", "-released_at")
     )
     for assignment in stopping_query if alive else ():  # none to stop: not even compiled
@@ -206,13 +235,23 @@ def desired_state_build(
         if stopping is None or not units:
             continue
         specs[(task_id, attempt)] = _spec(
-            stopping.task, attempt, units, p.DesiredTaskState.STOP, legacy=legacy, knows_working_dir=knows_dir
+            stopping.task,
+            attempt,
+            units,
+            p.DesiredTaskState.STOP,
+            legacy=legacy,
+            knows_working_dir=knows_dir,
+            knows_isolation=knows_isolation,
         )
         busy_unit_ids |= {u.pk for u in units}
     for assignment in live:
         units = units_of.get(assignment.pk, [])
         key = (assignment.task_id, assignment.task.attempts)
         if not units or (key not in started and busy_unit_ids & {u.pk for u in units}):
+            continue
+        # An agent before 1.4 would run an image's argv as a command of its host: a container run is
+        # never sent to it (it stays assigned until the agent is upgraded or the task is cancelled).
+        if not knows_isolation and assignment.task.runtime == Pool.Runtime.CONTAINER:
             continue
         specs[key] = _spec(
             assignment.task,
@@ -221,6 +260,7 @@ def desired_state_build(
             p.DesiredTaskState.RUN,
             legacy=legacy,
             knows_working_dir=knows_dir,
+            knows_isolation=knows_isolation,
         )
     tasks = tuple(specs[key] for key in sorted(specs))
     return p.DesiredState(generation=0, gpus=layouts, tasks=tasks)

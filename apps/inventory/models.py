@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -33,14 +34,40 @@ class Cluster(TimestampedModel):
 class Pool(TimestampedModel):
     """GPUs offered to tenants under one name. Nodes of several clusters may join the same pool."""
 
+    class Runtime(models.TextChoices):
+        """How the pool's GPU hosts run a task (whalegen.protocol.TaskRuntime; docs/isolation.md)."""
+
+        CONTAINER = "container", "container: an OCI image through the host's container engine"
+        PROCESS = "process", "process: a command of the host, as the tenant's uid in a sandbox"
+
+    class PullPolicy(models.TextChoices):
+        ALWAYS = "always", "always pull"
+        MISSING = "missing", "pull when the host lacks the image"
+        NEVER = "never", "never pull (the image must be on the host)"
+
     name = models.SlugField(max_length=64, unique=True)
     description = models.CharField(max_length=200, blank=True)
+    # Operator settings (platform admins, through the admin). New pools run containers; pools that
+    # existed before runtimes did were migrated to `process`, what their hosts were already doing
+    # (migration 0009), so an upgrade changes nothing that runs.
+    runtime = models.CharField(max_length=10, choices=Runtime.choices, default=Runtime.CONTAINER)
+    # Image references a task of this pool may name must start with one of these (e.g.
+    # "registry.example.org/ml/"); empty = any image.
+    allowed_image_prefixes = models.JSONField(default=list, blank=True)
+    image_pull_policy = models.CharField(max_length=8, choices=PullPolicy.choices, default=PullPolicy.MISSING)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        prefixes = self.allowed_image_prefixes
+        if not isinstance(prefixes, list) or not all(isinstance(x, str) and x.strip() for x in prefixes):
+            raise ValidationError(
+                {"allowed_image_prefixes": ["a list of image reference prefixes (non-blank strings)"]}
+            )
 
 
 class Node(TimestampedModel):

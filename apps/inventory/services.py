@@ -22,8 +22,21 @@ def cluster_create(*, name: str, region: str = "") -> Cluster:
     return cluster
 
 
-def pool_create(*, name: str, description: str = "") -> Pool:
-    pool = Pool(name=name, description=description)
+def pool_create(
+    *,
+    name: str,
+    description: str = "",
+    runtime: str = Pool.Runtime.CONTAINER,
+    allowed_image_prefixes: Sequence[str] = (),
+    image_pull_policy: str = Pool.PullPolicy.MISSING,
+) -> Pool:
+    pool = Pool(
+        name=name,
+        description=description,
+        runtime=runtime,
+        allowed_image_prefixes=list(allowed_image_prefixes),
+        image_pull_policy=image_pull_policy,
+    )
     pool.full_clean()
     pool.save()
     return pool

@@ -7,6 +7,7 @@ priority overrides for every tenant, without being members of any.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from apps.common.models import TimestampedModel
@@ -24,12 +25,43 @@ class Tenant(TimestampedModel):
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
     )
+    # The unprivileged uid (and gid) the tenant's runs take on GPU hosts; null = WHALEGEN_TASK_UID_BASE +
+    # the tenant's id (`run_uid_effective`). Unique: two tenants sharing a uid could signal and read each
+    # other's runs.
+    run_uid = models.PositiveIntegerField(null=True, blank=True, unique=True)
 
     class Meta:
         ordering = ["slug"]
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        if self.run_uid is not None and (reason := run_uid_refusal(self.run_uid)):
+            raise ValidationError({"run_uid": [reason]})
+
+    @property
+    def run_uid_effective(self) -> int:
+        """The uid/gid the tenant's runs take: its own `run_uid`, else the range's base + its id."""
+        if self.run_uid is not None:
+            return self.run_uid
+        return int(settings.WHALEGEN_TASK_UID_BASE) + self.pk
+
+
+def run_uid_refusal(uid: int) -> str:
+    """Why `uid` cannot be a tenant's run uid ("" when it can): it must lie in the configured range
+    [WHALEGEN_TASK_UID_BASE, + WHALEGEN_TASK_UID_COUNT) and above the host's system accounts (< 1000)."""
+    base, count = int(settings.WHALEGEN_TASK_UID_BASE), int(settings.WHALEGEN_TASK_UID_COUNT)
+    if uid < 1000:
+        return (
+            f"uid {uid} is a system account's (below 1000); tenant runs take uids {base}-{base + count - 1}"
+        )
+    if not base <= uid < base + count:
+        return (
+            f"uid {uid} is outside the tenant uid range {base}-{base + count - 1} "
+            "(WHALEGEN_TASK_UID_BASE, WHALEGEN_TASK_UID_COUNT)"
+        )
+    return ""
 
 
 class Membership(TimestampedModel):

@@ -59,6 +59,9 @@ class Queue(TimestampedModel):
     # Share of the tenant's capacity under dominant-resource fair share, relative to its other queues.
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     idle_reclaim = models.CharField(max_length=8, choices=IdleReclaim.choices, default=IdleReclaim.NOTIFY)
+    # The OCI image a task of this queue runs when it names none (container pools); blank = none: such a
+    # task must name its own. Copied onto the task at submission, so changing it moves no queued task.
+    default_image = models.CharField(max_length=512, blank=True)
 
     class Meta:
         ordering = ["tenant__slug", "name"]
@@ -134,7 +137,15 @@ class Task(TimestampedModel):
     preemptible = models.BooleanField(default=True)
     gang_id = models.CharField(max_length=100, blank=True)  # indexed in Meta
     gang_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    # How the task runs on its host: the pool's runtime at submission (later changes to the pool move no
+    # submitted task). Rows from before runtimes existed ran as host processes.
+    runtime = models.CharField(max_length=10, choices=Pool.Runtime.choices, default=Pool.Runtime.PROCESS)
+    # The OCI image (container runtime): the task's own or its queue's default at submission; blank for
+    # a process run. `command` is the argv inside it.
+    image = models.CharField(max_length=512, blank=True)
     command = models.JSONField(default=list, blank=True)  # argv, not a shell string
+    # Secrets live here (tokens, keys): stored in the database as given, sent only to the node that runs
+    # the task (its desired state); every other reader (API, CLI, dashboard, admin) shows `env_keys`.
     env = models.JSONField(default=dict, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     # The directory on the GPU host the command starts in (absolute); blank = the run's own directory.
@@ -190,6 +201,11 @@ class Task(TimestampedModel):
 
     def __str__(self) -> str:
         return f"task {self.pk} ({self.state})"
+
+    @property
+    def env_keys(self) -> list[str]:
+        """The names of the task's environment variables, never their values (they may be secrets)."""
+        return sorted(self.env or {})
 
     @property
     def charge_milli(self) -> int:

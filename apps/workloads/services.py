@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -22,7 +23,7 @@ from apps.fleet.changes import node_changed
 from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import Gpu, Pool
 from apps.scheduling.models import Assignment
-from apps.tenants.models import Tenant
+from apps.tenants.models import Tenant, run_uid_refusal
 from apps.workloads.models import Queue, Quota, Task, TaskEvent, TaskWait
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
 from apps.workloads.task_insert import queue_get_for_submission, tasks_insert
@@ -44,6 +45,7 @@ def queue_create(
     default_priority: int = 0,
     weight: int = 1,
     idle_reclaim: str = Queue.IdleReclaim.NOTIFY,
+    default_image: str = "",
 ) -> Queue:
     if Queue.objects.filter(tenant=tenant, name=name).exists():
         raise ValidationError({"name": [f"tenant {tenant.slug!r} already has a queue named {name!r}"]})
@@ -54,23 +56,38 @@ def queue_create(
         default_priority=default_priority,
         weight=weight,
         idle_reclaim=idle_reclaim,
+        default_image=default_image,
     )
+    _check_default_image(queue)
     queue.full_clean()
     queue.save()
     return queue
 
 
+def _check_default_image(queue: Queue) -> None:
+    """A queue's default image must be a reference its pool would take from a task (format, prefixes);
+    a process pool's queue may keep one (it is ignored there), so a pool's runtime can change back."""
+    image = queue.default_image
+    if not image:
+        return
+    if refusal := image_reference_refusal(image):
+        raise ValidationError({"default_image": [refusal]})
+    if refusal := _image_prefix_refusal(image, queue.pool):
+        raise ValidationError({"default_image": [refusal]})
+
+
 def queue_update(*, queue: Queue, data: dict[str, Any]) -> Queue:
-    """Change a queue's name, default priority, weight or idle-reclaim policy. Its pool is fixed: tasks
-    already point at it."""
+    """Change a queue's name, default priority, weight, idle-reclaim policy or default image. Its pool is
+    fixed: tasks already point at it. A new default image applies to tasks submitted afterwards."""
     if (
         "name" in data
         and Queue.objects.filter(tenant=queue.tenant_id, name=data["name"]).exclude(pk=queue.pk).exists()
     ):
         raise ValidationError({"name": [f"this tenant already has a queue named {data['name']!r}"]})
-    for key in ("name", "default_priority", "weight", "idle_reclaim"):
+    for key in ("name", "default_priority", "weight", "idle_reclaim", "default_image"):
         if key in data:
             setattr(queue, key, data[key])
+    _check_default_image(queue)
     queue.full_clean()
     queue.save()
     return queue
@@ -137,6 +154,7 @@ class TaskRequest:
     max_runtime_s: int | None = None
     working_dir: str = ""
     profile_key: str = ""
+    image: str = ""  # blank: the queue's default image (container pools)
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(TaskRequest) if f.name != "queue")
@@ -169,6 +187,70 @@ def _validate_shape(request: TaskRequest) -> list[str]:
     if errors:
         raise ValidationError(errors)
     return canonical
+
+
+# An OCI image reference as the distribution spec writes it (github.com/distribution/reference):
+# [registry[:port]/]name[/name…][:tag][@algorithm:hex]. Checked here so a typo is a 400 at submission,
+# not a pull failure on a GPU host minutes later.
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_IMAGE_REFERENCE = re.compile(rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?")
+IMAGE_MAX_LENGTH = 512
+
+
+def image_reference_refusal(image: str) -> str:
+    """Why `image` is not a plausible OCI image reference ("" when it is)."""
+    if len(image) > IMAGE_MAX_LENGTH:
+        return f"an image reference is at most {IMAGE_MAX_LENGTH} characters"
+    if not _IMAGE_REFERENCE.fullmatch(image):
+        return (
+            f"{image!r} is not an OCI image reference: [registry/]name[:tag][@digest], the name in "
+            "lowercase, no spaces (e.g. registry.example.org/ml/trainer:1.4)"
+        )
+    return ""
+
+
+def _runtime_and_image(*, tenant: Tenant, queue: Queue, request: TaskRequest) -> tuple[str, str]:
+    """The runtime the task gets (its pool's) and the image it runs (its own, else its queue's default;
+    blank for a process run), or a ValidationError on `image` saying what to do."""
+    pool = queue.pool
+    if uid_refusal := run_uid_refusal(tenant.run_uid_effective):
+        raise ValidationError(
+            {"queue": [f"tenant {tenant.slug!r} has no usable run uid ({uid_refusal}); ask a platform admin"]}
+        )
+    if pool.runtime == Pool.Runtime.PROCESS:
+        if request.image:
+            raise ValidationError(
+                {"image": [f"pool {pool.name!r} runs host processes, not images; leave image out"]}
+            )
+        return pool.runtime, ""
+    image = request.image or queue.default_image
+    if not image:
+        raise ValidationError(
+            {
+                "image": [
+                    f"pool {pool.name!r} runs containers: name an image (image: …) or ask a tenant admin "
+                    f"to set queue {queue.name!r}'s default image"
+                ]
+            }
+        )
+    if refusal := image_reference_refusal(image):
+        raise ValidationError({"image": [refusal]})
+    if refusal := _image_prefix_refusal(image, pool):
+        raise ValidationError({"image": [refusal]})
+    return pool.runtime, image
+
+
+def _image_prefix_refusal(image: str, pool: Pool) -> str:
+    """Why the pool's operator does not allow `image` ("" when it does, or when the pool allows any)."""
+    prefixes = pool.allowed_image_prefixes or []
+    if not prefixes or any(image.startswith(prefix) for prefix in prefixes):
+        return ""
+    allowed = " or ".join(repr(prefix) for prefix in prefixes)
+    return f"image {image!r} is not allowed in pool {pool.name!r}: it must start with {allowed}"
 
 
 def _pool_models(pool: Pool) -> dict[str, bool]:
@@ -315,7 +397,8 @@ def _request_differences(task: Task, request: TaskRequest) -> list[str]:
     if task.queue.name != request.queue:
         differing.append("queue")
     for name, asked in asdict(request).items():
-        if name == "queue" or (name == "priority" and asked is None):
+        # A priority or image left out was filled in from the queue at submission.
+        if name == "queue" or (name == "priority" and asked is None) or (name == "image" and asked == ""):
             continue
         stored = getattr(task, name)
         if name == "allowed_gpu_models":
@@ -352,6 +435,7 @@ def _new_task(
     values["allowed_gpu_models"] = models
     if values["priority"] is None:
         values["priority"] = queue.default_priority
+    values["runtime"], values["image"] = _runtime_and_image(tenant=tenant, queue=queue, request=request)
     return Task(
         tenant=tenant,
         queue=queue,
@@ -512,11 +596,11 @@ def tasks_submit_bulk(
                     {"queue": [f"tenant {tenant.slug!r} has no queue named {request.queue!r}"]}
                 )
             _validate_against_pool(pool=queue.pool, request=request, models=models, known=known)
+            task = _new_task(
+                tenant=tenant, queue=queue, request=request, models=models, submitted_by=submitted_by, key=key
+            )
         except ValidationError as exc:
             raise refuse(index, exc) from exc
-        task = _new_task(
-            tenant=tenant, queue=queue, request=request, models=models, submitted_by=submitted_by, key=key
-        )
         tasks.append(task)
         fresh.append((index, task, request.gpu_mem_mib is not None))
         if key:

@@ -61,6 +61,10 @@ class PoolFactory(factory.django.DjangoModelFactory):
         model = Pool
 
     name = factory.Sequence(lambda n: f"pool{n}")
+    # The model's default is `container` (a new pool runs images); the factory's pools run host processes
+    # so that the many tests submitting a bare `command` keep testing what they test. Container pools are
+    # asked for by name: PoolFactory(runtime=Pool.Runtime.CONTAINER).
+    runtime = Pool.Runtime.PROCESS
 
 
 class NodeFactory(factory.django.DjangoModelFactory):

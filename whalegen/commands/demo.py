@@ -56,16 +56,28 @@ def _progress(message: str) -> None:
 
 def _seed_fleet() -> None:
     """Clusters, pools, nodes and GPUs. Two clusters share the H100 pool (a pool may span clusters)."""
-    from apps.inventory.models import Gpu
+    from apps.inventory.models import Gpu, Pool
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
 
     eu = cluster_create(name="eu-west-1", region="eu-west")
     us = cluster_create(name="us-east-1", region="us-east")
+    # The demo's pools run host processes: its simulated hosts have no container engine, and the
+    # README's example (`command: [sh, -c, …]`, no image) must work as written. Its agents run each task
+    # in the hardened `process` runtime (docs/isolation.md).
+    process = Pool.Runtime.PROCESS
     pools = {
-        "h100-train": pool_create(name="h100-train", description="H100-80GB for training; some GPUs in MIG"),
-        "h200-train": pool_create(name="h200-train", description="H200-141GB for large models; MIG on one"),
-        "a100-batch": pool_create(name="a100-batch", description="A100-80GB for batch and fine-tuning"),
-        "l4-infer": pool_create(name="l4-infer", description="L4 for online inference (MPS shares)"),
+        "h100-train": pool_create(
+            name="h100-train", description="H100-80GB for training; some GPUs in MIG", runtime=process
+        ),
+        "h200-train": pool_create(
+            name="h200-train", description="H200-141GB for large models; MIG on one", runtime=process
+        ),
+        "a100-batch": pool_create(
+            name="a100-batch", description="A100-80GB for batch and fine-tuning", runtime=process
+        ),
+        "l4-infer": pool_create(
+            name="l4-infer", description="L4 for online inference (MPS shares)", runtime=process
+        ),
     }
     # (cluster, pool, node name prefix, node count, GPU model, GPUs per node, CPU milli, host MiB)
     layout = [

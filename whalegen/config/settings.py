@@ -296,6 +296,19 @@ WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
 WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)
 WHALEGEN_NODE_LOST_HEARTBEATS = envint("WHALEGEN_NODE_LOST_HEARTBEATS", 3)
 WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
+# Isolation on GPU hosts (docs/isolation.md, docs/api.md "Runtimes and images"): every tenant's runs take
+# one unprivileged uid (= gid) from [BASE, BASE + COUNT); a tenant without its own `run_uid` gets
+# BASE + its id. Far above the uids a host's own accounts use (Debian gives users 1000-59999 and
+# subordinate ranges start at 100000), so a task's uid is never a person's or a service's on the host.
+WHALEGEN_TASK_UID_BASE = envint("WHALEGEN_TASK_UID_BASE", 200_000)
+WHALEGEN_TASK_UID_COUNT = envint("WHALEGEN_TASK_UID_COUNT", 100_000)
+if WHALEGEN_TASK_UID_BASE < 1000 or WHALEGEN_TASK_UID_COUNT < 1:
+    raise ConfigError(
+        "WHALEGEN_TASK_UID_BASE must be at least 1000 (below it are the host's system accounts) and "
+        "WHALEGEN_TASK_UID_COUNT at least 1"
+    )
+# Processes and threads one run may hold at once (the cgroup's pids.max): a fork bomb stops there.
+WHALEGEN_TASK_PIDS_MAX = envint("WHALEGEN_TASK_PIDS_MAX", 4096)
 # How long a released task the agent still runs is listed as `stop` (afterwards omission stops it).
 WHALEGEN_AGENT_STOP_LIST_S = envfloat("WHALEGEN_AGENT_STOP_LIST_S", 600.0)
 # Requeues (a task lost with its node or run, or preempted) back off exponentially: the first waits

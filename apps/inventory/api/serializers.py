@@ -7,11 +7,19 @@ from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 
 class PoolOutputSerializer(serializers.ModelSerializer):
     node_count = serializers.IntegerField(read_only=True)
+    allowed_image_prefixes = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Image references a task may name must start with one of these; empty = any image.",
+    )
     gpu_count = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Pool
-        fields = ["id", "name", "description", "node_count", "gpu_count", "created_at"]
+        fields = [
+            "id", "name", "description", "runtime", "allowed_image_prefixes", "image_pull_policy",
+            "node_count", "gpu_count", "created_at",
+        ]  # fmt: skip
         read_only_fields = fields
 
 

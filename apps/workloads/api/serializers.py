@@ -48,7 +48,18 @@ class TaskInputSerializer(StrictInputSerializer):
         help_text="argv: the executable, then its arguments (not a shell string).",
     )
     env = serializers.DictField(
-        child=StrictCharField(allow_blank=True, trim_whitespace=False), required=False
+        child=StrictCharField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text="Environment of the run. Values may be secrets: they go only to the node that runs the "
+        "task and are never shown again (reads give `env_keys`).",
+    )
+    image = StrictCharField(
+        max_length=512,
+        required=False,
+        allow_blank=True,
+        help_text="OCI image reference ([registry/]name[:tag][@digest]) the task runs in; `command` is the "
+        "argv inside it. Default: the queue's default image. Required in a `container` pool (unless the "
+        "queue has a default), refused in a `process` pool.",
     )
     max_runtime_s = StrictIntegerField(min_value=1, required=False, allow_null=True)
     working_dir = StrictCharField(
@@ -97,6 +108,10 @@ class TaskOutputSerializer(serializers.ModelSerializer):
     why_pending = serializers.CharField(read_only=True)
     why_pending_code = serializers.CharField(read_only=True)
     predicted_start_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    # Keys only: the values may be secrets (docs/api.md, "Secrets in env").
+    env_keys = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="Names of the task's env variables."
+    )
 
     class Meta:
         model = Task
@@ -104,7 +119,8 @@ class TaskOutputSerializer(serializers.ModelSerializer):
             "id", "tenant", "queue", "pool", "submitted_by", "name", "state", "version",
             "gpu_count", "gpu_milli", "gpu_mem_mib", "cpu_milli", "host_mem_mib", "allowed_gpu_models",
             "isolation", "kind", "sla_class", "priority", "preemptible", "gang_id", "gang_size",
-            "command", "env", "max_runtime_s", "working_dir", "profile_key", "idempotency_key",
+            "runtime", "image", "command", "env_keys", "max_runtime_s", "working_dir", "profile_key",
+            "idempotency_key",
             "attempts", "why_pending", "why_pending_code", "exit_code", "failure_reason", "idle_flagged_at",
             "created_at", "updated_at", "started_at", "finished_at",
             "predicted_duration_p50_s", "predicted_duration_p90_s", "predicted_gpu_mem_peak_mib",
@@ -136,6 +152,13 @@ class QueueInputSerializer(StrictInputSerializer):
     default_priority = StrictIntegerField(default=0, min_value=-1000, max_value=1000)
     weight = StrictIntegerField(default=1, min_value=1, max_value=1000)
     idle_reclaim = StrictChoiceField(choices=Queue.IdleReclaim.choices, default=Queue.IdleReclaim.NOTIFY)
+    default_image = StrictCharField(
+        max_length=512,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="OCI image a task of this queue runs when it names none (container pools).",
+    )
 
 
 class QueueUpdateInputSerializer(StrictInputSerializer):
@@ -143,6 +166,7 @@ class QueueUpdateInputSerializer(StrictInputSerializer):
     default_priority = StrictIntegerField(required=False, min_value=-1000, max_value=1000)
     weight = StrictIntegerField(required=False, min_value=1, max_value=1000)
     idle_reclaim = StrictChoiceField(choices=Queue.IdleReclaim.choices, required=False)
+    default_image = StrictCharField(max_length=512, required=False, allow_blank=True)
 
 
 class QueueOutputSerializer(serializers.ModelSerializer):
@@ -152,8 +176,8 @@ class QueueOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = Queue
         fields = [
-            "id", "tenant", "pool", "name", "default_priority", "weight", "idle_reclaim", "created_at",
-            "updated_at",
+            "id", "tenant", "pool", "name", "default_priority", "weight", "idle_reclaim", "default_image",
+            "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
 

@@ -190,6 +190,7 @@ class QueueListCreateApi(generics.ListAPIView):
             default_priority=values["default_priority"],
             weight=values["weight"],
             idle_reclaim=values["idle_reclaim"],
+            default_image=values["default_image"],
         )
         return Response(s.QueueOutputSerializer(queue).data, status=status.HTTP_201_CREATED)
 

@@ -64,8 +64,8 @@ def month(db: None) -> Month:
     users = {name: UserFactory(username=name) for name in ("alice", "bob", "eve")}
     membership_set(user=users["alice"], tenant=vision, role=Membership.Role.MEMBER)
     membership_set(user=users["bob"], tenant=audio, role=Membership.Role.VIEWER)
-    h100 = pool_create(name="h100-train")
-    a100 = pool_create(name="a100-infer")
+    h100 = pool_create(name="h100-train", runtime="process")
+    a100 = pool_create(name="a100-infer", runtime="process")
     quota_set(tenant=vision, pool=h100, guaranteed_milli=4000)
     quota_set(tenant=audio, pool=a100, guaranteed_milli=1000)
     train = queue_create(tenant=vision, pool=h100, name="train")

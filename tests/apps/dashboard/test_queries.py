@@ -52,7 +52,7 @@ def crowd(request: Any, scene: Any) -> Any:
     # More pools (one, then three), each with a node, A's quota and queue and a task: the lists of
     # pools and the fleet overview read them all at once.
     for i in range(n // 2):
-        pool = pool_create(name=f"extra-{i}")
+        pool = pool_create(name=f"extra-{i}", runtime="process")
         node, _ = node_register(
             cluster=w.node.cluster, pool=pool, name=f"x-{i}", cpu_milli=32_000, mem_mib=262_144
         )

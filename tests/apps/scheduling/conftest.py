@@ -85,7 +85,7 @@ def fleet(db: None) -> Fleet:
     from apps.inventory.services import pool_create
     from tests.apps.factories import UserFactory
 
-    return Fleet(pool=pool_create(name="train"), user=UserFactory(username="ci"))
+    return Fleet(pool=pool_create(name="train", runtime="process"), user=UserFactory(username="ci"))
 
 
 def run(fleet: Fleet, *, minutes: float = 0, **kwargs: Any) -> Any:

@@ -105,7 +105,7 @@ def test_the_cycle_binds_what_decide_decides_on_the_same_snapshot(
     from whalegen.scheduling import Config, decide
 
     with transaction.atomic():
-        fleet = Fleet(pool=pool_create(name="prop"), user=UserFactory(username="prop"))
+        fleet = Fleet(pool=pool_create(name="prop", runtime="process"), user=UserFactory(username="prop"))
         _build(fleet, nodes)
         fleet.tenant("a", guaranteed=3000, borrow=2000)
         fleet.tenant("b", guaranteed=2000)

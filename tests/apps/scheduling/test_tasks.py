@@ -26,7 +26,7 @@ def test_cycle_pool_runs_one_cycle_and_a_second_run_is_harmless(fleet: Fleet) ->
 def test_the_beat_fans_out_one_cycle_per_pool(fleet: Fleet, monkeypatch: Any) -> None:
     from apps.inventory.services import pool_create
 
-    other = pool_create(name="infer")
+    other = pool_create(name="infer", runtime="process")
     queued: list[int] = []
     monkeypatch.setattr(tasks.cycle_pool, "delay", queued.append)
     assert tasks.cycles_all_pools.apply().get() == 2

@@ -14,7 +14,7 @@ def _fleet() -> Fleet:
     from apps.inventory.services import pool_create
     from tests.apps.factories import UserFactory
 
-    fleet = Fleet(pool=pool_create(name="whatif"), user=UserFactory(username="whatif"))
+    fleet = Fleet(pool=pool_create(name="whatif", runtime="process"), user=UserFactory(username="whatif"))
     fleet.node(model="H100-80GB", gpus=2, mode="whole", cpu_milli=32_000, name="w0")
     fleet.node(model="H100-80GB", gpus=2, mode="mps", mps_shares=4, cpu_milli=32_000, name="s0")
     fleet.node(
