@@ -340,7 +340,7 @@ def test_a_gangs_new_layouts_are_written_together_or_not_at_all(fleet, monkeypat
 
 def test_a_gang_members_gpu_leaving_the_pool_gives_its_mates_claim_up(fleet) -> None:
     nodes, gpus, gang, claims = _gang_on_two_recarved_gpus(fleet)
-    Node.objects.filter(pk=nodes[1].pk).update(pool=Pool.objects.create(name="elsewhere", runtime=Pool.Runtime.PROCESS))
+    Node.objects.filter(pk=nodes[1].pk).update(pool=Pool.objects.create(name="elsewhere"))
     run(fleet, minutes=1)
     # Not held until its own claim times out: the gang cannot bind whole in this pool any more.
     mate = Repartition.objects.get(pk=claims[gpus[0].pk].pk)
