@@ -16,7 +16,11 @@ class ClusterAdmin(admin.ModelAdmin):
 
 @admin.register(Pool)
 class PoolAdmin(admin.ModelAdmin):
-    list_display = ["name", "description"]
+    """Platform admins set how the pool's hosts run tasks: a runtime change applies to tasks submitted
+    afterwards (each task keeps the runtime it got), an image rule to submissions afterwards."""
+
+    list_display = ["name", "description", "runtime", "image_pull_policy"]
+    list_filter = ["runtime"]
     search_fields = ["name"]
 
 

@@ -11,7 +11,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "kind", "parent"]
+    list_display = ["slug", "name", "kind", "parent", "run_uid"]
     list_filter = ["kind"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]

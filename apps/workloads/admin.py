@@ -23,7 +23,7 @@ class QuotaAdmin(admin.ModelAdmin):
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "pool", "default_priority", "weight"]
+    list_display = ["name", "tenant", "pool", "default_priority", "weight", "default_image"]
     list_filter = ["tenant", "pool"]
     search_fields = ["name"]
 
@@ -57,6 +57,13 @@ class TaskAdmin(admin.ModelAdmin):
     list_filter = ["state", "tenant", "pool", "kind", "isolation"]
     search_fields = ["name", "gang_id", "profile_key", "idempotency_key"]
     inlines = [TaskEventInline]
+    # `env` values may be secrets (tokens, keys): the page shows the variables' names, never the values.
+    exclude = ["env"]
+    readonly_fields = ["env_keys"]
+
+    @admin.display(description="env keys (values not shown)")
+    def env_keys(self, obj: Task) -> str:
+        return ", ".join(obj.env_keys) or "-"
 
     def has_add_permission(self, request):
         return False

@@ -133,5 +133,17 @@ def queue_get_for_submission(*, tenant_id: int, name: str) -> Queue | None:
     if row is None:
         return None
     queue = Queue.from_db(connection.alias, queue_fields, row[: len(queue_fields)])
-    queue._state.fields_cache["pool"] = Pool.from_db(connection.alias, pool_fields, row[len(queue_fields) :])
+    pool_values = [
+        _decoded(field, value)
+        for field, value in zip(Pool._meta.concrete_fields, row[len(queue_fields) :], strict=True)
+    ]
+    queue._state.fields_cache["pool"] = Pool.from_db(connection.alias, pool_fields, pool_values)
     return queue
+
+
+def _decoded(field: models.Field, value: Any) -> Any:
+    """A raw column value as the ORM would give it: psycopg hands Django's jsonb columns over as text,
+    which JSONField's converter (not run on raw rows) parses (the pool's allowed image prefixes)."""
+    if isinstance(field, models.JSONField) and isinstance(value, str):
+        return json.loads(value)
+    return value

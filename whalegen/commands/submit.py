@@ -1,6 +1,7 @@
 """`whalegen submit FILE.yaml [--wait]`: submit one task (or several, under `tasks:`) through the API.
 
-The YAML holds the request fields of the API (`queue`, `gpu_count`, `gpu_milli`, `command`, …).
+The YAML holds the request fields of the API (`queue`, `gpu_count`, `gpu_milli`, `image`, `command`, …):
+in a container pool `image` names the OCI image (default: the queue's) and `command` is the argv in it.
 With `--wait` it polls until the task reaches a final state and prints every state change (and every
 new why-pending reason) on stdout, and streams the task's output as it arrives: its stdout to stdout,
 its stderr to stderr (`--quiet`: state changes only). A failed task's reason follows on stderr. It

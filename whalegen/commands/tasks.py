@@ -43,12 +43,13 @@ def _ls(client: Client, args: argparse.Namespace) -> int:
     if args.tenant:
         params["tenant"] = args.tenant
     page = client.call("GET", "/tasks/", params=params)
-    print(f"{'ID':>6}  {'STATE':<10} {'TENANT/QUEUE':<24} {'GPUS':<10} {'PRIO':>4}  NAME")
+    print(f"{'ID':>6}  {'STATE':<10} {'TENANT/QUEUE':<24} {'GPUS':<10} {'RUNTIME':<9} {'PRIO':>4}  NAME")
     for task in page["results"]:
         gpus = f"{task['gpu_count']}x{task['gpu_milli']}m"
         where = f"{task['tenant']}/{task['queue']}"
-        prio = task["priority"]
-        print(f"{task['id']:>6}  {task['state']:<10} {where:<24} {gpus:<10} {prio:>4}  {task['name']}")
+        prio, runtime = task["priority"], task.get("runtime") or "-"
+        print(f"{task['id']:>6}  {task['state']:<10} {where:<24} {gpus:<10} {runtime:<9} {prio:>4}  "
+              f"{task['name']}")  # fmt: skip
     shown = len(page["results"])
     if page["count"] > shown:
         print(f"({shown} of {page['count']}; use --limit)")
@@ -69,10 +70,14 @@ def _show(client: Client, args: argparse.Namespace) -> int:
     print(
         f"{'request':>16}: {task['gpu_count']} GPU x {task['gpu_milli']} milli, isolation {task['isolation']}"
     )
+    print(f"{'runtime':>16}: {task.get('runtime') or '-'}")
+    if task.get("image"):
+        print(f"{'image':>16}: {task['image']}")
     print(f"{'command':>16}: {_argv(task['command']) or '(none)'}")
     if task.get("working_dir"):
         print(f"{'working dir':>16}: {task['working_dir']}")
-    print(f"{'env keys':>16}: {', '.join(sorted(task['env'])) or '(none)'}")
+    # Keys only: the plane never sends env values back (they may be secrets).
+    print(f"{'env keys':>16}: {', '.join(task.get('env_keys') or []) or '(none)'}")
     print(f"{'exit code':>16}: {'-' if task['exit_code'] is None else task['exit_code']}")
     if task["state"] == "failed":
         print(f"{'failure reason':>16}: {task.get('failure_reason') or '-'}")
