@@ -54,6 +54,9 @@ def simulated_backend(
     `cdi_dir` (default: agents.sim.cdi.sim_cdi's choice)."""
     install(system)
     extra = {PROC_DIR_ENV: str(system.proc_dir)} if system.proc_dir is not None else {}
+    # The simulated host's CUDA stack: its stand-in programs (`python -m agents.sim.fake_cuda_app`) are
+    # importable by a run, whose environment carries nothing of the agent's (docs/isolation.md).
+    extra["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     cdi = sim_cdi(host_dir, cdi_dir) if host_dir is not None else None
     return SimBackend(system, extra, cdi)
 

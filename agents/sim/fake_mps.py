@@ -14,6 +14,7 @@ effective limits with the real precedence, min(server value, client environment)
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -47,9 +48,18 @@ def daemon_alive(pipe: Path) -> int | None:
     try:
         pid = int((pipe / PID_FILE).read_text())
         os.kill(pid, 0)
+    except PermissionError:
+        return pid  # alive, and another user's: clients run as their tenants' uids, the daemon as root
     except (OSError, ValueError):
         return None
     return pid
+
+
+def _shared(path: Path, mode: int) -> None:
+    """The real daemon's pipes are open to every user of the host (clients run as their tenants' uids);
+    the stand-in's state files are too. Unlike the real one, it trusts its clients with them."""
+    with contextlib.suppress(OSError):
+        path.chmod(mode)
 
 
 @contextmanager
@@ -61,6 +71,7 @@ def _state(pipe: Path) -> Iterator[dict[str, Any]]:
         yield state
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
+        _shared(tmp, 0o666)
         tmp.replace(path)
 
 
@@ -224,6 +235,9 @@ def main(argv: list[str]) -> int:
             print("An instance of this daemon is already running", file=sys.stderr)
             return 1
         pipe.mkdir(parents=True, exist_ok=True)
+        _shared(pipe, 0o777)  # not sticky: a client replaces the state file another wrote
+        (pipe / "fake-mps.lock").touch()
+        _shared(pipe / "fake-mps.lock", 0o666)
         (pipe / STATE_FILE).write_text(
             json.dumps(
                 {
@@ -235,6 +249,7 @@ def main(argv: list[str]) -> int:
                 }
             )
         )
+        _shared(pipe / STATE_FILE, 0o666)
         subprocess.Popen(
             [sys.executable, "-S", "-E", __file__, "--serve", str(pipe)],
             stdin=subprocess.DEVNULL,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +39,16 @@ def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir = install_fake_tools(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return bin_dir
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory the agent's runs may write to: they run as their tenant's uid with a /tmp of their
+    own (docs/isolation.md), so pytest's tmp_path (under /tmp, private to root) is out of their reach."""
+    path = Path(tempfile.mkdtemp(prefix="whalegen-runs-", dir="/var/tmp"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ against the same protocol module.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -33,6 +34,10 @@ from whalegen.protocol import (
     TaskReport,
     compatible,
 )
+
+# The tenant and the uid the double's runs belong to (inside the agent's default uid range).
+TENANT = "vision"
+TENANT_UID = 200_001
 
 
 class PlaneDouble:
@@ -89,6 +94,19 @@ class PlaneDouble:
         return f"node-{self.tokens[token]}"
 
     def set_desired(self, token: str, desired: DesiredState) -> None:
+        """Serve `desired` to the node of `token`. A run that names no uid gets the one a 1.4 plane maps
+        its tenant to (TENANT_UID; tenant TENANT), as the real plane always sends one."""
+        desired = dataclasses.replace(
+            desired,
+            tasks=tuple(
+                task
+                if task.run_as_uid is not None
+                else dataclasses.replace(
+                    task, tenant=task.tenant or TENANT, run_as_uid=TENANT_UID, run_as_gid=TENANT_UID
+                )
+                for task in desired.tasks
+            ),
+        )
         with self.lock:
             self.desired[self.node_id(token)] = desired
             self.lock.notify_all()

@@ -67,10 +67,8 @@ def _long_task(task_id: str, gpu: str, record_dir: Path, sleep_s: float) -> Task
 
 
 @pytest.fixture
-def record_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "records"
-    path.mkdir()
-    return path
+def record_dir(shared_dir: Path) -> Path:
+    return shared_dir
 
 
 def _kill_recorded(record_dir: Path) -> None:
@@ -128,6 +126,9 @@ def test_an_orphan_the_desired_state_no_longer_lists_is_stopped_after_a_wiped_re
     plane.set_desired(TOKEN, DesiredState(1, tasks=(_long_task("orphan", gpu, record_dir, 60.0),)))
     try:
         started = plane.wait_for(lambda: plane.task_reports("orphan"), what="the run to start")[0]
+        # Its command runs (not only its launcher, which reads its sandbox plan from the state directory
+        # first): the wipe below must find a run to orphan.
+        plane.wait_for(lambda: list(record_dir.iterdir()), what="the run's record")
         agent.proc.kill()
         agent.proc.wait()
         _wipe_state_dir(agent.state_dir)
@@ -155,6 +156,7 @@ def test_a_desired_stop_reaches_an_orphan_adopted_by_its_marker(
     plane.set_desired(TOKEN, DesiredState(1, tasks=(task,)))
     try:
         started = plane.wait_for(lambda: plane.task_reports("cancelled"), what="the run to start")[0]
+        plane.wait_for(lambda: list(record_dir.iterdir()), what="the run's record")  # its command runs
         agent.proc.kill()
         agent.proc.wait()
         _wipe_state_dir(agent.state_dir)

@@ -10,6 +10,7 @@ import pytest
 
 from tests.agents.conftest import TOKEN
 from whalegen.protocol import (
+    PROTOCOL_VERSION,
     ComputeUnit,
     DesiredState,
     DesiredTaskState,
@@ -67,7 +68,7 @@ def test_agent_registers_heartbeats_and_applies_mig_layouts_on_h100_and_h200(pla
     agent.start()
     h100, h200 = gpu_uuids(plane, 2)
     registration = plane.registrations[0]
-    assert registration.node_name == "a" and registration.protocol_version == "1.3"
+    assert registration.node_name == "a" and registration.protocol_version == PROTOCOL_VERSION
     assert [g.model for g in registration.inventory] == ["H100-80GB", "H200-141GB"]
     heartbeat = plane.heartbeats[-1]
     # MIG mode: device utilisation is NOT_SUPPORTED and reported as such, not as a failure.
