@@ -194,7 +194,23 @@ def agent_register(*, node: Node, message: p.Register, now: datetime | None = No
         # An agent that lost its state restarts at seq 1; it must number above this, or its reports
         # are taken for repeats (acknowledged, never applied).
         stored_seq=AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0,
+        lease_s=run_lease_s(),
     )
+
+
+def run_lease_s() -> float:
+    """How long a run may go on after its agent's last acknowledged heartbeat (protocol 1.4's fence).
+
+    The plane declares a node lost after WHALEGEN_NODE_LOST_HEARTBEATS heartbeat intervals of silence
+    and then places its work elsewhere; the run must be gone by then, stop grace included, with one
+    interval of margin for a heartbeat in flight. Floored at two intervals, so one late heartbeat never
+    stops a healthy run (with the defaults: 3 × 10 − 10 − 10 = 10 s, floored to 20 s).
+    """
+    interval = float(settings.WHALEGEN_AGENT_HEARTBEAT_S)
+    lease = (
+        interval * settings.WHALEGEN_NODE_LOST_HEARTBEATS - settings.WHALEGEN_AGENT_STOP_GRACE_S - interval
+    )
+    return max(lease, 2 * interval)
 
 
 def _check_node(node: Node, node_id: str) -> None:

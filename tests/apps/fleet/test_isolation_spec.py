@@ -97,3 +97,22 @@ def test_another_node_does_not_get_the_task(fleet: Any, agent_client: Any) -> No
     client = agent_client(fleet.token_b)
     assert register(client).status_code == 200
     assert SECRET not in desired(client).content.decode()
+
+
+# ---- the fence: how long a run may outlive its agent's last acknowledged heartbeat ---------------------
+
+
+@pytest.mark.parametrize(
+    ("interval", "lost_after", "grace", "lease"),
+    [(10.0, 3, 10.0, 20.0), (5.0, 10, 10.0, 35.0), (2.0, 6, 1.0, 9.0)],
+    ids=["the defaults are floored at two heartbeats", "a long loss threshold", "a short grace"],
+)
+def test_register_sends_a_lease_that_ends_before_the_node_is_lost(
+    fleet: Any, agent_client: Any, settings: Any, interval: float, lost_after: int, grace: float, lease: float
+) -> None:
+    settings.WHALEGEN_AGENT_HEARTBEAT_S = interval
+    settings.WHALEGEN_NODE_LOST_HEARTBEATS = lost_after
+    settings.WHALEGEN_AGENT_STOP_GRACE_S = grace
+    answer = p.Registered.from_dict(register(agent_client(fleet.token_a)).json())
+    assert answer.lease_s == lease
+    assert answer.lease_s >= 2 * interval
