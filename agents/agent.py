@@ -68,6 +68,7 @@ from whalegen.protocol import (
 
 log = logging.getLogger("whalegen.agent")
 
+Paths = tuple[str, ...]
 EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, what MPS wants (reference §6.1)
 MAX_QUEUED_EVENTS = 200
 # Output shipping. A report carries about this much captured text, so one POST stays small; while more
@@ -606,13 +607,14 @@ class Agent:
         env = host.task_env(task, backend_env=backend_env, device_env=device_env, home=str(work_dir))
         # What the task's programs must reach although /tmp is its own: its working directory and the
         # backend's directories (the simulated NVML's process directory, say).
-        expose = [*expose, str(work_dir), *(v for v in backend_env.values() if v.startswith("/"))]
+        masked, own = self._device_nodes(task, device_uuid)
+        expose = [*expose, str(work_dir), *(v for v in backend_env.values() if v.startswith("/")), *own]
         plan = host.process_plan(
             task,
             self.policy,
             name=self._run_name(task),
             expose=expose,
-            mask=self._other_devices(task, device_uuid),
+            mask=masked,
             lease_file=str(self.lease_file) if self.lease_s else "",
         )
         return self.runner.start(
@@ -699,25 +701,30 @@ class Agent:
             return [device_uuid]
         return list(task.devices)
 
-    def _other_devices(self, task: TaskSpec, device_uuid: str | None) -> tuple[str, ...]:
-        """The device nodes of this host's GPUs that a process run was not given (to mask), from the
-        host's CDI spec; none, with a warning, where the host has no spec naming them."""
+    def _device_nodes(
+        self, task: TaskSpec, device_uuid: str | None
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(the device nodes of this host's GPUs a process run was not given, to mask; those it was given
+        and the ones every GPU program needs, kept reachable), from the host's CDI spec. Neither, with a
+        warning, where the host has no spec naming its GPUs."""
         if not self.policy.is_root:
-            return ()
+            return (), ()
         given = self._run_devices(task, device_uuid)
+        problem = ""
         for attempt in range(2):
             if self._cdi is None or attempt:
                 self._cdi = cdi.load_registry(self.backend.cdi_spec_dirs())
             try:
                 names = [self.backend.cdi_device(uuid) for uuid in given]
                 kind = cdi.parse_qualified_name(names[0])[0]
-                return cdi.mask_nodes(self._cdi, kind=kind, given=names)
+                own = [node for name in names for node in cdi.device_nodes(self._cdi, name)]
+                own += cdi.common_nodes(self._cdi, kind)
+                return cdi.mask_nodes(self._cdi, kind=kind, given=names), tuple(own)
             except (cdi.CdiError, LookupError, IndexError) as error:
                 problem = str(error)
-        log.warning(
-            "run %s: other GPUs' device nodes not masked: %s", run_key(task.task_id, task.attempt), problem
-        )
-        return ()
+        key = run_key(task.task_id, task.attempt)
+        log.warning("run %s: other GPUs' device nodes not masked: %s", key, problem)
+        return (), ()
 
     def _run_dir(self, task: TaskSpec) -> Path:
         """The run's own working directory: empty, owned by the uid it runs as, closed to everyone else."""

@@ -26,6 +26,10 @@ PROBES = (
 )
 
 SCRIPT = r"""
+# Where it runs, and what it may use (the positive controls the test checks beside the probes).
+echo "RUNTIME ${container:-host} uid=$(id -u)"
+echo "GPU NODES $(ls /dev | grep -c '^nvidia[0-9]')"
+if [ -n "$A_OWN_GPU" ] && (exec 3<"$A_OWN_GPU") 2>/dev/null; then echo "OWN GPU OPENS"; fi
 probe() {
   name=$1; shift
   if out=$("$@" 2>&1); then
@@ -41,7 +45,8 @@ else
 fi
 probe read-node-credential cat "$A_TOKEN_FILE"
 probe read-agent-environment cat "/proc/$A_AGENT_PID/environ"
-probe list-agent-state-dir ls "$A_STATE_DIR"
+# A listing that names the agent's own files (not the skeleton of paths a private /tmp re-creates).
+probe list-agent-state-dir sh -c "ls -a '$A_STATE_DIR' | grep -E 'agent-state|outbox|tasks|lease|token'"
 probe read-agent-state-file cat "$A_STATE_DIR/agent-state.json"
 probe read-victim-environment cat "/proc/$A_VICTIM_PID/environ"
 probe read-victim-output cat "$A_VICTIM_OUTPUT"
@@ -69,4 +74,8 @@ def breaches(output: str) -> list[str]:
     """The probes that got through, or that printed no verdict at all (a probe that never ran proves
     nothing)."""
     found = verdicts(output)
-    return [found.get(name, f"NO VERDICT {name}") for name in PROBES if not found.get(name, "").startswith("BLOCKED")]
+    return [
+        found.get(name, f"NO VERDICT {name}")
+        for name in PROBES
+        if not found.get(name, "").startswith("BLOCKED")
+    ]

@@ -8,7 +8,7 @@ the victim's GPU device. Two more runs go past their own limits: host memory (ki
 why in words) and processes (the fork fails; the host stays usable).
 
 The agents here run as root (CI does), so process runs take their tenant's uid; the container variant
-runs the same script in the test image through podman.
+runs the same script in the test image (scripts/test-image) through podman, given its GPU by CDI.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.e2e.test_plane_and_agents import H100_NODE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
+TEST_IMAGE = "localhost/whalegen-test/busybox:1"
 VICTIM_SECRET = "hf_victim_secret_7f3a"
 VICTIM_LINE = "victim-output-line-91c2"
 
@@ -54,17 +55,23 @@ def _gpu_device_node(gpu_uuid: str) -> str:
     """The host device node the simulated host's CDI spec gives `gpu_uuid`."""
     registry = cdi.load_registry()
     for spec in registry.specs:
-        if gpu_uuid in spec.devices and spec.devices[gpu_uuid]:
+        if spec.devices.get(gpu_uuid):
             return spec.devices[gpu_uuid][0]
     raise AssertionError(f"no CDI device for {gpu_uuid} in {[s.source for s in registry.specs]}")
 
 
-@pytest.fixture
-def node(fleet: Any, agents: Any) -> Any:
+@pytest.fixture(params=["process", "container"])
+def node(request: Any, fleet: Any, agents: Any) -> Any:
+    """gpu-001's agent, and the runtime the tasks of this test run in (both tenants' tasks)."""
     agent = agents(token=fleet.token_a, node_name="gpu-001", gpus=H100_NODE)
     agent.start()
     wait_for(lambda: fleet.node.gpus.filter(uuid__startswith="GPU-").count() == 2, what="registration")
     fleet.agent = agent
+    fleet.runtime = request.param
+    for task in (fleet.task_a, fleet.task_b):
+        task.runtime = request.param
+        task.image = TEST_IMAGE if request.param == "container" else ""
+        task.save(update_fields=["runtime", "image"])
     return fleet
 
 
@@ -87,7 +94,8 @@ def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fail
     agent = node.agent
     victim = _run_victim(node)
     victim_pid = _command_pid(agent, victim.pk)
-    assert os.stat(f"/proc/{victim_pid}").st_uid >= 200_000, "the victim runs as its tenant's uid"
+    if node.runtime == "process":
+        assert os.stat(f"/proc/{victim_pid}").st_uid >= 200_000, "the victim runs as its tenant's uid"
     attacker = node.task_a
     attacker.command = ["sh", "-c", SCRIPT]
     attacker.env = {
@@ -98,12 +106,19 @@ def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fail
         "A_VICTIM_OUTPUT": str(agent.state_dir / "tasks" / str(victim.pk) / "output"),
         "A_VICTIM_RUN_DIR": str(agent.state_dir / "runs" / str(victim.pk)),
         "A_OTHER_GPU": _gpu_device_node(node.node.gpus.get(index=0).uuid),
+        # A process run opens its own GPU's host node; in a container the host path means nothing.
+        "A_OWN_GPU": _gpu_device_node(node.node.gpus.get(index=1).uuid) if node.runtime == "process" else "",
     }
     attacker.save(update_fields=["command", "env"])
     assign(attacker, node.node, [node.whole_unit])
     wait_for(lambda: _state(attacker, "succeeded", "failed"), timeout_s=60, what="the attack to end")
     output = agent.task_output(attacker.pk)
     assert "ATTACK DONE" in output, output
+    if node.runtime == "container":
+        # In podman's container, as the tenant's uid, with exactly one GPU device node: its own.
+        assert "RUNTIME podman uid=200" in output and "GPU NODES 1" in output, output
+    else:
+        assert "RUNTIME host uid=200" in output and "OWN GPU OPENS" in output, output
     assert set(verdicts(output)) == set(PROBES), output
     assert breaches(output) == [], output
     assert VICTIM_SECRET not in output
