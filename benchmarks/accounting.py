@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = str(os.getpid())
     print(f"building {args.assignments:,} finished assignments over 90 days …", flush=True)
     with transaction.atomic():
-        pool = pool_create(name=f"bench-acct-{suffix}")
+        pool = pool_create(name=f"bench-acct-{suffix}", runtime="process")
         tenant = tenant_create(slug=f"bench-acct-{suffix}", name="accounting benchmark")
         quota = quota_set(tenant=tenant, pool=pool, guaranteed_milli=8000)
         queue = queue_create(tenant=tenant, pool=pool, name="q")

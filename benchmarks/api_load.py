@@ -66,7 +66,7 @@ def _prepare_database(env: dict[str, str], code: Path) -> str:
         "tenant = tenant_create(slug='bench', name='Bench')\n"
         "user = get_user_model().objects.create_user(username='ci')\n"
         "membership_set(user=user, tenant=tenant, role=Membership.Role.MEMBER)\n"
-        "pool = pool_create(name='h100-bench')\n"
+        "pool = pool_create(name='h100-bench', runtime='process')\n"
         "node, _ = node_register(cluster=cluster_create(name='c', region='r'), pool=pool, name='n1',"
         " cpu_milli=96000, mem_mib=1048576)\n"
         "[gpu_add(node=node, index=i, model='H100-80GB') for i in range(8)]\n"

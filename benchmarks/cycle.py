@@ -71,7 +71,7 @@ def _build(args: argparse.Namespace, tag: str) -> dict[str, Any]:
     node_specs = [trace_nodes[i % len(trace_nodes)] for i in range(args.nodes)]
     unit_milli = 1000 // args.shares
 
-    pool = Pool.objects.create(name=f"bench-{tag}")
+    pool = Pool.objects.create(name=f"bench-{tag}", runtime=Pool.Runtime.PROCESS)
     clusters = [Cluster.objects.create(name=f"bench-{tag}-{side}") for side in ("east", "west")]
     nodes = Node.objects.bulk_create(
         [

@@ -39,7 +39,7 @@ def fleet(count: int, gpus: int) -> list[tuple[str, Any]]:
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
 
     cluster = Cluster.objects.filter(name="bench-1").first() or cluster_create(name="bench-1", region="lab")
-    pool = Pool.objects.filter(name="bench").first() or pool_create(name="bench")
+    pool = Pool.objects.filter(name="bench").first() or pool_create(name="bench", runtime="process")
     nodes = []
     for n in range(count):
         node = Node.objects.filter(name=f"b{n:05d}").first()

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. Scratch fleet: one GPU per pod (8 per node), one running task per pod.
     started = time.perf_counter()
     tenant = tenant_create(slug=tag, name=tag)
-    pool = pool_create(name=tag)
+    pool = pool_create(name=tag, runtime="process")
     cluster = cluster_create(name=tag)
     queue = queue_create(tenant=tenant, pool=pool, name="serve")
     gpu_of: dict[str, Gpu] = {}

@@ -117,7 +117,7 @@ def plane(live_server: Any, agents: Any, cycle_pump: CyclePump, settings: Any) -
     membership_set(user=alice, tenant=vision, role=Membership.Role.MEMBER)
     membership_set(user=bob, tenant=speech, role=Membership.Role.MEMBER)
     eu, us = cluster_create(name="eu-1", region="eu-west"), cluster_create(name="us-1", region="us-east")
-    train, infer = pool_create(name="train"), pool_create(name="infer")
+    train, infer = pool_create(name="train", runtime="process"), pool_create(name="infer", runtime="process")
 
     nodes: dict[str, Any] = {}
     specs: dict[str, list[dict[str, Any]]] = {}

@@ -51,7 +51,7 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     settings.WHALEGEN_AGENT_HEARTBEAT_S = 1.0
     settings.WHALEGEN_TELEMETRY_SAMPLE_S = 1.0  # a sample per heartbeat: a few seconds of run classify a key
     tenant = tenant_create(slug="llm", name="LLM")
-    pool = pool_create(name="mixed")
+    pool = pool_create(name="mixed", runtime="process")
     cluster = cluster_create(name="eu-1")
     nodes = {}
     for name, model, sku in (("h200-01", "H200-141GB", "h200-141gb"), ("l40s-01", "L40S", "l40s")):

@@ -28,7 +28,7 @@ def test_a_two_gpu_whole_task_beside_an_idle_mig_gpu_starts_within_two_cycles(
 
     settings.WHALEGEN_AGENT_HEARTBEAT_S = 1.0
     speech = tenant_create(slug="speech", name="Speech")
-    pool = pool_create(name="h100-train")
+    pool = pool_create(name="h100-train", runtime="process")
     node, _ = node_register(
         cluster=cluster_create(name="us-1"), pool=pool, name="h100-01", cpu_milli=64_000, mem_mib=524_288
     )

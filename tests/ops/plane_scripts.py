@@ -27,7 +27,7 @@ def seed() -> dict[str, Any]:
     user = get_user_model().objects.create_user(username="ops-runner", password=None)
     membership_set(user=user, tenant=tenant, role=Membership.Role.MEMBER)
     cluster = cluster_create(name="ops-1", region="lab")
-    pool = pool_create(name="ops")
+    pool = pool_create(name="ops", runtime="process")
     nodes = {}
     for name, models in NODES.items():
         node, _ = node_register(cluster=cluster, pool=pool, name=name, cpu_milli=64_000, mem_mib=262_144)
