@@ -109,7 +109,8 @@ def stack() -> Iterator[Any]:
     each scenario leaves it whole again (processes restarted, nodes back)."""
     from tests.faults.harness import Stack
 
-    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-stack-"))
+    # Outside /tmp, as `fault_dir`: the runs record their executions here and each has a /tmp of its own.
+    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-stack-", dir="/var/tmp"))
     path.chmod(0o755)
     made = Stack(path)
     try:

@@ -21,6 +21,7 @@ def seed() -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
     from apps.fleet.services import node_token_issue
+    from apps.inventory.models import Pool
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.tenants.models import Membership
     from apps.tenants.services import membership_set, tenant_create, token_create
@@ -30,7 +31,7 @@ def seed() -> dict[str, Any]:
     user = get_user_model().objects.create_user(username="fault-runner", password=None)
     membership_set(user=user, tenant=tenant, role=Membership.Role.MEMBER)
     cluster = cluster_create(name="f-1", region="lab")
-    pool = pool_create(name="faults")
+    pool = pool_create(name="faults", runtime=Pool.Runtime.PROCESS)  # tasks are host commands
     nodes = {}
     for name in NODES:
         node, _ = node_register(cluster=cluster, pool=pool, name=name, cpu_milli=64_000, mem_mib=262_144)
@@ -54,10 +55,11 @@ def seed() -> dict[str, Any]:
 def seed_fleet(count: int, gpus: int) -> dict[str, Any]:
     """`count` nodes of `gpus` L40S each in one pool, with agent tokens (the heartbeat benchmark's fleet)."""
     from apps.fleet.services import node_token_issue
+    from apps.inventory.models import Pool
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
 
     cluster = cluster_create(name="bench-1", region="lab")
-    pool = pool_create(name="bench")
+    pool = pool_create(name="bench", runtime=Pool.Runtime.PROCESS)
     tokens = {}
     for n in range(count):
         node, _ = node_register(
