@@ -45,12 +45,14 @@ _NODE_GPUS_SQL = f'SELECT * FROM {Gpu._meta.db_table} WHERE node_id = %s ORDER B
 
 
 def node_gpus(*, node: Node) -> list[Gpu]:
-    """The node's GPUs in index order; the compute units of those in MIG mode prefetched (a MIG layout
-    lists its instances; the other modes' layouts need no unit), so a node without MIG costs one query."""
+    """The node's GPUs in index order; the compute units of those in MIG and MPS mode prefetched (a MIG
+    layout lists its instances, an MPS layout's daemon defaults are its share; whole GPUs and time
+    slices need no unit), so a node of whole GPUs costs one query."""
     # Raw SQL: the query is fixed, and compiling it through the ORM cost more than running it (every
     # heartbeat and every long-poll check reads it).
     gpus = list(Gpu.objects.raw(_NODE_GPUS_SQL, [node.pk]))
-    prefetch_related_objects([gpu for gpu in gpus if gpu.partition_mode == Gpu.PartitionMode.MIG], "units")
+    carved = (Gpu.PartitionMode.MIG, Gpu.PartitionMode.MPS)
+    prefetch_related_objects([gpu for gpu in gpus if gpu.partition_mode in carved], "units")
     return gpus
 
 
@@ -73,8 +75,23 @@ def _layout(gpu: Gpu) -> p.GpuLayout:
         )
         return p.GpuLayout(gpu_uuid=gpu.uuid, mode=mode, instances=instances)
     if mode is p.PartitionMode.MPS:
-        return p.GpuLayout(gpu_uuid=gpu.uuid, mode=mode, mps=p.MpsSpec())
+        return p.GpuLayout(gpu_uuid=gpu.uuid, mode=mode, mps=_mps_defaults(gpu))
     return p.GpuLayout(gpu_uuid=gpu.uuid, mode=mode)
+
+
+def _mps_defaults(gpu: Gpu) -> p.MpsSpec:
+    """The MPS daemon's defaults on an MPS GPU: its largest share (shares are cut equal, so: the share).
+    A client's environment can only lower what its server allows (reference §6.3), so with the server's
+    default at the unit's share a task that drops its own limits from its environment still gets no
+    more than its unit (docs/isolation.md)."""
+    shares = [u for u in gpu.units.all() if u.kind == ComputeUnit.Kind.MPS]
+    if not shares:
+        return p.MpsSpec()
+    pcts = [u.mps_thread_pct for u in shares if u.mps_thread_pct]
+    mems = [u.mem_mib for u in shares if u.mem_mib]
+    return p.MpsSpec(
+        default_thread_pct=max(pcts) if pcts else 100, default_pinned_mem_mib=max(mems) if mems else None
+    )
 
 
 def _unit(unit: ComputeUnit) -> p.ComputeUnit:

@@ -116,3 +116,21 @@ def test_register_sends_a_lease_that_ends_before_the_node_is_lost(
     answer = p.Registered.from_dict(register(agent_client(fleet.token_a)).json())
     assert answer.lease_s == lease
     assert answer.lease_s >= 2 * interval
+
+
+def test_an_mps_gpus_daemon_defaults_are_its_share_so_a_task_cannot_raise_its_limits(
+    fleet: Any, agent_client: Any
+) -> None:
+    from apps.inventory.models import Gpu
+    from apps.inventory.services import gpu_add
+
+    gpu = gpu_add(
+        node=fleet.node, index=2, model="H100-80GB", partition_mode=Gpu.PartitionMode.MPS, mps_shares=4
+    )
+    client = agent_client(fleet.token_a)
+    assert register(client, version=p.PROTOCOL_VERSION).status_code == 200
+    layouts = {layout.gpu_uuid: layout for layout in p.DesiredState.from_dict(desired(client).json()).gpus}
+    # A client's environment can only lower its server's limits: the server's default is the share itself.
+    share = layouts[gpu.uuid].mps
+    assert share is not None
+    assert (share.default_thread_pct, share.default_pinned_mem_mib) == (25, gpu.units.first().mem_mib)
