@@ -723,15 +723,80 @@ def _requeue(task: Task, *, via: str, actor: str, reason: str) -> None:
             )
 
 
-def _late_result_stands(*, node: Node, task: Task, attempt: int) -> bool:
+def _late_result_stands(*, node: Node, task: Task, report: p.TaskReport, attempt: int) -> bool:
     """Whether the end of a run the plane gave up on becomes the task's result (docs/fleet.md, "Late
-    results"): the run is the attempt just before the task's current one, the task was requeued from
-    this node and is still pending (no later attempt was placed), and it is in no gang (a gang's ranks
-    run together; one rank's result cannot stand for a gang that was requeued whole)."""
-    if task.state != Task.State.PENDING or task.gang_id or attempt != task.attempts - 1:
+    results"; docs/faults.md, "A run that finished before the plane requeued it"). Always: the run is the
+    attempt just before the task's current one, the task was last requeued from this node, and it is in
+    no gang (a gang's ranks run together; one rank's result cannot stand for a gang requeued whole).
+
+    Then either the task is still pending (nothing has taken the run's place), or the requeued attempt is
+    placed (assigned, or running: the duplicate) and the run finished by itself — succeeded, or failed
+    with an exit code — before the plane requeued it: its result was complete when the plane gave up on
+    it, so the attempt placed since only repeats work already done. A task `admitted` is not taken over:
+    the cycle admits and assigns in one transaction, so a report never sees that state committed.
+    """
+    if task.gang_id or attempt != task.attempts - 1:
         return False
-    latest = Assignment.objects.filter(task=task).order_by("-pk").values_list("node_id", flat=True).first()
-    return latest == node.pk
+    # The latest released assignment is the attempt the plane requeued (a requeue releases the
+    # assignment and counts the attempt in one transaction; a final state would have ended the task).
+    requeued = (
+        Assignment.objects.filter(task=task, released_at__isnull=False)
+        .order_by("-pk")
+        .values_list("node_id", "released_at")
+        .first()
+    )
+    if requeued is None or requeued[0] != node.pk:
+        return False
+    if task.state == Task.State.PENDING:
+        return True
+    if task.state not in LIVE_TASK_STATES:
+        return False
+    if report.state is p.TaskState.FAILED and report.exit_code is None:
+        return False  # stopped, killed or never started: not a result of its own
+    return _finished_before(node=node, finished_at_s=report.finished_at_s, moment=requeued[1])
+
+
+def _finished_before(*, node: Node, finished_at_s: float | None, moment: datetime) -> bool:
+    """Whether a run that ended at `finished_at_s` (the agent's clock) ended before `moment` (the
+    plane's). The agent's clock is moved onto the plane's by the node's recorded offset, the lowest
+    receive-minus-send a heartbeat showed: that includes the quickest delivery, so it errs towards
+    "later", never towards taking a result that came after. No time given (0 or None): unknown, not
+    before."""
+    if not finished_at_s:
+        return False
+    offset_s = NodeAgent.objects.filter(node=node).values_list("clock_offset_s", flat=True).first()
+    return datetime.fromtimestamp(finished_at_s + (offset_s or 0.0), tz=UTC) < moment
+
+
+def _late_result_apply(*, node: Node, task: Task, report: p.TaskReport, attempt: int) -> bool:
+    """End the task with the late result if it stands (`_late_result_stands`). Returns whether it did.
+
+    Compare-and-set: the decision is made on the task as read, and the move applies only if the task is
+    still in that state and version. A concurrent writer (a cycle placing the requeued attempt, the
+    other node reporting it running or ended) moves it first: the decision is taken once more on the
+    task as it is now, so a placement that lands meanwhile is withdrawn instead of double-booked, and a
+    task that ended meanwhile keeps its end.
+    """
+    what = report.reason or report.state.value
+    to_state = Task.State.SUCCEEDED if report.state is p.TaskState.SUCCEEDED else Task.State.FAILED
+    for _ in range(2):
+        if not _late_result_stands(node=node, task=task, report=report, attempt=attempt):
+            return False
+        reason = f"attempt {attempt} ended on {node.name} after the plane had requeued it"
+        if task.state == Task.State.PENDING:
+            reason += f", and nothing had taken its place: {what}"
+        else:
+            # Ending the task releases the new attempt's assignment: its node no longer lists it (not
+            # started yet: withdrawn) or lists it as `stop` (started: the duplicate is stopped).
+            reason += (
+                f", having finished before the requeue: {what}; attempt {task.attempts} "
+                f"({task.state}) is withdrawn"
+            )
+        if report.exit_code is not None:
+            reason += f" (exit code {report.exit_code})"
+        if _move(task, to_state, actor=f"agent:{node.name}", reason=reason, exit_code=report.exit_code):
+            return True
+    return False
 
 
 def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bool, attempt: int) -> None:
@@ -743,15 +808,7 @@ def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bo
             _move(task, Task.State.RUNNING, actor=actor, reason=f"{what} (pid {report.pid}{where})")
         return
     if report.state in (p.TaskState.SUCCEEDED, p.TaskState.FAILED):
-        if not live and _late_result_stands(node=node, task=task, attempt=attempt):
-            to_state = Task.State.SUCCEEDED if report.state is p.TaskState.SUCCEEDED else Task.State.FAILED
-            reason = (
-                f"attempt {attempt} ended on {node.name} after the plane had requeued it, and nothing "
-                f"had taken its place: {what}"
-            )
-            if report.exit_code is not None:
-                reason += f" (exit code {report.exit_code})"
-            _move(task, to_state, actor=actor, reason=reason, exit_code=report.exit_code)
+        if not live and _late_result_apply(node=node, task=task, report=report, attempt=attempt):
             return
         if not live or task.state not in LIVE_TASK_STATES:
             return

@@ -3,7 +3,8 @@
     pending → admitted → assigned → running → succeeded | failed | cancelled
     preempted and lost return the task to pending, with its attempt count raised (or end it as failed:
     a gang member whose gang can never be whole again, or a task out of attempts). A requeued task that
-    nothing has placed again ends with the late result of the run it was requeued from.
+    nothing has placed again ends with the late result of the run it was requeued from; so does one
+    placed again (assigned or running) when that run had finished before the plane requeued it.
 
 `task_transition` (services.py) is the only writer of `Task.state`; it asks `check_transition` first.
 """
@@ -23,7 +24,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.ADMITTED, S.CANCELLED, S.SUCCEEDED, S.FAILED}),
     # Admission can be undone by preemption (an owner reclaims borrowed quota) before placement.
     S.ADMITTED: frozenset({S.ASSIGNED, S.PREEMPTED, S.CANCELLED}),
-    S.ASSIGNED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
+    # An assigned task may end with the result of the attempt before it, which had finished before the
+    # plane requeued it (docs/faults.md, "A run that finished before the plane requeued it").
+    S.ASSIGNED: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
     # A preempted or lost task is on its way back to pending; cancelling it then must still work. A gang
     # member fails there instead when a sibling has already ended: the gang can never be placed whole
