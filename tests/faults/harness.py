@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Any
 import psycopg
 import requests
 
-from agents.runner import find_launchers
+from agents.runner import RUN_PLANE, FoundLauncher, find_launchers
 from tests.e2e.conftest import AgentProcess
 from tests.faults.conftest import ROOT, Worker
 from tests.faults.services import PostgresServer, RedisServer
@@ -45,13 +46,14 @@ FINAL = {"succeeded", "failed", "cancelled"}
 WEB_PORT = int(os.environ.get("WHALEGEN_FAULTS_WEB_PORT", "18600"))
 HEARTBEAT_S = 2.0
 LOST_HEARTBEATS = 10  # lost after 20 s of silence: the loaded shared 2-core machine stalls agents 8 s+
-# The task: record the execution (who, which attempt, when), sleep, record its end.
+# The task: record the execution (who, which attempt, when), sleep, record its end. A second argument is
+# how long later attempts sleep (a requeued attempt that must still be running when a scenario looks).
 RECORDING = (
     "import os, sys, time, json\n"
     "node, task, attempt = os.environ['WHALEGEN_RUN'].rsplit('/', 2)\n"
     "base = os.path.join(os.environ['RECORD_DIR'], f'{task}.{attempt}.{os.getpid()}')\n"
     "open(base + '.start', 'w').write(json.dumps({'node': node, 'at': time.time()}))\n"
-    "time.sleep(float(sys.argv[1]))\n"
+    "time.sleep(float(sys.argv[2] if attempt != '0' and len(sys.argv) > 2 else sys.argv[1]))\n"
     "open(base + '.end', 'w').write(json.dumps({'node': node, 'at': time.time()}))\n"
 )
 
@@ -72,6 +74,37 @@ class Counts:
 
     def summary(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in self.__dataclass_fields__}
+
+
+@dataclass
+class FencedRun:
+    """One run of a node whose agent died: how its launcher ended it, from its exit file."""
+
+    task_id: int
+    attempt: int
+    fenced: bool  # the exit file says the launcher stopped it when the lease ran out
+    stopped_at: float  # when the launcher wrote its exit file (the run had ended by then)
+
+
+@dataclass
+class FenceFigures:
+    """The fence at work on one node whose agent was killed (wall clock, seconds since the epoch)."""
+
+    runs: list[FencedRun]
+    lease_until: float  # what the dead agent's lease file said
+    last_heartbeat_at: float  # the plane's last heartbeat from the node
+    lost_at: float  # the first requeue of the node's work (its tasks' `lost` events)
+
+    def summary(self) -> dict[str, float | int]:
+        stops = [run.stopped_at for run in self.runs]
+        return {
+            "runs": len(self.runs),
+            "fenced": sum(run.fenced for run in self.runs),
+            "heartbeat_to_lease_end_s": round(self.lease_until - self.last_heartbeat_at, 2),
+            "heartbeat_to_fence_s": round(max(stops) - self.last_heartbeat_at, 2) if stops else -1,
+            "heartbeat_to_requeue_s": round(self.lost_at - self.last_heartbeat_at, 2),
+            "fence_before_requeue_s": round(self.lost_at - max(stops), 2) if stops else -1,
+        }
 
 
 class Stack:
@@ -99,6 +132,9 @@ class Stack:
         self.agents: dict[str, AgentProcess] = {}
         self.world: dict[str, Any] = {}
         self._worker_count = 0
+        self._gone: dict[int, float] = {}  # pid of an execution cut short → when the watcher saw it gone
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_runs, name="run-watcher", daemon=True)
 
     # ---- start and stop -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,8 +167,10 @@ class Stack:
             lambda: self._nodes_heard() == len(self.agents), 90, "every agent to register and heartbeat"
         )
         self.workers[0].wait_ready(timeout_s=240)
+        self._watcher.start()
 
     def stop(self) -> None:
+        self._stopping.set()
         for agent in self.agents.values():
             agent.cleanup()
         with contextlib.suppress(Exception):
@@ -210,14 +248,16 @@ class Stack:
         ])  # fmt: skip
 
     # ---- work ----------------------------------------------------------------------------------------
-    def submit(self, count: int, *, sleep_s: float = 3.0) -> list[int]:
+    def submit(self, count: int, *, sleep_s: float = 3.0, retry_sleep_s: float | None = None) -> list[int]:
+        """`count` recording tasks sleeping `sleep_s` (later attempts: `retry_sleep_s`, default the same)."""
         ids = []
         for n in range(count):
+            sleeps = [str(sleep_s)] + ([str(retry_sleep_s)] if retry_sleep_s is not None else [])
             body = {
                 "queue": "work",
                 "name": f"fault-{n}",
                 "gpu_count": 1,
-                "command": ["python3", "-c", RECORDING, str(sleep_s)],
+                "command": ["python3", "-c", RECORDING, *sleeps],
                 "env": {"RECORD_DIR": str(self.records)},
                 "max_runtime_s": 300,
                 "cpu_milli": 1000,
@@ -297,10 +337,58 @@ class Stack:
     def kill_host(self, name: str) -> None:
         """The host dies: its agent and every run it started are killed at once (SIGKILL, no word)."""
         self.agents[name].kill()
-        for launcher in find_launchers():
-            if launcher.marker[0] == name:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(launcher.pid, signal.SIGKILL)
+        for launcher in self.launchers(name):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(launcher.pid, signal.SIGKILL)
+
+    def kill_agent_and_watch_the_fence(self, name: str, *, timeout_s: float = 90) -> FenceFigures:
+        """kill -9 the agent of `name`, leaving its runs, and watch them until the plane has requeued
+        their tasks: when each launcher wrote its exit file and whether it says `fenced`. Read before the
+        agent comes back (it removes a finished run's directory once it has reported it)."""
+        found = {launcher.pid: launcher for launcher in self.launchers(name)}
+        assert found, f"no run on {name} to fence"
+        lease_file = self.agents[name].state_dir / "lease"
+        self.agents[name].kill()
+        lease_until = float(lease_file.read_text())
+        task_ids = sorted({int(launcher.marker[1]) for launcher in found.values()})
+        runs: dict[int, FencedRun] = {}
+
+        def requeued() -> float | None:
+            for pid, launcher in found.items():
+                exit_file = Path(launcher.exit_file)
+                if pid not in runs and exit_file.exists():
+                    record = json.loads(exit_file.read_text())
+                    runs[pid] = FencedRun(int(launcher.marker[1]), launcher.marker[2],
+                                          bool(record.get("fenced")), exit_file.stat().st_mtime)  # fmt: skip
+            rows = self.sql(
+                "SELECT min(created_at) FROM workloads_taskevent WHERE task_id = ANY(%s) "
+                "AND to_state = 'lost'",
+                task_ids,
+            )
+            at = rows[0][0] if rows else None
+            return at.timestamp() if at is not None else None
+
+        lost_at = self.wait(requeued, timeout_s, f"the plane to requeue {name}'s tasks {task_ids}")
+        requeued()  # one last look at the exit files, for a run that ended at the same instant
+        heartbeat = self.sql("SELECT last_heartbeat_at FROM inventory_node WHERE name = %s", name)[0][0]
+        return FenceFigures(
+            runs=[
+                runs.get(pid) or FencedRun(int(la.marker[1]), la.marker[2], False, float("inf"))
+                for pid, la in found.items()
+            ],
+            lease_until=lease_until,
+            last_heartbeat_at=heartbeat.timestamp(),
+            lost_at=lost_at,
+        )
+
+    def launchers(self, name: str) -> list[FoundLauncher]:
+        """The live launchers of node `name` of this stack's plane (another suite's stack on this host
+        may have a node of the same name: its runs are its own)."""
+        return [
+            launcher
+            for launcher in find_launchers()
+            if launcher.marker[0] == name and launcher.env.get(RUN_PLANE, "").rstrip("/") == self.url
+        ]
 
     # ---- the checker ---------------------------------------------------------------------------------
     def check(self, ids: list[int], *, timeout_s: float = 120) -> Counts:
@@ -321,22 +409,67 @@ class Stack:
                 counts.stuck.append(f"task {pk} still {task['state']} (attempts {task['attempts']})")
         runs = self._runs()
         now = time.time()
+        by_task: dict[int, list[tuple[float, float | None, int, int]]] = {}
         for (task_id, attempt), executions in runs.items():
-            # Sweep by start: an execution starting before the latest end so far overlaps that one.
-            latest_end, latest_pid = float("-inf"), 0
-            for began, ended, pid in sorted(executions):
+            by_task.setdefault(task_id, []).extend((b, e, attempt, pid) for b, e, pid in executions)
+        for task_id, executions in by_task.items():
+            # A task runs once at a time, whichever attempt (an old attempt still going while the plane
+            # runs the next elsewhere is the double execution the fence prevents). Sweep by start: an
+            # execution starting before the latest end so far overlaps that one; one without an end
+            # (cut short: stopped, fenced, killed) counts as going on until its process is gone.
+            latest_end, latest = float("-inf"), (0, 0)
+            for began, ended, attempt, pid in sorted(executions):
                 if began < latest_end:
-                    counts.done_twice.append(f"task {task_id} attempt {attempt}: pids {latest_pid} and {pid}")
-                if (ended if ended is not None else now) > latest_end:
-                    latest_end, latest_pid = (ended if ended is not None else now), pid
-        for (task_id, attempt), executions in runs.items():
-            later = [s for (t, a), ex in runs.items() if t == task_id and a > attempt for s, _, _ in ex]
-            for _start, end, pid in executions:
-                if end is not None and any(s > end for s in later):
+                    counts.done_twice.append(
+                        f"task {task_id}: attempt {latest[0]} (pid {latest[1]}) and attempt {attempt} "
+                        f"(pid {pid}) at once"
+                    )
+                until = ended if ended is not None else self.gone_at(pid, began, now)
+                if until > latest_end:
+                    latest_end, latest = until, (attempt, pid)
+            # A finished execution's result is thrown away when the work ran to its end again after it,
+            # or the task did not end with it (the recording command always exits 0). A later execution
+            # cut short (the duplicate the plane stopped once the earlier result stood) discards nothing.
+            state = tasks.get(str(task_id), {}).get("state")
+            for _began, ended, attempt, pid in executions:
+                if ended is None:
+                    continue
+                again = [e for b, e, a, _ in executions if a > attempt and b > ended and e is not None]
+                if again or state not in (None, "succeeded"):
                     counts.discarded.append(
-                        f"task {task_id} attempt {attempt} (pid {pid}) finished, then ran again"
+                        f"task {task_id} attempt {attempt} (pid {pid}) finished, then "
+                        + ("ran to its end again" if again else f"the task ended {state}")
                     )
         return counts
+
+    def gone_at(self, pid: int, began: float, now: float) -> float:
+        """When an execution without an end stopped, as the run watcher saw it go; `now` while it lives.
+        One it never saw alive (gone within a look) stopped about when it began."""
+        if pid in self._gone:
+            return self._gone[pid]
+        return now if self._alive(pid) else began
+
+    # ---- the run watcher: when each execution cut short stopped -------------------------------------
+    def _watch_runs(self) -> None:
+        """Every 0.2 s, note the time each recorded execution without an end is found gone (stopped by
+        the agent, the fence or a kill): the checker needs when a run cut short stopped, which the run
+        itself cannot record (SIGKILL)."""
+        while not self._stopping.wait(0.2):
+            now = time.time()
+            for start in list(self.records.glob("*.start")):
+                pid = int(start.stem.split(".")[2])
+                if pid not in self._gone and not start.with_suffix(".end").exists() and not self._alive(pid):
+                    self._gone[pid] = now
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        """Whether `pid` is still a recording execution (not gone, not a zombie, not a reused pid)."""
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, IndexError):
+            return False
+        return state != "Z" and b"RECORD_DIR=" in environ
 
     def running_on(self, node: str) -> list[str]:
         """The executions recorded on `node` that have not ended (their `.start` file names)."""

@@ -4,12 +4,13 @@ units, 0 over-quota charges, 0 lost or stuck tasks, 0 repeated executions and 0 
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
 import pytest
 
-from tests.faults.harness import HEARTBEAT_S, LOST_HEARTBEATS, Stack
+from tests.faults.harness import FINAL, HEARTBEAT_S, LOST_HEARTBEATS, Stack
 
 pytestmark = pytest.mark.faults
 
@@ -70,13 +71,30 @@ def test_agent_restarted_without_its_state_dir(stack: Stack) -> None:
 
 
 def test_agent_killed_and_back_after_the_loss_threshold(stack: Stack) -> None:
-    ids = stack.submit(4, sleep_s=8.0)
-    stack.wait_running(ids, at_least=3)
-    stack.agents["n3"].kill()
-    stack.wait(lambda: stack.node_state("n3") == "lost", 60, "n3 to be lost")
-    stack.agents["n3"].start()
-    stack.wait(lambda: stack.node_state("n3") == "ready", 60, "n3 to be back")
-    stack.assert_clean(ids)
+    """Issue 37 item 5: n3's agent is killed while its runs go on (each launcher is its own session) and
+    stays away past the loss threshold. Its runs sleep 40 s, far past the threshold: without the fence
+    they would still run while the plane runs their next attempts elsewhere. With it, each launcher stops
+    its run once the lease the agent last renewed runs out, before the plane declares n3 lost."""
+    ids = stack.submit(6, sleep_s=40.0, retry_sleep_s=2.0)
+    stack.wait_running(ids, at_least=6)
+    stack.wait(lambda: stack.launchers("n3"), 60, "a run on n3")
+    fence = stack.kill_agent_and_watch_the_fence("n3")
+    on_n3 = sorted({run.task_id for run in fence.runs})
+    try:
+        # Away long enough for the plane to run the work elsewhere (its next attempts run 2 s).
+        stack.wait(lambda: all(state in FINAL for state in stack.states(on_n3).values()), 120,
+                   f"n3's tasks {on_n3} to finish elsewhere")  # fmt: skip
+    finally:
+        stack.agents["n3"].start()
+        stack.wait(lambda: stack.node_state("n3") == "ready", 60, "n3 to be back")
+    counts = stack.check(ids)
+    figures = {**fence.summary(), "overlaps": len(counts.done_twice), "discarded": len(counts.discarded)}
+    print(f"\nlost-agent figures: {json.dumps(figures)}")
+    assert counts.clean(), f"{counts.summary()}\n{json.dumps(counts.__dict__, indent=1)[:4000]}"
+    assert all(run.fenced for run in fence.runs), fence.runs
+    # Stopped on the node before the plane called it lost, and before its lease said (plus the stop).
+    assert all(run.stopped_at < fence.lost_at for run in fence.runs), figures
+    assert all(run.stopped_at < fence.lease_until + 3.0 for run in fence.runs), figures
 
 
 def test_late_and_duplicate_reports(stack: Stack) -> None:
