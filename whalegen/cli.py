@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from whalegen.commands._errors import CliError
+
 # What a shell reports for a process that SIGPIPE ended (128 + 13), as `yes | head` shows for `yes`.
 EXIT_BROKEN_PIPE = 141
 
@@ -71,7 +73,10 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(prog=f"whalegen {name}", description=help_text)
     module.add_arguments(parser)
     parsed = parser.parse_args(rest)
-    return int(module.run(parsed) or 0)
+    try:
+        return int(module.run(parsed) or 0)
+    except CliError as exc:  # one line and its exit status (docs/ci.md), never a traceback
+        return exc.report()
 
 
 if __name__ == "__main__":

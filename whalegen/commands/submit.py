@@ -7,7 +7,11 @@ new why-pending reason) on stdout, and streams the task's output as it arrives: 
 its stderr to stderr (`--quiet`: state changes only). A failed task's reason follows on stderr. It
 exits with the task's own exit code: 0 when it succeeded, the command's exit code when it failed with
 one (1 when it failed without one, or was cancelled), 124 when `--timeout` ran out first. With several
-tasks: the first non-zero of those, in submission order.
+tasks: the first non-zero of those, in submission order. A refusal, an unreachable plane or a token the
+plane does not accept each has its own exit status (whalegen.commands._http; docs/ci.md).
+
+`command` items and `env` values are text; a YAML number or boolean there (`[train, --epochs, 3]`) is
+sent as the text the user typed ("3"), with a note on stderr.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from typing import Any
 import requests
 import yaml
 
-from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
+from whalegen.commands._errors import EXIT_INVALID, EXIT_TASK_FAILED, EXIT_TIMEOUT, CliError
+from whalegen.commands._http import ApiError, Client, Unreachable, add_connection_arguments, print_error
 from whalegen.commands._logs import Follower, failure_reason
 
 FINAL = {"succeeded", "failed", "cancelled"}
-EXIT_TIMEOUT = 124
 # Output still on its way when the task is seen final (a cancelled run's last lines) is waited for
 # this long at most.
 DRAIN_S = 10.0
@@ -58,22 +62,71 @@ _TaskFileLoader.yaml_implicit_resolvers = {
 }
 
 
-def _load(path: Path) -> dict[str, Any]:
+_STR = "tag:yaml.org,2002:str"
+# Plain YAML scalars that resolve to these are text the user typed: `3`, `0.10`, `yes`, `true`.
+_TEXT_LIKE = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool"}
+
+
+def _as_text(node: yaml.Node, path: str, notes: list[str], *, secret: bool) -> None:
+    """Take a plain number or boolean scalar as the string it was written as (`3` → "3"), with a note."""
+    if isinstance(node, yaml.ScalarNode) and node.style is None and node.tag in _TEXT_LIKE:
+        if secret:  # env values may be secrets: never echoed
+            notes.append(f"{path}: took the value as a string (env values are text)")
+        else:
+            notes.append(f'{path}: took {node.value} as the string "{node.value}" (argv items are text)')
+        node.tag = _STR
+
+
+def _texts_in_task(node: yaml.Node, prefix: str, notes: list[str]) -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key, value in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        if key.value == "command" and isinstance(value, yaml.SequenceNode):
+            for index, item in enumerate(value.value):
+                _as_text(item, f"{prefix}command[{index}]", notes, secret=False)
+        elif key.value == "env" and isinstance(value, yaml.MappingNode):
+            for name, item in value.value:
+                _as_text(item, f"{prefix}env.{name.value}", notes, secret=True)
+        elif key.value == "tasks" and not prefix and isinstance(value, yaml.SequenceNode):
+            for index, item in enumerate(value.value):
+                _texts_in_task(item, f"tasks[{index}].", notes)
+
+
+def _parse(text: str) -> tuple[Any, list[str]]:
+    """The document, with `command` items and `env` values as text (and a note for each one taken)."""
+    loader = _TaskFileLoader(text)
+    notes: list[str] = []
     try:
-        document = yaml.load(path.read_bytes().decode("utf-8"), Loader=_TaskFileLoader)
+        node = loader.get_single_node()
+        if node is None:
+            return None, notes
+        _texts_in_task(node, "", notes)
+        return loader.construct_document(node), notes
+    finally:
+        loader.dispose()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """The task file as the API will read it; CliError (exit 65) when it cannot be."""
+    try:
+        document, notes = _parse(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise SystemExit(
-            f"whalegen: {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); "
-            "save it as UTF-8"
+        raise CliError(
+            f"{path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); save it as UTF-8",
+            EXIT_INVALID,
         ) from exc
     except (OSError, yaml.YAMLError) as exc:
-        raise SystemExit(f"whalegen: cannot read {path}: {exc}") from exc
+        raise CliError(f"cannot read {path}: {exc}", EXIT_INVALID) from exc
     if not isinstance(document, dict):
-        raise SystemExit(f"whalegen: {path} must hold a mapping of task fields (or `tasks: [...]`)")
+        raise CliError(f"{path} must hold a mapping of task fields (or `tasks: [...]`)", EXIT_INVALID)
     try:
         json.dumps(document, allow_nan=False)
     except (TypeError, ValueError) as exc:  # !!binary, !!set, .nan: nothing JSON (or the API) can carry
-        raise SystemExit(f"whalegen: {path} holds a value the API cannot take: {exc}") from exc
+        raise CliError(f"{path} holds a value the API cannot take: {exc}", EXIT_INVALID) from exc
+    for note in notes:
+        print(f"whalegen: note: {note}", file=sys.stderr)
     return document
 
 
@@ -82,7 +135,8 @@ def _exit_status(task: dict[str, Any]) -> int:
         return 0
     code = task.get("exit_code")
     # Exit statuses are 0–255 to a shell; a code outside (e.g. -9 for a signal) reads as 1.
-    return code if task["state"] == "failed" and isinstance(code, int) and 0 < code < 256 else 1
+    failed_with_code = task["state"] == "failed" and isinstance(code, int) and 0 < code < 256
+    return code if failed_with_code else EXIT_TASK_FAILED
 
 
 def wait_for(
@@ -153,30 +207,56 @@ def _stream(client: Client, follower: Follower, task: dict[str, Any], *, wait_s:
     except ApiError as exc:
         if exc.status == 404:
             follower.complete = True  # a plane without the logs endpoint: state changes only
-        elif exc.status != 0 and exc.status < 500:
+        elif exc.status < 500:
             raise
-    except requests.RequestException as exc:
+    except (Unreachable, requests.RequestException) as exc:
         # A slow or dropped read of the output must not end the wait: the next round reads on from
         # the same line, so nothing is lost or repeated.
-        why = exc.__class__.__name__
+        why = exc.message if isinstance(exc, Unreachable) else exc.__class__.__name__
         print(f"whalegen: reading task {follower.task_id}'s output failed ({why}); retrying", file=sys.stderr)
     return False
+
+
+def _idempotency_key(args: argparse.Namespace, document: dict[str, Any]) -> str | None:
+    """The key to send: `--idempotency-key`, else the file's. An empty one (`"$CI_PIPELINE_ID"` with the
+    variable unset) is said on stderr: without a key, a retried job submits a second task."""
+    given = (
+        args.idempotency_key if args.idempotency_key is not None else document.pop("idempotency_key", None)
+    )
+    if given is None:
+        return None
+    key = str(given).strip()
+    if not key:
+        print(
+            "whalegen: warning: the idempotency key is empty (is the variable it comes from, such as "
+            "$CI_PIPELINE_ID, set?); submitting without one, so a retried job submits a new task",
+            file=sys.stderr,
+        )
+        return None
+    return key
 
 
 def run(args: argparse.Namespace) -> int:
     document = _load(args.file)
     client = Client.from_args(args)
     tenant = args.tenant or document.pop("tenant", None)
+    key = _idempotency_key(args, document)
+    body: dict[str, Any] = document
     try:
         if "tasks" in document:
-            body: dict[str, Any] = {"tasks": document["tasks"]}
+            body = {"tasks": document["tasks"]}
             if tenant:
                 body["tenant"] = tenant
+            if key and isinstance(body["tasks"], list):
+                # One key for the pipeline's batch: each task's own key is the batch's plus its index,
+                # unless the file gives it one.
+                for index, item in enumerate(body["tasks"]):
+                    if isinstance(item, dict):
+                        item.setdefault("idempotency_key", f"{key}/{index}")
             tasks = client.call("POST", "/tasks/bulk/", json=body)
         else:
             if tenant:
                 document["tenant"] = tenant
-            key = args.idempotency_key or document.pop("idempotency_key", None)
             headers = {"Idempotency-Key": key} if key else None
             tasks = [client.call("POST", "/tasks/", json=document, headers=headers)]
         for task in tasks:
@@ -192,4 +272,4 @@ def run(args: argparse.Namespace) -> int:
             quiet=args.quiet,
         )
     except ApiError as exc:
-        return print_error(exc)
+        return print_error(exc, sent=body, client=client)

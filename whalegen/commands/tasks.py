@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 
+from whalegen.commands._errors import EXIT_INVALID, CliError
 from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
 from whalegen.commands._logs import Follower, print_lines
 
@@ -96,7 +97,26 @@ def _argv(command: list[str]) -> str:
     return shlex.join(command)
 
 
+def _check_attempt(client: Client, task_id: int, attempt: int) -> None:
+    """Refuse an attempt the task has not had (the logs endpoint answers it with an empty page)."""
+    page = client.call("GET", f"/tasks/{task_id}/logs/", params={"limit": 1, "attempt": max(attempt, 0)})
+    current = page["task_attempt"]
+    if 0 <= attempt <= current:
+        return
+    if current == 0:
+        has = (
+            "it has one: attempt 0"
+            if page["task_state"] not in ("pending", "admitted", "assigned")
+            else "it has not run yet (attempt 0)"
+        )
+    else:
+        has = f"it has attempts 0 to {current}"
+    raise CliError(f"task {task_id} has no attempt {attempt}; {has}", EXIT_INVALID)
+
+
 def _logs(client: Client, args: argparse.Namespace) -> int:
+    if args.attempt is not None:
+        _check_attempt(client, args.task_id, args.attempt)
     follower = Follower(args.task_id, attempt=args.attempt)
     if args.tail:
         params: dict[str, object] = {"tail": args.tail}
@@ -126,8 +146,11 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    client = Client.from_args(args)
     try:
+        client = Client.from_args(args)
         return {"ls": _ls, "show": _show, "logs": _logs, "cancel": _cancel}[args.action](client, args)
     except ApiError as exc:
+        if exc.status == 404 and getattr(args, "task_id", None) is not None:
+            message = f"no task {args.task_id} (or not one this token's tenant can see)"
+            return CliError(message, EXIT_INVALID).report()
         return print_error(exc)

@@ -81,7 +81,7 @@ def test_bad_input_comes_back_as_field_messages(demo: Demo, token: str, tmp_path
         "queue: train\ngpu_count: 3\ngpu_milli: 500\nallowed_gpu_models: [H900]\ncommand: [python, x.py]\n"
     )
     code, _, err = _cli(capsys, demo, token, "submit", str(spec))
-    assert code == 1
+    assert code == 65  # refused as invalid (docs/ci.md, exit codes)
     assert "allowed_gpu_models: unknown GPU model 'H900'" in err
     assert "gpu_milli: a share below a whole GPU (500 milli) is for one GPU" in err
 
@@ -89,7 +89,7 @@ def test_bad_input_comes_back_as_field_messages(demo: Demo, token: str, tmp_path
 def test_another_tenants_task_is_not_found(demo: Demo, token: str, capsys) -> None:
     vision_task = 1  # the demo seeds vision's tasks first
     code, _, err = _cli(capsys, demo, token, "tasks", "cancel", str(vision_task))
-    assert code == 1 and "HTTP 404" in err
+    assert code == 65 and f"no task {vision_task} (or not one this token's tenant can see)" in err
 
 
 def test_a_listing_into_a_reader_that_went_away_ends_quietly(demo: Demo, token: str) -> None:

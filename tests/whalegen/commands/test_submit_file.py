@@ -1,6 +1,6 @@
 """`whalegen submit` reads the task file as the API will read it, and never answers with a traceback:
 a file that is not UTF-8, YAML that means a date, and values JSON cannot carry are each one readable
-line and exit status 1 (or go to the server as the string the user typed)."""
+line and exit status 65 (or go to the server as the string the user typed)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_a_task_file_the_api_cannot_take_is_one_line_not_a_traceback(
     spec = tmp_path / "task.yaml"
     spec.write_bytes(content)
     code, output = _run(capsys, "submit", str(spec), *NOWHERE)
-    assert code == 1
+    assert code == 65  # EX_DATAERR: fix the file; retrying will not help
     assert words in output and "Traceback" not in output
 
 
@@ -65,4 +65,5 @@ def test_an_unreachable_server_is_one_line_not_a_traceback(
     spec = tmp_path / "task.yaml"
     spec.write_text("queue: train\nname: 2026-01-01\ncommand: [python, train.py]\n")
     code, output = _run(capsys, "submit", str(spec), *NOWHERE)
-    assert code == 1 and "cannot reach" in output and "Traceback" not in output
+    assert code == 69 and "Traceback" not in output  # EX_UNAVAILABLE
+    assert "cannot reach the plane at http://127.0.0.1:9: connection refused" in output
