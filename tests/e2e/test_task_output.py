@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,19 @@ PRINTER = (
     "    if i % 500 == 0:\n"
     "        time.sleep(0.1)\n"
 )
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory this test and its task (run as its tenant's uid, with a /tmp of its own) both reach:
+    pytest's tmp_path lies under /tmp (its /tmp/pytest-of-root is root-only), which a root agent's runs
+    no longer see (docs/isolation.md, the process runtime). /var/tmp is the host's, shared as it is."""
+    path = Path(tempfile.mkdtemp(prefix="whalegen-e2e-", dir="/var/tmp"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _registered(fleet: Any) -> bool:
@@ -194,7 +210,7 @@ class Gate:
 
 
 def test_output_written_while_the_plane_is_down_arrives_after_it_returns_once(
-    fleet: Any, agents: Any, live_server: Any, tmp_path: Path
+    fleet: Any, agents: Any, live_server: Any, shared_dir: Path
 ) -> None:
     from apps.logs.models import LogStream
 
@@ -204,7 +220,7 @@ def test_output_written_while_the_plane_is_down_arrives_after_it_returns_once(
         agent.server = gate.url
         agent.start()
         wait_for(lambda: _registered(fleet), what="registration")
-        go = tmp_path / "go"
+        go = shared_dir / "go"  # the test makes it, the task waits for it
         script = (
             "import os, time\nprint('before the outage', flush=True)\n"
             f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
@@ -285,30 +301,29 @@ def test_a_command_that_cannot_start_fails_once_and_submit_wait_shows_why(
 
 
 def test_the_command_starts_in_its_working_directory_and_a_bad_one_fails_with_why(
-    fleet: Any, agents: Any, live_server: Any, tmp_path: Path
+    fleet: Any, agents: Any, live_server: Any, tmp_path: Path, shared_dir: Path
 ) -> None:
-
     agent = agents(token=fleet.token_a, node_name="gpu-001", gpus=H100_NODE)
     agent.start()
     token = _token(fleet)
-    workdir = tmp_path / "project"
+    workdir = shared_dir / "project"  # a working directory the task's uid reaches
     workdir.mkdir()
     (workdir / "data.txt").write_text("from the working directory\n")
     good = tmp_path / "good.yaml"
     good.write_text(f"queue: train\nname: in-dir\nworking_dir: {workdir}\ncommand: [cat, data.txt]\n")
     bad = tmp_path / "bad.yaml"
-    bad.write_text(f"queue: train\nname: no-dir\nworking_dir: {tmp_path}/missing\ncommand: ['true']\n")
+    bad.write_text(f"queue: train\nname: no-dir\nworking_dir: {shared_dir}/missing\ncommand: ['true']\n")
     wait_for(lambda: _registered(fleet), what="registration")
     task, code, out, err = _submit_wait_and_run(good, "in-dir", fleet, live_server.url, token)
     assert (task.state, code) == ("succeeded", 0), err
     assert "from the working directory" in out
     task, code, out, err = _submit_wait_and_run(bad, "no-dir", fleet, live_server.url, token)
-    words = f"cannot change to working directory '{tmp_path}/missing': No such file or directory"
+    words = f"cannot change to working directory '{shared_dir}/missing': No such file or directory"
     assert (task.state, task.attempts, task.exit_code, code) == ("failed", 0, 126, 126)
     assert f"[whalegen] {words}" in err  # the launcher's line, streamed
     assert words in task.failure_reason
     show = _cli("tasks", "show", str(task.pk), server=live_server.url, token=token)
     shown, _ = show.communicate(timeout=30)
-    assert f"working dir: {tmp_path}/missing" in shown
+    assert f"working dir: {shared_dir}/missing" in shown
     (reason,) = [line for line in shown.splitlines() if line.strip().startswith("failure reason:")]
     assert "launch failed: " + words in reason
