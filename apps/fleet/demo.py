@@ -79,6 +79,24 @@ def sim_spec(nodes: list[Node]) -> dict[str, object]:
     return {"driver_version": "570.124.06", "nodes": spec_nodes}
 
 
+def isolation_line(*, is_root: bool | None = None) -> str:
+    """How the demo's tasks run, in one line for its banner (docs/isolation.md). As root, the agents
+    start each run as its tenant's uid in the hardened `process` runtime; not root, they cannot, so they
+    declare the host single-tenant (`SimulatedAgents`) and run one tenant's tasks at a time."""
+    if is_root is None:
+        is_root = os.geteuid() == 0
+    if is_root:
+        return (
+            "tasks run as host processes, each as its tenant's uid in a cgroup with a private /tmp "
+            "(docs/isolation.md)"
+        )
+    return (
+        f"tasks run as host processes as your own user (uid {os.geteuid()}), without a sandbox: not root, so "
+        "each agent runs one tenant's tasks at a time; run as root for a uid per tenant, cgroups and a "
+        "private /tmp (docs/isolation.md)"
+    )
+
+
 def _die_with_parent() -> None:
     """In the agent's child process: SIGTERM it when the demo dies, even by SIGKILL (Linux prctl)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -128,6 +146,11 @@ class SimulatedAgents:
                 WHALEGEN_AGENT_TOKEN_FILE=str(token_file),
             )
             env.pop("WHALEGEN_AGENT_TOKEN", None)
+            if os.geteuid() != 0:
+                # An agent that is not root cannot start a run as its tenant's uid and refuses runs
+                # unless the host is declared single-tenant: the demo is one person's machine, it says so
+                # (and its banner says what that means: `isolation_line`).
+                env["WHALEGEN_AGENT_SINGLE_TENANT"] = "true"
             with (state_dir / "agent.log").open("ab") as out:
                 proc = subprocess.Popen(
                     [

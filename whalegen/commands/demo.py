@@ -396,6 +396,8 @@ def run(args: argparse.Namespace) -> int:
     password, member_password, tokens = logins()
     queues = _queues_by_tenant()
 
+    from apps.fleet.demo import isolation_line
+
     def announce(port: int) -> Any:
         shown_host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{shown_host}:{port}"
@@ -404,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
             f"  dashboard: {url}/   login: {ADMIN_USERNAME} / {password} (platform admin), or a team member "
             f"({', '.join(member for _, member in TEAMS)}) / {member_password}",
             f"  API:     {url}/api/v1/   (Swagger UI: {url}/api/docs/)",
+            f"  runtime: {isolation_line()}",
             f"  admin:   {url}/admin/    login: {ADMIN_USERNAME} / {password}",
             "  tokens (shown once; each scoped to one tenant):",
         ]
