@@ -69,6 +69,12 @@ from whalegen.protocol import (
 log = logging.getLogger("whalegen.agent")
 
 Paths = tuple[str, ...]
+
+
+class RunRefused(Exception):
+    """A run this host must not start (the sentence says why); it ends `rejected`."""
+
+
 EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, what MPS wants (reference §6.1)
 MAX_QUEUED_EVENTS = 200
 # Output shipping. A report carries about this much captured text, so one POST stays small; while more
@@ -377,8 +383,10 @@ class Agent:
         self.lease_s = max(0.0, registered.lease_s)
         if self.lease_s:
             self._renew_lease(register_sent_s)
-        else:
-            self.lease_file.unlink(missing_ok=True)  # a fence this plane does not keep must not fire
+        elif self.lease_file.exists():
+            # A plane that keeps no fence: the launchers of runs started under an earlier one keep the last
+            # time they read, so the file says "never" rather than going away.
+            self._write_lease(float("inf"))
         log.info(
             "registered as node %s%s",
             self.node_id,
@@ -563,6 +571,9 @@ class Agent:
                 proc = self._start_container(task, device_uuid, device_env, expose, now)
             else:
                 proc = self._start_process(task, device_uuid, device_env, expose, now)
+        except RunRefused as refused:
+            self._reject(task, now, str(refused))
+            return
         except (OSError, ValueError) as error:
             # The launcher could not be started, or the run cannot be put in words the engine takes (an
             # environment variable podman's env file cannot carry): the run failed to launch (not a
@@ -701,17 +712,21 @@ class Agent:
             return [device_uuid]
         return list(task.devices)
 
-    def _device_nodes(
-        self, task: TaskSpec, device_uuid: str | None
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def _device_nodes(self, task: TaskSpec, device_uuid: str | None) -> tuple[Paths, Paths]:
         """(the device nodes of this host's GPUs a process run was not given, to mask; those it was given
-        and the ones every GPU program needs, kept reachable), from the host's CDI spec. Neither, with a
-        warning, where the host has no spec naming its GPUs."""
+        and the ones every GPU program needs, kept reachable), from the host's CDI spec. A spec that does
+        not name the run's devices is read again, then renewed (`refresh_cdi`: a MIG re-carve gives new
+        UUIDs); still nothing, the run is refused: it never starts seeing GPUs that are not its own."""
         if not self.policy.is_root:
             return (), ()
         given = self._run_devices(task, device_uuid)
         problem = ""
-        for attempt in range(2):
+        for attempt in range(3):
+            if attempt == 2:
+                renewed = self.backend.refresh_cdi()
+                if renewed is not None:
+                    problem = f"{problem}; {renewed}"
+                    break
             if self._cdi is None or attempt:
                 self._cdi = cdi.load_registry(self.backend.cdi_spec_dirs())
             try:
@@ -722,9 +737,7 @@ class Agent:
                 return cdi.mask_nodes(self._cdi, kind=kind, given=names), tuple(own)
             except (cdi.CdiError, LookupError, IndexError) as error:
                 problem = str(error)
-        key = run_key(task.task_id, task.attempt)
-        log.warning("run %s: other GPUs' device nodes not masked: %s", key, problem)
-        return (), ()
+        raise RunRefused(f"cannot tell this run's GPU device nodes from the others': {problem}")
 
     def _run_dir(self, task: TaskSpec) -> Path:
         """The run's own working directory: empty, owned by the uid it runs as, closed to everyone else."""
@@ -821,6 +834,7 @@ class Agent:
         self.finished.add(ended.key)
         if ended.task_dir:
             shutil.rmtree(self.runs_dir / Path(ended.task_dir).name, ignore_errors=True)
+            (Path(ended.task_dir) / "env").unlink(missing_ok=True)  # a container run's secrets
         self._task_report(
             ended.task_id,
             ended.attempt,
@@ -893,10 +907,12 @@ class Agent:
         """Move the fence: runs may go on `lease_s` past the send time of this acknowledged heartbeat.
         The plane received it after it was sent, so the fence falls before the plane could call this node
         lost (its threshold counts from the receipt), and no run goes on while its work runs elsewhere."""
-        if self.lease_s <= 0:
-            return
+        if self.lease_s > 0:
+            self._write_lease(sent_wall_s + self.lease_s)
+
+    def _write_lease(self, until_s: float) -> None:
         tmp = self.lease_file.with_name("lease.tmp")
-        tmp.write_text(f"{sent_wall_s + self.lease_s:.3f}\n")
+        tmp.write_text(f"{until_s:.3f}\n")
         tmp.replace(self.lease_file)
 
     def _with_task(self, sample: ProcessSample) -> ProcessSample:

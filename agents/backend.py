@@ -14,6 +14,8 @@ Rules it keeps (reference §1, §4, §8):
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,6 +113,12 @@ class GpuBackend(Protocol):
     def task_env(self) -> dict[str, str]: ...
     def cdi_device(self, uuid: str) -> str: ...
     def cdi_spec_dirs(self) -> tuple[Path, ...]: ...
+    def refresh_cdi(self) -> str | None: ...
+
+
+# Where the agent writes the spec it regenerates after a MIG change (a runtime directory: a reboot
+# clears it, and nvidia-ctk writes it anew then; /etc/cdi stays the operator's).
+NVIDIA_CDI_SPEC = Path("/var/run/cdi/nvidia.yaml")
 
 
 @contextmanager
@@ -162,6 +170,22 @@ class NvmlBackend:
     def cdi_spec_dirs(self) -> tuple[Path, ...]:
         """Where this host's CDI specs are, lowest priority first (podman reads the same ones)."""
         return DEFAULT_SPEC_DIRS
+
+    def refresh_cdi(self) -> str | None:
+        """Write the host's CDI spec anew (a MIG re-carve gives new instances new UUIDs the old spec does
+        not name): `nvidia-ctk cdi generate` when the NVIDIA Container Toolkit is installed. None when
+        done; else why not, in words."""
+        ctk = shutil.which("nvidia-ctk")
+        if ctk is None:
+            return "nvidia-ctk is not installed (NVIDIA Container Toolkit), so the CDI spec cannot be renewed"
+        command = [ctk, "cdi", "generate", "--device-name-strategy=uuid", f"--output={NVIDIA_CDI_SPEC}"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"nvidia-ctk cdi generate failed: {error}"
+        if done.returncode != 0:
+            return f"nvidia-ctk cdi generate failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}"
+        return None
 
     def driver_version(self) -> str:
         with _nvml("nvmlSystemGetDriverVersion"):

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import capture
+from agents.isolation.cgroups import Cgroup, CgroupError
 from agents.isolation.plan import SandboxPlan
 from whalegen.protocol import run_key
 
@@ -76,6 +77,11 @@ class TaskProcess:
     # through the engine (`rm -f`). Empty for a process run.
     engine: list[str] = field(default_factory=list)
     container: str = ""
+    # The run's cgroup (root agents): the stop's SIGKILL goes to everything in it, not to the launcher,
+    # which then records the end, removes the container and the cgroup, and exits (a killed launcher
+    # could do none of it, and a process that left the session would go on unseen).
+    cgroup: str = ""
+    killed_at_s: float | None = None
     work_dir: str = ""  # the run's own working directory (owned by its uid), removed when it has ended
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
@@ -248,6 +254,7 @@ class Runner:
             attempt=attempt,
             engine=list(plan.engine) if plan is not None and plan.container else [],
             container=plan.container if plan is not None else "",
+            cgroup=plan.cgroup if plan is not None else "",
             work_dir=str(work_dir) if work_dir is not None else "",
             popen=popen,
         )
@@ -316,6 +323,8 @@ class Runner:
         self._signal(proc, signal.SIGTERM)
 
     def _signal(self, proc: TaskProcess, signum: int) -> None:
+        if signum == signal.SIGKILL and proc.cgroup and self._kill_cgroup(proc):
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signum)
         if signum == signal.SIGKILL and proc.container and proc.engine:
@@ -330,6 +339,15 @@ class Runner:
                     timeout=30,
                     check=False,
                 )
+
+    def _kill_cgroup(self, proc: TaskProcess) -> bool:
+        """SIGKILL every process of the run's cgroup (its command, what it forked, a container's); False
+        when the cgroup cannot be read (then the launcher's group is killed instead)."""
+        try:
+            Cgroup(proc.cgroup).signal_all(signal.SIGKILL)
+        except (CgroupError, OSError):
+            return False
+        return True
 
     def _alive(self, proc: TaskProcess) -> bool:
         if proc.popen is not None:
@@ -404,6 +422,17 @@ class Runner:
                 and now_s - proc.stop_requested_at_s >= proc.stop_grace_s
             ):
                 proc.killed = True
+                proc.killed_at_s = now_s
+                self._signal(proc, signal.SIGKILL)
+            elif (
+                proc.killed
+                and proc.cgroup
+                and proc.killed_at_s is not None
+                and now_s - proc.killed_at_s >= max(proc.stop_grace_s, 5.0)
+            ):
+                # The launcher should have ended within a grace of its run's kill; it has not: the last
+                # resort is the launcher's whole group.
+                proc.cgroup = ""
                 self._signal(proc, signal.SIGKILL)
         return done
 

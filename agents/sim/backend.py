@@ -45,6 +45,12 @@ class SimBackend(NvmlBackend):
     def cdi_spec_dirs(self) -> tuple[Path, ...]:
         return (self._cdi().spec_dir,)
 
+    def refresh_cdi(self) -> str | None:
+        if self.cdi is None:
+            return "this simulated host has no directory, so no CDI spec"
+        write_spec(self.cdi, self.system)
+        return None
+
 
 def simulated_backend(
     system: SimSystem, *, host_dir: Path | None = None, cdi_dir: Path | None = None

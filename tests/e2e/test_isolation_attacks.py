@@ -51,12 +51,14 @@ def _command_pid(agent: Any, task_id: int) -> int:
     return int(wait_for(lambda: (_children(launcher) or [0])[0], what="the victim's command"))
 
 
-def _gpu_device_node(gpu_uuid: str) -> str:
-    """The host device node the simulated host's CDI spec gives `gpu_uuid`."""
+def _gpu_device_node(agent: Any, gpu_uuid: str) -> str:
+    """The host device node this agent's simulated host gives `gpu_uuid` in its CDI spec (simulated hosts
+    of other tests may name the same UUIDs: theirs lie in their own state directories)."""
     registry = cdi.load_registry()
     for spec in registry.specs:
-        if spec.devices.get(gpu_uuid):
-            return spec.devices[gpu_uuid][0]
+        nodes = [n for n in spec.devices.get(gpu_uuid, ()) if n.startswith(f"{agent.state_dir}/")]
+        if nodes:
+            return nodes[0]
     raise AssertionError(f"no CDI device for {gpu_uuid} in {[s.source for s in registry.specs]}")
 
 
@@ -97,6 +99,7 @@ def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fail
     if node.runtime == "process":
         assert os.stat(f"/proc/{victim_pid}").st_uid >= 200_000, "the victim runs as its tenant's uid"
     attacker = node.task_a
+    own_gpu = node.node.gpus.get(index=1).uuid
     attacker.command = ["sh", "-c", SCRIPT]
     attacker.env = {
         "A_TOKEN_FILE": str(agent.token_file),
@@ -105,9 +108,9 @@ def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fail
         "A_VICTIM_PID": str(victim_pid),
         "A_VICTIM_OUTPUT": str(agent.state_dir / "tasks" / str(victim.pk) / "output"),
         "A_VICTIM_RUN_DIR": str(agent.state_dir / "runs" / str(victim.pk)),
-        "A_OTHER_GPU": _gpu_device_node(node.node.gpus.get(index=0).uuid),
+        "A_OTHER_GPU": _gpu_device_node(agent, node.node.gpus.get(index=0).uuid),
         # A process run opens its own GPU's host node; in a container the host path means nothing.
-        "A_OWN_GPU": _gpu_device_node(node.node.gpus.get(index=1).uuid) if node.runtime == "process" else "",
+        "A_OWN_GPU": _gpu_device_node(agent, own_gpu) if node.runtime == "process" else "",
     }
     attacker.save(update_fields=["command", "env"])
     assign(attacker, node.node, [node.whole_unit])
