@@ -678,14 +678,14 @@ class Agent:
             workdir=task.working_dir,
             cgroup_parent=cgroup,
             pull_policy=task.pull_policy.value,
-            pids_max=task.pids_max,
+            pids_max=task.pids_max or None,
         )
         plan = SandboxPlan(
             runtime="container",
             cgroup=cgroup,
-            cpu_milli=task.cpu_milli,
-            host_mem_mib=task.host_mem_mib,
-            pids_max=task.pids_max,
+            cpu_milli=task.cpu_milli or None,  # 0: no limit, as for a process run
+            host_mem_mib=task.host_mem_mib or None,
+            pids_max=task.pids_max or None,
             container=argv[argv.index("--name") + 1],
             engine=engine.prefix,
             lease_file=str(self.lease_file) if self.lease_s else "",

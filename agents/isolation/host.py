@@ -109,9 +109,10 @@ def process_plan(
     return SandboxPlan(
         runtime="process",
         cgroup=f"{policy.cgroup_root}/{name}",
-        cpu_milli=spec.cpu_milli,
-        host_mem_mib=spec.host_mem_mib,
-        pids_max=spec.pids_max,
+        # 0 asks for no share at all, which no program survives: the plane's "no limit".
+        cpu_milli=spec.cpu_milli or None,
+        host_mem_mib=spec.host_mem_mib or None,
+        pids_max=spec.pids_max or None,
         uid=spec.run_as_uid,
         gid=spec.run_as_gid,
         private_tmp=policy.private_tmp,
