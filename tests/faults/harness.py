@@ -428,14 +428,15 @@ class Stack:
                 if until > latest_end:
                     latest_end, latest = until, (attempt, pid)
             # A finished execution's result is thrown away when the work ran to its end again after it,
-            # or the task did not end with it (the recording command always exits 0). A later execution
-            # cut short (the duplicate the plane stopped once the earlier result stood) discards nothing.
+            # or the task ended `failed` all the same (the recording command always exits 0; `cancelled`
+            # is a user's word, not the plane's). A later execution cut short (the duplicate the plane
+            # stopped once the earlier result stood) discards nothing.
             state = tasks.get(str(task_id), {}).get("state")
             for _began, ended, attempt, pid in executions:
                 if ended is None:
                     continue
                 again = [e for b, e, a, _ in executions if a > attempt and b > ended and e is not None]
-                if again or state not in (None, "succeeded"):
+                if again or state == "failed":
                     counts.discarded.append(
                         f"task {task_id} attempt {attempt} (pid {pid}) finished, then "
                         + ("ran to its end again" if again else f"the task ended {state}")
