@@ -22,7 +22,7 @@ EXIT_BROKEN_PIPE = 141
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("whalegen.commands.demo", "run the whole system on the embedded default (SQLite, in-process)"),
     "submit": ("whalegen.commands.submit", "submit a task from a YAML file, optionally wait for it"),
-    "tasks": ("whalegen.commands.tasks", "list, show or cancel tasks through the API"),
+    "tasks": ("whalegen.commands.tasks", "list, show, follow, wait for or cancel tasks through the API"),
     "accounting": ("whalegen.commands.accounting", "GPU-hours (and money) per tenant, queue, pool, model"),
     "token": ("whalegen.commands.token", "create an API token for a tenant member (operator)"),
     "replay": ("whalegen.commands.replay", "replay a GPU trace through the placement engine"),

@@ -1,4 +1,7 @@
-"""`whalegen tasks ls|show|logs|cancel`: read, follow and cancel tasks through the API."""
+"""`whalegen tasks ls|show|logs|wait|cancel`: read, follow, wait for and cancel tasks through the API.
+
+`wait` is `submit --wait` for a task already submitted (a CI job that records the id first, so that it
+can cancel the task when the job is cancelled; docs/ci.md): same output, same exit statuses."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import shlex
 from whalegen.commands._errors import EXIT_INVALID, CliError
 from whalegen.commands._http import ApiError, Client, add_connection_arguments, print_error
 from whalegen.commands._logs import Follower, print_lines
+from whalegen.commands.submit import wait_for
 
 FOLLOW_WAIT_S = 20.0
 
@@ -28,10 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the task has ended")
     logs.add_argument("--attempt", type=int, help="which run (0 first; default the current one)")
     logs.add_argument("--tail", type=int, help="start with the last N lines")
+    wait = sub.add_parser("wait", help="follow a task until it ends; exit with its exit code")
+    wait.add_argument("task_id", type=int)
+    wait.add_argument("--timeout", type=float, default=3600.0, help="give up after (3600 s): exit 124")
+    wait.add_argument("--interval", type=float, default=2.0, help="seconds between polls (2)")
+    wait.add_argument("--quiet", action="store_true", help="only state changes, not the task's output")
     cancel = sub.add_parser("cancel", help="cancel a task")
     cancel.add_argument("task_id", type=int)
     cancel.add_argument("--reason", default="")
-    for command in (ls, show, logs, cancel):
+    for command in (ls, show, logs, wait, cancel):
         add_connection_arguments(command)
 
 
@@ -139,6 +148,12 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
             return 0
 
 
+def _wait(client: Client, args: argparse.Namespace) -> int:
+    return wait_for(
+        client, [args.task_id], timeout_s=args.timeout, interval_s=args.interval, quiet=args.quiet
+    )
+
+
 def _cancel(client: Client, args: argparse.Namespace) -> int:
     task = client.call("POST", f"/tasks/{args.task_id}/cancel/", json={"reason": args.reason})
     print(f"task {task['id']}: {task['state']}")
@@ -148,7 +163,8 @@ def _cancel(client: Client, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         client = Client.from_args(args)
-        return {"ls": _ls, "show": _show, "logs": _logs, "cancel": _cancel}[args.action](client, args)
+        action = {"ls": _ls, "show": _show, "logs": _logs, "wait": _wait, "cancel": _cancel}[args.action]
+        return action(client, args)
     except ApiError as exc:
         if exc.status == 404 and getattr(args, "task_id", None) is not None:
             message = f"no task {args.task_id} (or not one this token's tenant can see)"
