@@ -349,7 +349,8 @@ class Stack:
         assert found, f"no run on {name} to fence"
         lease_file = self.agents[name].state_dir / "lease"
         self.agents[name].kill()
-        lease_until = float(lease_file.read_text())
+        # No lease file: the agent keeps no fence (a plane before protocol 1.4 granted none).
+        lease_until = float(lease_file.read_text()) if lease_file.exists() else float("inf")
         task_ids = sorted({int(launcher.marker[1]) for launcher in found.values()})
         runs: dict[int, FencedRun] = {}
 
