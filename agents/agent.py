@@ -845,7 +845,7 @@ class Agent:
             exit_code=ended.exit_code,
             signal=ended.signal,
             device_uuid=spec.gpu_uuid if spec else None,
-            finished_at_s=now,
+            finished_at_s=ended.ended_at_s or now,
         )
 
     # ---- heartbeat and reports ------------------------------------------------------------------------

@@ -212,6 +212,9 @@ def main(argv: list[str]) -> int:
     watch.pid = pid
     fds = {read_end: name for name, (read_end, _) in pipes.items()}
     status = _capture_until_exit(pid, capture, fds, watch.tick)
+    # When the run ended, on this host's clock: an agent away at the time reports this, not the moment
+    # it came back, so the plane can tell a result that came before its requeue (docs/faults.md).
+    ended_at_s = time.time()
     failure = os.read(err_r, 65536)
     os.close(err_r)
     watch.ended()
@@ -222,6 +225,7 @@ def main(argv: list[str]) -> int:
         record = _record(code, None, launch_error=message)
     else:
         record.update(watch.verdict(code))
+    record["ended_at_s"] = ended_at_s
     watch.clean_up()
     if capture is not None:
         if failure:

@@ -113,6 +113,7 @@ class Finished:
     # fence (its agent's lease ran out). "" when the command ended by itself or the agent stopped it.
     killed_reason: str = ""
     fenced: bool = False
+    ended_at_s: float | None = None  # when the launcher saw the command end (wall clock); None: unknown
     log_cursor: tuple[Any, ...] = (capture.HEAD, 0, 0, 0)
 
     @property
@@ -381,6 +382,7 @@ class Runner:
                 launch_error=str(data.get("launch_error") or ""),
                 killed_reason=str(data.get("killed_reason") or ""),
                 fenced=bool(data.get("fenced")),
+                ended_at_s=float(data["ended_at_s"]) if data.get("ended_at_s") else None,
             )
         except (OSError, ValueError):
             pass
