@@ -92,3 +92,41 @@ def test_generated_tasks_run_on_the_agents_and_finish_within_a_minute(demo) -> N
 
     done = _poll(finished, 90, "a generated task to finish")
     assert all(t["exit_code"] is not None for t in done)
+
+
+def test_the_demo_says_how_its_tasks_are_isolated_and_runs_every_tenants_tasks_so(demo) -> None:  # type: ignore[no-untyped-def]
+    url, tokens, data_dir, log_path = demo
+    banner = log_path.read_text()
+    if os.geteuid() == 0:
+        assert "  runtime: tasks run as host processes, each as its tenant's uid in a cgroup" in banner
+        said = "isolation: process runs as their tenant's uid"
+    else:
+        assert "  runtime: tasks run as host processes as your own user" in banner
+        said = "isolation: NOT ROOT: process runs as this agent's own user"
+    logs = list((data_dir / "agents").glob("*/agent.log"))
+    assert len(logs) == 10
+    _poll(lambda: all(said in p.read_text() for p in logs), 30, "every agent's isolation line")
+
+    def tasks() -> list:  # type: ignore[type-arg]
+        return [t for tok in tokens.values() for t in _get(url, tok, "/api/v1/tasks/?limit=200")["results"]]
+
+    # Every tenant's tasks go from pending to succeeded under the sandbox.
+    _poll(
+        lambda: {t["tenant"] for t in tasks() if t["state"] == "succeeded"} == set(tokens),
+        120, "a task of each tenant to succeed",
+    )  # fmt: skip
+
+    # Each tenant's seeded sample (the simulator's CUDA program: Python importing the checkout, as the
+    # tenant's uid with a private /tmp) prints its steps: the sandbox leaves what a run needs reachable.
+    def stepped() -> set:  # type: ignore[type-arg]
+        found = set()
+        for slug, token in tokens.items():
+            for task in _get(url, token, "/api/v1/tasks/?limit=200")["results"]:
+                if task["name"].startswith("gen-") or task["state"] not in ("running", "succeeded"):
+                    continue
+                lines = _get(url, token, f"/api/v1/tasks/{task['id']}/logs/?limit=50")["lines"]
+                if any(re.search(r" 1/\d+$", line["text"]) for line in lines):
+                    found.add(slug)
+        return found
+
+    _poll(lambda: stepped() == set(tokens), 90, "a seeded task of each tenant to print its first step")
