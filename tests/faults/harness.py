@@ -473,6 +473,18 @@ class Stack:
             return False
         return state != "Z" and b"RECORD_DIR=" in environ
 
+    def history(self, ids: list[int]) -> list[tuple[Any, ...]]:
+        """What the plane did with these tasks and heard of their runs (for a failure's message)."""
+        return self.sql(
+            "SELECT task_id, created_at, from_state, to_state, reason FROM workloads_taskevent "
+            "WHERE task_id = ANY(%s) ORDER BY id",
+            ids,
+        ) + self.sql(
+            "SELECT r.task_id, r.attempt, n.name, r.state, r.reason FROM fleet_taskrun r "
+            "JOIN inventory_node n ON n.id = r.node_id WHERE r.task_id = ANY(%s) ORDER BY r.id",
+            ids,
+        )
+
     def running_on(self, node: str) -> list[str]:
         """The executions recorded on `node` that have not ended (their `.start` file names)."""
         found = []

@@ -100,19 +100,18 @@ def test_agent_killed_and_back_after_the_loss_threshold(stack: Stack) -> None:
     assert all(run.stopped_at < fence.lease_until + 3.0 for run in fence.runs), figures
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent reports a run that ended while it was away with finished_at_s = when it noticed "
-    "(agents/agent.py _on_finished), not when the launcher wrote the exit file: the plane cannot tell "
-    "that the run finished before the requeue (docs/faults.md)",
-)
 def test_a_run_that_finished_while_its_agent_was_dead_keeps_its_result(stack: Stack) -> None:
-    """Issue 37 item 5: n2's agent is killed while its 3 s runs end (before its lease runs out, so not
+    """Issue 37 item 5: n2's agent is killed while its 4 s runs end (before its lease runs out, so not
     fenced), and stays away until the plane has requeued them and their next attempts (60 s) run
     elsewhere. Back, it reports the runs succeeded, finished before the requeue: each task ends with
     that result, and the attempt running elsewhere is stopped as the duplicate."""
-    ids = stack.submit(6, sleep_s=3.0, retry_sleep_s=60.0)
+    ids = stack.submit(6, sleep_s=4.0, retry_sleep_s=60.0)
     on_n2 = stack.wait(lambda: sorted({int(la.marker[1]) for la in stack.launchers("n2")}), 60, "a run on n2")
+    # Killed once it has reported them running (and so saved them in its state file: an agent that
+    # never recorded a run cannot report its end, docs/faults.md "An agent restarted with a wiped state
+    # directory"), well before they end and before its lease (8 s) runs out.
+    stack.wait(lambda: set(stack.states(on_n2).values()) == {"running"}, 10, f"n2's tasks {on_n2} to run")
+    time.sleep(0.5)
     stack.agents["n2"].kill()
     try:
 
@@ -125,7 +124,9 @@ def test_a_run_that_finished_while_its_agent_was_dead_keeps_its_result(stack: St
         stack.agents["n2"].start()
         stack.wait(lambda: stack.node_state("n2") == "ready", 60, "n2 to be back")
     try:
-        assert stack.wait_final(on_n2, timeout_s=30), "the late results did not end the tasks"
+        assert stack.wait_final(on_n2, timeout_s=30), (
+            f"the late results did not end them: {stack.history(on_n2)}"
+        )
         counts = stack.check(ids)
         assert counts.clean(), f"{counts.summary()}\n{json.dumps(counts.__dict__, indent=1)[:4000]}"
         for pk in on_n2:
