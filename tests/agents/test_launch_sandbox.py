@@ -420,7 +420,7 @@ def _missing_podman() -> str:
     done = subprocess.run(
         [*PODMAN, "image", "exists", TEST_IMAGE], capture_output=True, timeout=60, check=False
     )
-    return "" if done.returncode == 0 else f"the test image {TEST_IMAGE} is not built (run scripts/test-image)"
+    return "" if done.returncode == 0 else f"no test image {TEST_IMAGE}: run scripts/test-image"
 
 
 def _container_exists(name: str) -> bool:
