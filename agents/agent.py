@@ -75,6 +75,16 @@ class RunRefused(Exception):
     """A run this host must not start (the sentence says why); it ends `rejected`."""
 
 
+@dataclass(frozen=True)
+class RunDevices:
+    """What a run is handed: its device (a GPU, a MIG instance: the first of a multi-GPU run), the
+    environment that points CUDA at it, and host paths it must reach (an MPS pipe directory)."""
+
+    uuid: str
+    env: dict[str, str]
+    expose: tuple[str, ...] = ()
+
+
 EXCLUSIVE_PROCESS = 3  # NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, what MPS wants (reference §6.1)
 MAX_QUEUED_EVENTS = 200
 # Output shipping. A report carries about this much captured text, so one POST stays small; while more
@@ -536,41 +546,13 @@ class Agent:
         if refused is not None:
             self._reject(task, now, refused)
             return
-        device_uuid: str | None = task.gpu_uuid
-        device_env: dict[str, str] = {}
-        expose: list[str] = []
-        if task.unit.kind is UnitKind.MIG:
-            instance = self._mig_instance_for(task)
-            if instance is None or instance.mig_uuid is None:
-                state = self.partitions.get(task.gpu_uuid)
-                start = "any" if task.unit.mig_start is None else task.unit.mig_start
-                where = f"{task.unit.mig_profile}@{start}"
-                self._reject(
-                    task,
-                    now,
-                    f"MIG instance {where} not present (partition {state.state if state else 'unknown'})",
-                )
-                return
-            device_uuid = instance.mig_uuid
-            device_env["CUDA_VISIBLE_DEVICES"] = device_uuid
-        elif task.unit.kind is UnitKind.MPS:
-            if self.mps.daemon_pid(task.gpu_uuid) is None:
-                self._reject(task, now, "no MPS daemon on this GPU (layout mode is not mps)")
-                return
-            # No CUDA_VISIBLE_DEVICES: the MPS server remaps devices (reference §6.1).
-            device_env.update(
-                self.mps.client_env(task.gpu_uuid, task.unit.thread_pct, task.unit.pinned_mem_mib)
-            )
-            expose.append(str(self.mps.dirs(task.gpu_uuid).pipe))
-        else:
-            # Whole GPUs and time slices: every GPU of the task, in order (a multi-GPU task sees them all).
-            device_env["CUDA_VISIBLE_DEVICES"] = visible_devices(task.devices)
         key = run_key(task.task_id, task.attempt)
         try:
+            devices = self._devices_for(task)
             if task.runtime is TaskRuntime.CONTAINER:
-                proc = self._start_container(task, device_uuid, device_env, expose, now)
+                proc = self._start_container(task, devices, now)
             else:
-                proc = self._start_process(task, device_uuid, device_env, expose, now)
+                proc = self._start_process(task, devices, now)
         except RunRefused as refused:
             self._reject(task, now, str(refused))
             return
@@ -600,26 +582,41 @@ class Agent:
             TaskState.RUNNING,
             now,
             pid=proc.pid,
-            device_uuid=device_uuid,
+            device_uuid=devices.uuid,
             started_at_s=now,
         )
 
-    def _start_process(
-        self,
-        task: TaskSpec,
-        device_uuid: str | None,
-        device_env: dict[str, str],
-        expose: list[str],
-        now: float,
-    ) -> TaskProcess:
+    def _devices_for(self, task: TaskSpec) -> RunDevices:
+        """The device a run is handed and what it needs to reach it; RunRefused when its unit is not
+        here as the plane thinks (a MIG instance not carved, no MPS daemon)."""
+        if task.unit.kind is UnitKind.MIG:
+            instance = self._mig_instance_for(task)
+            if instance is None or instance.mig_uuid is None:
+                state = self.partitions.get(task.gpu_uuid)
+                start = "any" if task.unit.mig_start is None else task.unit.mig_start
+                where = f"{task.unit.mig_profile}@{start}"
+                partition = state.state if state else "unknown"
+                raise RunRefused(f"MIG instance {where} not present (partition {partition})")
+            return RunDevices(instance.mig_uuid, {"CUDA_VISIBLE_DEVICES": instance.mig_uuid})
+        if task.unit.kind is UnitKind.MPS:
+            if self.mps.daemon_pid(task.gpu_uuid) is None:
+                raise RunRefused("no MPS daemon on this GPU (layout mode is not mps)")
+            # No CUDA_VISIBLE_DEVICES: the MPS server remaps devices (reference §6.1).
+            env = self.mps.client_env(task.gpu_uuid, task.unit.thread_pct, task.unit.pinned_mem_mib)
+            return RunDevices(task.gpu_uuid, env, (str(self.mps.dirs(task.gpu_uuid).pipe),))
+        # Whole GPUs and time slices: every GPU of the task, in order (a multi-GPU task sees them all).
+        return RunDevices(task.gpu_uuid, {"CUDA_VISIBLE_DEVICES": visible_devices(task.devices)})
+
+    def _start_process(self, task: TaskSpec, devices: RunDevices, now: float) -> TaskProcess:
         """A command of the host, as its tenant's uid in the launcher's sandbox (`host.process_plan`)."""
         backend_env = self.backend.task_env()
         work_dir = self._run_dir(task)
-        env = host.task_env(task, backend_env=backend_env, device_env=device_env, home=str(work_dir))
-        # What the task's programs must reach although /tmp is its own: its working directory and the
-        # backend's directories (the simulated NVML's process directory, say).
-        masked, own = self._device_nodes(task, device_uuid)
-        expose = [*expose, str(work_dir), *(v for v in backend_env.values() if v.startswith("/")), *own]
+        env = host.task_env(task, backend_env=backend_env, device_env=devices.env, home=str(work_dir))
+        # What the task's programs must reach although /tmp is its own: its working directory, the
+        # backend's directories (the simulated NVML's process directory, say), its devices' nodes.
+        masked, own = self._device_nodes(task, devices.uuid)
+        backend_dirs = [v for v in backend_env.values() if v.startswith("/")]
+        expose = [*devices.expose, str(work_dir), *backend_dirs, *own]
         plan = host.process_plan(
             task,
             self.policy,
@@ -632,7 +629,7 @@ class Agent:
             task.task_id,
             list(task.command),
             env,
-            device_uuid=device_uuid,
+            device_uuid=devices.uuid,
             now_s=now,
             max_runtime_s=task.max_runtime_s,
             stop_grace_s=task.stop_grace_s,
@@ -642,14 +639,7 @@ class Agent:
             work_dir=work_dir,
         )
 
-    def _start_container(
-        self,
-        task: TaskSpec,
-        device_uuid: str | None,
-        device_env: dict[str, str],
-        expose: list[str],
-        now: float,
-    ) -> TaskProcess:
+    def _start_container(self, task: TaskSpec, devices: RunDevices, now: float) -> TaskProcess:
         """The task's image through the container engine, given exactly its devices by CDI; the engine
         does the sandbox, the launcher the cgroup (the container's parent) and the fence."""
         engine = self.config.container_engine
@@ -663,8 +653,8 @@ class Agent:
         env_file = task_dir / "env"
         fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(podman.env_file_text({**task.env, **device_env}))
-        devices = [self.backend.cdi_device(uuid) for uuid in self._run_devices(task, device_uuid)]
+            out.write(podman.env_file_text({**task.env, **devices.env}))
+        cdi_names = [self.backend.cdi_device(uuid) for uuid in self._run_devices(task, devices.uuid)]
         argv = podman.run_argv(
             engine,
             name=podman.container_name(self.config.node_name, task.task_id, task.attempt, self.runner.plane),
@@ -673,8 +663,8 @@ class Agent:
             uid=task.run_as_uid,
             gid=task.run_as_gid,
             env_file=str(env_file),
-            cdi_devices=devices,
-            mounts=[podman.Mount(path, path, read_only=False) for path in expose],
+            cdi_devices=cdi_names,
+            mounts=[podman.Mount(path, path, read_only=False) for path in devices.expose],
             workdir=task.working_dir,
             cgroup_parent=cgroup,
             pull_policy=task.pull_policy.value,
@@ -695,7 +685,7 @@ class Agent:
             task.task_id,
             argv,
             {"PATH": host.DEFAULT_PATH},  # the launcher's, to find the engine; the task's is in the file
-            device_uuid=device_uuid,
+            device_uuid=devices.uuid,
             now_s=now,
             max_runtime_s=task.max_runtime_s,
             stop_grace_s=task.stop_grace_s,
