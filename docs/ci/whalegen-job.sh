@@ -14,26 +14,29 @@ task_file=$1
 key=$2
 record=.whalegen-task # the task's id, for the cancel step (whalegen-cancel.sh)
 
-# 1. Submit. The key makes a retried job find the task its first try made instead of making another.
-rm -f "$record"
+# 1. A cancelled job cancels its task. Runners signal the job's shell (GitHub: SIGINT, then SIGTERM;
+#    GitLab: SIGTERM, then its after_script). The traps are set before anything is submitted: a signal
+#    during the submit runs the trap once the submit has answered, and the answer names the task. The
+#    wait below runs in the background so that a signal reaches the trap at once, not when it ends.
+waiter=""
+task=""
+cancel() {
+    [ -n "$waiter" ] && kill "$waiter" 2>/dev/null
+    [ -n "$task" ] || task=$(sed -n '1s/^task \([0-9][0-9]*\):.*/\1/p' "$record.out" 2>/dev/null)
+    [ -n "$task" ] && whalegen tasks cancel "$task" --reason "CI job cancelled"
+    exit "$1"
+}
+trap 'cancel 130' INT
+trap 'cancel 143' TERM
+
+# 2. Submit. The key makes a retried job find the task its first try made instead of making another.
+rm -f "$record" "$record.out"
 whalegen submit "$task_file" --idempotency-key "$key" >"$record.out"
 status=$?
 cat "$record.out"
 [ "$status" -eq 0 ] || exit "$status"
 sed -n '1s/^task \([0-9][0-9]*\):.*/\1/p' "$record.out" >"$record"
 task=$(cat "$record")
-
-# 2. A cancelled job cancels its task. Runners signal the job's shell (GitHub: SIGINT, then SIGTERM;
-#    GitLab: SIGTERM, then its after_script). The wait runs in the background so that the signal
-#    reaches the trap at once, not when the wait ends.
-waiter=""
-cancel() {
-    [ -n "$waiter" ] && kill "$waiter" 2>/dev/null
-    whalegen tasks cancel "$task" --reason "CI job cancelled"
-    exit "$1"
-}
-trap 'cancel 130' INT
-trap 'cancel 143' TERM
 
 # 3. Follow it to its end: its output streams into the job's log, and its exit code is the job's.
 whalegen tasks wait "$task" --timeout "${WHALEGEN_WAIT_S:-3600}" &
