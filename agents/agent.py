@@ -13,6 +13,7 @@ No step waits on the plane, so running tasks keep running through an outage.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -140,6 +141,7 @@ class Agent:
         self.runs_dir.mkdir(exist_ok=True, mode=0o711)
         self.lease_file = config.state_dir / "lease"
         self.lease_s = 0.0  # from the plane at registration; 0 = no fence
+        self.lease_until_s = float("inf")  # what the lease file says (wall clock)
         self.policy = host.HostPolicy(
             is_root=os.geteuid() == 0,
             agent_uid=os.geteuid(),
@@ -201,6 +203,8 @@ class Agent:
         self.events.extend(self.backend.events(0))  # registers for events before anything can happen
         self.inventory = self.backend.inventory()
         saved = self.state_file.load()
+        with contextlib.suppress(OSError, ValueError):
+            self.lease_until_s = float(self.lease_file.read_text())  # a previous agent's fence
         self.seq = max(int(saved.get("seq", 0)), self.outbox.last_seq())
         self.finished = set(saved.get("finished", []))
         if saved.get("desired"):
@@ -350,6 +354,9 @@ class Agent:
             incoming, self._inbox = self._inbox, None
         if incoming is not None:
             self.desired = incoming
+            # The plane answers again: the heartbeat need not sit out its back-off (after an outage up
+            # to 30 s), which would keep the fence down while new runs wait.
+            self._backoff["heartbeat"].succeeded()
             self._apply(now, new=True)
         elif self.desired is not None and now >= self._next_reconcile_s:
             self._apply(now, new=False)
@@ -529,9 +536,16 @@ class Agent:
                 # Adopted by its marker: the desired state is where its unit and limits come from.
                 self.specs[key] = spec
                 self.runner.set_limits(key, max_runtime_s=spec.max_runtime_s, stop_grace_s=spec.stop_grace_s)
+        fenced = self._lease_out()
         for key, task in wanted.items():
             running_or_done = key in self.runner.tasks or key in self.finished
             if task.desired is DesiredTaskState.RUN and not running_or_done:
+                if fenced:
+                    # Its launcher would stop it at once (the fence), a start spent for nothing: the run
+                    # waits for the next acknowledged heartbeat, and the desired state is applied again.
+                    self._next_reconcile_s = min(self._next_reconcile_s, now + self.config.tick_s)
+                    self._next_heartbeat_s = min(self._next_heartbeat_s, now)
+                    continue
                 self._start_task(task, now)
         # Remember ended tasks only while the plane still lists them (so they are never rerun).
         self.finished &= set(wanted)
@@ -900,7 +914,13 @@ class Agent:
         if self.lease_s > 0:
             self._write_lease(sent_wall_s + self.lease_s)
 
+    def _lease_out(self) -> bool:
+        """True while this node's fence is down: the lease file (the last acknowledged heartbeat, or what a
+        previous agent left) says a time already past."""
+        return self.lease_until_s < time.time()
+
     def _write_lease(self, until_s: float) -> None:
+        self.lease_until_s = until_s
         tmp = self.lease_file.with_name("lease.tmp")
         tmp.write_text(f"{until_s:.3f}\n")
         tmp.replace(self.lease_file)

@@ -53,6 +53,8 @@ class PlaneDouble:
         self.heartbeats: list[Heartbeat] = []
         self.reports: dict[tuple[str, int], Report] = {}
         self.polls: list[tuple[int, float]] = []  # (generation, wait_s) of each desired-state request
+        self.lease_s = 0.0  # the fence the double asks of agents at registration (0: none)
+        self.refuse_heartbeats = False  # answer heartbeats 503, as a plane that is away
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
 
@@ -152,9 +154,17 @@ class PlaneDouble:
                 with self.lock:
                     self.registrations.append(message)
                     stored = max((seq for node, seq in self.reports if node == node_id), default=0)
-                reply = Registered(node_id, self.heartbeat_interval_s, self.poll_wait_s, stored_seq=stored)
+                reply = Registered(
+                    node_id,
+                    self.heartbeat_interval_s,
+                    self.poll_wait_s,
+                    stored_seq=stored,
+                    lease_s=self.lease_s,
+                )
                 return self._send(request, 200, reply.to_dict())
             if method == "POST" and url.path == HEARTBEAT_PATH:
+                if self.refuse_heartbeats:
+                    return self._send(request, 503, {"detail": "away"})
                 heartbeat = Heartbeat.from_dict(body)
                 if heartbeat.node_id != node_id:
                     return self._send(request, 403, {"detail": "a node may only report for itself"})
