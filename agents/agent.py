@@ -630,7 +630,12 @@ class Agent:
         # backend's directories (the simulated NVML's process directory, say), its devices' nodes.
         masked, own = self._device_nodes(task, devices.uuid)
         backend_dirs = [v for v in backend_env.values() if v.startswith("/")]
-        expose = [*devices.expose, str(work_dir), *backend_dirs, *own]
+        # A working directory the task names is a host path it asked for: under /tmp it must stay there.
+        # (One that is not there is left to the launcher, whose chdir then fails the run in words.)
+        asked = (
+            [task.working_dir] if os.path.isabs(task.working_dir) and os.path.isdir(task.working_dir) else []
+        )
+        expose = [*devices.expose, str(work_dir), *asked, *backend_dirs, *own]
         plan = host.process_plan(
             task,
             self.policy,

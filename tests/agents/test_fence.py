@@ -51,3 +51,27 @@ def test_a_run_is_stopped_on_its_node_once_heartbeats_go_unacknowledged_and_new_
     plane.refuse_heartbeats = False  # the plane is back: the next acknowledged heartbeat lifts the fence
     later = plane.wait_for(lambda: plane.task_reports("later"), timeout_s=20, what="the held run to start")
     assert later[0].state is TaskState.RUNNING
+
+
+def test_a_working_directory_under_the_hosts_tmp_stays_reachable_behind_the_private_tmp(
+    plane, agent_process, tmp_path
+) -> None:
+    # tmp_path is under /tmp/pytest-of-root (root's alone): the run gets it as its working directory, by
+    # the path it named, although its /tmp is its own.
+    work = tmp_path / "job"
+    work.mkdir()
+    work.chmod(0o777)
+    agent = agent_process(spec({"sku": "l40s"}))
+    agent.start()
+    (gpu,) = gpu_uuids(plane, 1)
+    task = TaskSpec(
+        "in-dir",
+        ("sh", "-c", "pwd; echo made > out"),
+        gpu,
+        ComputeUnit(UnitKind.WHOLE),
+        working_dir=str(work),
+    )
+    plane.set_desired(TOKEN, DesiredState(1, tasks=(task,)))
+    assert final(plane, "in-dir").state is TaskState.SUCCEEDED
+    assert agent.task_file("in-dir", "stdout.log") == f"{work}\n"
+    assert (work / "out").read_text() == "made\n"
