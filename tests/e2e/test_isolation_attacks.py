@@ -92,12 +92,15 @@ def _run_victim(node: Any) -> Any:
     return victim
 
 
-def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fails(node: Any) -> None:
+def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fails(
+    node: Any, settings: Any
+) -> None:
     agent = node.agent
     victim = _run_victim(node)
     victim_pid = _command_pid(agent, victim.pk)
     if node.runtime == "process":
-        assert os.stat(f"/proc/{victim_pid}").st_uid >= 200_000, "the victim runs as its tenant's uid"
+        victim_uid = settings.WHALEGEN_TASK_UID_BASE + victim.tenant_id
+        assert os.stat(f"/proc/{victim_pid}").st_uid == victim_uid, "the victim runs as its tenant's uid"
     attacker = node.task_a
     own_gpu = node.node.gpus.get(index=1).uuid
     attacker.command = ["sh", "-c", SCRIPT]
@@ -117,11 +120,13 @@ def test_every_attack_of_one_tenants_process_run_on_another_and_on_the_node_fail
     wait_for(lambda: _state(attacker, "succeeded", "failed"), timeout_s=60, what="the attack to end")
     output = agent.task_output(attacker.pk)
     assert "ATTACK DONE" in output, output
+    # As its tenant's own uid (the plane's range: WHALEGEN_TASK_UID_BASE + the tenant's id).
+    uid = settings.WHALEGEN_TASK_UID_BASE + attacker.tenant_id
     if node.runtime == "container":
-        # In podman's container, as the tenant's uid, with exactly one GPU device node: its own.
-        assert "RUNTIME podman uid=200" in output and "GPU NODES 1" in output, output
+        # In podman's container, with exactly one GPU device node: its own.
+        assert f"RUNTIME podman uid={uid}\n" in output and "GPU NODES 1" in output, output
     else:
-        assert "RUNTIME host uid=200" in output and "OWN GPU OPENS" in output, output
+        assert f"RUNTIME host uid={uid}\n" in output and "OWN GPU OPENS" in output, output
     assert set(verdicts(output)) == set(PROBES), output
     assert breaches(output) == [], output
     assert VICTIM_SECRET not in output

@@ -195,7 +195,16 @@ def _start_job(runner: Runner, checkout: Path, ci: str) -> subprocess.Popen[str]
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # A runner starts its job with SIGINT and SIGTERM at their defaults. This test's own process may
+        # have SIGINT ignored (started in the background by a non-interactive shell, as a CI script can
+        # be), and a shell that starts with a signal ignored cannot trap it (POSIX).
+        preexec_fn=_default_signals,
     )
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _recorded_task(checkout: Path, job: subprocess.Popen[str]) -> int:
