@@ -4,7 +4,9 @@
 
 In the same run, alternating so drift hits both alike:
 - process: the task launcher (`agents/launch.py`, as the runner starts it, output captured) running
-  `true`: the process runtime's floor;
+  `true`: the launcher's floor;
+- process, sandboxed: the same with the sandbox plan a root agent gives a process run (the tenant's uid,
+  a cgroup with CPU, memory and pids limits made and removed, a private /tmp): the process runtime;
 - container: `podman … run --rm IMAGE true` with the argv `agents.isolation.podman.run_argv` builds
   (the test image, network none, the env file, the ulimits, --init): the engine's floor;
 - container via launcher: the launcher running that argv (what a container run costs the agent, less
@@ -28,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agents.isolation.plan import SandboxPlan  # noqa: E402
 from agents.isolation.podman import (  # noqa: E402
     container_name,
     engine_available,
@@ -67,11 +70,26 @@ def main() -> None:
         env_file = work / "env"
         env_file.write_text(env_file_text({"WHALEGEN_TASK_ID": "bench"}))
 
-        def launcher(n: int, command: list[str]) -> list[str]:
+        def launcher(n: int, command: list[str], plan: SandboxPlan | None = None) -> list[str]:
             task = work / f"run-{n}"
             task.mkdir()
             head = [sys.executable, "-S", "-E", str(LAUNCHER), str(task / "exit.json")]
-            return [*head, "--output", str(task / "output"), "--cap-bytes", str(1 << 20), "--", *command]
+            head += ["--output", str(task / "output"), "--cap-bytes", str(1 << 20)]
+            if plan is not None:
+                head += ["--cwd", str(task), "--plan", str(plan.write(task))]
+            return [*head, "--", *command]
+
+        def sandboxed(n: int) -> SandboxPlan:
+            return SandboxPlan(
+                cgroup=f"whalegen/bench-{os.getpid()}-{n}",
+                cpu_milli=1000,
+                host_mem_mib=4096,
+                pids_max=4096,
+                uid=200_001,
+                gid=200_001,
+                private_tmp=True,
+                expose=(str(work / f"run-{n}"),),
+            )
 
         def container(n: int) -> list[str]:
             name = container_name("bench", f"t{n}", 1, "bench")
@@ -80,11 +98,17 @@ def main() -> None:
             )
 
         timed(container(-1))  # warm the image's layers and podman's caches once, not measured
-        samples: dict[str, list[float]] = {"process": [], "container": [], "container via launcher": []}
+        samples: dict[str, list[float]] = {
+            "process": [],
+            "process, sandboxed": [],
+            "container": [],
+            "container via launcher": [],
+        }
         for n in range(args.runs):
-            samples["process"].append(timed(launcher(2 * n, ["true"])))
-            samples["container"].append(timed(container(2 * n)))
-            samples["container via launcher"].append(timed(launcher(2 * n + 1, container(2 * n + 1))))
+            samples["process"].append(timed(launcher(3 * n, ["true"])))
+            samples["process, sandboxed"].append(timed(launcher(3 * n + 2, ["true"], sandboxed(3 * n + 2))))
+            samples["container"].append(timed(container(3 * n)))
+            samples["container via launcher"].append(timed(launcher(3 * n + 1, container(3 * n + 1))))
     base = statistics.median(samples["process"])
     base_p95 = p95(samples["process"])
     print(f"start of `true`, {args.runs} runs each, same run ({' '.join(engine.prefix)})")
