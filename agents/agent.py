@@ -33,7 +33,7 @@ from agents.client import Backoff, PlaneClient, PlaneRejected, PlaneUnavailable
 from agents.enforce.mig import reconcile_mig
 from agents.enforce.mps import MpsError, MpsManager
 from agents.enforce.timeslice import find_overruns
-from agents.isolation import cdi, host, podman
+from agents.isolation import cdi, cgroups, host, podman
 from agents.isolation.plan import SandboxPlan
 from agents.runner import Finished, Runner, TaskProcess, remaining_output, visible_devices
 from agents.state import Outbox, StateFile
@@ -70,6 +70,7 @@ from whalegen.protocol import (
 log = logging.getLogger("whalegen.agent")
 
 Paths = tuple[str, ...]
+STALE_CGROUP_S = 300.0  # an empty run cgroup older than this is a killed launcher's leftover
 
 
 class RunRefused(Exception):
@@ -199,6 +200,15 @@ class Agent:
         if self.config.container_engine is not None:
             ready = podman.engine_available(self.config.container_engine)
             self.policy = dataclasses.replace(self.policy, container_ready=ready)
+        if self.policy.is_root:
+            # Cgroups of this node's runs whose launchers were killed outright (nothing else removes them).
+            with contextlib.suppress(OSError):
+                cgroups.prune_stale(
+                    self.policy.cgroup_root,
+                    host.run_prefix(self.config.node_name),
+                    older_than_s=STALE_CGROUP_S,
+                    now_s=time.time(),
+                )
         self.backend.open()
         self.events.extend(self.backend.events(0))  # registers for events before anything can happen
         self.inventory = self.backend.inventory()

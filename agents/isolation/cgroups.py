@@ -258,6 +258,37 @@ class Cgroup:
             time.sleep(0.05)
 
 
+def prune_stale(root: str, prefix: str, *, older_than_s: float, now_s: float) -> int:
+    """Remove the run cgroups under `root` named `prefix…` that are older than `older_than_s` and hold no
+    process: what launchers killed outright (SIGKILL to their group, a test's or a demo's clean-up) could
+    not remove. The kernel refuses to remove a cgroup that holds a process, and the age keeps a launcher
+    that has just made its cgroup (and not yet moved its command in) out of reach. Returns how many runs'
+    cgroups went."""
+    removed = 0
+    try:
+        tops = sorted({os.path.join(point, root.strip("/")) for _, point, _ in cgroup_mounts()})
+    except OSError:
+        return 0
+    names: set[str] = set()
+    for top in tops:
+        try:
+            with os.scandir(top) as entries:
+                for entry in entries:
+                    ours = entry.is_dir(follow_symlinks=False) and entry.name.startswith(prefix)
+                    if ours and now_s - entry.stat(follow_symlinks=False).st_mtime > older_than_s:
+                        names.add(entry.name)
+        except OSError:
+            continue
+    for name in sorted(names):
+        try:
+            cgroup = Cgroup(f"{root.strip('/')}/{name}")
+        except CgroupError:
+            return removed
+        if not cgroup.pids() and cgroup.remove(timeout_s=0.0):
+            removed += 1
+    return removed
+
+
 def _number(path: str) -> int:
     try:
         with open(path) as source:

@@ -93,6 +93,11 @@ def run_name(node_name: str, plane: str, task_id: str, attempt: int) -> str:
     return f"{safe}-{digest}"
 
 
+def run_prefix(node_name: str) -> str:
+    """What every run name (`run_name`) of this node begins with."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{node_name}-")
+
+
 def process_plan(
     spec: TaskSpec,
     policy: HostPolicy,

@@ -501,3 +501,35 @@ def test_a_container_killed_for_memory_says_so(
         assert not _container_exists(name)
     finally:
         subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True, timeout=60, check=False)
+
+
+@needs_root
+def test_stale_empty_run_cgroups_of_a_node_are_pruned_and_live_or_young_or_others_are_not(
+    cgroup_name: str,
+) -> None:
+    from agents.isolation.cgroups import prune_stale
+
+    root = cgroup_name  # a private root for this test: whalegen/<unique>
+    made = {
+        name: Cgroup(f"{root}/{name}") for name in ("n1-7-0-aaa", "n1-8-0-bbb", "n1-9-0-ccc", "n2-7-0-ddd")
+    }
+    for cgroup in made.values():
+        cgroup.create(cpu_milli=None, host_mem_mib=None, pids_max=None)
+    busy = subprocess.Popen(["sleep", "30"])
+    try:
+        made["n1-8-0-bbb"].join(busy.pid)
+        # Old enough, one node's: pruned unless a process is in it; the other node's stays.
+        later = time.time() + 600
+        assert prune_stale(root, "n1-", older_than_s=300, now_s=later) == 2
+        left = {name for name, cgroup in made.items() if os.path.isdir(cgroup.unique_dirs()[0])}
+        assert left == {"n1-8-0-bbb", "n2-7-0-ddd"}
+        # Young: kept, whatever it holds (its launcher may not have moved its command in yet).
+        young = Cgroup(f"{root}/n1-10-0-eee")
+        young.create(cpu_milli=None, host_mem_mib=None, pids_max=None)
+        assert prune_stale(root, "n1-", older_than_s=300, now_s=time.time()) == 0
+    finally:
+        busy.kill()
+        busy.wait()
+        for name in [*made, "n1-10-0-eee"]:
+            Cgroup(f"{root}/{name}").remove(timeout_s=2.0)
+        Cgroup(root).remove(timeout_s=2.0)
