@@ -173,6 +173,7 @@ class Agent:
         # Set when the poller must fetch now without a long poll (`poll_wait_s` 0): at registration, and
         # when a heartbeat's answer names a newer generation than the poller holds.
         self._fetch = threading.Event()
+        self._plane_answered = threading.Event()  # the poller's last fetch was answered
 
         self.node_id: str | None = None
         self.desired: DesiredState | None = None
@@ -339,6 +340,7 @@ class Agent:
             try:
                 desired = self.poll_client.desired_state(self._poll_generation, max(0.0, wait_s))
                 backoff.succeeded()
+                self._plane_answered.set()
             except (PlaneUnavailable, PlaneRejected, ProtocolError) as error:
                 delay = backoff.failed(time.monotonic())
                 log.info("desired state unavailable (%s); retrying in %.1f s", error, delay)
@@ -362,11 +364,13 @@ class Agent:
         # 3. Desired state.
         with self._inbox_lock:
             incoming, self._inbox = self._inbox, None
+        if self._plane_answered.is_set():
+            # The plane answers again (a poll came back): the heartbeat need not sit out its back-off
+            # (after an outage up to 30 s), which would keep the node lost and its fence down meanwhile.
+            self._plane_answered.clear()
+            self._backoff["heartbeat"].succeeded()
         if incoming is not None:
             self.desired = incoming
-            # The plane answers again: the heartbeat need not sit out its back-off (after an outage up
-            # to 30 s), which would keep the fence down while new runs wait.
-            self._backoff["heartbeat"].succeeded()
             self._apply(now, new=True)
         elif self.desired is not None and now >= self._next_reconcile_s:
             self._apply(now, new=False)
