@@ -100,6 +100,10 @@ class ApiToken(TimestampedModel):
     # The first characters of the token, kept so an operator can tell tokens apart in lists.
     prefix = models.CharField(max_length=16)
     token_hash = models.CharField(max_length=64, unique=True)
+    # The most the token may do in its tenant. At use it acts with the lower of this and its owner's role
+    # there at that moment (apps.tenants.selectors.access_for), so lowering a member lowers their tokens.
+    # No default: every creation states it (services.token_create takes the owner's role when not told).
+    role = models.CharField(max_length=8, choices=Membership.Role.choices)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -109,3 +113,40 @@ class ApiToken(TimestampedModel):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
+
+
+class TokenAudit(models.Model):
+    """Append-only trail of API token creations and revocations: who did it, when, how, to which token.
+
+    The token's name, prefix, tenant and owner are copied, not only linked: the trail must still say what
+    happened after a user, a tenant or the token itself is deleted.
+    """
+
+    class Action(models.TextChoices):
+        CREATED = "created", "created"
+        REVOKED = "revoked", "revoked"
+
+    class Via(models.TextChoices):
+        API = "api", "API"
+        DASHBOARD = "dashboard", "dashboard"
+        OPERATOR = "operator", "operator on the plane"  # `whalegen token create --user`, the demo, scripts
+        ADMIN = "admin", "Django admin"
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    action = models.CharField(max_length=8, choices=Action.choices)
+    token = models.ForeignKey(ApiToken, null=True, on_delete=models.SET_NULL, related_name="audit")
+    token_prefix = models.CharField(max_length=16)
+    token_name = models.CharField(max_length=100)
+    tenant = models.CharField(max_length=64)  # the tenant's slug
+    owner = models.CharField(max_length=150)  # the token's user: for whom it was made
+    role = models.CharField(max_length=8, choices=Membership.Role.choices)
+    actor = models.CharField(max_length=150)  # `user:alice`, or `operator` for the plane's own commands
+    via = models.CharField(max_length=10, choices=Via.choices)
+    # The prefix of the API token the actor called with ("" for a browser session or the plane itself).
+    via_token_prefix = models.CharField(max_length=16, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.token_prefix}… {self.action} by {self.actor}"
