@@ -13,6 +13,13 @@ Conversation (all JSON over HTTP, `Authorization: Bearer <node token>`):
    buffered them on disk through an outage resends them and the plane ignores repeats.
 
 A node sees and changes only its own state: every path acts on the node the token belongs to.
+
+Before the conversation, once per host: `POST JOIN_PATH` with `Join` (no Authorization header; the join
+token an admin made rides in the body, with the host's own inventory) → `Joined`, which carries the new
+node's credential, shown once. 401 for an unknown join token; 403 for one expired, revoked, used up or
+made for another pool; 409 when the node name already has a live credential; 400 for a malformed host
+description. Not a version change: an agent that never joins never calls it, and a plane without it
+answers 404 (docs/agent.md, "Joining").
 Messages ignore unknown fields so either side can add optional ones within a major version.
 
 Versions: 1.0 first release. 1.1 adds `TaskSpec.attempt` and `TaskReport.attempt` (the run of a task:
@@ -50,6 +57,8 @@ REGISTER_PATH = f"{API_PREFIX}/register/"
 HEARTBEAT_PATH = f"{API_PREFIX}/heartbeat/"
 DESIRED_STATE_PATH = f"{API_PREFIX}/desired-state/"
 REPORT_PATH = f"{API_PREFIX}/reports/"
+# Outside the node's conversation: a new host trades a join token for its node credential (`Join`).
+JOIN_PATH = f"{API_PREFIX}/join/"
 TOKEN_HEADER = "Authorization"  # value: "Bearer <token>"
 
 
@@ -304,6 +313,37 @@ class Registered(Message):
     # then its launcher stops it (0: no fence, planes before 1.4). Shorter than the plane's loss
     # threshold by the stop grace and a margin, so the run is gone before its work is placed elsewhere.
     lease_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """A host asks to become a node of `pool`, describing itself as NVML sees it (`GpuBackend.inventory`,
+    what `whalegen agent inspect` reads): the plane creates the node and its GPUs from this, never from
+    what a person typed."""
+
+    join_token: str
+    pool: str
+    node_name: str
+    hostname: str
+    agent_version: str
+    cpu_milli: int  # the host's CPUs, thousandths of a core
+    mem_mib: int  # the host's memory
+    protocol_version: str = PROTOCOL_VERSION
+    driver_version: str = ""
+    inventory: tuple[GpuInventory, ...] = ()
+
+
+@dataclass(frozen=True)
+class Joined(Message):
+    """The node the host now is, and its credential: the plane keeps only the credential's hash."""
+
+    node_id: str
+    node_name: str
+    cluster: str
+    pool: str
+    credential: str
+    # The pool's admin must approve the node first: until then it heartbeats but is given no work.
+    pending_approval: bool = False
 
 
 @dataclass(frozen=True)

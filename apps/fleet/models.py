@@ -1,11 +1,12 @@
 """What the plane keeps about each node's agent: its session, desired-state generation, the reports it
-sent (for idempotency), what it says about each task it was given, GPU events and telemetry samples."""
+sent (for idempotency), what it says about each task it was given, GPU events and telemetry samples;
+and how nodes join: join tokens and each joined node's approval (docs/agent.md, "Joining")."""
 
 from __future__ import annotations
 
 from django.db import models
 
-from apps.inventory.models import Gpu, Node
+from apps.inventory.models import Cluster, Gpu, Node, Pool
 from apps.workloads.models import Task
 
 
@@ -188,3 +189,72 @@ class TaskSample(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} at {self.at}: {self.used_mib} MiB"
+
+
+class JoinToken(models.Model):
+    """A secret an admin hands to GPU hosts so that each can make itself a node of one pool, once
+    (`whalegen agent join`): the host trades it for its own node credential.
+
+    Only the hash is kept; the secret is shown once, when made. `uses` is raised by a conditional UPDATE
+    that must touch one row (`apps.fleet.join.node_join`), so a single-use token joins one node however
+    many hosts present it at the same moment.
+    """
+
+    name = models.SlugField(max_length=64, unique=True)
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="join_tokens")
+    # A node belongs to a cluster as well as a pool; the token says which, so the host needs to know
+    # only the pool (what the operator asked for).
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="join_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)  # SHA-256 of the secret
+    prefix = models.CharField(max_length=16)  # the secret's first characters: to tell tokens apart
+    created_at = models.DateTimeField()
+    created_by = models.CharField(max_length=150, blank=True)  # an actor: "user:root", "cli:ops"
+    expires_at = models.DateTimeField()
+    max_uses = models.PositiveIntegerField(null=True, blank=True)  # None: unlimited until expiry
+    uses = models.PositiveIntegerField(default=0)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=150, blank=True)
+    # The token's, not the pool's: a pool whose nodes all need approval is one whose admins make only
+    # approval tokens. Kept here so inventory's tables stay inventory's.
+    requires_approval = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_uses__isnull=True) | models.Q(max_uses__gte=1),
+                name="join_token_max_uses_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_uses__isnull=True) | models.Q(uses__lte=models.F("max_uses")),
+                name="join_token_uses_within_max",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"join token {self.name} ({self.prefix}…) for pool {self.pool_id}"
+
+
+class NodeJoin(models.Model):
+    """How a node joined: by which token, from which host, and whether an admin has approved it.
+
+    A node waiting for approval is cordoned (the scheduler gives it nothing) and cannot be uncordoned
+    until approved; its agent registers and heartbeats meanwhile, so the admin sees a live node.
+    """
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True, related_name="joined")
+    join_token = models.ForeignKey(
+        JoinToken, on_delete=models.SET_NULL, null=True, blank=True, related_name="joins"
+    )
+    joined_at = models.DateTimeField()
+    hostname = models.CharField(max_length=255, blank=True)
+    approval_required = models.BooleanField(default=False)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.CharField(max_length=150, blank=True)
+
+    def __str__(self) -> str:
+        return f"node {self.node_id} joined {self.joined_at}"
+
+    @property
+    def pending_approval(self) -> bool:
+        return self.approval_required and self.approved_at is None

@@ -9,11 +9,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max, Min, Value, prefetch_related_objects
+from django.core.exceptions import ValidationError
+from django.db.models import Max, Min, QuerySet, Value, prefetch_related_objects
 from django.db.models.functions import Coalesce
 
-from apps.fleet.models import GpuPartition, GpuSample, TaskRun
-from apps.inventory.models import ComputeUnit, Gpu, Node, Pool
+from apps.fleet.models import GpuPartition, GpuSample, JoinToken, NodeJoin, TaskRun
+from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import run_uid_refusal
 from apps.workloads.models import Queue, Task
@@ -357,3 +358,46 @@ def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sa
         if busiest < util_pct and first_at <= since + slack and last_at >= now - 1.5 * slack:
             idle.add(task_id)
     return idle
+
+
+# ---------------------------------------------------------------------------------------------- joining
+
+
+def join_token_list() -> QuerySet[JoinToken]:
+    """Every join token, newest first (platform admins only: the caller checks)."""
+    return JoinToken.objects.select_related("pool", "cluster").order_by("-created_at", "-id")
+
+
+def join_token_find(*, ref: str) -> JoinToken | None:
+    """A join token by its id, its name or the first characters of its secret (`wgj_…`, as listed)."""
+    tokens = join_token_list()
+    if ref.isdigit():
+        return tokens.filter(pk=int(ref)).first()
+    if ref.startswith("wgj_"):
+        return tokens.filter(prefix=ref[:12]).first() if len(ref) >= 12 else None
+    return tokens.filter(name=ref).first()
+
+
+def node_join_get(*, node: Node) -> NodeJoin | None:
+    return NodeJoin.objects.filter(node=node).select_related("join_token").first()
+
+
+def join_token_target(*, pool_name: str, cluster_name: str | None) -> tuple[Pool, Cluster]:
+    """The pool and cluster a new join token is for. The cluster may be left out when there is one only,
+    or when every node of the pool is in one (the usual case: a pool per site)."""
+    pool = Pool.objects.filter(name=pool_name).first()
+    if pool is None:
+        raise ValidationError({"pool": [f"there is no pool {pool_name!r}"]})
+    if cluster_name:
+        cluster = Cluster.objects.filter(name=cluster_name).first()
+        if cluster is None:
+            raise ValidationError({"cluster": [f"there is no cluster {cluster_name!r}"]})
+        return pool, cluster
+    candidates = list(Cluster.objects.filter(nodes__pool=pool).distinct()[:2])
+    if len(candidates) != 1:
+        candidates = list(Cluster.objects.all()[:2])
+    if len(candidates) != 1:
+        raise ValidationError(
+            {"cluster": ["name the cluster the new nodes join: there is more than one (or none)"]}
+        )
+    return pool, candidates[0]

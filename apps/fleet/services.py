@@ -40,6 +40,7 @@ from apps.fleet.models import (
     GpuPartition,
     GpuSample,
     NodeAgent,
+    NodeJoin,
     TaskRun,
     TaskSample,
 )
@@ -1128,6 +1129,13 @@ def node_cordon(*, node: Node, actor: str) -> Node:
 def node_uncordon(*, node: Node, actor: str) -> Node:
     if node.state == Node.State.LOST:
         raise Conflict(f"node {node.name} is lost; it becomes ready again when its agent heartbeats")
+    if NodeJoin.objects.filter(node=node, approval_required=True, approved_at__isnull=True).exists():
+        # The approval's cordon is lifted only by approving (apps.fleet.join.node_approve).
+        raise Conflict(
+            f"node {node.name} joined with a token that needs approval and is not approved yet; approve "
+            f"it (POST /api/v1/nodes/{node.pk}/approve/ or whalegen approve node "
+            f"{node.cluster.name}/{node.name})"
+        )
     Node.objects.filter(pk=node.pk).update(state=Node.State.READY, version=F("version") + 1)
     log.info("%s uncordoned node %s", actor, node.name, extra={"node": node.name})
     node.refresh_from_db()
