@@ -66,11 +66,16 @@ def access_for(*, user: AbstractBaseUser | AnonymousUser, token: ApiToken | None
     platform_admin = bool(getattr(user, "is_staff", False))
     if token is not None:
         # A token narrows its owner twice: to its tenant's subtree, and to its own role there. A platform
-        # admin's token carries the platform role only when it is an admin token: a staff member's viewer
-        # token for a dashboard must not decide overrides.
+        # admin's token carries the platform role only when it is an admin token: a platform admin's
+        # viewer token for a wall dashboard must not decide overrides.
         scope = _subtree(tree, token.tenant_id)
-        roles = {tid: role_lower(role, token.role) for tid, role in roles.items() if tid in scope}
-        platform_admin = platform_admin and token.role == Membership.Role.ADMIN
+        if platform_admin and token.role != Membership.Role.ADMIN:
+            # A platform admin is admin everywhere, so their weaker token holds its own role across its
+            # scope, membership or not, and nothing of the platform role.
+            roles = {tid: token.role for tid in scope}
+            platform_admin = False
+        else:
+            roles = {tid: role_lower(role, token.role) for tid, role in roles.items() if tid in scope}
     return Access(platform_admin=platform_admin, roles=roles)
 
 
