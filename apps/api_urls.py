@@ -14,4 +14,5 @@ urlpatterns = [
     path("", include("apps.fleet.api.urls")),
     path("", include("apps.logs.api.urls")),
     path("", include("apps.accounting.api.urls")),
+    path("", include("apps.declarative.api.urls")),
 ]

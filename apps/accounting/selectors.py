@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.accounting.models import Budget, HeldUnit
+from apps.declarative.models import GpuPrice
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.fields import unit_ids_sql
 from apps.scheduling.models import Assignment
@@ -115,8 +116,11 @@ class Filters:
 
 
 def gpu_prices() -> dict[str, float]:
-    """Price per GPU-hour by catalogue model, from WHALEGEN_GPU_PRICES (parsed in settings)."""
-    return dict(getattr(settings, "WHALEGEN_GPU_PRICES", {}))
+    """Price per GPU-hour by catalogue model: WHALEGEN_GPU_PRICES (parsed in settings), and over it every
+    price applied as a GpuPrice document (`whalegen apply`; apps.declarative)."""
+    prices = dict(getattr(settings, "WHALEGEN_GPU_PRICES", {}))
+    prices.update(dict(GpuPrice.objects.values_list("model", "per_gpu_hour")))
+    return prices
 
 
 def _in(column: str, values: Sequence[Any], where: list[str], params: list[Any]) -> None:

@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "apps.fleet",
     "apps.logs",
     "apps.accounting",
+    "apps.declarative",
     "apps.metrics",
     "apps.dashboard",
 ]
