@@ -6,6 +6,7 @@ due, so tasks stay supervised while the plane is unreachable.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,12 +16,15 @@ import requests
 from whalegen.protocol import (
     DESIRED_STATE_PATH,
     HEARTBEAT_PATH,
+    JOIN_PATH,
     REGISTER_PATH,
     REPORT_PATH,
     TOKEN_HEADER,
     DesiredState,
     Heartbeat,
     HeartbeatAck,
+    Join,
+    Joined,
     Message,
     ProtocolError,
     Register,
@@ -40,6 +44,20 @@ class PlaneRejected(RuntimeError):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"HTTP {status}: {body[:300]}")
         self.status = status
+        self.body = body
+
+    @property
+    def detail(self) -> str:
+        """The plane's one-sentence reason (`{"detail": …}`), or the body's start when it sent none."""
+        try:
+            data = json.loads(self.body)
+        except ValueError:
+            return self.body[:300]
+        if isinstance(data, dict) and isinstance(data.get("detail"), str):
+            fields = [f"{key}: {'; '.join(map(str, value))}" for key, value in data.items()
+                      if key != "detail" and isinstance(value, list)]  # fmt: skip
+            return "; ".join([data["detail"], *fields]) if fields else data["detail"]
+        return self.body[:300]
 
 
 @dataclass
@@ -68,11 +86,13 @@ class Backoff:
 
 
 class PlaneClient:
-    def __init__(self, server: str, token: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, server: str, token: str | None, *, timeout_s: float = 10.0) -> None:
+        """`token` None: a host that has no credential yet, which may only join (`join`)."""
         self.server = server.rstrip("/")
         self.timeout_s = timeout_s
         self.session = requests.Session()
-        self.session.headers[TOKEN_HEADER] = f"Bearer {token}"
+        if token is not None:
+            self.session.headers[TOKEN_HEADER] = f"Bearer {token}"
 
     def _request(
         self, method: str, path: str, *, body: Message | None = None, **kwargs: Any
@@ -106,6 +126,11 @@ class PlaneClient:
             return response.json()
         except ValueError:
             raise ProtocolError(f"{response.url}: response is not JSON") from None
+
+    def join(self, message: Join) -> Joined:
+        """Trade a join token for this host's node credential. Not repeated on a lost answer beyond the
+        connection retry of `_request`: a single-use token is spent by the first request that arrived."""
+        return Joined.from_dict(self._json(self._request("POST", JOIN_PATH, body=message)))
 
     def register(self, message: Register) -> Registered:
         return Registered.from_dict(self._json(self._request("POST", REGISTER_PATH, body=message)))

@@ -5,9 +5,9 @@ agent runs on GPU hosts without Django or Celery (tests/test_import_rules.py).
 
 - `redact` / `RedactFilter` rewrite a message with its arguments merged in and every credential replaced
   by `[redacted]`: bearer and basic credentials, the plane's own token formats (`wg_…` user tokens,
-  `wgn_…` node tokens), and `token=` / `password=` / `secret=` / `SECRET_KEY=` style pairs, in
-  `key=value`, `key: value` and JSON/dict (`"key": "value"`) spellings. Both formatters redact again
-  what the filter never sees: exception tracebacks and stack text.
+  `wgn_…` node tokens, `wgj_…` join tokens), and `token=` / `password=` / `secret=` / `SECRET_KEY=`
+  style pairs, in `key=value`, `key: value` and JSON/dict (`"key": "value"`) spellings. Both formatters
+  redact again what the filter never sees: exception tracebacks and stack text.
 - `JsonFormatter` writes one JSON object per line: `ts` (UTC, ISO 8601, milliseconds), `level`, `logger`,
   `message`, then whichever context fields the record carries (CONTEXT_FIELDS), then `exc`/`stack`.
 - `PlainFormatter` writes the historic `asctime level logger message` line and appends the known context
@@ -32,7 +32,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # `Authorization: Bearer abc…` and `Basic …`, wherever they appear (a header dict, a curl line).
     (re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+"), rf"\1\2{REDACTED}"),
     # The plane's own credentials, recognisable by their prefix even without a key beside them.
-    (re.compile(r"\bwgn?_[A-Za-z0-9_-]{16,}"), REDACTED),
+    (re.compile(r"\bwg[nj]?_[A-Za-z0-9_-]{16,}"), REDACTED),
     # "token": "abc", 'password': 'x', token=abc, SECRET_KEY=abc, secret: abc (value up to a delimiter).
     (
         re.compile(rf"(?i)(\b{_SECRET_KEYS}[\"']?\s*[=:]\s*)([\"']?)([^\s&\"',;}}\]]+)"),

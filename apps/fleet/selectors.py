@@ -401,3 +401,12 @@ def join_token_target(*, pool_name: str, cluster_name: str | None) -> tuple[Pool
             {"cluster": ["name the cluster the new nodes join: there is more than one (or none)"]}
         )
     return pool, candidates[0]
+
+
+def node_find(*, ref: str) -> Node | None:
+    """A node named as people name it on the command line: CLUSTER/NODE, or its id."""
+    nodes = Node.objects.select_related("cluster", "pool")
+    if ref.isdigit():
+        return nodes.filter(pk=int(ref)).first()
+    cluster, slash, name = ref.partition("/")
+    return nodes.filter(cluster__name=cluster, name=name).first() if slash else None

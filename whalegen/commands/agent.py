@@ -1,12 +1,18 @@
-"""`whalegen agent`: run the node agent, or `whalegen agent inspect` to print this host's GPUs as JSON.
+"""`whalegen agent`: run the node agent, join this host to a pool, or print this host's GPUs as JSON.
 
-    whalegen agent --server URL --token T [--backend nvml|sim] [--sim-spec FILE] [--state-dir DIR]
+    whalegen agent join --server URL --join-token T --pool P [--name N] [--state-dir DIR] [--force]
+    whalegen agent [--server URL] [--token T] [--backend nvml|sim] [--sim-spec FILE] [--state-dir DIR]
     whalegen agent inspect [--backend nvml|sim] [--sim-spec FILE]
 
 `--backend sim` without `--sim-spec` plays the example host shipped in agents/sim/example-host.yaml.
 
-The token may come from WHALEGEN_AGENT_TOKEN or a file named by WHALEGEN_AGENT_TOKEN_FILE instead of
-the command line (where other users of the host can read it). Imports only the agent, never Django.
+`join` trades a join token for this node's credential and keeps it in the state directory (mode 0600);
+run again on a host that joined, it says so and exits 0 without spending the token (`--force` joins
+anew). The agent then needs no token argument: it reads the credential (and the server it joined)
+from there. A token given explicitly — `--token`, WHALEGEN_AGENT_TOKEN, or a file named by
+WHALEGEN_AGENT_TOKEN_FILE (not the command line, where other users of the host can read it) — wins
+over the joined one. Given a join token (WHALEGEN_AGENT_JOIN_TOKEN[_FILE]) and a pool but no
+credential, the agent joins first (docker/compose.yaml does). Imports only the agent, never Django.
 """
 
 from __future__ import annotations
@@ -25,9 +31,26 @@ DEFAULT_STATE_DIR = "/var/lib/whalegen-agent"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", nargs="?", choices=["run", "inspect"], default="run")
+    parser.add_argument("action", nargs="?", choices=["run", "inspect", "join"], default="run")
     parser.add_argument("--server", default=os.environ.get("WHALEGEN_AGENT_SERVER"), help="control plane URL")
-    parser.add_argument("--token", default=None, help="this node's token (or WHALEGEN_AGENT_TOKEN[_FILE])")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="this node's token (or WHALEGEN_AGENT_TOKEN[_FILE]; default: what `join` kept in --state-dir)",
+    )
+    parser.add_argument(
+        "--join-token",
+        default=None,
+        help="a join token to trade for this node's credential (or WHALEGEN_AGENT_JOIN_TOKEN[_FILE])",
+    )
+    parser.add_argument(
+        "--pool",
+        default=os.environ.get("WHALEGEN_AGENT_POOL"),
+        help="the pool to join (or WHALEGEN_AGENT_POOL)",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="join: join again although this host holds a credential"
+    )
     parser.add_argument(
         "--backend", choices=["nvml", "sim"], default=os.environ.get("WHALEGEN_AGENT_BACKEND", "nvml")
     )
@@ -42,7 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir", type=Path, default=Path(os.environ.get("WHALEGEN_AGENT_STATE_DIR", DEFAULT_STATE_DIR))
     )
-    parser.add_argument("--node-name", default=None, help="name to register under (default: hostname)")
+    parser.add_argument(
+        "--node-name",
+        "--name",
+        dest="node_name",
+        default=os.environ.get("WHALEGEN_AGENT_NODE_NAME"),
+        help="the node's name (or WHALEGEN_AGENT_NODE_NAME; default: the joined node's, else the hostname)",
+    )
     parser.add_argument(
         "--allow-mig-mode-change",
         action="store_true",
@@ -93,7 +122,16 @@ def _token(args: argparse.Namespace) -> str | None:
     path = os.environ.get("WHALEGEN_AGENT_TOKEN_FILE")
     if path:
         return Path(path).read_text().strip()
-    return os.environ.get("WHALEGEN_AGENT_TOKEN")
+    return os.environ.get("WHALEGEN_AGENT_TOKEN") or None
+
+
+def _join_token(args: argparse.Namespace) -> str | None:
+    if args.join_token:
+        return str(args.join_token)
+    path = os.environ.get("WHALEGEN_AGENT_JOIN_TOKEN_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get("WHALEGEN_AGENT_JOIN_TOKEN") or None
 
 
 def _backend(args: argparse.Namespace, sim_dir: Path) -> Any:
@@ -158,17 +196,89 @@ def configure_logging(*, fmt: str, level: str, node: str) -> logging.Handler:
     return handler
 
 
+def _join(args: argparse.Namespace) -> int:
+    """`whalegen agent join`: 0 when this host holds a credential afterwards (joined now, or before);
+    otherwise the plane's reason, one line, with the exit status a provisioning script acts on."""
+    from agents.backend import BackendError
+    from agents.client import PlaneRejected, PlaneUnavailable
+    from agents.join import credential_load, credential_path, join
+    from whalegen.commands._errors import EXIT_AUTH, EXIT_INVALID, EXIT_UNREACHABLE
+
+    held = credential_load(args.state_dir)
+    if held is not None and not args.force:
+        print(f"whalegen agent join: this host already joined as {held.describe()}; nothing to do "
+              f"(its credential: {credential_path(args.state_dir)}; --force joins again)")  # fmt: skip
+        return 0
+    join_token = _join_token(args)
+    missing = [flag for flag, value in (("--server", args.server), ("--join-token", join_token),
+                                        ("--pool", args.pool)) if not value]  # fmt: skip
+    if missing:
+        print(f"whalegen agent join: {', '.join(missing)} required (or WHALEGEN_AGENT_SERVER, "
+              "WHALEGEN_AGENT_JOIN_TOKEN[_FILE], WHALEGEN_AGENT_POOL)", file=sys.stderr)  # fmt: skip
+        return 2
+    assert join_token is not None
+    args.state_dir.mkdir(parents=True, exist_ok=True)
+    backend = _backend(args, args.state_dir / "sim")
+    try:
+        backend.open()
+    except BackendError as error:
+        print(f"whalegen agent join: cannot read this host's GPUs: {error}", file=sys.stderr)
+        return 1
+    try:
+        node = join(
+            server=args.server,
+            backend=backend,
+            join_token=join_token,
+            pool=args.pool,
+            node_name=args.node_name or os.uname().nodename,
+            state_dir=args.state_dir,
+        )
+    except PlaneUnavailable as error:
+        print(f"whalegen agent join: the plane did not answer ({error}); try again", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except PlaneRejected as error:
+        print(f"whalegen agent join: refused: {error.detail}", file=sys.stderr)
+        return {400: EXIT_INVALID, 401: EXIT_AUTH, 403: EXIT_AUTH}.get(error.status, 1)
+    finally:
+        backend.close()
+    print(f"whalegen agent join: joined as {node.describe()}; credential kept in "
+          f"{credential_path(args.state_dir)} (mode 0600)")  # fmt: skip
+    if node.pending_approval:
+        print("whalegen agent join: the pool needs a platform admin's approval of this node; it heartbeats "
+              "but takes no work until then")  # fmt: skip
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    from agents.join import credential_load
+
+    joined = credential_load(args.state_dir)
     configure_logging(
         fmt=os.environ.get("WHALEGEN_LOG_FORMAT", "plain"),
         level=str(args.log_level),
-        node=args.node_name or os.uname().nodename,
+        node=args.node_name or (joined.node_name if joined else os.uname().nodename),
     )
     if args.action == "inspect":
         return _inspect(args)
+    if args.action == "join":
+        return _join(args)
     token = _token(args)
+    if token is None and joined is None and _join_token(args):
+        # Join if needed, then run: what a container or unit that starts from nothing does.
+        code = _join(args)
+        if code != 0:
+            return code
+        joined = credential_load(args.state_dir)
+    if token is None and joined is not None:
+        token = joined.credential
+        args.server = args.server or joined.server
+        args.node_name = args.node_name or joined.node_name
     if not args.server or not token:
-        print("whalegen agent: --server and --token (or WHALEGEN_AGENT_TOKEN) are required", file=sys.stderr)
+        print(
+            "whalegen agent: --server and --token (or WHALEGEN_AGENT_TOKEN[_FILE]) are required, unless this "
+            "host joined (`whalegen agent join`, or a join token in WHALEGEN_AGENT_JOIN_TOKEN[_FILE])",
+            file=sys.stderr,
+        )
         return 2
     from agents.agent import Agent, AgentConfig
     from agents.isolation.host import parse_uid_range
