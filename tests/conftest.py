@@ -44,7 +44,7 @@ class World:
     quota_a: Any
     quota_b: Any
     node: Any
-    task_a: Any  # a pending task of A (made through submission, so charged)
+    task_a: Any  # a pending task of A (made through submission; pending, it holds no quota)
     task_b: Any
 
 

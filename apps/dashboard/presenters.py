@@ -45,7 +45,7 @@ class QuotaBar:
     @property
     def scale_milli(self) -> int:
         # Never below what is in use: a quota lowered under running work still shows all of it.
-        return max(self.quota.limit_milli, self.in_use_milli, self.quota.charged_milli, 1)
+        return max(self.quota.limit_milli, self.requested_milli, 1)
 
     @property
     def within_pct(self) -> float:
@@ -60,9 +60,14 @@ class QuotaBar:
         return _pct(self.quota.guaranteed_milli, self.scale_milli)
 
     @property
+    def requested_milli(self) -> int:
+        """What is held plus what waiting tasks ask (they hold nothing until admitted)."""
+        return self.in_use_milli + getattr(self.quota, "waiting_milli", 0)
+
+    @property
     def requested_pct(self) -> float:
-        """Everything charged, pending tasks included: drawn as an outline behind the bar."""
-        return _pct(self.quota.charged_milli, self.scale_milli)
+        """Held and waiting together: drawn as an outline behind the bar."""
+        return _pct(self.requested_milli, self.scale_milli)
 
 
 def quota_bars(quotas: Iterable[Quota], usage: dict[tuple[int, int], QuotaUsage]) -> list[QuotaBar]:

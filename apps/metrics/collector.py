@@ -163,9 +163,9 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
             "whalegen_quota_borrow_limit_milli", "Milli-GPUs the tenant may borrow above its guarantee.",
             labels=["tenant", "pool"],
         ),
-        "charged": GaugeMetricFamily(
-            "whalegen_quota_charged_milli",
-            "Milli-GPUs the tenant's live tasks (pending included) hold against the quota.",
+        "waiting": GaugeMetricFamily(
+            "whalegen_quota_waiting_milli",
+            "Milli-GPUs the tenant's pending tasks ask; they hold no quota until a cycle admits them.",
             labels=["tenant", "pool"],
         ),
         "in_use": GaugeMetricFamily(
@@ -194,7 +194,7 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
         use = readings.usage.get((row["tenant_id"], row["pool_id"]))
         quota["guaranteed"].add_metric(labels, row["guaranteed_milli"])
         quota["borrow"].add_metric(labels, row["borrow_limit_milli"])
-        quota["charged"].add_metric(labels, row["charged_milli"])
+        quota["waiting"].add_metric(labels, row["waiting_milli"])
         quota["in_use"].add_metric(labels, use.in_use_milli if use else 0)
         quota["borrowed"].add_metric(labels, use.reclaimable_milli if use else 0)
         if row["budget_gpu_hours"] is not None:

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, F, Min, OuterRef, Q, Subquery
+from django.db.models import Count, F, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from apps.accounting.selectors import month_usage
@@ -36,7 +36,7 @@ class PlaneReadings:
     units: list[Row]  # pool_id, cluster, kind, units, held, milli, held_milli
     tasks: list[Row]  # pool_id, state, tasks, idle (flagged by the idle check)
     pending: list[Row]  # pool_id, why_pending_code, tasks, oldest
-    quotas: list[Row]  # tenant_id, tenant_slug, pool_id, guaranteed_milli, borrow_limit_milli, charged_milli
+    quotas: list[Row]  # tenant_id, tenant_slug, pool_id, guaranteed_milli, borrow_limit_milli, waiting_milli
     usage: dict[tuple[int, int], QuotaUsage]  # (tenant id, pool id) → placed usage
     budget_used: dict[tuple[str, str], float]  # (tenant slug, pool name) → GPU-hours this month, budgeted
     latest_cycles: list[Row]  # one Cycle row per pool that has one
@@ -122,15 +122,25 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
         .annotate(tasks=Count("id"), idle=Count("id", filter=Q(idle_flagged_at__isnull=False)))
         .order_by()
     )
+    # What each tenant's pending tasks ask in the pool (they hold nothing until admitted), in the same read.
+    waiting = (
+        Task.objects.filter(
+            tenant_id=OuterRef("tenant_id"), pool_id=OuterRef("pool_id"), state=Task.State.PENDING
+        )
+        .order_by()
+        .values("tenant_id")
+        .annotate(milli=Sum(F("gpu_count") * F("gpu_milli")))
+        .values("milli")
+    )
     quotas = list(
         Quota.objects.values(
             "tenant_id",
             "pool_id",
             "guaranteed_milli",
             "borrow_limit_milli",
-            "charged_milli",
             tenant_slug=F("tenant__slug"),
             budget_gpu_hours=F("budget__gpu_hours"),
+            waiting_milli=Coalesce(Subquery(waiting), 0),
         )
     )
     usage = quota_usage(tenant_ids=sorted({q["tenant_id"] for q in quotas})) if quotas else {}

@@ -1106,6 +1106,21 @@ def live_usage_milli(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
     return usage
 
 
+def live_usage_mem_mib(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
+    """The GPU memory each tenant's live tasks in the pool state (count × gpu_mem_mib), for quotas that
+    bound it."""
+    usage: dict[int, int] = defaultdict(int)
+    rows = (
+        Task.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids, state__in=LIVE_STATES)
+        .values("tenant_id")
+        .annotate(mem=Sum(F("gpu_count") * Coalesce(F("gpu_mem_mib"), 0)))
+        .values_list("tenant_id", "mem")
+    )
+    for tenant_id, mem in rows:
+        usage[tenant_id] += mem or 0
+    return usage
+
+
 @dataclass(frozen=True)
 class QuotaUsage:
     """What a tenant's placed tasks hold in a pool: all of it, and the part held by tasks admitted above

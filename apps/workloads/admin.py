@@ -11,14 +11,12 @@ class QuotaAdmin(admin.ModelAdmin):
         "guaranteed_milli",
         "borrow_limit_milli",
         "gpu_mem_limit_mib",
-        "charged_milli",
     ]
     list_filter = ["pool"]
 
-    # The charge is bookkeeping kept by submission and state changes; editing it by hand breaks accounting,
-    # and so would moving a quota (with its charge) to another tenant or pool.
+    # Moving a quota to another tenant or pool would move the work admitted under it with it.
     def get_readonly_fields(self, request, obj=None):
-        return ["charged_milli", "charged_mem_mib", *(["tenant", "pool"] if obj else [])]
+        return ["tenant", "pool"] if obj else []
 
 
 @admin.register(Queue)

@@ -16,9 +16,12 @@ from apps.tenants.models import Tenant
 class Quota(TimestampedModel):
     """A tenant's share of a pool, in milli-GPUs (1000 = one whole GPU).
 
-    `charged_*` is what the tenant's live tasks (not yet finished) in this pool hold: submission adds to
-    it under a row lock and refuses anything above `guaranteed + borrow limit`; a final state gives it
-    back. The scheduler later decides which of those tasks run inside the guarantee and which borrow.
+    Only admitted work holds quota (docs/scheduling.md, "Admission"): a pending task holds none, however
+    long it waits. Submission refuses only what could never be admitted (above `guaranteed + borrow
+    limit` even with all the tenant's work ended); the cycle admits a task only when what the tenant's
+    admitted, assigned and running tasks hold plus the task's ask stays within the limit, checked under
+    this row's lock. What is held is read from those tasks (`apps.scheduling.selectors.live_usage`),
+    not kept in a counter that could drift from them.
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quotas")
@@ -26,8 +29,6 @@ class Quota(TimestampedModel):
     guaranteed_milli = models.PositiveIntegerField()
     borrow_limit_milli = models.PositiveIntegerField(default=0)
     gpu_mem_limit_mib = models.PositiveBigIntegerField(null=True, blank=True)
-    charged_milli = models.PositiveBigIntegerField(default=0)
-    charged_mem_mib = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["tenant__slug", "pool__name"]
@@ -209,7 +210,7 @@ class Task(TimestampedModel):
 
     @property
     def charge_milli(self) -> int:
-        """What this task holds against its quota while it is alive."""
+        """What this task holds against its quota once admitted, until it ends or goes back to pending."""
         return self.gpu_count * self.gpu_milli
 
     @property

@@ -6,12 +6,15 @@ so nobody learns that another tenant's task 1234 exists.
 
 from __future__ import annotations
 
-from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models import Count, F, Min, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 from django.http import Http404
 
 from apps.tenants.selectors import Access
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
-from apps.workloads.state_machine import FINAL
+
+# The states whose tasks hold quota: admission charges a task, its end or return to pending gives it back.
+HOLDING = (Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING)
 
 
 def _visible(queryset: QuerySet, access: Access, tenant_field: str = "tenant_id") -> QuerySet:
@@ -48,13 +51,20 @@ def queue_get(*, access: Access, queue_id: int) -> Queue:
 
 
 def quota_list(*, access: Access) -> QuerySet[Quota]:
-    """Quotas with their usage: the charge, and how many live tasks hold it (pending vs the rest)."""
-    live = ~Q(pool__tasks__state__in=FINAL)
+    """Quotas with their use: what admitted work holds (admitted, assigned, running: what the limit
+    counts), what waiting work asks (it holds nothing), and how many tasks each is."""
     same_tenant = Q(pool__tasks__tenant_id=F("tenant_id"))
+    held = same_tenant & Q(pool__tasks__state__in=HOLDING)
+    waiting = same_tenant & Q(pool__tasks__state=Task.State.PENDING)
+    asked = F("pool__tasks__gpu_count") * F("pool__tasks__gpu_milli")
+    asked_mem = F("pool__tasks__gpu_count") * Coalesce(F("pool__tasks__gpu_mem_mib"), 0)
     return _visible(
         Quota.objects.select_related("tenant", "pool").annotate(
-            tasks_pending=Count("pool__tasks", filter=same_tenant & Q(pool__tasks__state=Task.State.PENDING)),
-            tasks_live=Count("pool__tasks", filter=same_tenant & live),
+            held_milli=Coalesce(Sum(asked, filter=held), 0),
+            held_mem_mib=Coalesce(Sum(asked_mem, filter=held), 0),
+            waiting_milli=Coalesce(Sum(asked, filter=waiting), 0),
+            tasks_pending=Count("pool__tasks", filter=waiting),
+            tasks_admitted=Count("pool__tasks", filter=held),
         ),
         access,
     )

@@ -1,10 +1,12 @@
-"""Writes for queues, quotas and tasks: submission with quota accounting, and every state change."""
+"""Writes for queues, quotas and tasks: submission (refusing only what could never run), and every state
+change."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import re
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -15,19 +17,21 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Exists, F, OuterRef, QuerySet, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict
 from apps.fleet.changes import node_changed
 from apps.forecasting.services import tasks_forecast_attach_on_commit
-from apps.inventory.models import Gpu, Pool
+from apps.inventory.models import Gpu, Node, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant, run_uid_refusal
 from apps.workloads.models import Queue, Quota, Task, TaskEvent, TaskWait
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
 from apps.workloads.task_insert import queue_get_for_submission, tasks_insert
 from whalegen.gpus import UnknownGpuModel, get_model
+from whalegen.placement.words import gpus_text
 
 
 def user_actor(user: AbstractBaseUser | None) -> str:
@@ -113,8 +117,8 @@ def quota_set(
     borrow_limit_milli: int = 0,
     gpu_mem_limit_mib: int | None = None,
 ) -> Quota:
-    """Create or change a tenant's quota in a pool. Lowering it below what is charged is allowed: running
-    work is never evicted by a quota edit, new submissions are refused until the charge falls."""
+    """Create or change a tenant's quota in a pool. Lowering it below what the tenant holds is allowed:
+    admitted work is never evicted by a quota edit; nothing new is admitted until what it holds falls."""
     quota, _ = Quota.objects.update_or_create(
         tenant=tenant,
         pool=pool,
@@ -158,6 +162,13 @@ class TaskRequest:
 
 
 _REQUEST_FIELDS = tuple(f.name for f in fields(TaskRequest) if f.name != "queue")
+
+
+class CannotRunHere(ValidationError):
+    """A valid request the pool could never run, whatever ends or frees: above the tenant's limit, larger
+    than any node, no quota. The API answers it 400 with `code: cannot_run_here`, so a pipeline can tell
+    "this file can never run there" (exit 66) from "fix a typo" (65); a busy pool or a full quota is not
+    one of these: such a request is accepted and waits (docs/scheduling.md, "Admission")."""
 
 
 def _validate_shape(request: TaskRequest) -> list[str]:
@@ -280,7 +291,7 @@ def _validate_against_pool(
         present = known[pool.pk] = _pool_models(pool)
     candidates = {m: cap for m, cap in present.items() if not models or m in models}
     if models and present and not candidates:
-        raise ValidationError(
+        raise CannotRunHere(
             {
                 "allowed_gpu_models": [
                     f"pool {pool.name!r} has none of {', '.join(models)} "
@@ -289,7 +300,7 @@ def _validate_against_pool(
             }
         )
     if request.isolation == Task.Isolation.MIG and not any(candidates.values()):
-        raise ValidationError(
+        raise CannotRunHere(
             {
                 "isolation": [
                     f"pool {pool.name!r} has no MIG-capable GPU"
@@ -299,92 +310,198 @@ def _validate_against_pool(
         )
 
 
-def _quota_refusal(
+@dataclass(frozen=True)
+class NodeSize:
+    """One node of a pool as admission sees it: what it has when nothing runs on it."""
+
+    cpu_milli: int
+    mem_mib: int
+    gpus_by_model: Mapping[str, int]
+
+    def gpus(self, models: Sequence[str]) -> int:
+        """GPUs of the allowed models (any model when none is named)."""
+        if not models:
+            return sum(self.gpus_by_model.values())
+        return sum(self.gpus_by_model.get(model, 0) for model in models)
+
+
+def pool_node_sizes(pool_id: int) -> list[NodeSize]:
+    """Every node of the pool (cordoned, draining and lost ones too: they may come back), one query."""
+    nodes: dict[int, tuple[int, int, dict[str, int]]] = {}
+    rows = (
+        Node.objects.filter(pool_id=pool_id)
+        .values_list("pk", "cpu_milli", "mem_mib", "gpus__model")
+        .annotate(count=Count("gpus"))
+        .order_by()
+    )
+    for node_id, cpu_milli, mem_mib, model, count in rows:
+        _, _, by_model = nodes.setdefault(node_id, (cpu_milli, mem_mib, {}))
+        if model is not None:
+            by_model[model] = count
+    return [NodeSize(cpu, mem, by_model) for cpu, mem, by_model in nodes.values()]
+
+
+def _fits(node: NodeSize, task: Task) -> bool:
+    return (
+        node.cpu_milli >= task.cpu_milli
+        and node.mem_mib >= task.host_mem_mib
+        and node.gpus(task.allowed_gpu_models) >= task.gpu_count
+    )
+
+
+def _no_quota(tenant: Tenant, pool: Pool) -> CannotRunHere:
+    return CannotRunHere(
+        {"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}; a platform admin sets one"]}
+    )
+
+
+def _above_limit(*, quota: Quota, tenant: Tenant, pool: Pool, asked_milli: int, what: str) -> CannotRunHere:
+    limit = quota.limit_milli
+    return CannotRunHere(
+        {
+            "gpu_count": [
+                f"{what} asks {gpus_text(asked_milli)}; tenant {tenant.slug!r} may hold at most "
+                f"{gpus_text(limit)} in pool {pool.name!r} ({gpus_text(quota.guaranteed_milli)} guaranteed + "
+                f"{gpus_text(quota.borrow_limit_milli)} borrowable), so it could never be admitted even with "
+                f"all the tenant's work ended; ask for at most {gpus_text(limit)}, or ask a platform admin "
+                "for a larger quota"
+            ]
+        }
+    )
+
+
+def _memory_refusal(*, quota: Quota, task: Task, mem_stated: bool, pool: Pool) -> ValidationError | None:
+    if quota.gpu_mem_limit_mib is None:
+        return None
+    if not mem_stated:
+        return ValidationError(
+            {"gpu_mem_mib": [f"pool {pool.name!r} bounds this tenant's GPU memory; state gpu_mem_mib"]}
+        )
+    if task.charge_mem_mib > quota.gpu_mem_limit_mib:
+        return CannotRunHere(
+            {
+                "gpu_mem_mib": [
+                    f"the task asks {task.charge_mem_mib} MiB of GPU memory in all; the tenant's quota in "
+                    f"pool {pool.name!r} bounds it to {quota.gpu_mem_limit_mib} MiB, so it could never be "
+                    "admitted"
+                ]
+            }
+        )
+    return None
+
+
+def _gang_hint(task: Task, largest_gpus: int) -> str:
+    """How the same work could be split so each part fits the largest node ("" when no split helps)."""
+    if task.gang_id or largest_gpus < 1 or task.gpu_count <= largest_gpus:
+        return ""
+    members = -(-task.gpu_count // largest_gpus)  # ceil
+    if task.gpu_count % members == 0:
+        each = f"{task.gpu_count // members} GPUs each"
+    else:
+        each = f"up to {largest_gpus} GPUs each, {task.gpu_count} in all"
+    return f"; a gang of {members} tasks with {each} would fit (gang_id, gang_size: {members})"
+
+
+def _too_large(*, task: Task, pool: Pool, sizes: Sequence[NodeSize]) -> CannotRunHere:
+    """Why no node of the pool can ever take the task, naming each amount above the largest node's."""
+    models = task.allowed_gpu_models
+    of_models = f" of {'/'.join(models)}" if models else ""
+    largest_gpus = max(node.gpus(models) for node in sizes)
+    largest_cpu = max(node.cpu_milli for node in sizes)
+    largest_mem = max(node.mem_mib for node in sizes)
+    parts = []
+    if task.gpu_count > largest_gpus:
+        parts.append(f"{task.gpu_count} GPUs{of_models} (the largest node has {largest_gpus})")
+    if task.cpu_milli > largest_cpu:
+        parts.append(f"{task.cpu_milli / 1000:g} CPU cores (the largest node has {largest_cpu / 1000:g})")
+    if task.host_mem_mib > largest_mem:
+        parts.append(f"{task.host_mem_mib} MiB host memory (the largest node has {largest_mem})")
+    if not parts:  # each amount fits some node, never all on one
+        parts.append(
+            f"{task.gpu_count} GPUs{of_models}, {task.cpu_milli / 1000:g} CPU cores and "
+            f"{task.host_mem_mib} MiB host memory on one node (each fits some node, none has all)"
+        )
+    field_name = "gpu_count" if task.gpu_count > largest_gpus else "cpu_milli"
+    if task.host_mem_mib > largest_mem and task.gpu_count <= largest_gpus and task.cpu_milli <= largest_cpu:
+        field_name = "host_mem_mib"
+    return CannotRunHere(
+        {
+            field_name: [
+                f"no node of pool {pool.name!r} ({len(sizes)} nodes) could ever take this task: it asks "
+                + "; ".join(parts)
+                + _gang_hint(task, largest_gpus)
+            ]
+        }
+    )
+
+
+def _admission_refusal(
     *,
     quota: Quota | None,
     tenant: Tenant,
     pool: Pool,
-    charge_milli: int,
-    charge_mem_mib: int,
+    task: Task,
     mem_stated: bool,
+    sizes: Sequence[NodeSize] | None,
+    gang_asked_milli: int = 0,
 ) -> ValidationError | None:
-    """Why `quota` cannot take the charge (a 400 naming the field), or None when it can."""
+    """Why the task could never be admitted in the pool (None: it can, now or once work ends).
+
+    `sizes`: the pool's nodes; None when the caller knows some node fits. A pool with no node yet takes
+    the request (nodes may join). `gang_asked_milli`: what the task's gang asks in all, when known."""
     if quota is None:
-        return ValidationError({"queue": [f"tenant {tenant.slug!r} has no quota in pool {pool.name!r}"]})
-    if quota.charged_milli + charge_milli > quota.limit_milli:
-        free = max(quota.limit_milli - quota.charged_milli, 0)
-        return ValidationError(
-            {
-                "gpu_milli": [
-                    f"request of {charge_milli} milli-GPUs is above what tenant {tenant.slug!r} has left "
-                    f"in pool {pool.name!r}: {free} of {quota.limit_milli} (guaranteed "
-                    f"{quota.guaranteed_milli} + borrow {quota.borrow_limit_milli}) are free"
-                ]
-            }
+        return _no_quota(tenant, pool)
+    if task.charge_milli > quota.limit_milli:
+        return _above_limit(
+            quota=quota, tenant=tenant, pool=pool, asked_milli=task.charge_milli, what="the task"
         )
-    if quota.gpu_mem_limit_mib is not None:
-        if not mem_stated:
-            return ValidationError(
-                {"gpu_mem_mib": [f"pool {pool.name!r} bounds this tenant's GPU memory; state gpu_mem_mib"]}
-            )
-        if quota.charged_mem_mib + charge_mem_mib > quota.gpu_mem_limit_mib:
-            free_mem = max(quota.gpu_mem_limit_mib - quota.charged_mem_mib, 0)
-            return ValidationError(
-                {
-                    "gpu_mem_mib": [
-                        f"request of {charge_mem_mib} MiB GPU memory is above the {free_mem} MiB "
-                        "left in the quota"
-                    ]
-                }
-            )
+    if gang_asked_milli > quota.limit_milli:
+        return _above_limit(
+            quota=quota, tenant=tenant, pool=pool, asked_milli=gang_asked_milli, what=f"gang {task.gang_id!r}"
+        )
+    if refusal := _memory_refusal(quota=quota, task=task, mem_stated=mem_stated, pool=pool):
+        return refusal
+    if sizes and not any(_fits(node, task) for node in sizes):
+        return _too_large(task=task, pool=pool, sizes=sizes)
     return None
 
 
-_CHARGE_SQL = (
-    f"UPDATE {Quota._meta.db_table} SET charged_milli = charged_milli + %s, "
-    "charged_mem_mib = charged_mem_mib + %s "
-    "WHERE tenant_id = %s AND pool_id = %s "
-    "AND charged_milli <= CAST(guaranteed_milli AS bigint) + borrow_limit_milli - %s "
-    "AND (gpu_mem_limit_mib IS NULL OR (%s AND charged_mem_mib <= gpu_mem_limit_mib - %s))"
-)
-
-
-def _charge_quota(
-    *, tenant: Tenant, pool: Pool, charge_milli: int, charge_mem_mib: int, mem_stated: bool
-) -> None:
-    """Add a task's charge to the tenant's quota in the pool, or refuse. Must run inside a transaction.
-
-    One conditional UPDATE: it adds the charge only where the row still has room, so it takes the
-    row lock and checks under it in one statement. Concurrent submitters queue on that lock; PostgreSQL
-    re-checks the condition against the row the previous one committed (READ COMMITTED re-evaluation),
-    so the limit can never be crossed by a race. Only a refusal reads the row again, for its message.
-    """
-    # The statement's text is fixed, so it is written once rather than compiled by the ORM on every
-    # submission (that was a tenth of a submission's CPU); plain SQL, so SQLite runs it too. In int8:
-    # guaranteed + borrow (two int4 columns) can pass 2^31. A quota with a memory bound takes only
-    # requests that state their memory.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CHARGE_SQL,
-            [charge_milli, charge_mem_mib, tenant.pk, pool.pk, charge_milli, mem_stated, charge_mem_mib],
+def _quota_and_fit(*, tenant: Tenant, task: Task) -> tuple[Quota | None, bool]:
+    """The tenant's quota in the task's pool, and whether some node of the pool could take the task (or
+    the pool has no node yet), in one query: a submission's read of everything admission needs."""
+    gpus_on_node = Gpu.objects.filter(node=OuterRef("pk"))
+    if task.allowed_gpu_models:
+        gpus_on_node = gpus_on_node.filter(model__in=task.allowed_gpu_models)
+    counted = gpus_on_node.order_by().values("node").annotate(n=Count("pk")).values("n")
+    fitting = (
+        Node.objects.filter(
+            pool_id=OuterRef("pool_id"), cpu_milli__gte=task.cpu_milli, mem_mib__gte=task.host_mem_mib
         )
-        if cursor.rowcount == 1:
-            return
-    quota = Quota.objects.select_for_update().filter(tenant=tenant, pool=pool).first()
-    refusal = _quota_refusal(
-        quota=quota,
-        tenant=tenant,
-        pool=pool,
-        charge_milli=charge_milli,
-        charge_mem_mib=charge_mem_mib,
-        mem_stated=mem_stated,
+        .annotate(gpus_asked_for=Coalesce(Subquery(counted), 0))
+        .filter(gpus_asked_for__gte=task.gpu_count)
     )
-    if refusal is not None:
-        raise refusal
-    # A charge was given back between the two statements; the row is locked now, so the check holds.
-    Quota.objects.filter(pk=quota.pk).update(  # type: ignore[union-attr]
-        charged_milli=F("charged_milli") + charge_milli, charged_mem_mib=F("charged_mem_mib") + charge_mem_mib
+    quota = (
+        Quota.objects.filter(tenant=tenant, pool_id=task.pool_id)
+        .annotate(
+            has_nodes=Exists(Node.objects.filter(pool_id=OuterRef("pool_id"))), some_fits=Exists(fitting)
+        )
+        .first()
     )
+    if quota is None:
+        return None, True
+    return quota, quota.some_fits or not quota.has_nodes  # type: ignore[attr-defined]
+
+
+def _gang_asked_milli(*, tenant: Tenant, task: Task) -> int:
+    """What the task's gang asks in all: its members already stored (not ended) and this one."""
+    if not task.gang_id:
+        return 0
+    stored = (
+        Task.objects.filter(tenant=tenant, pool_id=task.pool_id, gang_id=task.gang_id)
+        .exclude(state__in=FINAL)
+        .aggregate(milli=Sum(F("gpu_count") * F("gpu_milli")))["milli"]
+    )
+    return (stored or 0) + task.charge_milli
 
 
 def _request_differences(task: Task, request: TaskRequest) -> list[str]:
@@ -473,14 +590,20 @@ def _submit_one(
         submitted_by=submitted_by,
         key=idempotency_key,
     )
-    # 3. Charge the quota under its row lock, then store the task and its first event.
-    _charge_quota(
+    # 3. Refuse only what could never be admitted; a full quota or a busy pool is a wait, not a "no".
+    #    Nothing is charged: admission (the cycle) charges the task when it places it.
+    quota, some_node_fits = _quota_and_fit(tenant=tenant, task=task)
+    refusal = _admission_refusal(
+        quota=quota,
         tenant=tenant,
         pool=queue.pool,
-        charge_milli=task.charge_milli,
-        charge_mem_mib=task.charge_mem_mib,
+        task=task,
         mem_stated=request.gpu_mem_mib is not None,
+        sizes=None if some_node_fits else pool_node_sizes(queue.pool_id),
+        gang_asked_milli=_gang_asked_milli(tenant=tenant, task=task),
     )
+    if refusal is not None:
+        raise refusal
     tasks_insert([task], actor=user_actor(submitted_by), reason="submitted")
     _no_forecast_yet(task)
     return task, True
@@ -511,9 +634,10 @@ def task_submit(
     submitted_by: AbstractBaseUser | None,
     idempotency_key: str | None = None,
 ) -> tuple[Task, bool]:
-    """Validate, charge the quota and store one task as pending. Returns (task, created).
+    """Validate and store one task as pending, holding no quota until a cycle admits it. Returns (task,
+    created). Refused (400) only if invalid or if it could never run in the pool (`CannotRunHere`).
 
-    All or nothing: a refused request leaves no task, no event and no charge behind.
+    All or nothing: a refused request leaves no task and no event behind.
     """
     try:
         with transaction.atomic():
@@ -525,8 +649,7 @@ def task_submit(
                 tasks_forecast_attach_on_commit(task_ids=[task.pk])
             return task, created
     except IntegrityError:
-        # Two retries with one key raced past step 1 (on different quota rows, so not serialised by the
-        # lock): the unique constraint kept one; hand that one back.
+        # Two retries with one key raced past step 1: the unique constraint kept one; hand that one back.
         if idempotency_key:
             existing = Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
             if existing is not None:
@@ -555,8 +678,8 @@ def tasks_submit_bulk(
 
     Set-based, so a batch costs a fixed number of queries whatever its size: its idempotency keys in
     one read, its queues in one, each pool's models once (only where a task names models or MIG), each
-    quota row locked once, then one INSERT for the tasks and one for their events. The rules are those
-    of a single submission, checked in order; the first refused task is reported at its index.
+    pool's quota and node sizes once, then one INSERT for the tasks and one for their events. The rules
+    are those of a single submission, checked in order; the first refused task is reported at its index.
     """
     count = len(items)
 
@@ -606,33 +729,28 @@ def tasks_submit_bulk(
         if key:
             by_key[key] = task
 
-    # 3. Quotas: each pool's row locked once, in pool order (two batches never wait on each other in a
-    #    cycle); the batch is admitted task by task against it, the first that does not fit is refused.
+    # 3. Refuse only what could never be admitted (each pool's quota and node sizes read once); a full
+    #    quota is a wait. A gang's members are summed: a gang above the limit could never start whole.
+    gangs: dict[tuple[int, str], int] = defaultdict(int)
     for pool_id in sorted({task.pool_id for _, task, _ in fresh}):
         in_pool = [(index, task, stated) for index, task, stated in fresh if task.pool_id == pool_id]
         pool = in_pool[0][1].pool
-        quota = Quota.objects.select_for_update().filter(tenant=tenant, pool_id=pool_id).first()
-        added_milli = added_mem_mib = 0
+        quota = Quota.objects.filter(tenant=tenant, pool_id=pool_id).first()
+        sizes = pool_node_sizes(pool_id) if quota is not None else []
         for index, task, stated in in_pool:
-            refusal = _quota_refusal(
+            if task.gang_id:
+                gangs[(pool_id, task.gang_id)] += task.charge_milli
+            refusal = _admission_refusal(
                 quota=quota,
                 tenant=tenant,
                 pool=pool,
-                charge_milli=task.charge_milli,
-                charge_mem_mib=task.charge_mem_mib,
+                task=task,
                 mem_stated=stated,
+                sizes=sizes,
+                gang_asked_milli=gangs[(pool_id, task.gang_id)] if task.gang_id else 0,
             )
             if refusal is not None:
                 raise refuse(index, refusal)
-            assert quota is not None
-            quota.charged_milli += task.charge_milli  # our locked copy: the next task sees this one
-            quota.charged_mem_mib += task.charge_mem_mib
-            added_milli += task.charge_milli
-            added_mem_mib += task.charge_mem_mib
-        Quota.objects.filter(pk=quota.pk).update(  # type: ignore[union-attr]
-            charged_milli=F("charged_milli") + added_milli,
-            charged_mem_mib=F("charged_mem_mib") + added_mem_mib,
-        )
 
     # 4. Store the tasks (PostgreSQL returns their ids) and their first events, two statements.
     new_tasks = [task for _, task, _ in fresh]
@@ -891,11 +1009,6 @@ def _transition(
             # The nodes that held it list it no more (or list it to stop): their agents must hear of it.
             node_changed(live.values_list("node_id", flat=True))
             live.update(released_at=now, release_reason=reason[:200])
-        if to_state in FINAL:
-            Quota.objects.filter(tenant_id=task.tenant_id, pool_id=task.pool_id).update(
-                charged_milli=F("charged_milli") - task.charge_milli,
-                charged_mem_mib=F("charged_mem_mib") - task.charge_mem_mib,
-            )
     task.refresh_from_db()
     return task
 

@@ -1,5 +1,5 @@
-"""factory-boy factories for the control plane's models. Tasks made here bypass submission (no quota
-charge): use them to fill lists; use `task_submit` when accounting matters."""
+"""factory-boy factories for the control plane's models. Tasks made here bypass submission and its rules:
+use them to fill lists; use `task_submit` when admission matters."""
 
 from __future__ import annotations
 
@@ -174,3 +174,11 @@ def hold(task: Task, units: list[ComputeUnit]) -> Assignment:
 
     (node_id,) = {unit.gpu.node_id for unit in units}
     return Assignment.objects.create(task=task, node_id=node_id, unit_ids=[unit.pk for unit in units])
+
+
+def held_milli(quota: Quota) -> int:
+    """What the quota's tenant holds in its pool now: its admitted, assigned and running tasks' asks (what
+    admission counts against the limit; pending tasks hold nothing)."""
+    from apps.scheduling.selectors import live_usage_milli
+
+    return live_usage_milli(pool_id=quota.pool_id, tenant_ids=[quota.tenant_id])[quota.tenant_id]

@@ -7,9 +7,10 @@ import itertools
 import pytest
 
 from apps.common.errors import Conflict
-from apps.workloads.models import Quota, Task
+from apps.workloads.models import Task
 from apps.workloads.services import task_transition
 from apps.workloads.state_machine import FINAL, TRANSITIONS, IllegalTransition, check_transition
+from tests.apps.factories import held_milli
 
 S = Task.State
 LEGAL = {
@@ -90,7 +91,9 @@ def test_preempted_and_lost_tasks_return_to_pending_with_one_more_attempt(world,
 
 
 @pytest.mark.parametrize("final", [S.SUCCEEDED, S.FAILED, S.CANCELLED])
-def test_a_final_state_gives_the_quota_charge_back(world, final: str) -> None:
-    assert Quota.objects.get(pk=world.quota_a.pk).charged_milli == 1000
-    _walk(world.task_a, S.ADMITTED, S.ASSIGNED, S.RUNNING, final)
-    assert Quota.objects.get(pk=world.quota_a.pk).charged_milli == 0
+def test_quota_is_held_from_admission_until_a_final_state(world, final: str) -> None:
+    assert held_milli(world.quota_a) == 0  # pending holds nothing
+    task = _walk(world.task_a, S.ADMITTED)
+    assert held_milli(world.quota_a) == 1000
+    _walk(task, S.ASSIGNED, S.RUNNING, final)
+    assert held_milli(world.quota_a) == 0

@@ -38,6 +38,7 @@ from whalegen.placement.types import (
     TaskRequest,
     Unplaced,
 )
+from whalegen.placement.words import quota_wait_text
 
 # Class scores kept over all requests (8 bytes each); dropped when exceeded so a long-lived engine stays
 # bounded (about the memory the earlier dict memo of a million entries took).
@@ -387,8 +388,13 @@ class Engine:
         limit = quota.guaranteed_milli + quota.borrow_limit_milli
         if used + need_milli > limit:
             return (
-                f"tenant {tenant} holds {used} milli-GPU and asks {need_milli} more; its limit is {limit} "
-                f"({quota.guaranteed_milli} guaranteed + {quota.borrow_limit_milli} borrowable)",
+                quota_wait_text(
+                    tenant=tenant,
+                    held_milli=used,
+                    asked_milli=need_milli,
+                    guaranteed_milli=quota.guaranteed_milli,
+                    borrow_milli=quota.borrow_limit_milli,
+                ),
                 False,
             )
         return None, used + need_milli > quota.guaranteed_milli

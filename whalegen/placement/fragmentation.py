@@ -147,6 +147,23 @@ def node_fragmentation(node: NodeState, mix: ShapeMix) -> float:
     )
 
 
+def takeable_mix(mix: ShapeMix, nodes: Sequence[NodeState]) -> ShapeMix:
+    """The mix without the shapes no node could ever take, renormalised. A request larger than every
+    node is never placed; counted in the mix, it would call every idle GPU a fragment it cannot use
+    (a pool whose nodes have 8 GPUs read 29-31% fragmented for one waiting 9-GPU task)."""
+    kept = [
+        (shape, weight)
+        for shape, weight in zip(mix.shapes, mix.weights, strict=True)
+        if any(n.takes(shape.num_gpu, shape.cpu_milli, shape.mem_mib, shape.allowed_models) for n in nodes)
+    ]
+    if len(kept) == len(mix.shapes):
+        return mix
+    total = sum(weight for _, weight in kept)
+    if not kept or total <= 0:
+        return ShapeMix((), ())
+    return ShapeMix(tuple(s for s, _ in kept), tuple(w / total for _, w in kept))
+
+
 def cluster_fragmentation(nodes: Iterable[NodeState], mix: ShapeMix) -> ClusterFragmentation:
     frag = 0.0
     idle = 0

@@ -91,6 +91,16 @@ class NodeState:
     def model(self) -> str | None:
         return self.gpus[0].model if self.gpus else None
 
+    def takes(self, num_gpu: int, cpu_milli: int, mem_mib: int, allowed_models: frozenset[str]) -> bool:
+        """Whether this node could hold the shape when nothing else runs on it (its size, not its free
+        room): a shape no node takes is never placed, so it waits for no capacity and fragments nothing."""
+        if self.cpu_total_milli < cpu_milli or self.mem_total_mib < mem_mib:
+            return False
+        if not num_gpu:
+            return True
+        gpus = self.gpus if not allowed_models else [g for g in self.gpus if g.model in allowed_models]
+        return len(gpus) >= num_gpu
+
 
 @dataclass(frozen=True)
 class TaskPrediction:

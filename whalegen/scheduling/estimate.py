@@ -8,7 +8,8 @@ own expected run time (for ever when that is unknown), so the tasks behind it wa
 capacity comes from running tasks' expected ends and from the served tasks' ends. Without the queue, a
 task was shown the first time the running tasks alone free enough, which under load is the time the
 tasks ahead of it start, not its own (docs/forecasting.md, goal 4). A quota-bound task waits for its own
-tenant's tasks instead and is not walked. A running task's end is its start plus its P50 prediction, else
+tenant's tasks instead and is not walked; a task no schedulable node could hold whole, even empty, has no
+estimate (summed capacity would give it one). A running task's end is its start plus its P50 prediction, else
 its max runtime, else its profile's P50 duration; a task placed or pending this cycle runs for the same
 run time once it starts. "unknown" only when nothing with a known end can free what the task needs; the
 sentence then says which of those it is.
@@ -102,6 +103,17 @@ def estimate_starts(
         k = int(np.searchsorted(freed, short, side="left"))
         return max(float(times[k]), now_s) if k < len(times) else None
 
+    # Capacity counted across the pool says nothing of a task larger than every node: only a node that
+    # could hold it whole gives it a start. Asked once per shape (a backlog has a few hundred).
+    schedulable = [n for n in cluster.nodes if n.schedulable]
+    fits_of: dict[tuple[int, int, int, frozenset[str]], bool] = {}
+
+    def takeable(request: TaskRequest) -> bool:
+        key = (request.num_gpu, request.cpu_milli, request.mem_mib, request.allowed_models)
+        if key not in fits_of:
+            fits_of[key] = any(n.takes(*key) for n in schedulable)
+        return fits_of[key]
+
     out: dict[str, Estimate] = {}
     queue: list[TaskRequest] = []
     for task_id, reason in unplaced.items():
@@ -127,6 +139,8 @@ def estimate_starts(
                 else f"none of tenant {request.tenant}'s running tasks has a known end "
                 "(no P50 prediction, max runtime or profile duration) that frees enough of its quota",
             )
+        elif not takeable(request):
+            out[task_id] = Estimate(None, _never_fits(request))
         else:
             queue.append(request)
     # The decision's order; a stable sort keeps the given order among equal keys (a gang's members).
@@ -142,6 +156,14 @@ def estimate_starts(
         )
     )
     return out
+
+
+def _never_fits(request: TaskRequest) -> str:
+    models = f" of {'/'.join(sorted(request.allowed_models))}" if request.allowed_models else ""
+    return (
+        f"no schedulable node could hold {request.num_gpu} GPUs{models}, {request.cpu_milli / 1000:g} CPU "
+        f"cores and {request.mem_mib} MiB host memory at once, even empty"
+    )
 
 
 def _by_tenant(

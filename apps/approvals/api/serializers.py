@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.approvals.models import OverrideAuditEntry, PriorityOverride, ReclaimRequest
@@ -52,12 +53,29 @@ class OverrideOutputSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class TaskWaitOutputSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="The why-pending code, e.g. quota_exceeded.")
+    why = serializers.CharField(help_text="The task's why-pending sentence, as the task shows it.")
+
+
 class OverrideDetailOutputSerializer(OverrideOutputSerializer):
     audit = OverrideAuditOutputSerializer(many=True, read_only=True)
+    task_waits = serializers.SerializerMethodField(
+        help_text="While the target task is pending: why it waits, in the task's own words. A raise orders "
+        "a tenant's work and can preempt lower priorities; it does not lift a quota (quota_exceeded) or "
+        "make a task fit a node it is larger than."
+    )
 
     class Meta(OverrideOutputSerializer.Meta):
-        fields = [*OverrideOutputSerializer.Meta.fields, "audit"]
+        fields = [*OverrideOutputSerializer.Meta.fields, "audit", "task_waits"]
         read_only_fields = fields
+
+    @extend_schema_field(TaskWaitOutputSerializer(allow_null=True))
+    def get_task_waits(self, override: PriorityOverride) -> dict[str, str] | None:
+        task = override.task
+        if task is None or task.state != task.State.PENDING:
+            return None
+        return {"code": task.why_pending_code, "why": task.why_pending}
 
 
 class ReclaimDecisionInputSerializer(StrictInputSerializer):

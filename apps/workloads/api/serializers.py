@@ -200,14 +200,22 @@ class QuotaOutputSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     limit_milli = serializers.IntegerField(read_only=True)
-    tasks_pending = serializers.IntegerField(read_only=True, help_text="Live tasks still waiting.")
-    tasks_live = serializers.IntegerField(read_only=True, help_text="Tasks holding a charge (not finished).")
+    held_milli = serializers.IntegerField(
+        read_only=True,
+        help_text="What the tenant's admitted, assigned and running tasks hold (what the limit counts).",
+    )
+    held_mem_mib = serializers.IntegerField(read_only=True, help_text="GPU memory those tasks state, MiB.")
+    waiting_milli = serializers.IntegerField(
+        read_only=True, help_text="What the tenant's pending tasks ask; a pending task holds no quota."
+    )
+    tasks_pending = serializers.IntegerField(read_only=True, help_text="Tasks waiting (holding nothing).")
+    tasks_admitted = serializers.IntegerField(read_only=True, help_text="Tasks holding quota.")
 
     class Meta:
         model = Quota
         fields = [
             "id", "tenant", "pool", "guaranteed_milli", "borrow_limit_milli", "limit_milli",
             "gpu_mem_limit_mib",
-            "charged_milli", "charged_mem_mib", "tasks_pending", "tasks_live", "updated_at",
+            "held_milli", "held_mem_mib", "waiting_milli", "tasks_pending", "tasks_admitted", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields

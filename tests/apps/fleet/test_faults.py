@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from tests.apps.factories import held_milli
 from tests.apps.fleet.conftest import assign
 from whalegen import protocol as p
 
@@ -180,14 +181,13 @@ def test_a_result_for_a_run_the_plane_gave_up_on_is_kept_when_nothing_took_its_p
 
     task = _requeued_after_loss(fleet)
     quota = Quota.objects.get(tenant=task.tenant, pool=task.pool)
+    held = held_milli(quota)
     done = p.TaskReport(str(task.pk), p.TaskState(outcome), 0.0, exit_code=exit_code, attempt=0)
     report(fleet.node, 2, done)
     task.refresh_from_db()
     assert (task.state, task.exit_code) == (outcome, exit_code)
     assert "after the plane had requeued it" in task.events.order_by("-pk").first().reason
-    charged = quota.charged_milli
-    quota.refresh_from_db()
-    assert quota.charged_milli == charged - task.charge_milli  # the charge is given back once
+    assert held_milli(quota) == held  # requeued to pending, it held nothing; ended, it still holds nothing
 
 
 def test_a_late_result_does_not_overwrite_the_attempt_that_replaced_it(fleet: Any) -> None:
@@ -316,7 +316,7 @@ def test_a_task_lost_on_every_attempt_fails_after_the_last_with_its_history(
     settings.WHALEGEN_MAX_ATTEMPTS = 3
     task = fleet.task_a
     quota = Quota.objects.get(tenant=task.tenant, pool=task.pool)
-    charged = quota.charged_milli
+    held = held_milli(quota)
     for attempt in range(3):
         now = timezone.now()
         Node.objects.filter(pk=fleet.node.pk).update(state=Node.State.READY, last_heartbeat_at=now)
@@ -329,5 +329,4 @@ def test_a_task_lost_on_every_attempt_fails_after_the_last_with_its_history(
     last = task.events.order_by("-pk").first()
     assert last.reason.startswith("gave up after 3 attempts (WHALEGEN_MAX_ATTEMPTS=3): 1: lost (node gpu-001")
     assert "; 3: lost (" in last.reason
-    quota.refresh_from_db()
-    assert quota.charged_milli == charged - task.charge_milli
+    assert held_milli(quota) == held  # pending before, failed now: it holds nothing either way

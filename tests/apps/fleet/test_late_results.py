@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from tests.apps.factories import held_milli
 from tests.apps.fleet.conftest import assign
 from whalegen import protocol as p
 
@@ -132,21 +133,21 @@ def test_a_late_result_stands_when_the_run_finished_before_the_requeue(
     if attempt_1 != "pending":
         place_attempt_1_on_b(fleet, task, started=attempt_1 == "running")
     quota = Quota.objects.get(tenant=task.tenant, pool=task.pool)
+    held = held_milli(quota)
     at = requeued.requeued_at + timedelta(seconds=finished_s)
     report(fleet.node, 2, ended(task, outcome, at=at, exit_code=exit_code))
     task.refresh_from_db()
     assert task.state == want_state
     assert TaskRun.objects.get(node=fleet.node, task=task, attempt=0).state == outcome  # recorded always
     assert b_desired(fleet, task) == want_b
-    charged = quota.charged_milli
-    quota.refresh_from_db()
     if want_state == outcome:
         assert task.exit_code == exit_code
         assert "after the plane had requeued it" in task.events.order_by("-pk").first().reason
-        assert quota.charged_milli == charged - task.charge_milli  # given back once
+        # Admitted again (attempt 1 placed), it held quota until this result ended it; pending, none.
+        assert held_milli(quota) == held - (task.charge_milli if attempt_1 != "pending" else 0)
         assert not task.assignments.filter(released_at__isnull=True).exists()
     else:
-        assert quota.charged_milli == charged
+        assert held_milli(quota) == held
 
 
 def test_the_event_says_which_attempt_was_withdrawn(fleet: Any) -> None:
@@ -186,12 +187,11 @@ def test_the_same_late_result_twice_ends_the_task_once(fleet: Any) -> None:
     task = requeued.task
     place_attempt_1_on_b(fleet, task, started=True)
     quota = Quota.objects.get(tenant=task.tenant, pool=task.pool)
+    held = held_milli(quota)
     done = ended(task, "succeeded", at=requeued.requeued_at - timedelta(seconds=5))
     report(fleet.node, 2, done)
     report(fleet.node, 3, done)  # the outbox sent it again under a new seq
-    charged = quota.charged_milli
-    quota.refresh_from_db()
-    assert quota.charged_milli == charged - task.charge_milli
+    assert held_milli(quota) == held - task.charge_milli
     assert task.events.filter(to_state="succeeded").count() == 1
 
 

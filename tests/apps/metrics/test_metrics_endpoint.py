@@ -100,16 +100,17 @@ def test_tasks_by_state_and_pending_by_reason_match_the_tasks(busy_world, token,
     assert 0 < value(samples, "whalegen_tasks_pending_oldest_age_seconds", pool=H100) < 600
 
 
-def test_quotas_show_guarantee_limit_charge_and_use(busy_world, token, client) -> None:
+def test_quotas_show_guarantee_limit_use_and_what_waits(busy_world, token, client) -> None:
     samples = scrape(client, authorization=f"Bearer {token}")
     a, b = {"tenant": "vision", "pool": H100}, {"tenant": "speech", "pool": H100}
     assert value(samples, "whalegen_quota_guaranteed_milli", **a) == 4000
     assert value(samples, "whalegen_quota_borrow_limit_milli", **a) == 2000
     assert value(samples, "whalegen_quota_in_use_milli", **a) == 1000  # the running task
-    assert value(samples, "whalegen_quota_charged_milli", **b) == 1000  # pending, charged at submission
+    assert value(samples, "whalegen_quota_waiting_milli", **b) == 1000  # pending: asked, not held
     assert value(samples, "whalegen_quota_in_use_milli", **b) == 0
     assert value(samples, "whalegen_quota_borrowed_milli", **a) == 0
-    assert value(samples, "whalegen_quota_charged_milli", tenant="vision", pool=L4) == 1000
+    assert value(samples, "whalegen_quota_waiting_milli", tenant="vision", pool=L4) == 1000
+    assert value(samples, "whalegen_quota_in_use_milli", tenant="vision", pool=L4) == 0
 
 
 def test_cycle_figures_come_from_the_cycle_records(busy_world, token, client) -> None:
@@ -271,7 +272,7 @@ def test_a_scrape_costs_a_fixed_number_of_queries(
         )
         gpu_add(node=node, index=0, model="L4", partition_mode=Gpu.PartitionMode.MPS, mps_shares=4)
         gpu_add(node=node, index=1, model="L4")
-    for _ in range(4):  # what is left of A's l4-infer quota (2000, 1000 charged already)
+    for _ in range(4):  # what A's l4-infer quota (2000) admits beside its pending 1000
         task_submit(
             tenant=busy_world.tenant_a, request=TaskRequest(queue="infer", gpu_milli=250), submitted_by=None
         )

@@ -7,7 +7,6 @@ from collections import defaultdict
 from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Quota, Task
-from apps.workloads.state_machine import FINAL
 
 LIVE = {Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING}
 
@@ -67,18 +66,16 @@ def violations(pool_id: int) -> list[str]:
             found.append(
                 f"tenant {quota.tenant_id} runs {usage[quota.tenant_id]} > limit {quota.limit_milli}"
             )
-    # Charges: a quota holds exactly what its tenant's unfinished tasks in the pool were charged (given
-    # back when they end, kept while they are requeued).
-    charged: dict[int, tuple[int, int]] = defaultdict(lambda: (0, 0))
+    # GPU-memory bounds: what live tasks state never exceeds a quota's bound (pending ones hold nothing).
+    usage_mem: dict[int, int] = defaultdict(int)
     for task in tasks.values():
-        if task.state not in FINAL:
-            milli, mem = charged[task.tenant_id]
-            charged[task.tenant_id] = (milli + task.charge_milli, mem + task.charge_mem_mib)
-    for quota in Quota.objects.filter(pool_id=pool_id):
-        if (quota.charged_milli, quota.charged_mem_mib) != charged[quota.tenant_id]:
+        if task.state in LIVE:
+            usage_mem[task.tenant_id] += task.charge_mem_mib
+    for quota in Quota.objects.filter(pool_id=pool_id, gpu_mem_limit_mib__isnull=False):
+        if usage_mem[quota.tenant_id] > quota.gpu_mem_limit_mib:
             found.append(
-                f"tenant {quota.tenant_id} is charged {quota.charged_milli} milli / {quota.charged_mem_mib} "
-                f"MiB, its unfinished tasks hold {charged[quota.tenant_id]}"
+                f"tenant {quota.tenant_id} holds {usage_mem[quota.tenant_id]} MiB GPU memory > bound "
+                f"{quota.gpu_mem_limit_mib}"
             )
     return found
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from apps.workloads.models import Quota, Task
+from tests.apps.factories import held_milli
 from tests.apps.scheduling.conftest import run, start
 from tests.apps.scheduling.invariants import violations
 
@@ -41,8 +42,8 @@ def test_a_drained_gang_member_requeues_its_siblings_and_the_gang_runs_again_who
     assert sibling.events.filter(to_state="preempted").exists()
     assert not Assignment.objects.filter(task__in=gang, released_at__isnull=True).exists()
     assert violations(fleet.pool.pk) == []
-    # Requeued, not finished: the quota still holds both (given back only when they end).
-    assert Quota.objects.get(tenant=fleet.tenants["a"]).charged_milli == 2000
+    # Requeued to pending: they hold no quota until a cycle admits them again.
+    assert held_milli(Quota.objects.get(tenant=fleet.tenants["a"])) == 0
 
     node_uncordon(node=first, actor="user:ops")
     second.refresh_from_db()
@@ -93,13 +94,13 @@ def test_a_failed_gang_member_ends_its_gang_and_gives_the_whole_charge_back(flee
     sibling = Task.objects.get(pk=gang[1].pk)
     assert f"gang member {failed.pk} failed" in sibling.events.get(to_state="failed").reason
     assert sibling.exit_code is None  # it did not exit by itself
-    assert Quota.objects.get(tenant=fleet.tenants["a"]).charged_milli == 0
+    assert held_milli(Quota.objects.get(tenant=fleet.tenants["a"])) == 0
     assert violations(fleet.pool.pk) == []
 
 
 # A gang is placed whole or not at all, so once one member has ended (succeeded, failed, cancelled) it can
 # never be placed whole again: no member may go back to pending, where it would wait as `gang_incomplete`
-# forever with its quota charge held.
+# forever (`gang_incomplete`).
 
 
 def _running_gang(fleet, *, size: int, slug: str = "a") -> list[Task]:
@@ -112,8 +113,7 @@ def _running_gang(fleet, *, size: int, slug: str = "a") -> list[Task]:
 
 def _all_ended_and_charge_free(fleet, gang: list[Task], slug: str = "a") -> None:
     assert all(state in {"succeeded", "failed", "cancelled"} for state in _states(*gang)), _states(*gang)
-    quota = Quota.objects.get(tenant=fleet.tenants[slug])
-    assert (quota.charged_milli, quota.charged_mem_mib) == (0, 0)
+    assert held_milli(Quota.objects.get(tenant=fleet.tenants[slug])) == 0
     assert violations(fleet.pool.pk) == []
 
 

@@ -91,7 +91,7 @@ def test_quota_guarantee_then_borrow_limit() -> None:
     assert [(p.task_id, p.borrowed) for p in result.placements] == [("t0", False), ("t1", True)]
     (refused,) = result.unplaced
     assert refused.task_id == "t2" and refused.outcome is Outcome.QUOTA_EXCEEDED
-    assert "1000 guaranteed + 1000 borrowable" in refused.message
+    assert "(1 GPU guaranteed + 1 GPU borrowable)" in refused.message
 
 
 def test_higher_priority_goes_first() -> None:
