@@ -7,6 +7,8 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from apps.tenants.models import Membership, Tenant
+from apps.tenants.services import TOKEN_MAX_TTL_DAYS
 from apps.workloads.models import Queue, Task
 
 
@@ -70,3 +72,39 @@ class OverrideRequestForm(forms.Form):
 
 class DecisionForm(forms.Form):
     comment = forms.CharField(max_length=500, required=False)
+
+
+class TokenCreateForm(forms.Form):
+    """A token of the caller's own; the service keeps its role at or below theirs."""
+
+    name = forms.CharField(max_length=100, label="name", widget=forms.TextInput(attrs={"placeholder": "ci"}))
+    tenant = forms.ModelChoiceField(
+        queryset=Tenant.objects.none(),
+        to_field_name="slug",
+        label="tenant",
+        empty_label=None,
+        error_messages={"invalid_choice": "unknown tenant"},
+    )
+    role = forms.ChoiceField(
+        choices=[("", "my role there"), *Membership.Role.choices], required=False, label="role"
+    )
+    ttl_days = forms.IntegerField(
+        min_value=1,
+        max_value=TOKEN_MAX_TTL_DAYS,
+        required=False,
+        label="lifetime (days)",
+        widget=forms.NumberInput(attrs={"placeholder": "empty: the default (90)"}),
+    )
+
+    def __init__(self, *args: Any, tenants: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants  # type: ignore[attr-defined]
+        self.fields["tenant"].label_from_instance = lambda t: t.slug  # type: ignore[attr-defined]
+
+    def add_service_errors(self, error: ValidationError) -> None:
+        """Put a service's field errors on the matching fields, the rest above the form."""
+        if not hasattr(error, "error_dict"):
+            self.add_error(None, error)
+            return
+        for field, messages in error.message_dict.items():
+            self.add_error(field if field in self.fields else None, messages)

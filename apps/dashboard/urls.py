@@ -28,4 +28,6 @@ urlpatterns = [
     path("pools/<int:pool_id>/history/", views.pool_history_page, name="pool-history"),
     path("pools/<int:pool_id>/whatif/", views.pool_whatif_page, name="pool-whatif"),
     path("accounting/", views.accounting, name="accounting"),
+    path("tokens/", views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token-revoke"),
 ]

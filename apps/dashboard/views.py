@@ -31,7 +31,13 @@ from apps.approvals.models import PriorityOverride
 from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard import whatif
-from apps.dashboard.forms import CancelForm, DecisionForm, OverrideRequestForm, TaskFilterForm
+from apps.dashboard.forms import (
+    CancelForm,
+    DecisionForm,
+    OverrideRequestForm,
+    TaskFilterForm,
+    TokenCreateForm,
+)
 from apps.dashboard.history import (
     heat_map_gpus,
     idle_forecast_note,
@@ -59,7 +65,9 @@ from apps.inventory.models import Node
 from apps.logs import selectors as logs
 from apps.metrics.selectors import fleet_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
-from apps.tenants.models import Membership
+from apps.tenants import selectors as tenant_selectors
+from apps.tenants import services as tenant_services
+from apps.tenants.models import ApiToken, Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
 from apps.workloads import selectors as workloads
 from apps.workloads import services as workload_services
@@ -71,6 +79,7 @@ TASKS_PER_PAGE = 50
 HEATMAP_NODES_PER_PAGE = 100  # 800 GPU cells at most: a page a browser draws at once
 LOG_TAIL_LINES = 200  # the task page's tail; the rest through the API or `whalegen tasks logs`
 RECENT_OVERRIDES = 50
+TOKENS_PER_PAGE = 50
 MEMBER = Membership.Role.MEMBER
 
 
@@ -458,3 +467,77 @@ def pool_history_page(request: HttpRequest, pool_id: int) -> HttpResponse:
         "access": access,
     }
     return render(request, "dashboard/pool_history.html", context)
+
+
+# ------------------------------------------------------------------------------------------ API tokens
+
+
+def _tokens_page(
+    request: HttpRequest,
+    access: Access,
+    form: TokenCreateForm | None = None,
+    created: tuple[ApiToken, str] | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    """Make a token (its secret shown on this one answer), and the tokens the caller may see: their own,
+    their administered tenants' (tenant admins), all (platform admins): the API's rule."""
+    tenants = tenant_list(access=access)
+    tokens = tenant_selectors.token_list(access=access, user=request.user)
+    page = Paginator(tokens, TOKENS_PER_PAGE).get_page(request.GET.get("page"))
+    now = timezone.now()
+    for token in page:
+        token.state = tenant_selectors.token_state(token, now=now)
+    context = {
+        "form": form or TokenCreateForm(tenants=tenants),
+        "can_create": access.platform_admin or bool(access.roles),
+        "page": page,
+        "access": access,
+        "created": created,
+        "sees_others": access.platform_admin
+        or any(access.has(t, Membership.Role.ADMIN) for t in access.tenant_ids),
+    }
+    response = render(request, "dashboard/tokens.html", context, status=status)
+    if created is not None:
+        # The secret is in this page only: neither a cache nor the back button may keep a copy.
+        response["Cache-Control"] = "no-store"
+    return response
+
+
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    access = page_access(request)
+    if request.method != "POST":
+        return _tokens_page(request, access)
+    form = TokenCreateForm(request.POST, tenants=tenant_list(access=access))
+    if not form.is_valid():
+        return _tokens_page(request, access, form=form, status=400)
+    values = form.cleaned_data
+    try:
+        created = tenant_services.token_create(
+            user=request.user,
+            tenant=values["tenant"],
+            name=values["name"],
+            role=values["role"] or None,
+            ttl_days=values["ttl_days"],
+            access=access,
+            by=request.user,
+            via=tenant_services.Via.DASHBOARD,
+        )
+    except ValidationError as error:
+        form.add_service_errors(error)
+        return _tokens_page(request, access, form=form, status=400)
+    except ApplicationError as error:
+        form.add_error("role", error.message)
+        return _tokens_page(request, access, form=form, status=error.status)
+    # Rendered, not redirected: the secret must not travel through the session to the next page.
+    return _tokens_page(request, access, created=created)
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    access = page_access(request)
+    token = tenant_selectors.token_get(access=access, user=request.user, token_id=token_id)
+    tenant_services.token_revoke(token=token, by=request.user, via=tenant_services.Via.DASHBOARD)
+    messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
+    return redirect("dashboard:tokens")
