@@ -49,6 +49,10 @@ class JoinTokenOutput(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name")
     cluster = serializers.CharField(source="cluster.name")
     state = serializers.SerializerMethodField()
+    # Declared, not derived from the model: a positive integer column's bound differs by database, and the
+    # committed OpenAPI document must not.
+    uses = serializers.IntegerField(read_only=True)
+    max_uses = serializers.IntegerField(read_only=True, allow_null=True, help_text="null: unlimited")
 
     class Meta:
         model = JoinToken
