@@ -391,14 +391,17 @@ def _memory_refusal(*, quota: Quota, task: Task, mem_stated: bool, pool: Pool) -
 
 
 def _gang_hint(task: Task, largest_gpus: int) -> str:
-    """How the same work could be split so each part fits the largest node ("" when no split helps)."""
+    """How the same work could be split so each part fits the largest node ("" when no split helps):
+    equal members where a split into at most twice the fewest members gives them (ranks usually are
+    equal), else the fewest members of at most `largest_gpus` each."""
     if task.gang_id or largest_gpus < 1 or task.gpu_count <= largest_gpus:
         return ""
-    members = -(-task.gpu_count // largest_gpus)  # ceil
-    if task.gpu_count % members == 0:
-        each = f"{task.gpu_count // members} GPUs each"
+    fewest = -(-task.gpu_count // largest_gpus)  # ceil
+    equal = next((k for k in range(fewest, 2 * fewest + 1) if task.gpu_count % k == 0), None)
+    if equal is not None:
+        members, each = equal, f"{gpus_text(1000 * (task.gpu_count // equal))} each"
     else:
-        each = f"up to {largest_gpus} GPUs each, {task.gpu_count} in all"
+        members, each = fewest, f"up to {largest_gpus} GPUs each, {task.gpu_count} in all"
     return f"; a gang of {members} tasks with {each} would fit (gang_id, gang_size: {members})"
 
 

@@ -37,7 +37,7 @@ def _submit(api, user, **fields):
             "no node of pool 'h100-train' (1 nodes) could ever take this task: it asks 4 GPUs (the largest "
             "node has 2); a gang of 2 tasks with 2 GPUs each would fit (gang_id, gang_size: 2)",
         ),
-        ({"gpu_count": 3}, "gpu_count", "a gang of 2 tasks with up to 2 GPUs each, 3 in all would fit"),
+        ({"gpu_count": 3}, "gpu_count", "a gang of 3 tasks with 1 GPU each would fit"),
         (
             {"gpu_count": 2, "allowed_gpu_models": ["H100-80GB"], "cpu_milli": 200_000},
             "cpu_milli",
@@ -158,3 +158,18 @@ def test_a_priority_override_shows_why_its_task_waits_in_the_tasks_words(world, 
     assert waits["code"] == "quota_exceeded"
     assert waits["why"] == api(world.alice).get(f"/api/v1/tasks/{second}/").json()["why_pending"]
     assert waits["why"].startswith("quota: tenant vision holds 1 GPU in this pool")
+
+
+@pytest.mark.parametrize(
+    ("count", "largest", "hint"),
+    [
+        (9, 8, "a gang of 3 tasks with 3 GPUs each would fit (gang_id, gang_size: 3)"),
+        (16, 8, "a gang of 2 tasks with 8 GPUs each would fit (gang_id, gang_size: 2)"),
+        (11, 8, "a gang of 2 tasks with up to 8 GPUs each, 11 in all would fit (gang_id, gang_size: 2)"),
+        (8, 8, ""),
+    ],
+)
+def test_the_gang_hint_splits_into_equal_members_where_it_can(count: int, largest: int, hint: str) -> None:
+    from apps.workloads.services import _gang_hint
+
+    assert _gang_hint(Task(gpu_count=count), largest).removeprefix("; ") == hint

@@ -126,6 +126,12 @@ EXIT_CASES = [
     (["submit", "{file}"], "queue: train\ngpu_count: 2000\ncommand: [x]\n", 65,
      "gpu_count: 2000 is out of range; write a number at most 1024"),
     (["submit", "{file}"], "queue: [train\n", 65, "cannot read"),
+    (["submit", "{file}"], "queue: train\ngpu_count: 9\ncommand: [x]\n", 66,
+     "gpu_count: no node of pool 'h200-train' (2 nodes) could ever take this task: it asks 9 GPUs (the "
+     "largest node has 8); a gang of 3 tasks with 3 GPUs each would fit (gang_id, gang_size: 3)"),
+    (["submit", "{file}"], "queue: train\ngpu_count: 13\ncommand: [x]\n", 66,
+     "the task asks 13 GPUs; tenant 'speech' may hold at most 12 GPUs in pool 'h200-train' (8 GPUs "
+     "guaranteed + 4 GPUs borrowable), so it could never be admitted"),
     (["tasks", "show", "999999"], None, 65, "no task 999999 (or not one this token's tenant can see)"),
     (["tasks", "ls", "--server", "http://127.0.0.1:9"], None, 69,
      "whalegen: cannot reach the plane at http://127.0.0.1:9: connection refused\n"),
@@ -147,6 +153,8 @@ EXIT_CASES = [
         "an unknown queue lists the team's queues: 65",
         "a number out of range quotes it and says the bound: 65",
         "a task file that is not YAML: 65",
+        "larger than any node of the pool, with the gang that would fit: 66",
+        "above the team's limit even with all its work ended: 66",
         "a task that does not exist: 65",
         "a plane nobody answers for: 69",
         "a token the plane does not know: 77",

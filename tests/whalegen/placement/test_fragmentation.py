@@ -9,6 +9,7 @@ from whalegen.placement.fragmentation import (
     cluster_fragmentation,
     node_fragmentation,
     shape_mix_from_tasks,
+    takeable_mix,
 )
 from whalegen.placement.types import Shape
 
@@ -83,3 +84,28 @@ def test_the_shape_mix_keeps_the_most_popular_shapes_up_to_95_percent_and_renorm
 
 def test_the_shape_mix_of_no_tasks_is_empty() -> None:
     assert shape_mix_from_tasks([]).shapes == ()
+
+
+def test_shapes_no_node_could_take_leave_the_mix_and_fragment_nothing() -> None:
+    # Two idle 8-GPU nodes. A waiting 9-GPU task's shape is one no node takes: counted, it would call
+    # every idle GPU a fragment it cannot use (the pool read 29-31% fragmented); left out, the pool is 0%.
+    nodes = [node(f"n{i}", gpus=8, cpu=96) for i in range(2)]
+    nine = Shape(cpu_milli=8000, num_gpu=9, gpu_milli=1000)
+    one = Shape(cpu_milli=8000, num_gpu=1, gpu_milli=1000)
+    both = mix((nine, 0.5), (one, 0.5))
+    assert cluster_fragmentation(nodes, both).amount_pct > 0
+    kept = takeable_mix(both, nodes)
+    assert kept.shapes == (one,) and kept.weights == (1.0,)
+    assert cluster_fragmentation(nodes, kept).amount_pct == 0
+    assert takeable_mix(mix((one, 1.0)), nodes) == mix((one, 1.0))  # nothing to drop: the same mix
+    assert takeable_mix(mix((nine, 1.0)), nodes).shapes == ()
+
+
+def test_a_node_takes_a_shape_by_its_size_and_the_allowed_models() -> None:
+    t4 = node("t4", model="T4", gpus=4, cpu=16, mem_gib=64)
+    assert t4.takes(4, 16_000, 64 * 1024, frozenset())
+    assert not t4.takes(5, 1000, 1024, frozenset())  # more GPUs than it has
+    assert not t4.takes(1, 17_000, 1024, frozenset())  # more cores
+    assert not t4.takes(1, 1000, 65 * 1024, frozenset())  # more host memory
+    assert not t4.takes(1, 1000, 1024, frozenset({"H100-80GB"}))  # not of an allowed model
+    assert t4.takes(0, 1000, 1024, frozenset({"H100-80GB"}))  # a CPU-only task needs no GPU model

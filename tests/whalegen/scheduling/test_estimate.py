@@ -75,3 +75,13 @@ def test_an_unknown_start_says_what_the_tasks_ahead_took_since_the_last_unknown(
     assert [starts[x].start_s for x in ("u1", "t", "u2")] == [None, 0.0, None]
     assert starts["u1"].why_unknown == "nothing running on the GPUs it may use would free enough"
     assert "tasks ahead of it in the queue take 1000 milli-GPU" in starts["u2"].why_unknown
+
+
+def test_a_task_larger_than_every_node_has_no_estimate_however_much_the_pool_frees() -> None:
+    # Two idle 2-GPU nodes hold 4 GPUs in all: summed, a 3-GPU task "fits now"; no node could hold it.
+    pool = Pool().node("w1", whole(), whole()).node("w2", whole(), whole())
+    big, small = task("big", gpus=3), task("small", gpus=2)
+    decisions = decide(pool.snapshot([big, small]), Config(), 100.0)
+    assert "big" not in decisions.estimates or decisions.estimates["big"] is None
+    why = decisions.unplaced["big"].message
+    assert "estimated start unknown: no schedulable node could hold 3 GPUs" in why
