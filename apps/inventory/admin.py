@@ -4,13 +4,16 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.declarative.admin import applied_from_column
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.holders import with_holders
 
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["name", "region"]
+    list_display = ["name", "region", "applied_from"]
+    readonly_fields = ["applied_from"]
+    applied_from = applied_from_column("Cluster")
     search_fields = ["name"]
 
 
@@ -19,7 +22,9 @@ class PoolAdmin(admin.ModelAdmin):
     """Platform admins set how the pool's hosts run tasks: a runtime change applies to tasks submitted
     afterwards (each task keeps the runtime it got), an image rule to submissions afterwards."""
 
-    list_display = ["name", "description", "runtime", "image_pull_policy"]
+    list_display = ["name", "description", "runtime", "image_pull_policy", "applied_from"]
+    readonly_fields = ["applied_from"]
+    applied_from = applied_from_column("Pool")
     list_filter = ["runtime"]
     search_fields = ["name"]
 
@@ -28,16 +33,36 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
     fields = ["index", "model", "uuid", "mem_mib", "mig_capable", "partition_mode", "health"]
-    readonly_fields = ["partition_mode"]  # as on the GPU's own page (GpuAdmin)
+    readonly_fields = fields  # the agent's, as on the GPU's own page (GpuAdmin)
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Node | None = None) -> bool:
+        return False
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ["name", "cluster", "pool", "state", "cpu_milli", "mem_mib", "last_heartbeat_at"]
+    """No "Add": a node comes from `whalegen apply` (a Node document) or joins by itself, with its GPUs read
+    from the host; one made here would have no GPUs and no credential."""
+
+    list_display = [
+        "name",
+        "cluster",
+        "pool",
+        "state",
+        "cpu_milli",
+        "mem_mib",
+        "last_heartbeat_at",
+        "applied_from",
+    ]
     list_filter = ["state", "cluster", "pool"]
     search_fields = ["name"]
-    readonly_fields = ["agent_credential_hash", "last_heartbeat_at", "version"]
+    readonly_fields = ["agent_credential_hash", "last_heartbeat_at", "version", "applied_from"]
     inlines = [GpuInline]
+    applied_from = applied_from_column("Node")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
     # A node is locked before its delete is decided. The scheduling cycle locks the nodes it places on,
     # and the assignments it writes carry no database constraint (apps.scheduling.models.Assignment):
@@ -86,6 +111,16 @@ class GpuAdmin(admin.ModelAdmin):
     list_display = ["uuid", "model", "node", "index", "partition_mode", "health"]
     list_filter = ["model", "partition_mode", "health", "node__pool"]
     search_fields = ["uuid", "node__name"]
-    # The partition mode goes with the units (above): changed only by a re-carve, never by hand.
-    readonly_fields = ["partition_mode"]
     inlines = [ComputeUnitInline]
+
+    # Shown, never edited: a GPU and its units are what the node's agent reports and the scheduler carves
+    # (the partition mode goes with the units, changed only by a re-carve); a row added or edited here
+    # would contradict the host. Deleted with its node.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Gpu | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Gpu | None = None) -> bool:
+        return False

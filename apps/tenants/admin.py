@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.declarative.admin import applied_from_column
 from apps.tenants.models import ApiToken, Membership, Tenant, TokenAudit
 from apps.tenants.services import token_revoke
 
@@ -14,7 +15,9 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "kind", "parent", "run_uid"]
+    list_display = ["slug", "name", "kind", "parent", "run_uid", "applied_from"]
+    readonly_fields = ["applied_from"]
+    applied_from = applied_from_column("Tenant")
     list_filter = ["kind"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
@@ -22,7 +25,9 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
-    list_display = ["user", "tenant", "role"]
+    list_display = ["user", "tenant", "role", "applied_from"]
+    readonly_fields = ["applied_from"]
+    applied_from = applied_from_column("Member")
     list_filter = ["role", "tenant"]
     search_fields = ["user__username", "tenant__slug"]
 

@@ -48,7 +48,7 @@ def test_a_posted_unit_size_or_mode_changes_nothing() -> None:
             f"units-{i}-gpu_milli": "900",
         }  # fmt: skip
     answer = admin_client().post(f"/admin/inventory/gpu/{gpu.pk}/change/", form)
-    assert answer.status_code == 302  # saved: the page took the form and kept what it does not edit
+    assert answer.status_code == 403  # the GPU page is view-only: a GPU is its agent's (issue #38)
     gpu.refresh_from_db()
     assert gpu.partition_mode == Gpu.PartitionMode.MPS
     assert sorted(ComputeUnit.objects.filter(gpu=gpu).values_list("gpu_milli", flat=True)) == [500, 500]
