@@ -21,8 +21,8 @@ EXIT_AUTH = 77  # EX_NOPERM: no token, or the plane did not accept it (401) or a
 EXIT_CONFIG = 78  # EX_CONFIG: WHALEGEN_URL / --server is not a URL the client can use
 EXIT_TIMEOUT = 124  # `--wait` ran out of `--timeout` (the status timeout(1) uses)
 
-# The machine-readable `code` a refusal body carries when the request can never run in the pool. The
-# plane adds it with its admission rules (issue #39, item 1); until it does, those refusals exit 65.
+# The machine-readable `code` a refusal body carries when the request can never run in the pool
+# (docs/scheduling.md, "Admission"); every other 400 exits 65.
 NEVER_RUNS_CODES = frozenset({"cannot_run_here"})
 
 
