@@ -26,7 +26,13 @@ from typing import Any
 import requests
 import yaml
 
-from whalegen.commands._errors import EXIT_INVALID, EXIT_TASK_FAILED, EXIT_TIMEOUT, CliError
+from whalegen.commands._errors import (
+    EXIT_INVALID,
+    EXIT_TASK_FAILED,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    CliError,
+)
 from whalegen.commands._http import ApiError, Client, Unreachable, add_connection_arguments, print_error
 from whalegen.commands._logs import Follower, failure_reason
 
@@ -148,10 +154,13 @@ def wait_for(
     seen: dict[int, tuple[str, str]] = {}
     last: dict[int, dict[str, Any]] = {}
     followers = {} if quiet else {task_id: Follower(task_id) for task_id in task_ids}
+    outage = _Outage()
     while True:
         waited = False
         for task_id in task_ids:
-            task = client.call("GET", f"/tasks/{task_id}/")
+            task = outage.poll(client, task_id)
+            if task is None:  # the plane is away: the task goes on, and so does the wait
+                break
             last[task_id] = task
             final = task["state"] in FINAL
             # A change to a running state is said before the output it brings; a final state after the
@@ -164,14 +173,50 @@ def wait_for(
                 waited |= _stream(client, follower, task, wait_s=interval_s if len(task_ids) == 1 else 0)
             if final:
                 _say_change(client, task, seen)
-        if all(state in FINAL for state, _ in seen.values()):
+        if len(last) == len(task_ids) and all(state in FINAL for state, _ in seen.values()):
             return next((code for tid in task_ids if (code := _exit_status(last[tid])) != 0), 0)
         if time.monotonic() >= deadline:
             waiting = ", ".join(f"{tid} {state}" for tid, (state, _) in seen.items() if state not in FINAL)
             print(f"whalegen: gave up after {timeout_s:g} s; still not finished: {waiting}", file=sys.stderr)
+            if outage.since is not None:
+                print(f"whalegen: {outage.why}", file=sys.stderr)
+                return EXIT_UNREACHABLE
             return EXIT_TIMEOUT
         if not waited:
             time.sleep(interval_s)
+
+
+class _Outage:
+    """The wait's view of the plane: a dropped connection, a restart (5xx) or a 429 while a task runs is
+    not the task's failure, so `--wait` keeps asking until its timeout, saying once when the plane went
+    away and once when it is back (a CI job must not fail because the plane was redeployed)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.why = ""
+
+    def poll(self, client: Client, task_id: int) -> dict[str, Any] | None:
+        try:
+            task = client.call("GET", f"/tasks/{task_id}/")
+        except Unreachable as exc:
+            self._down(exc.message)
+            return None
+        except ApiError as exc:
+            if exc.status < 500 and exc.status != 429:
+                raise
+            self._down(f"the plane answered HTTP {exc.status}")
+            return None
+        if self.since is not None:
+            away_s = time.monotonic() - self.since
+            print(f"whalegen: the plane answers again after {away_s:.0f} s", file=sys.stderr)
+            self.since = None
+        return task
+
+    def _down(self, why: str) -> None:
+        self.why = why
+        if self.since is None:
+            self.since = time.monotonic()
+            print(f"whalegen: {why}; still waiting (the task goes on) and retrying", file=sys.stderr)
 
 
 def _say_change(client: Client, task: dict[str, Any], seen: dict[int, tuple[str, str]]) -> None:

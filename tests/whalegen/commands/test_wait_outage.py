@@ -1,0 +1,58 @@
+"""`--wait` across a plane that goes away: a dropped connection, a restart's 5xx or a 429 mid-wait is not
+the task's failure. The wait says so once, keeps asking until its timeout, and ends with the task's own
+outcome when the plane answers again; only a plane still away at the timeout ends it, with 69."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from whalegen.commands._errors import EXIT_UNREACHABLE
+from whalegen.commands._http import ApiError, Unreachable
+from whalegen.commands.submit import wait_for
+
+
+class Plane:
+    """Answers `GET /tasks/1/` from a script: an exception to raise, or the task's state."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.calls = 0
+
+    def call(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        assert (method, path) == ("GET", "/tasks/1/")
+        step = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if isinstance(step, Exception):
+            raise step
+        return {"id": 1, "state": step, "why_pending": "", "exit_code": 0 if step == "succeeded" else None}
+
+
+DOWN = Unreachable("cannot reach the plane at http://plane:8000: connection refused")
+
+
+@pytest.mark.parametrize(
+    "away", [DOWN, ApiError(502, {"detail": "bad gateway"}), ApiError(429, {"detail": "slow down"})]
+)
+def test_a_plane_that_goes_away_mid_wait_does_not_fail_the_job(away: Exception, capsys) -> None:
+    plane = Plane(["running", away, away, away, "running", "succeeded"])
+    assert wait_for(plane, [1], timeout_s=30, interval_s=0.01, quiet=True) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["task 1: running", "task 1: succeeded exit code 0"]
+    assert err.count("still waiting (the task goes on) and retrying") == 1  # said once per outage
+    assert "the plane answers again after" in err
+
+
+def test_a_plane_still_away_at_the_timeout_ends_the_wait_with_69(capsys) -> None:
+    plane = Plane(["running", DOWN])
+    assert wait_for(plane, [1], timeout_s=0.2, interval_s=0.01, quiet=True) == EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert "gave up after 0.2 s; still not finished: 1 running" in err
+    assert err.rstrip().endswith("connection refused")
+
+
+def test_a_refusal_mid_wait_is_not_retried() -> None:
+    plane = Plane(["running", ApiError(404, {"detail": "no task 1"})])
+    with pytest.raises(ApiError):
+        wait_for(plane, [1], timeout_s=5, interval_s=0.01, quiet=True)
