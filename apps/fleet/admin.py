@@ -1,6 +1,7 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
-from apps.fleet.models import AgentReport, GpuEvent, GpuPartition, NodeAgent, TaskRun
+from apps.fleet.models import AgentReport, GpuEvent, GpuPartition, JoinToken, NodeAgent, NodeJoin, TaskRun
 
 
 @admin.register(NodeAgent)
@@ -28,3 +29,28 @@ class GpuEventAdmin(admin.ModelAdmin):
 @admin.register(AgentReport)
 class AgentReportAdmin(admin.ModelAdmin):
     list_display = ["node", "seq", "received_at"]
+
+
+@admin.register(JoinToken)
+class JoinTokenAdmin(admin.ModelAdmin):
+    """Read-only: a token is made where its secret can be shown once (`whalegen create join-token`, the
+    API), which a form here cannot do, and revoked by `whalegen delete join-token` or the API."""
+
+    list_display = ["name", "pool", "cluster", "prefix", "uses", "max_uses", "expires_at", "revoked_at"]
+    list_filter = ["pool", "requires_approval"]
+    readonly_fields = [f.name for f in JoinToken._meta.fields if f.name != "token_hash"]
+    exclude = ["token_hash"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(NodeJoin)
+class NodeJoinAdmin(admin.ModelAdmin):
+    """Read-only: written by the join and by approval (`whalegen approve node`, the API)."""
+
+    list_display = ["node", "join_token", "joined_at", "approval_required", "approved_at", "approved_by"]
+    readonly_fields = [f.name for f in NodeJoin._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
