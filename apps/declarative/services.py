@@ -313,11 +313,11 @@ def objects_apply(
     documents: Sequence[Any],
     sources: Sequence[str] = (),
     access: Access,
-    user: AbstractBaseUser,
+    user: AbstractBaseUser | None,
     dry_run: bool = False,
     prune: bool = False,
 ) -> list[Result]:
-    """Apply documents as `user`; see the module's docstring for the steps."""
+    """Apply documents as `user` (None: the system, as the demo seeds itself); see the module's docstring."""
     parsed = documents_parse(documents, sources)  # 1
     ordered = sorted(parsed, key=lambda d: d.kind.order)  # stable: the file's order within a kind
     ctx = k.Context(access=access, user=user, actor=user_actor(user), source="")

@@ -1,10 +1,11 @@
 """`whalegen demo`: the whole plane on its embedded default, with nothing to configure.
 
 Migrates the database (an SQLite file under WHALEGEN_DATA_DIR unless DATABASE_URL is set), seeds a
-believable fleet once (two clusters; pools of H100 and H200 with MIG, A100 and L4; three tenants with
-quotas, queues and a few tasks), prints fresh tokens, an admin login and a team members' login, and
-serves the dashboard, the API and the admin. Celery runs in-process: beat entries fire from a thread,
-tasks run eagerly — among them the scheduling cycle per pool and the node-health check.
+believable fleet once from docs/examples/fleet.yaml, through `apply` (two clusters; pools of H100 and
+H200 with MIG, A100 and L4; three tenants with quotas, queues and a few tasks), prints fresh tokens, an
+admin login and a team members' login, and serves the dashboard, the API and the admin. Celery runs
+in-process: beat entries fire from a thread, tasks run eagerly — among them the scheduling cycle per
+pool and the node-health check.
 
 Then it runs the loop: one simulated agent per seeded node (the real `whalegen agent` on the simulated
 NVML, each with a node credential issued at start) and a workload generator drawing task shapes from
@@ -21,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 ADMIN_USERNAME = "admin"
@@ -54,100 +56,41 @@ def _progress(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
+# The demo's fleet is the example fleet file a new operator starts from (docs/operations.md): two clusters;
+# pools of H100 and H200 with MIG, A100 and L4 with MPS; three teams with members, queues, quotas, a
+# budget and GPU prices. Its nodes carry their GPUs because the demo's simulated hosts exist only once
+# registered; a real host joins with the GPUs it has.
+FLEET_FILE = Path("docs") / "examples" / "fleet.yaml"
+
+
 def _seed_fleet() -> None:
-    """Clusters, pools, nodes and GPUs. Two clusters share the H100 pool (a pool may span clusters)."""
-    from apps.inventory.models import Gpu, Pool
-    from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
+    """Everything in the example fleet file, through the service `whalegen apply` calls (as the system, a
+    platform admin), so the demo is seeded exactly as an operator's `whalegen apply -f` would."""
+    import yaml
+    from django.conf import settings
 
-    eu = cluster_create(name="eu-west-1", region="eu-west")
-    us = cluster_create(name="us-east-1", region="us-east")
-    # The demo's pools run host processes: its simulated hosts have no container engine, and the
-    # README's example (`command: [sh, -c, …]`, no image) must work as written. Its agents run each task
-    # in the hardened `process` runtime (docs/isolation.md).
-    process = Pool.Runtime.PROCESS
-    pools = {
-        "h100-train": pool_create(
-            name="h100-train", description="H100-80GB for training; some GPUs in MIG", runtime=process
-        ),
-        "h200-train": pool_create(
-            name="h200-train", description="H200-141GB for large models; MIG on one", runtime=process
-        ),
-        "a100-batch": pool_create(
-            name="a100-batch", description="A100-80GB for batch and fine-tuning", runtime=process
-        ),
-        "l4-infer": pool_create(
-            name="l4-infer", description="L4 for online inference (MPS shares)", runtime=process
-        ),
-    }
-    # (cluster, pool, node name prefix, node count, GPU model, GPUs per node, CPU milli, host MiB)
-    layout = [
-        (eu, "h100-train", "eu-h100", 2, "H100-80GB", 8, 192_000, 2_097_152),
-        (us, "h100-train", "us-h100", 1, "H100-80GB", 8, 192_000, 2_097_152),
-        (us, "h200-train", "us-h200", 2, "H200-141GB", 8, 224_000, 3_145_728),
-        (eu, "a100-batch", "eu-a100", 2, "A100-80GB", 8, 128_000, 1_048_576),
-        (eu, "l4-infer", "eu-l4", 2, "L4", 4, 48_000, 262_144),
-        (us, "l4-infer", "us-l4", 1, "L4", 4, 48_000, 262_144),
-    ]
-    mig_layouts = {
-        # Mixed layouts a real operator runs: a 3g+2g+1g+1g split and seven 1g slices.
-        "H100-80GB": [
-            [("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3)],
-            [("1g.10gb", s) for s in range(7)],
-        ],
-        "H200-141GB": [[("3g.71gb", 0), ("3g.71gb", 4)]],
-    }  # fmt: skip
-    for cluster, pool_name, prefix, count, model, per_node, cpu, mem in layout:
-        for n in range(count):
-            node, _ = node_register(
-                cluster=cluster,
-                pool=pools[pool_name],
-                name=f"{prefix}-{n + 1:02d}",
-                cpu_milli=cpu,
-                mem_mib=mem,
-                labels={"zone": f"{cluster.region}-{'abc'[n % 3]}", "gpu": model},
-            )
-            migs = mig_layouts.get(model, []) if n == 0 else []
-            for index in range(per_node):
-                if index < len(migs):
-                    gpu_add(
-                        node=node,
-                        index=index,
-                        model=model,
-                        partition_mode=Gpu.PartitionMode.MIG,
-                        mig_layout=migs[index],
-                    )
-                elif model == "L4" and index == 0:
-                    gpu_add(
-                        node=node,
-                        index=index,
-                        model=model,
-                        partition_mode=Gpu.PartitionMode.MPS,
-                        mps_shares=4,
-                    )
-                else:
-                    gpu_add(node=node, index=index, model=model)
+    from apps.declarative.services import objects_apply
+    from apps.tenants.selectors import Access
+
+    path = Path(settings.BASE_DIR) / FLEET_FILE
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    sources = [f"{FLEET_FILE}#{number}" for number in range(1, len(documents) + 1)]
+    results = objects_apply(
+        documents=documents, sources=sources, access=Access(platform_admin=True), user=None
+    )
+    refused = [f"{r.kind} {r.key}: {r.reason}" for r in results if r.outcome == "refused"]
+    if refused:
+        raise RuntimeError(f"{FLEET_FILE} did not apply: " + "; ".join(refused))
 
 
-def _seed_tenants() -> None:
+def _seed_tasks() -> None:
+    """A few tasks per team, submitted as its member, so the dashboard has history from the first page."""
     from django.contrib.auth import get_user_model
 
-    from apps.inventory.models import Pool
-    from apps.tenants.models import Membership, Tenant
-    from apps.tenants.services import membership_set, tenant_create
-    from apps.workloads.services import TaskRequest, queue_create, quota_set, task_submit
+    from apps.tenants.models import Tenant
+    from apps.workloads.services import TaskRequest, task_submit
 
     user_model = get_user_model()
-    pools = {pool.name: pool for pool in Pool.objects.all()}
-    org = tenant_create(slug="acme", name="Acme Corp", kind=Tenant.Kind.ORG)
-    # team → [(pool, guaranteed milli, borrow milli)], [(queue, pool, default priority, weight)]
-    plan: dict[str, tuple[list[tuple[str, int, int]], list[tuple[str, str, int, int]]]] = {
-        "vision": ([("h100-train", 16_000, 8_000), ("a100-batch", 8_000, 0)],
-                   [("train", "h100-train", 10, 2), ("batch", "a100-batch", 0, 1)]),
-        "speech": ([("h200-train", 8_000, 4_000), ("l4-infer", 4_000, 0)],
-                   [("train", "h200-train", 10, 1), ("serve", "l4-infer", 50, 1)]),
-        "ranking": ([("l4-infer", 8_000, 0), ("a100-batch", 4_000, 4_000)],
-                    [("serve", "l4-infer", 50, 2), ("batch", "a100-batch", 0, 1)]),
-    }  # fmt: skip
     samples = {
         "vision": [
             TaskRequest(queue="train", name="resnet-ablation", gpu_count=4, kind="training",
@@ -166,20 +109,8 @@ def _seed_tenants() -> None:
         ],
     }  # fmt: skip
     for slug, member in TEAMS:
-        tenant = tenant_create(slug=slug, name=slug.title(), parent=org)
-        user, _ = user_model.objects.get_or_create(
-            username=member, defaults={"email": f"{member}@acme.example"}
-        )
-        membership_set(user=user, tenant=tenant, role=Membership.Role.MEMBER)
-        quotas, queues = plan[slug]
-        for pool_name, guaranteed, borrow in quotas:
-            quota_set(
-                tenant=tenant, pool=pools[pool_name], guaranteed_milli=guaranteed, borrow_limit_milli=borrow
-            )
-        for name, pool_name, priority, weight in queues:
-            queue_create(
-                tenant=tenant, pool=pools[pool_name], name=name, default_priority=priority, weight=weight
-            )
+        tenant = Tenant.objects.get(slug=slug)
+        user = user_model.objects.get(username=member)
         for request in samples[slug]:
             task_submit(tenant=tenant, request=request, submitted_by=user)
 
@@ -203,7 +134,7 @@ def seed() -> bool:
         return False
     with transaction.atomic():
         _seed_fleet()
-        _seed_tenants()
+        _seed_tasks()
     return True
 
 
