@@ -193,3 +193,15 @@ def test_a_bad_document_is_refused_naming_document_path_and_field(admin, documen
         objects_apply(documents=[document], sources=["fleet.yaml#1"], access=ADMIN, user=admin)
     messages = refused.value.message_dict["documents"]
     assert any(message.startswith(want) for message in messages), messages
+
+
+def test_cordon_labels_and_a_moved_node_go_through_the_node_services(fleet, admin) -> None:
+    documents = documents_list(kind=BY_NAME["Node"], access=ADMIN, name="eu-west-1/eu-l4-01")
+    documents[0]["spec"]["cordoned"] = True
+    documents[0]["metadata"]["labels"]["rack"] = "r7"
+    [result] = objects_apply(documents=documents, access=ADMIN, user=admin)
+    assert result.outcome == "configured"
+    assert result.diff == {"spec.cordoned": [False, True], "metadata.labels.rack": [None, "r7"]}
+    node = Node.objects.get(name="eu-l4-01")
+    assert (node.state, node.labels["rack"]) == ("cordoned", "r7")
+    assert objects_apply(documents=documents, access=ADMIN, user=admin)[0].outcome == "unchanged"
