@@ -51,7 +51,7 @@ from apps.fleet.selectors import (
     node_gpus,
     parse_run,
 )
-from apps.inventory.models import Gpu, Node
+from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.logs.services import log_chunks_check, log_chunks_store
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Quota, Task
@@ -800,12 +800,24 @@ def _late_result_apply(*, node: Node, task: Task, report: p.TaskReport, attempt:
     return False
 
 
+def _held_gpu_indexes(task: Task) -> str:
+    """The device indexes of the GPUs a placed task holds, "0,1,2,3" (two small queries)."""
+    live = Assignment.objects.filter(task=task, released_at__isnull=True)
+    unit_ids = live.values_list("unit_ids", flat=True).first()
+    indexes = sorted(
+        set(ComputeUnit.objects.filter(pk__in=unit_ids or []).values_list("gpu__index", flat=True))
+    )
+    return ",".join(str(index) for index in indexes) or "?"
+
+
 def _apply_task_report(*, node: Node, task: Task, report: p.TaskReport, live: bool, attempt: int) -> None:
     actor = f"agent:{node.name}"
     what = report.reason or report.state.value
     if report.state in (p.TaskState.STARTING, p.TaskState.RUNNING):
         if live and task.state == Task.State.ASSIGNED:
             where = f" on {report.device_uuid}" if report.device_uuid else ""
+            if task.gpu_count > 1:  # the report names one device; the event names every GPU it holds
+                where = f" on {node.name} GPUs {_held_gpu_indexes(task)}"
             _move(task, Task.State.RUNNING, actor=actor, reason=f"{what} (pid {report.pid}{where})")
         return
     if report.state in (p.TaskState.SUCCEEDED, p.TaskState.FAILED):

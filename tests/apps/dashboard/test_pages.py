@@ -173,6 +173,7 @@ def test_task_detail_shows_events_and_forecast(scene: Any, page: Any) -> None:
     assert "1 h" in body and "2 h 5 min" in body  # P50 and P90
     assert "user:alice" in body  # the submit event's actor
     assert 'id="cancel-task"' in body
+    assert ">requeues</dt><dd>0</dd>" in body  # the CLI's word; "attempts 0" read as "never ran"
 
 
 def test_task_detail_shows_the_working_directory_only_when_there_is_one(scene: Any, page: Any) -> None:

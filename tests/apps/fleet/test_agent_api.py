@@ -417,3 +417,18 @@ def test_an_older_layouts_partition_report_does_not_overwrite_a_newer_one(
     report(client, fleet.node, 1, parts=(part(4, p.PartitionState.BLOCKED),))
     gpu.partition.refresh_from_db()
     assert (gpu.partition.generation, gpu.partition.state) == (5, "ok")
+
+
+def test_a_multi_gpu_tasks_running_event_names_every_gpu_it_holds(fleet: Any, agent_client: Any) -> None:
+    """Before: the event named only the device the report carried, the first of the task's GPUs."""
+    from apps.workloads.services import TaskRequest, task_submit
+
+    task, _ = task_submit(
+        tenant=fleet.tenant_a, request=TaskRequest(queue="train", gpu_count=2), submitted_by=fleet.alice
+    )
+    assign(task, fleet.node, [fleet.mig_unit, fleet.whole_unit])
+    client = agent_client(fleet.token_a)
+    running = task_report(task, p.TaskState.RUNNING, pid=42, device_uuid="GPU-first")
+    assert report(client, fleet.node, 1, running).status_code == 200
+    event = task.events.get(to_state="running")
+    assert event.reason == "running (pid 42 on gpu-001 GPUs 0,1)"
