@@ -114,3 +114,13 @@ def test_agent_help_says_what_sim_uses_without_a_spec() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "example-host.yaml" in " ".join(done.stdout.split())
+
+
+def test_the_plane_image_carries_every_file_the_demo_reads_from_the_source_tree() -> None:
+    """`whalegen demo` seeds from the example fleet file; an image without it fails at its first step."""
+    from whalegen.commands.demo import FLEET_FILE
+
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    copied = re.findall(r"^COPY\s+(?!--from)(\S+)\s", dockerfile, flags=re.MULTILINE)
+    assert any(FLEET_FILE.as_posix().startswith(source.rstrip("/")) for source in copied), copied
+    assert (ROOT / FLEET_FILE).is_file()
