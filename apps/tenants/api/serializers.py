@@ -33,6 +33,9 @@ class TenantOutputSerializer(serializers.ModelSerializer):
 
 
 class TokenCreateInputSerializer(StrictInputSerializer):
+    """A token of your own, in a tenant you belong to, with a role no higher than yours there (nor than the
+    token you call with), expiring within a year. Unknown fields are refused, each named."""
+
     name = StrictCharField(max_length=100, help_text="A label to tell tokens apart (e.g. `ci`).")
     tenant = StrictSlugField(
         max_length=64,
@@ -87,6 +90,8 @@ class TokenAuditOutputSerializer(serializers.ModelSerializer):
 
 
 class TokenDetailOutputSerializer(TokenOutputSerializer):
+    """A token with the role it acts with now and its audit trail; never its secret, never its hash."""
+
     effective_role = serializers.SerializerMethodField(
         help_text="The role it acts with now: the lower of `role` and its owner's present role in the "
         "tenant; null when the owner holds none there any more."
@@ -102,6 +107,8 @@ class TokenDetailOutputSerializer(TokenOutputSerializer):
 
 
 class TokenCreatedOutputSerializer(TokenOutputSerializer):
+    """The token just made, with its secret: the one answer that ever carries it."""
+
     secret = serializers.SerializerMethodField(
         help_text="The token itself (`Authorization: Bearer …`, WHALEGEN_TOKEN). Shown in this answer only: "
         "the plane keeps its SHA-256, never the token."
