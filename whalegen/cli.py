@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "get": ("whalegen.commands.get", "list objects of a kind (-o yaml prints what apply takes back)"),
     "describe": ("whalegen.commands.describe", "show one object in full: spec, status, where it came from"),
     "accounting": ("whalegen.commands.accounting", "GPU-hours (and money) per tenant, queue, pool, model"),
-    "token": ("whalegen.commands.token", "create an API token for a tenant member (operator)"),
+    "token": ("whalegen.commands.token", "make, list or revoke API tokens (--user: operator, on the plane)"),
     "create": ("whalegen.commands.create", "make a join token for GPU hosts (operator)"),
     "delete": ("whalegen.commands.delete", "revoke a join token or a node's credential (operator)"),
     "approve": ("whalegen.commands.approve", "let a node that joined with an approval token take work"),

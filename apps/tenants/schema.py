@@ -11,5 +11,6 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "A tenant-scoped token from `whalegen token create`: `Authorization: Bearer wg_…`",
+            "description": "A tenant-scoped token (dashboard, API tokens; or `whalegen token create`): "
+            "`Authorization: Bearer wg_…`",
         }
