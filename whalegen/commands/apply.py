@@ -5,6 +5,11 @@ Each YAML document is one object (whalegen/commands/_objects.py lists the kinds;
 `pool/h100-train created`, `queue/vision/train configured` with the fields that changed (old → new),
 `unchanged`, `pruned`, or `refused` with the reason. Applying the same files again changes nothing.
 
+`--local` applies straight to the plane's database (its settings: DATABASE_URL, as `whalegen token create
+--user` and `whalegen create join-token`), as a platform admin, with no token. That is how a fresh plane
+gets its first tenant — an API token is always scoped to one, so before any exists nobody holds a token
+to call `apply` with — and what `whalegen token create --user ADMIN --tenant T` then needs.
+
 Exit status: 0 when every object was applied, 65 when the plane refused a document as invalid (nothing
 was applied then) or refused an object (the others were applied); the connection and token failures
 exit as every pipeline-facing command does (docs/ci.md).
@@ -14,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "-o", "--output", choices=["text", "json"], default="text", help="json: the plane's answer"
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="operator on the plane: apply in its database as a platform admin, no token (a fresh plane's "
+        "first tenant)",
     )
     add_connection_arguments(parser)
 
@@ -107,19 +120,58 @@ def report(answer: dict[str, Any]) -> int:
     return EXIT_INVALID if refused else 0
 
 
+def _refused_documents(problems: list[Any]) -> int:
+    print("whalegen: the plane refused the documents; nothing was applied", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _apply_local(body: dict[str, Any]) -> dict[str, Any] | int:
+    """The operator's path: the service the API calls, as the system with a platform admin's access (as
+    `whalegen demo` seeds itself); recorded as applied by `system`."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
+    import django
+
+    django.setup()
+    from django.core.exceptions import ValidationError
+
+    from apps.declarative.services import objects_apply
+    from apps.tenants.selectors import Access
+
+    try:
+        results = objects_apply(
+            documents=body["documents"],
+            sources=body["sources"],
+            access=Access(platform_admin=True),
+            user=None,
+            dry_run=body["dry_run"],
+            prune=body["prune"],
+        )
+    except ValidationError as exc:
+        return _refused_documents(exc.message_dict.get("documents", exc.messages))
+    return {"dry_run": body["dry_run"], "results": [asdict(result) for result in results]}
+
+
 def run(args: argparse.Namespace) -> int:
     documents, sources = load(args.filename)
     body = {"documents": documents, "sources": sources, "dry_run": args.dry_run, "prune": args.prune}
-    try:
-        answer = Client.from_args(args).call("POST", "/apply/", json=body)
-    except ApiError as exc:
-        problems = exc.body.get("documents") if exc.status == 400 and isinstance(exc.body, dict) else None
-        if isinstance(problems, list):
-            print("whalegen: the plane refused the documents; nothing was applied", file=sys.stderr)
-            for problem in problems:
-                print(f"  {problem}", file=sys.stderr)
-            return EXIT_INVALID
-        return print_error(exc)
+    if args.local:
+        if args.server or args.token:
+            message = "--local applies in the plane's database, not through a server; drop --server/--token"
+            raise CliError(message, EXIT_INVALID)
+        local = _apply_local(body)
+        if isinstance(local, int):
+            return local
+        answer = local
+    else:
+        try:
+            answer = Client.from_args(args).call("POST", "/apply/", json=body)
+        except ApiError as exc:
+            problems = exc.body.get("documents") if exc.status == 400 and isinstance(exc.body, dict) else None
+            if isinstance(problems, list):
+                return _refused_documents(problems)
+            return print_error(exc)
     if args.output == "json":
         print(json.dumps(answer, indent=2))
         return EXIT_INVALID if any(r["outcome"] == "refused" for r in answer["results"]) else 0
