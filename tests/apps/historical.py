@@ -53,8 +53,27 @@ def historical_fleet(apps: Any, name: str, *, units: int) -> HistoricalFleet:
 
 def migrate_apps(at: Mapping[str, str]) -> Any:
     """Every app at its latest migration but those named in `at` (app → migration name), which go there;
-    returns the historical models at that state."""
+    returns the historical models at that state. An app whose latest migration needs a later one of a
+    named app (a newer app built on today's inventory) goes back to its last migration that does not."""
     executor = MigrationExecutor(connection)
-    target = [(app, at.get(app, name)) for app, name in executor.loader.graph.leaf_nodes()]
+    graph = executor.loader.graph
+    named = {(app, name) for app, name in at.items()}
+    # The migrations of the named apps after their targets: no other app's target may need them.
+    later = {
+        node
+        for app, name in at.items()
+        for node in graph.forwards_plan(graph.leaf_nodes(app)[0])
+        if node[0] == app and node not in graph.forwards_plan((app, name))
+    }
+    target = []
+    for app, leaf in graph.leaf_nodes():
+        if app in at:
+            continue
+        node: tuple[str, str] | None = (app, leaf)
+        while node is not None and later & set(graph.forwards_plan(node)):
+            parents = [p for p in graph.node_map[node].parents if p.key[0] == app]
+            node = parents[0].key if parents else None
+        target.append(node if node is not None else (app, None))
+    target += sorted(named)
     executor.migrate(target)
     return MigrationExecutor(connection).loader.project_state(target).apps
