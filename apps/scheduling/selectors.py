@@ -10,7 +10,7 @@ needs to compare-and-set (row ids and versions) rides alongside it in `PoolSnaps
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -773,21 +773,24 @@ def _renamed(view: GpuView, name: str) -> GpuView:
     return copy
 
 
+def _node_model(gpus: list[dict[str, Any]]) -> str | None:
+    """The model a node offers: the one most of its GPUs are, the first GPU's on a tie."""
+    counts = Counter(gpu["model"] for gpu in gpus)
+    return max(counts, key=lambda model: counts[model]) if counts else None
+
+
 def _read_nodes_state(r: _Reading) -> _Gpus:
     """Step 2c: every node's GPUs as the engine sees them, from units nobody holds."""
     out = _Gpus()
     for row in r.node_rows:
         name = r.names[row["id"]]
         gpus = r.gpus_of_node.get(row["id"], [])
-        # The engine wants one model per node; a mixed host offers only its first model's GPUs.
-        model = gpus[0]["model"] if gpus else None
+        # The engine wants one model per node: a mixed host (2×H100 + an L40S) offers the GPUs of its most
+        # common model (the first's on a tie) and takes work on them; the others wait for a node model
+        # that can carry two (docs/scheduling.md, "Not done yet"). Before, the whole node was left out.
+        model = _node_model(gpus)
         out.node_models[name] = model
-        states: list[GpuState] = []
-        for gpu in gpus:
-            if gpu["model"] != model:
-                r.excluded.setdefault(name, f"GPU {gpu['index']} is a {gpu['model']} on a {model} node")
-                continue
-            states.append(_gpu_state(r, gpu, name, out))
+        states = [_gpu_state(r, gpu, name, out) for gpu in gpus if gpu["model"] == model]
         out.nodes.append(
             NodeState(
                 name=name,

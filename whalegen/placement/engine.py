@@ -432,8 +432,11 @@ class Engine:
         allowed = s.allowed_mask(req)
         models = "/".join(sorted(req.allowed_models)) if req.allowed_models and req.num_gpu else ""
         if not allowed.any():
-            what = f"{models} GPU" if models else "schedulable node"
-            return Outcome.NO_ALLOWED_MODEL, f"no schedulable node has a {what}"
+            if not models:
+                with_gpus = " with GPUs" if req.num_gpu else ""
+                why = f"no schedulable node{with_gpus} in the pool (none, or all cordoned, draining or lost)"
+                return Outcome.NO_ALLOWED_MODEL, why
+            return Outcome.NO_ALLOWED_MODEL, f"no schedulable node has a {models} GPU"
         # Devices whose partition mode the task's isolation accepts.
         mode_ok = s.np_mode_ok[req.isolation]
         isolated = req.num_gpu > 0 and req.isolation is not Isolation.ANY

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -390,3 +391,14 @@ def test_an_engine_and_its_working_copy_go_when_the_engine_does() -> None:
     finally:
         if was:
             gc.enable()
+
+
+def test_a_pool_without_a_schedulable_node_says_so_in_words() -> None:
+    """Before: "no schedulable node has a schedulable node"."""
+    cordoned = replace(node("a"), schedulable=False)
+    result = solve_cycle(snapshot([cordoned], [task("t", gpus=1)]), EngineConfig(policy="fgd"), 0.0)
+    (unplaced,) = result.unplaced
+    assert (
+        unplaced.message
+        == "no schedulable node with GPUs in the pool (none, or all cordoned, draining or lost)"
+    )
