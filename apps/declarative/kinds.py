@@ -210,6 +210,7 @@ class PoolKind(Kind):
         "runtime": Field(f.choice(Pool.Runtime.values), Pool.Runtime.CONTAINER),
         "allowed_image_prefixes": Field(f.text_list(512), []),
         "image_pull_policy": Field(f.choice(Pool.PullPolicy.values), Pool.PullPolicy.MISSING),
+        "join_requires_approval": Field(f.boolean, False),
     }
 
     def visible(self, access: Access) -> QuerySet:
@@ -227,6 +228,7 @@ class PoolKind(Kind):
             "runtime": obj.runtime,
             "allowed_image_prefixes": list(obj.allowed_image_prefixes),
             "image_pull_policy": obj.image_pull_policy,
+            "join_requires_approval": obj.join_requires_approval,
         }
 
     def status(self, obj: Pool) -> dict[str, Any]:

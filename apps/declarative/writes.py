@@ -61,7 +61,13 @@ def cluster_delete_refusal(cluster: Cluster) -> str:
 def pool_update(*, pool: Pool, values: dict[str, Any]) -> Pool:
     """Description and runtime settings: a new runtime or image rule applies to tasks submitted
     afterwards (each task keeps what it got at submission)."""
-    allowed = ("description", "runtime", "allowed_image_prefixes", "image_pull_policy")
+    allowed = (
+        "description",
+        "runtime",
+        "allowed_image_prefixes",
+        "image_pull_policy",
+        "join_requires_approval",
+    )
     return _save(pool, {k: v for k, v in values.items() if k in allowed})
 
 

@@ -355,7 +355,8 @@ def node_join(*, message: p.Join, now: datetime | None = None) -> JoinOutcome:
             if not _claim(token, now):
                 token.refresh_from_db()
                 raise _token_refusal(token, now) or NotAllowed(f"join token {token.name} has been used up")
-            state = Node.State.CORDONED if token.requires_approval else Node.State.READY
+            approval = token.requires_approval or token.pool.join_requires_approval
+            state = Node.State.CORDONED if approval else Node.State.READY
             if node is None:
                 node = Node.objects.create(
                     cluster=token.cluster,
@@ -369,7 +370,7 @@ def node_join(*, message: p.Join, now: datetime | None = None) -> JoinOutcome:
                 Node.objects.filter(pk=node.pk).update(
                     cpu_milli=message.cpu_milli,
                     mem_mib=message.mem_mib,
-                    state=Node.State.CORDONED if token.requires_approval else F("state"),
+                    state=Node.State.CORDONED if approval else F("state"),
                     version=F("version") + 1,
                 )
                 node.refresh_from_db()
@@ -380,7 +381,7 @@ def node_join(*, message: p.Join, now: datetime | None = None) -> JoinOutcome:
                     "join_token": token,
                     "joined_at": now,
                     "hostname": message.hostname[:255],
-                    "approval_required": token.requires_approval,
+                    "approval_required": approval,
                     "approved_at": None,
                     "approved_by": "",
                 },
@@ -400,10 +401,10 @@ def node_join(*, message: p.Join, now: datetime | None = None) -> JoinOutcome:
         node.name,
         token.pool.name,
         token.name,
-        " (waiting for approval)" if token.requires_approval else "",
+        " (waiting for approval)" if approval else "",
         extra={"node": node.name},
     )
-    return JoinOutcome(node=node, credential=credential, pending_approval=token.requires_approval)
+    return JoinOutcome(node=node, credential=credential, pending_approval=approval)
 
 
 # ------------------------------------------------------------------------------------------- approval

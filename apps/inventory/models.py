@@ -55,6 +55,9 @@ class Pool(TimestampedModel):
     # "registry.example.org/ml/"); empty = any image.
     allowed_image_prefixes = models.JSONField(default=list, blank=True)
     image_pull_policy = models.CharField(max_length=8, choices=PullPolicy.choices, default=PullPolicy.MISSING)
+    # Every host joining this pool waits cordoned for a platform admin's approval, whatever its join
+    # token says (a token can ask for approval in any pool; this makes a pool ask for it always).
+    join_requires_approval = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]

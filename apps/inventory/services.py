@@ -29,6 +29,7 @@ def pool_create(
     runtime: str = Pool.Runtime.CONTAINER,
     allowed_image_prefixes: Sequence[str] = (),
     image_pull_policy: str = Pool.PullPolicy.MISSING,
+    join_requires_approval: bool = False,
 ) -> Pool:
     pool = Pool(
         name=name,
@@ -36,6 +37,7 @@ def pool_create(
         runtime=runtime,
         allowed_image_prefixes=list(allowed_image_prefixes),
         image_pull_policy=image_pull_policy,
+        join_requires_approval=join_requires_approval,
     )
     pool.full_clean()
     pool.save()

@@ -401,6 +401,20 @@ def test_a_node_joined_with_an_approval_token_waits_for_a_platform_admin(
     assert api(world.root).post(f"/api/v1/nodes/{node.pk}/approve/").json()["state"] == "ready"
 
 
+def test_a_pool_that_requires_approval_holds_back_a_node_whose_token_did_not_ask_for_it(
+    world: Any, api: Any
+) -> None:
+    from apps.inventory.models import Node
+
+    type(world.h100).objects.filter(pk=world.h100.pk).update(join_requires_approval=True)
+    _, raw = make_token(world)  # an ordinary token: no approval asked for
+    joined = p.Joined.from_dict(join(api(), host(raw)).json())
+    assert joined.pending_approval is True
+    node = Node.objects.get(pk=int(joined.node_id))
+    assert node.state == "cordoned"
+    assert api(world.root).post(f"/api/v1/nodes/{node.pk}/approve/").json()["state"] == "ready"
+
+
 def test_a_node_that_needed_no_approval_has_nothing_to_approve(world: Any, api: Any) -> None:
     answer = api(world.root).post(f"/api/v1/nodes/{world.node.pk}/approve/")
     assert answer.status_code == 409
