@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("whalegen.commands.demo", "run the whole system on the embedded default (SQLite, in-process)"),
     "submit": ("whalegen.commands.submit", "submit a task from a YAML file, optionally wait for it"),
     "tasks": ("whalegen.commands.tasks", "list, show, follow, wait for or cancel tasks through the API"),
-    "apply": ("whalegen.commands.apply", "create or change clusters, pools, tenants, quotas… from YAML files"),
+    "apply": ("whalegen.commands.apply", "create or change clusters, pools, tenants, quotas… from YAML"),
     "get": ("whalegen.commands.get", "list objects of a kind (-o yaml prints what apply takes back)"),
     "describe": ("whalegen.commands.describe", "show one object in full: spec, status, where it came from"),
     "accounting": ("whalegen.commands.accounting", "GPU-hours (and money) per tenant, queue, pool, model"),
