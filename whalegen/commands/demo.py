@@ -243,8 +243,13 @@ def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> 
     on_done = on_ready(httpd.server_address[1])
     _beat_thread(stop)
     _status_thread(stop)
+    timer = None
     if serve_seconds is not None:
-        threading.Timer(serve_seconds, httpd.shutdown).start()
+        # A daemon timer, cancelled on the way out: a plain one kept the process alive after SIGTERM
+        # until `--serve-seconds` ran out (seen: 40 s and more after the signal with --serve-seconds 120).
+        timer = threading.Timer(serve_seconds, httpd.shutdown)
+        timer.daemon = True
+        timer.start()
     # SIGTERM (a service manager, a test) ends the demo like Ctrl-C, so the agents are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
     try:
@@ -252,6 +257,8 @@ def _serve(host: str, port: int, serve_seconds: float | None, on_ready: Any) -> 
     except KeyboardInterrupt:
         pass
     finally:
+        if timer is not None:
+            timer.cancel()
         stop.set()
         on_done()
         httpd.server_close()
