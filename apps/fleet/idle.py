@@ -29,11 +29,10 @@ from django.utils import timezone
 from apps.approvals.models import ReclaimRequest
 from apps.common.errors import Conflict
 from apps.fleet.selectors import tasks_idle
-from apps.inventory.models import ComputeUnit, Node
-from apps.scheduling.models import Assignment
+from apps.inventory.models import ComputeUnit
 from apps.scheduling.selectors import held_unit_ids
 from apps.workloads.models import Queue, Task, TaskEvent
-from apps.workloads.services import task_transition, user_actor
+from apps.workloads.services import task_preempt, user_actor
 
 log = logging.getLogger("whalegen.idle")
 
@@ -160,28 +159,14 @@ def _consequence(policy: str, *, preemptible: bool, online: bool) -> str:
 
 
 def _preempt(*, task: Task, reason: str, now: datetime) -> bool:
-    node_ids = list(
-        Assignment.objects.filter(task=task, released_at__isnull=True).values_list("node_id", flat=True)
-    )
-    try:
-        with transaction.atomic():
-            moved = task_transition(
-                task=task, to_state=Task.State.PREEMPTED, actor=ACTOR, reason=reason, now=now
-            )
-            task_transition(
-                task=moved,
-                to_state=Task.State.PENDING,
-                actor=ACTOR,
-                reason="requeued after idle reclaim",
-                now=now,
-                why_pending=reason[:500],
-            )
-    except Conflict:
-        return False  # it moved meanwhile (finished, cancelled, preempted by a cycle): nothing to reclaim
-    # Back in the queue it holds no GPU to idle on. The agent stops it when its node's desired state no
-    # longer lists it.
+    """Preempt and requeue (`task_preempt`); False when it moved meanwhile (finished, cancelled,
+    preempted by a cycle): nothing to reclaim."""
+    if not task_preempt(
+        task=task, actor=ACTOR, reason=reason, requeued="requeued after idle reclaim", now=now
+    ):
+        return False
+    # Back in the queue it holds no GPU to idle on.
     Task.objects.filter(pk=task.pk).update(idle_flagged_at=None)
-    Node.objects.filter(pk__in=node_ids).update(version=F("version") + 1)
     return True
 
 

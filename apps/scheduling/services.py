@@ -50,7 +50,7 @@ from apps.scheduling.selectors import (
 from apps.workloads.models import Quota, Task, TaskWait
 from apps.workloads.services import (
     task_events_bulk,
-    task_transition,
+    task_preempt,
     task_waits_write,
     tasks_move_bulk,
     tasks_transition_bulk,
@@ -288,24 +288,13 @@ def _commit(
         info = snapshot.running[preemption.victim_task_id]
         victim = Task(pk=info.pk, state=info.state, version=info.version, tenant_id=info.tenant_id)
         reason = f"preempted for task {preemption.for_task_id}: {preemption.reason}"
-        try:
-            with transaction.atomic():
-                moved = task_transition(
-                    task=victim, to_state=Task.State.PREEMPTED, actor=ACTOR, reason=reason, now=now
-                )
-                task_transition(
-                    task=moved,
-                    to_state=Task.State.PENDING,
-                    actor=ACTOR,
-                    reason="requeued after preemption",
-                    now=now,
-                    why_pending=reason[:500],
-                )
-        except Conflict:
+        requeued = "requeued after preemption"
+        if task_preempt(
+            task=victim, actor=ACTOR, reason=reason, requeued=requeued, now=now, node_ids=[info.node_id]
+        ):
+            out.preempted += 1
+        else:
             out.conflicts += 1
-            continue
-        Node.objects.filter(pk=info.node_id).update(version=F("version") + 1)
-        out.preempted += 1
     out.lap("preempt", clock)
     out.held_back = lost
     return out

@@ -7,7 +7,7 @@ import contextlib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -1030,6 +1030,48 @@ def _transition(
             live.update(released_at=now, release_reason=reason[:200])
     task.refresh_from_db()
     return task
+
+
+def task_preempt(
+    *,
+    task: Task,
+    actor: str,
+    reason: str,
+    requeued: str,
+    now: datetime,
+    node_ids: Collection[int] | None = None,
+) -> bool:
+    """Preempt a placed task and put it back in its queue: placed → preempted → pending in one
+    transaction (the attempt counted, its units released; a gang's placed siblings go with it), so a
+    crash between the two moves never leaves it preempted in no queue. The nodes that held it
+    (`node_ids`, read from its live assignment when not given) move their version: the next snapshot
+    sees them changed, and the agent stops the task once its node's desired state no longer lists it.
+
+    `reason` is the preemption's (its event and the task's why-pending); `requeued` the requeue event's.
+    False, with nothing written, when another writer moved the task first (it finished, was cancelled,
+    or another preemption won): theirs stands.
+    """
+    if node_ids is None:
+        node_ids = list(
+            Assignment.objects.filter(task=task, released_at__isnull=True).values_list("node_id", flat=True)
+        )
+    try:
+        with transaction.atomic():
+            moved = task_transition(
+                task=task, to_state=Task.State.PREEMPTED, actor=actor, reason=reason, now=now
+            )
+            task_transition(
+                task=moved,
+                to_state=Task.State.PENDING,
+                actor=actor,
+                reason=requeued,
+                now=now,
+                why_pending=reason[:500],
+            )
+    except Conflict:
+        return False
+    Node.objects.filter(pk__in=node_ids).update(version=F("version") + 1)
+    return True
 
 
 def task_cancel(*, task: Task, by: AbstractBaseUser | None, reason: str = "") -> Task:
