@@ -169,7 +169,7 @@ def _analyze() -> None:
     within a minute of such a load. This host's server runs with autovacuum off, and a pool built and
     cycled within seconds was read with a table's default guesses: the snapshot's units read (62,120 rows)
     took a nested loop and a sort spilled to disk, 70-140 ms of the server's time against 25-45 ms once
-    the tables are analysed (docs/cycle-speed.md, round 18)."""
+    the tables are analysed (docs/notes/cycle-speed.md, round 18)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -436,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
         engine_alone_placed, decide_alone_placed = len(alone.placements), len(decided.placements)
         # Let the baselines' pictures go before any cycle runs: a production worker holds no other
         # snapshot and decisions (a few million objects) while it cycles, and holding them slowed the
-        # cycles' allocation-heavy steps more than the engine's (docs/cycle-speed.md, round 17).
+        # cycles' allocation-heavy steps more than the engine's (docs/notes/cycle-speed.md, round 17).
         del snapshot, alone, decided
         _progress("baseline: per-task commit on a rolled-back sample")
         per_task_s = _per_task_commit_s(pool_id, engine_alone_placed)

@@ -6,7 +6,7 @@
 The one-GPU tasks of the openb `default` pod list from the 0.7 quantile of creation times on (the
 dynamic replay's test window), on a pool of H100s in MIG mode, through the production `decide`; the same
 tasks and the same pool for every variant. Prints MIG tasks' wait (mean, P95), re-carves (for a waiting
-task, ahead of the forecast) and allocation per variant; docs/goodput.md §9 has the figures.
+task, ahead of the forecast) and allocation per variant; docs/notes/goodput-runs.md has the figures.
 """
 
 from __future__ import annotations

@@ -159,8 +159,8 @@ class ComputeUnit(TimestampedModel):
     mem_mib = models.PositiveIntegerField()
     # No holder column: the task holding a unit is the one whose live assignment lists it
     # (`apps.scheduling.holders`). A unit row is written when its GPU is carved and never again while it
-    # exists, so binding tens of thousands of units costs the cycle no UPDATE of them (docs/cycle-speed.md,
-    # "Speed round 8").
+    # exists, so binding tens of thousands of units costs the cycle no UPDATE of them
+    # (docs/notes/cycle-speed.md, "Speed round 8").
 
     class Meta:
         ordering = ["gpu_id", "id"]

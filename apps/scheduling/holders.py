@@ -5,7 +5,7 @@ second copy on each unit row cost the cycle one UPDATE per unit bound (60,884 in
 a third of its database time) and could drift from the first. Binding is guarded by the node instead:
 the cycle binds units only on nodes it has locked and found at the version its snapshot saw, and every
 writer that binds, deletes or re-carves units raises that version under the same lock
-(docs/cycle-speed.md, "Speed round 8").
+(docs/notes/cycle-speed.md, "Speed round 8").
 
 Readers that show or count held units ask here; the snapshot joins the same rows in SQL.
 """

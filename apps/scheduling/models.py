@@ -57,7 +57,7 @@ class Assignment(models.Model):
 
     # No database constraints on the three references (`db_constraint=False`, indexes kept): the cycle
     # inserts thousands of assignments in one statement and each row's three deferred foreign-key checks
-    # ran at COMMIT (with the events' check, ~34,000 per bench cycle, 0.1-0.4 s: docs/cycle-speed.md,
+    # ran at COMMIT (with the events' check, ~34,000 per bench cycle, 0.1-0.4 s: docs/notes/cycle-speed.md,
     # "Speed round 6"). Integrity holds without them: the cycle's commit, the only writer, has locked the
     # task and node rows (FOR UPDATE) and created the cycle row in the same transaction; tasks are never
     # deleted (the admin refuses, and tenants, queues and pools protect theirs); a node is deleted only
@@ -97,7 +97,7 @@ class Assignment(models.Model):
             # nodes (the cycle's snapshot). Without it the planner ANDs the node index with the
             # live-per-task index above and walks the whole live set once per node: the snapshot's read of
             # 6,780 running tasks on 1,213 nodes took 0.7 s, growing with nodes × running tasks
-            # (docs/cycle-speed.md, "Speed round 7").
+            # (docs/notes/cycle-speed.md, "Speed round 7").
             models.Index(
                 fields=["node"], condition=models.Q(released_at__isnull=True), name="assignment_live_by_node"
             ),

@@ -107,7 +107,7 @@ class Task(TimestampedModel):
     queue = models.ForeignKey(Queue, on_delete=models.PROTECT, related_name="tasks")
     pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="tasks", db_index=False)
     # Not indexed: no query looks tasks up by submitter, and each task move that is not a heap-only update
-    # (a state change) wrote an entry into it (docs/cycle-speed.md, "Speed round 7"). Deleting a user,
+    # (a state change) wrote an entry into it (docs/notes/cycle-speed.md, "Speed round 7"). Deleting a user,
     # an admin's rare act, scans the task table to clear it.
     submitted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -260,7 +260,7 @@ class TaskWait(models.Model):
     new version of a task row writes every index of that table (none of those updates stays on its page
     once the cycle's moves have filled it), where a new version of this row writes one. For the 3,220
     tasks the bench cycle leaves pending, the server's time: 18–21 ms against 33–53 ms on a fast host,
-    40–65 against 124–155 ms on a slow one (docs/cycle-speed.md, rounds 16 and 17). A row is written
+    40–65 against 124–155 ms on a slow one (docs/notes/cycle-speed.md, rounds 16 and 17). A row is written
     when its task enters pending (the transition's sentence) and by each cycle; it is left behind when
     the task moves on and read only while the task is pending (Task.why_pending).
 
@@ -283,10 +283,10 @@ class TaskWait(models.Model):
 class TaskEvent(models.Model):
     # No database constraint (index kept): every writer of an event holds its task row, locked or updated,
     # in the same transaction, and tasks are never deleted; the check of each of the cycle's ~13,560
-    # events at COMMIT was measurable (docs/cycle-speed.md, "Speed round 6").
+    # events at COMMIT was measurable (docs/notes/cycle-speed.md, "Speed round 6").
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_constraint=False)
     # Not indexed: events are read per task (through `task`, then sorted), never by time across tasks,
-    # and the index cost an entry per event, two per placement (docs/cycle-speed.md, "Speed round 7").
+    # and the index cost an entry per event, two per placement (docs/notes/cycle-speed.md, "Speed round 7").
     created_at = models.DateTimeField(auto_now_add=True)
     from_state = models.CharField(max_length=10, choices=Task.State.choices, blank=True)  # blank on submit
     to_state = models.CharField(max_length=10, choices=Task.State.choices)

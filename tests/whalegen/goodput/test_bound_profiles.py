@@ -205,7 +205,7 @@ def test_a_deferred_task_displaces_no_work_on_the_model_it_declines() -> None:
     assert reason.code == Code.DEFERRED
     assert reason.message.startswith("deferred: the best unit with room (L4) runs it at")
     # The first version proposed the L4 victim, whose freed GPU the policy then declined again (the churn
-    # of docs/goodput.md §8): still there behind the option.
+    # of docs/notes/goodput-runs.md): still there behind the option.
     before = _decide_urgent("L4", "whalegen-aware:preempt_deferred=1")
     assert [p.victim_task_id for p in before.preemptions] == ["victim"]
 
