@@ -34,7 +34,7 @@ os.environ.setdefault("WHALEGEN_ACCESS_LOG_LEVEL", "WARNING")
 
 def fleet(count: int, gpus: int) -> list[tuple[str, Any]]:
     """(credential, node) of `count` bench nodes, created when missing; every credential fresh."""
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.models import Cluster, Node, Pool
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -620,3 +621,39 @@ class Report(Message):
 @dataclass(frozen=True)
 class ReportAck(Message):
     stored_seq: int
+
+
+# ---- wire checks: what the plane cannot store although it decodes -----------------------------------
+INT64_MAX = 2**63 - 1  # the plane's integer columns (a report's `seq`, a generation) are 64-bit
+_VERSION = re.compile(r"\d{1,9}(\.[0-9A-Za-z.+-]*)?")
+
+
+def wire_problem(data: Any, message: Message | None = None) -> str | None:
+    """What the plane could not store or compare although `message` decoded from `data` (the JSON as
+    received): an integer beyond the 64-bit columns anywhere in `data`, a report's negative `seq`, or a
+    protocol version without a numeric major. None when there is nothing."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{index}]", value) for index, value in enumerate(item))
+        elif isinstance(item, int) and not isinstance(item, bool) and not -INT64_MAX - 1 <= item <= INT64_MAX:
+            return f"{where}: {item} is outside the 64-bit range the plane stores"
+    if isinstance(message, Report) and message.seq < 0:
+        return f"seq {message.seq} is negative"
+    version = getattr(message, "protocol_version", None)
+    if isinstance(version, str) and not _VERSION.fullmatch(version):
+        return f"protocol_version {version[:40]!r} is not MAJOR.MINOR (e.g. {PROTOCOL_VERSION!r})"
+    return None
+
+
+def decode_checked(kind: type[T], data: Any) -> T:
+    """`kind.from_dict(data)`, refusing also what `wire_problem` finds: ProtocolError either way, its
+    text the answer a plane gives the agent (400)."""
+    message = kind.from_dict(data)
+    problem = wire_problem(data, message)
+    if problem is not None:
+        raise ProtocolError(f"{kind.__name__}: {problem}")
+    return message

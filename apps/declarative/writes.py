@@ -19,7 +19,7 @@ from django.db.models import F
 from apps.accounting.models import Budget
 from apps.common.errors import Conflict
 from apps.declarative.models import GpuPrice
-from apps.fleet.services import node_cordon, node_uncordon
+from apps.fleet.nodes import node_cordon, node_uncordon
 from apps.inventory.models import Cluster, Node, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.callers import forget_callers

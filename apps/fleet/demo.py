@@ -31,7 +31,7 @@ from django.core.exceptions import ValidationError
 from django.db import close_old_connections
 from django.db.models import Count
 
-from apps.fleet.services import node_token_issue
+from apps.fleet.nodes import node_token_issue
 from apps.inventory.models import Gpu, Node
 from apps.workloads.models import Queue, Task
 from apps.workloads.services import TaskRequest, task_submit

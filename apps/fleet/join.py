@@ -22,10 +22,11 @@ from django.utils import timezone
 
 from apps.common.errors import ApplicationError, Conflict, NotAllowed
 from apps.fleet import liveness
+from apps.fleet.agents import ProtocolMismatch
 from apps.fleet.credentials import credentials_changed
 from apps.fleet.models import JoinToken, NodeJoin
+from apps.fleet.nodes import node_token_issue
 from apps.fleet.selectors import credential_hash
-from apps.fleet.services import ProtocolMismatch, node_token_issue
 from apps.inventory.models import Cluster, Gpu, Node, Pool
 from apps.inventory.services import cluster_create, gpu_add, pool_create
 from whalegen import protocol as p

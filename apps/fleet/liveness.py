@@ -34,6 +34,9 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from apps.common.redis_client import plane_redis
+from apps.fleet.models import NodeAgent
+from apps.fleet.telemetry import samples_store_batch
+from apps.inventory.models import Gpu, Node
 from whalegen import protocol as p
 
 log = logging.getLogger("whalegen.fleet")
@@ -43,6 +46,11 @@ log = logging.getLogger("whalegen.fleet")
 FINGERPRINT_TTL_S = 600
 # How many dirty nodes or telemetry entries one flush statement carries.
 FLUSH_BATCH = 5_000
+# How fast the recorded clock offset follows a receive-minus-send difference above it: slow enough that
+# a minute of plane congestion still shows as lag, fast enough to follow an agent clock that drifts or
+# steps (2 % a heartbeat: half of a step is absorbed after ~35 heartbeats). The full way's agent-row
+# UPDATE (`apps.fleet.heartbeat`) and the flush below apply the same rule.
+OFFSET_CREEP = 0.02
 
 
 def _prefix() -> str:
@@ -176,7 +184,6 @@ _redis = _Redis()
 # The heartbeat fields a fingerprint covers, and their defaults (`p.Heartbeat`'s) when absent.
 _FINGERPRINTED = (("agent_version", None), ("protocol_version", p.PROTOCOL_VERSION), ("inventory", []),
                   ("lost_gpus", []), ("running", None))  # fmt: skip
-_INT64_MAX = 2**63 - 1
 
 
 def fingerprint(node_id: int, data: dict[str, Any], credential: str) -> str:
@@ -221,7 +228,7 @@ def beat(*, node_id: int, data: Any, body: bytes, now: datetime, credential: str
     sent, applied = data.get("sent_at_s"), data.get("generation_applied", 0)
     if not _number(sent) or not isinstance(applied, int) or isinstance(applied, bool):
         return None
-    if not 0 <= applied <= _INT64_MAX:
+    if not 0 <= applied <= p.INT64_MAX:
         return None
     now_s = now.timestamp()
     entry = _telemetry_entry(node_id, now_s, data, body)
@@ -319,9 +326,6 @@ class FlushResult:
 
 
 def _flush_sql() -> tuple[str, str]:
-    from apps.fleet.models import NodeAgent
-    from apps.inventory.models import Node
-
     node, agent = Node._meta.db_table, NodeAgent._meta.db_table
     nodes_sql = f"""
 WITH beat AS (SELECT * FROM unnest(%(ids)s::bigint[], %(at)s::timestamptz[]) AS b(id, at)),
@@ -401,9 +405,6 @@ def flush() -> FlushResult:
 
 
 def _flush_beats(client: redis.Redis, ids: list[int]) -> tuple[int, list[int]]:
-    from apps.fleet.services import _OFFSET_CREEP
-    from apps.inventory.models import Node
-
     with client.pipeline(transaction=False) as pipe:
         for node_id in ids:
             pipe.hmget(node_key(node_id), "at", "sent", "gap", "raw", "applied")
@@ -418,7 +419,7 @@ def _flush_beats(client: redis.Redis, ids: list[int]) -> tuple[int, list[int]]:
         "gap": [_num(row[2]) for _, row in beats],
         "raw": [_num(row[3]) for _, row in beats],
         "applied": [int(row[4] or 0) for _, row in beats],
-        "creep": _OFFSET_CREEP,
+        "creep": OFFSET_CREEP,
     }
     node_sql, agent_sql = _flush_sql()
     with connection.cursor() as cursor:  # autocommit: each statement its own short transaction
@@ -435,9 +436,6 @@ def _flush_beats(client: redis.Redis, ids: list[int]) -> tuple[int, list[int]]:
 def _store_telemetry(entries: list[dict[str, Any]]) -> int:
     """The queued telemetry of many nodes: one multi-row INSERT of GPU samples (the GPUs matched by the
     node's own UUIDs, as the full way does) and the task-process samples of tasks each node was given."""
-    from apps.fleet.services import store_telemetry_rows
-    from apps.inventory.models import Gpu
-
     by_node: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for entry in entries:
         by_node[int(entry["node"])].append(entry)
@@ -454,7 +452,7 @@ def _store_telemetry(entries: list[dict[str, Any]]) -> int:
             telemetry, processes = decoded
             at = datetime.fromtimestamp(float(entry["at"]), tz=UTC)
             batch.append((node_id, at, telemetry, processes))
-    store_telemetry_rows(batch=batch, gpus=gpus)
+    samples_store_batch(batch=batch, gpus=gpus)
     return len(batch)
 
 
@@ -464,8 +462,6 @@ def _decoded(
     """The samples of a queued entry as the full way would decode them, or None if it would refuse them
     (a sample that does not decode, or a number beyond the 64-bit columns). The samples are in the
     heartbeat's body (`body`), or beside it in an entry queued by an earlier version of the plane."""
-    from apps.fleet.api.views import _wire_problem
-
     source = entry.get("body", entry)
     try:
         raw = {"telemetry": source.get("telemetry", []), "processes": source.get("processes", [])}
@@ -473,6 +469,6 @@ def _decoded(
         processes = tuple(p.ProcessSample.from_dict(item) for item in raw["processes"])
     except (p.ProtocolError, TypeError, ValueError, KeyError, AttributeError):
         return None
-    if _wire_problem(raw, p.HeartbeatAck()) is not None:
+    if p.wire_problem(raw) is not None:
         return None
     return telemetry, processes

@@ -8,7 +8,7 @@ from typing import Any
 from celery import shared_task
 
 from apps.fleet.idle import idle_check_pool
-from apps.fleet.services import drains_complete, nodes_mark_lost
+from apps.fleet.nodes import drains_complete, nodes_mark_lost
 from apps.inventory.models import Pool
 
 

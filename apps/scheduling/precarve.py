@@ -16,8 +16,8 @@ from django.db import transaction
 from django.db.models import F
 
 from apps.accounting.services import held_units_keep
+from apps.fleet.agents import desired_state_current
 from apps.fleet.changes import node_changed
-from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create

@@ -30,8 +30,8 @@ from django.utils import timezone
 from apps.accounting.services import held_units_keep
 from apps.common.errors import Conflict
 from apps.common.pipeline import pipelined
+from apps.fleet.agents import desired_state_current
 from apps.fleet.changes import node_changed
-from apps.fleet.services import desired_state_current
 from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create

@@ -101,7 +101,7 @@ def no_violations(plane: Plane) -> None:
 def plane(live_server: Any, agents: Any, cycle_pump: CyclePump, settings: Any) -> Plane:
     """Two tenants with tokens, two pools over two clusters, four nodes each with its live agent; the
     cycle pump started once every agent has registered."""
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.models import Gpu
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.tenants.models import Membership

@@ -99,7 +99,7 @@ def test_a_node_killed_mid_run_is_lost_its_task_requeued_and_its_orphan_stopped_
     node_a: Any, settings: Any
 ) -> None:
     from apps.fleet.models import TaskRun
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     task = _task(node_a.task_a, ["sleep", "60"])
     assign(task, node_a.node, [node_a.whole_unit])

@@ -39,7 +39,7 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
 ) -> None:
     from django.utils import timezone
 
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.forecasting.services import profiles_refresh
     from apps.inventory.models import Gpu, Node
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 def test_a_two_gpu_whole_task_beside_an_idle_mig_gpu_starts_within_two_cycles(
     live_server: Any, agents: Any, cycle_pump: CyclePump, settings: Any
 ) -> None:
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.models import Gpu, Node
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.scheduling.models import Assignment, Cycle

@@ -20,7 +20,7 @@ GPUS_PER_NODE = 2
 def seed() -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.models import Pool
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.tenants.models import Membership
@@ -54,7 +54,7 @@ def seed() -> dict[str, Any]:
 
 def seed_fleet(count: int, gpus: int) -> dict[str, Any]:
     """`count` nodes of `gpus` L40S each in one pool, with agent tokens (the heartbeat benchmark's fleet)."""
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.models import Pool
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
 

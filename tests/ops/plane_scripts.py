@@ -17,7 +17,7 @@ NODES = {"ops-example": ("H100-80GB", "H100-80GB", "L40S"), "ops-l40s": ("L40S",
 def seed() -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.tenants.models import Membership
     from apps.tenants.services import membership_set, tenant_create, token_create

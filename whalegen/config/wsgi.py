@@ -2,7 +2,7 @@
 
 `POST /api/v1/agent/heartbeat/` is the plane's most frequent request by far (2,000 nodes beating every
 10 s are 200 a second) and needs nothing of Django's request machinery: no session, CSRF, messages,
-URL resolution or DRF (docs/fleet.md, "Heartbeat load"). It goes to `apps.fleet.api.heartbeat.answer`
+URL resolution or DRF (docs/fleet.md, "Heartbeat load"). It goes to `apps.fleet.heartbeat.answer`
 directly, the same function the Django view at that path calls; everything else, any other method at
 that path included, goes to Django unchanged. What the front keeps of Django's handling: the
 `X-Request-ID` of the request on its log lines and in its answer, the 413 for a body above the upload
@@ -30,7 +30,7 @@ django_application = get_wsgi_application()
 from django.db import connections  # noqa: E402
 
 from apps.common.exceptions import body_limit_bytes, too_large_message  # noqa: E402
-from apps.fleet.api.heartbeat import answer  # noqa: E402
+from apps.fleet.heartbeat import answer  # noqa: E402
 from apps.metrics.middleware import _ACCEPTED  # noqa: E402
 from whalegen import protocol as p  # noqa: E402
 from whalegen.config.logging import request_id_var  # noqa: E402

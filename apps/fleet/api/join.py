@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.common.api import request_access, require_platform_admin
-from apps.fleet.api.views import NodeStateOutput, _wire_problem
+from apps.fleet.api.views import NodeStateOutput
 from apps.fleet.join import join_token_create, join_token_revoke, node_approve, node_join
 from apps.fleet.models import JoinToken
 from apps.fleet.selectors import join_token_list, join_token_target
@@ -35,12 +35,9 @@ class JoinApi(APIView):
 
     def post(self, request: Request) -> Response:
         try:
-            message = p.Join.from_dict(request.data)
+            message = p.decode_checked(p.Join, request.data)
         except p.ProtocolError as error:
             return Response({"detail": str(error)}, status=status.HTTP_400_BAD_REQUEST)
-        problem = _wire_problem(request.data, message)
-        if problem is not None:
-            return Response({"detail": f"Join: {problem}"}, status=status.HTTP_400_BAD_REQUEST)
         outcome = node_join(message=message)
         return Response(outcome.joined().to_dict(), status=status.HTTP_201_CREATED)
 

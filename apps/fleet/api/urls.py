@@ -3,7 +3,6 @@
 from django.urls import path
 
 from apps.fleet.api import join, views
-from apps.fleet.api.heartbeat import heartbeat_view
 from whalegen import protocol as p
 
 PREFIX = "/api/v1/"
@@ -16,7 +15,7 @@ def _route(full_path: str) -> str:
 
 urlpatterns = [
     path(_route(p.REGISTER_PATH), views.RegisterApi.as_view(), name="agent-register"),
-    path(_route(p.HEARTBEAT_PATH), heartbeat_view, name="agent-heartbeat"),
+    path(_route(p.HEARTBEAT_PATH), views.heartbeat_view, name="agent-heartbeat"),
     path(_route(p.DESIRED_STATE_PATH), views.DesiredStateApi.as_view(), name="agent-desired-state"),
     path(_route(p.REPORT_PATH), views.ReportApi.as_view(), name="agent-reports"),
     path(_route(p.JOIN_PATH), join.JoinApi.as_view(), name="agent-join"),

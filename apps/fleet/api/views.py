@@ -1,11 +1,10 @@
 """Agent endpoints (`whalegen.protocol` paths) and operator actions on nodes. Thin: parse, call a
-service, answer. The heartbeat is answered without DRF (`apps.fleet.api.heartbeat`)."""
+service, answer. The heartbeat is answered without DRF (`heartbeat_view`, `apps.fleet.heartbeat`)."""
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -13,44 +12,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.common.api import request_access, require_platform_admin
+from apps.fleet import heartbeat
+from apps.fleet.agents import agent_register, desired_state_wait
 from apps.fleet.authentication import IsNodeAgent, NodeTokenAuthentication
-from apps.fleet.services import (
-    agent_register,
-    agent_report,
-    desired_state_wait,
-    node_cordon,
-    node_drain,
-    node_uncordon,
-)
+from apps.fleet.nodes import node_cordon, node_drain, node_uncordon
+from apps.fleet.reports import agent_report
 from apps.inventory.models import Node
 from apps.inventory.selectors import node_get
 from apps.workloads.services import user_actor
 from whalegen import protocol as p
-
-_VERSION = re.compile(r"\d{1,9}(\.[0-9A-Za-z.+-]*)?")
-_INT64_MAX = 2**63 - 1
-
-
-def _wire_problem(data: Any, message: p.Message) -> str | None:
-    """What the plane could not store or compare although the message decoded: an integer beyond the
-    64-bit columns (a report's `seq`, a generation), or a protocol version without a numeric major."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        where, item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in item.items())
-        elif isinstance(item, list):
-            stack.extend((f"{where}[{index}]", value) for index, value in enumerate(item))
-        elif (
-            isinstance(item, int) and not isinstance(item, bool) and not -_INT64_MAX - 1 <= item <= _INT64_MAX
-        ):
-            return f"{where}: {item} is outside the 64-bit range the plane stores"
-    if isinstance(message, p.Report) and message.seq < 0:
-        return f"seq {message.seq} is negative"
-    version = getattr(message, "protocol_version", None)
-    if isinstance(version, str) and not _VERSION.fullmatch(version):
-        return f"protocol_version {version[:40]!r} is not MAJOR.MINOR (e.g. {p.PROTOCOL_VERSION!r})"
-    return None
 
 
 class _AgentApi(APIView):
@@ -67,13 +37,9 @@ class _AgentApi(APIView):
 
     def message(self, request: Request, kind: type[p.T]) -> p.T | Response:
         try:
-            message = kind.from_dict(request.data)
+            return p.decode_checked(kind, request.data)
         except p.ProtocolError as error:
             return Response({"detail": str(error)}, status=status.HTTP_400_BAD_REQUEST)
-        problem = _wire_problem(request.data, message)
-        if problem is not None:
-            return Response({"detail": f"{kind.__name__}: {problem}"}, status=status.HTTP_400_BAD_REQUEST)
-        return message
 
 
 class RegisterApi(_AgentApi):
@@ -103,6 +69,25 @@ class DesiredStateApi(_AgentApi):
         if desired is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(desired.to_dict())
+
+
+@csrf_exempt
+def heartbeat_view(request: HttpRequest) -> HttpResponse:
+    """`POST /api/v1/agent/heartbeat/` through Django's handler (what `whalegen.config.wsgi` does not
+    answer itself): the same `apps.fleet.heartbeat.answer`, without the fast path."""
+    if request.method != "POST":
+        response = JsonResponse({"detail": f'Method "{request.method}" not allowed.'}, status=405)
+        response["Allow"] = "POST, OPTIONS"
+        return response
+    status_code, body, headers = heartbeat.answer(
+        authorization=request.headers.get("Authorization", ""),
+        content_type=request.content_type or "",
+        body=request.body,
+    )
+    response = JsonResponse(body, status=status_code)
+    for name, value in headers.items():
+        response[name] = value
+    return response
 
 
 class NodeStateOutput(serializers.ModelSerializer):

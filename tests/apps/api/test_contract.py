@@ -187,7 +187,7 @@ def test_deeply_nested_json_is_a_400(world, api, depth) -> None:
     ids=["a word", "empty", "a non-numeric major"],
 )
 def test_agent_register_with_a_non_numeric_protocol_version_is_a_400(world, api, message, words) -> None:
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
 
     client = api()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {node_token_issue(node=world.node)}")
@@ -199,7 +199,7 @@ def test_agent_register_with_a_non_numeric_protocol_version_is_a_400(world, api,
 @pytest.mark.parametrize("seq", [2**63, 10**30, -1], ids=["2^63", "10^30", "negative"])
 def test_an_agent_report_seq_beyond_its_column_is_a_400(world, api, seq) -> None:
     from apps.fleet.models import AgentReport
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
 
     client = api()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {node_token_issue(node=world.node)}")

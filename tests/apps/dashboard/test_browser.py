@@ -151,7 +151,7 @@ def test_task_page_shows_the_run_and_its_output_tail_live(live_server: Any, scen
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from apps.fleet.services import agent_report
+    from apps.fleet.reports import agent_report
     from whalegen import protocol as p
 
     task = scene.placed

@@ -39,7 +39,7 @@ def _no_heartbeat_liveness_left() -> Iterable[None]:
 @pytest.fixture
 def fleet(world: Any) -> Any:
     """`world` plus agent credentials: node A (gpu-001, H100 MIG + whole) and node B (l4-001)."""
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
     from apps.inventory.models import Node
 
     node_b = Node.objects.get(name="l4-001")

@@ -169,8 +169,8 @@ def test_telemetry_is_stored_once_per_sample_interval_whatever_the_heartbeat_rat
 
     from django.utils import timezone
 
+    from apps.fleet.heartbeat import agent_heartbeat
     from apps.fleet.models import GpuSample
-    from apps.fleet.services import agent_heartbeat
 
     start = timezone.now()
     for offset_s in (0, 10, 20, 30):
@@ -355,7 +355,7 @@ def test_one_check_of_the_long_poll_costs_a_fixed_number_of_queries(
     fleet: Any, django_assert_num_queries: Any
 ) -> None:
     """Pinned: the poll re-checks every 0.25 s per waiting node, so its cost must not grow with tasks."""
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
     from apps.workloads.services import TaskRequest, task_submit
 
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])

@@ -63,13 +63,13 @@ def _cancel(fleet: Any) -> None:
 
 
 def _node_lost(fleet: Any) -> None:
-    from apps.fleet.services import _node_lose
+    from apps.fleet.nodes import _node_lose
 
     assert _node_lose(node=fleet.node, now=timezone.now(), reason="silent (test)", expect=fleet.node)
 
 
 def _drain(fleet: Any) -> None:
-    from apps.fleet.services import node_drain
+    from apps.fleet.nodes import node_drain
     from apps.workloads.models import Task
 
     Task.objects.filter(pk=fleet.task_a.pk).update(preemptible=True)
@@ -105,7 +105,7 @@ WRITERS: dict[str, Callable[[Any], None]] = {
 def test_every_writer_of_a_nodes_desired_state_marks_the_node_after_its_commit(
     fleet: Any, redis_on: None, writer: str, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
 
     ready(fleet)
     if writer != "a cycle assigning a task":
@@ -177,17 +177,17 @@ def test_a_heartbeat_after_a_mark_answers_the_new_generation_and_the_next_goes_b
 
 def _count_builds(monkeypatch: Any) -> list[float]:
     """Times at which the waiting poll built the desired state (the expensive part of a check)."""
-    from apps.fleet import services
+    from apps.fleet import agents
 
     builds: list[float] = []
-    real = services.desired_state_build
+    real = agents.desired_state_build
 
     def counted(**kwargs: Any) -> Any:
         if threading.current_thread().name == "poll":  # not the cycle's own (it builds a re-carved layout)
             builds.append(time.monotonic())
         return real(**kwargs)
 
-    monkeypatch.setattr(services, "desired_state_build", counted)
+    monkeypatch.setattr(agents, "desired_state_build", counted)
     return builds
 
 
@@ -205,7 +205,7 @@ WOKEN_S = 3.0
 
 
 def _poll_in_thread(node: Any, known: int, wait_s: float) -> tuple[threading.Thread, dict[str, Any]]:
-    from apps.fleet.services import desired_state_wait
+    from apps.fleet.agents import desired_state_wait
 
     out: dict[str, Any] = {}
 
@@ -226,7 +226,7 @@ def test_a_waiting_poll_answers_a_cycle_at_once_without_rebuilding_meanwhile(
     fleet: Any, redis_on: None, monkeypatch: Any
 ) -> None:
     """Before: the poll rebuilt the node's desired state every 0.25 s while it waited (6 queries each)."""
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
 
     ready(fleet)
     known = desired_state_current(node=fleet.node).generation
@@ -246,7 +246,7 @@ def test_a_waiting_poll_answers_a_cycle_at_once_without_rebuilding_meanwhile(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_waiting_poll_holds_no_database_connection(fleet: Any, redis_on: None, monkeypatch: Any) -> None:
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
 
     def others() -> int:
         with connection.cursor() as cursor:
@@ -281,7 +281,7 @@ def test_a_change_nobody_marked_still_reaches_the_agent_with_the_next_polls_firs
 ) -> None:
     """The safety net: a writer that forgot to mark delays the change by at most one poll, never strands
     it. (`assign` writes the rows directly and marks nothing.)"""
-    from apps.fleet.services import desired_state_current, desired_state_wait
+    from apps.fleet.agents import desired_state_current, desired_state_wait
 
     known = desired_state_current(node=fleet.node).generation
     builds = _count_builds(monkeypatch)
@@ -302,7 +302,7 @@ def test_an_agent_that_long_polls_as_before_gets_a_cancel_at_once(
 ) -> None:
     """An agent of an earlier version ignores the heartbeat's answer and long-polls with its own wait:
     it is served by the same endpoint, which answers as soon as a writer marks its node."""
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
     from apps.workloads.services import task_cancel
 
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])
@@ -336,7 +336,7 @@ def test_without_redis_a_waiting_poll_wakes_on_the_mark_in_its_own_process(
 ) -> None:
     """The embedded default (no REDIS_URL: `whalegen demo`, one process): the writer's commit wakes the
     waiting poll directly, no rebuild in between."""
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
     from apps.workloads.services import task_cancel
 
     settings.REDIS_URL = ""

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 def heartbeat(node: Any, at: datetime, *, sent_at: datetime | None = None, running: Any = None) -> None:
     """A heartbeat the plane receives at `at`, sent by the agent at `sent_at` (default: the same)."""
-    from apps.fleet.services import agent_heartbeat
+    from apps.fleet.heartbeat import agent_heartbeat
 
     sent = (sent_at or at).timestamp()
     message = p.Heartbeat(node_id=str(node.pk), agent_version="0.1", sent_at_s=sent, running=running)
@@ -26,7 +26,7 @@ def heartbeat(node: Any, at: datetime, *, sent_at: datetime | None = None, runni
 
 
 def report(node: Any, seq: int, *tasks: p.TaskReport) -> None:
-    from apps.fleet.services import agent_report
+    from apps.fleet.reports import agent_report
 
     agent_report(node=node, message=p.Report(node_id=str(node.pk), seq=seq, sent_at_s=0.0, tasks=tasks))
 
@@ -44,13 +44,13 @@ def test_a_crash_while_requeueing_a_lost_nodes_tasks_is_finished_by_the_next_che
 ) -> None:
     """Before: the node's `lost` state was committed first, the crash left its task assigned, and later
     checks skipped the node (already lost) — the task stayed on a dead node forever."""
-    from apps.fleet import services
+    from apps.fleet import nodes
     from apps.scheduling.models import Assignment
 
     now = timezone.now()
     heartbeat(fleet.node, now)
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])
-    real = services._requeue
+    real = nodes.task_requeue
     calls: list[int] = []
 
     def crash_once(task: Any, **kwargs: Any) -> None:
@@ -59,13 +59,13 @@ def test_a_crash_while_requeueing_a_lost_nodes_tasks_is_finished_by_the_next_che
             raise RuntimeError("worker killed mid node-loss")
         real(task, **kwargs)
 
-    monkeypatch.setattr(services, "_requeue", crash_once)
+    monkeypatch.setattr(nodes, "task_requeue", crash_once)
     later = now + timedelta(seconds=31)
-    assert fleet.node.pk not in services.nodes_mark_lost(now=later)
+    assert fleet.node.pk not in nodes.nodes_mark_lost(now=later)
     refreshed(fleet.node, fleet.task_a)
     assert (fleet.node.state, fleet.task_a.state) == ("ready", "assigned")  # all of it rolled back
 
-    assert fleet.node.pk in services.nodes_mark_lost(now=later + timedelta(seconds=5))
+    assert fleet.node.pk in nodes.nodes_mark_lost(now=later + timedelta(seconds=5))
     refreshed(fleet.node, fleet.task_a)
     assert (fleet.node.state, fleet.task_a.state, fleet.task_a.attempts) == ("lost", "pending", 1)
     assert not Assignment.objects.filter(task=fleet.task_a, released_at__isnull=True).exists()
@@ -73,7 +73,7 @@ def test_a_crash_while_requeueing_a_lost_nodes_tasks_is_finished_by_the_next_che
 
 def test_live_work_left_on_a_node_already_lost_is_requeued_by_the_next_check(fleet: Any) -> None:
     """What a crashed check (or an older plane) left behind: the node is lost, its task still assigned."""
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.inventory.models import Node
 
     now = timezone.now()
@@ -89,7 +89,7 @@ def test_live_work_left_on_a_node_already_lost_is_requeued_by_the_next_check(fle
 def test_requeue_after_loss_is_one_step(fleet: Any, monkeypatch: Any) -> None:
     """lost → pending commits with running → lost: a crash in between never leaves a task `lost`, in no
     queue and picked up by nothing."""
-    from apps.fleet import services
+    from apps.fleet import nodes, runs
     from apps.workloads import services as workloads
 
     now = timezone.now()
@@ -102,8 +102,8 @@ def test_requeue_after_loss_is_one_step(fleet: Any, monkeypatch: Any) -> None:
             raise RuntimeError("database connection dropped")
         return real(**kwargs)
 
-    monkeypatch.setattr(services, "task_transition", crash_on_pending)
-    services.nodes_mark_lost(now=now + timedelta(seconds=31))
+    monkeypatch.setattr(runs, "task_transition", crash_on_pending)
+    nodes.nodes_mark_lost(now=now + timedelta(seconds=31))
     fleet.task_a.refresh_from_db()
     assert fleet.task_a.state == "assigned"
 
@@ -114,7 +114,7 @@ def test_requeue_after_loss_is_one_step(fleet: Any, monkeypatch: Any) -> None:
 def test_when_every_node_falls_silent_at_once_no_node_is_lost(fleet: Any) -> None:
     """The web tier stopped for 40 s: neither node could report. Before: both were lost and their tasks
     requeued while the agents ran them to completion."""
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     now = timezone.now()
     heartbeat(fleet.node, now)
@@ -129,7 +129,7 @@ def test_when_every_node_falls_silent_at_once_no_node_is_lost(fleet: Any) -> Non
 def test_after_the_plane_hears_again_each_node_gets_a_full_threshold_then_a_silent_one_is_lost(
     fleet: Any,
 ) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     now = timezone.now()
     heartbeat(fleet.node, now)
@@ -148,7 +148,7 @@ def test_after_the_plane_hears_again_each_node_gets_a_full_threshold_then_a_sile
 
 
 def test_a_single_silent_node_among_heard_ones_is_still_lost(fleet: Any) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     now = timezone.now()
     heartbeat(fleet.node, now)
@@ -159,7 +159,7 @@ def test_a_single_silent_node_among_heard_ones_is_still_lost(fleet: Any) -> None
 
 def _requeued_after_loss(fleet: Any) -> Any:
     """Task A ran on node A (attempt 0), node A was lost, the task requeued (attempt 1, pending)."""
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     now = timezone.now()
     heartbeat(fleet.node, now)
@@ -206,7 +206,7 @@ def test_heartbeats_the_plane_receives_late_do_not_make_a_healthy_node_lost(flee
     between two rows written reaches 18 s. Counted in wall time since the last row, 3 × 10 s passes
     between two received heartbeats under a slightly longer stall; counted against the intake delay
     the plane measures, the node stays."""
-    from apps.fleet.services import fleet_pace, nodes_mark_lost
+    from apps.fleet.nodes import fleet_pace, nodes_mark_lost
 
     start = timezone.now()
     for node in (fleet.node, fleet.node_b):
@@ -309,7 +309,7 @@ def test_back_off_doubles_per_attempt_up_to_its_cap(settings: Any) -> None:
 def test_a_task_lost_on_every_attempt_fails_after_the_last_with_its_history(
     fleet: Any, settings: Any
 ) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.inventory.models import Node
     from apps.workloads.models import Quota
 

@@ -110,7 +110,7 @@ def test_other_methods_at_the_heartbeat_path_go_to_django(fleet: Any) -> None:
 
 
 def test_a_replaced_credential_stops_working_at_once_in_the_process_that_replaced_it(fleet: Any) -> None:
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
 
     assert front(fleet.token_a, beat(fleet.node))[0] == 200  # remembered now
     fresh = node_token_issue(node=fleet.node)
@@ -156,8 +156,8 @@ def test_a_node_deleted_while_its_credential_is_remembered_is_refused(fleet: Any
 def test_telemetry_is_stored_once_per_sample_period_even_for_heartbeats_of_the_same_instant(
     fleet: Any,
 ) -> None:
+    from apps.fleet.heartbeat import agent_heartbeat
     from apps.fleet.models import GpuSample
-    from apps.fleet.services import agent_heartbeat
 
     gpu = fleet.node.gpus.order_by("index").first()
     sample = p.TelemetrySample(gpu.uuid, 0.0, 1024, 81_920, 37, 12, 140.0, 350.0, 55, 1800, 9000, 0)

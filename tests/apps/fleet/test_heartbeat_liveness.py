@@ -139,7 +139,7 @@ def test_runs_the_plane_believes_alive_but_the_agent_does_not_list_keep_the_full
 def test_a_lost_node_comes_back_the_full_way(
     fleet: Any, redis_on: None, django_capture_on_commit_callbacks: Any
 ) -> None:
-    from apps.fleet.services import _node_lose
+    from apps.fleet.nodes import _node_lose
     from apps.inventory.models import Node
 
     assert front(fleet.token_a, body(message(fleet.node)))[0] == 200
@@ -173,8 +173,8 @@ def test_a_replaced_credential_is_refused_although_a_process_remembers_its_node(
     shortcut does not take it, because the fingerprint in Redis was made with the old credential and
     `node_token_issue` dropped it for every process."""
     from apps.fleet.credentials import KnownNode, credentials
+    from apps.fleet.nodes import node_token_issue
     from apps.fleet.selectors import credential_hash
-    from apps.fleet.services import node_token_issue
 
     settings.WHALEGEN_AUTH_CACHE_S = 0.0  # the full way looks the credential up every time
     assert front(fleet.token_a, body(message(fleet.node)))[0] == 200
@@ -278,7 +278,7 @@ def test_a_beat_sent_before_the_last_one_keeps_the_later_send_time(fleet: Any, r
 
 
 def test_the_node_health_check_counts_heartbeats_held_in_redis(fleet: Any, redis_on: None) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.inventory.models import Node
 
     assert front(fleet.token_a, body(message(fleet.node)))[0] == 200
@@ -301,7 +301,7 @@ def test_a_flush_postgresql_refuses_declares_nobody_lost_and_keeps_the_beats(
     from django.db import DatabaseError
 
     from apps.fleet import liveness
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.inventory.models import Node
 
     assert front(fleet.token_a, body(message(fleet.node)))[0] == 200

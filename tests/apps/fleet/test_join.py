@@ -422,14 +422,14 @@ def test_a_node_that_needed_no_approval_has_nothing_to_approve(world: Any, api: 
 
 
 def test_a_node_lost_while_waiting_for_approval_comes_back_cordoned(world: Any, api: Any) -> None:
-    from apps.fleet.services import _seen
+    from apps.fleet.agents import node_seen
     from apps.inventory.models import Node
 
     _, raw = make_token(world, requires_approval=True)
     joined = p.Joined.from_dict(join(api(), host(raw)).json())
     Node.objects.filter(pk=int(joined.node_id)).update(state="lost", state_before_lost="cordoned")
     node = Node.objects.get(pk=int(joined.node_id))
-    _seen(node=node, now=timezone.now(), agent_version="0.1")
+    node_seen(node=node, now=timezone.now(), agent_version="0.1")
     node.refresh_from_db()
     assert node.state == "cordoned"
 
@@ -453,7 +453,7 @@ def test_a_revoked_credential_is_refused_by_the_agent_endpoints(
     world: Any, api: Any, agent_client: Any
 ) -> None:
     from apps.fleet.join import node_credential_revoke
-    from apps.fleet.services import node_token_issue
+    from apps.fleet.nodes import node_token_issue
 
     credential = node_token_issue(node=world.node)
     node_credential_revoke(node=world.node, actor="user:root")

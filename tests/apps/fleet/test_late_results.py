@@ -27,7 +27,7 @@ LOST_AFTER_S = 31  # past the test settings' loss threshold (3 × 10 s)
 
 
 def heartbeat(node: Any, at: datetime, *, sent_at: datetime | None = None) -> None:
-    from apps.fleet.services import agent_heartbeat
+    from apps.fleet.heartbeat import agent_heartbeat
 
     sent = (sent_at or at).timestamp()
     agent_heartbeat(
@@ -36,7 +36,7 @@ def heartbeat(node: Any, at: datetime, *, sent_at: datetime | None = None) -> No
 
 
 def report(node: Any, seq: int, *tasks: p.TaskReport) -> None:
-    from apps.fleet.services import agent_report
+    from apps.fleet.reports import agent_report
 
     agent_report(node=node, message=p.Report(node_id=str(node.pk), seq=seq, sent_at_s=0.0, tasks=tasks))
 
@@ -50,7 +50,7 @@ class Requeued:
 def requeued_from_a(fleet: Any, *, agent_ahead_s: float = 0.0) -> Requeued:
     """Task A ran on node A (attempt 0); node A was lost and the task requeued (attempt 1, pending).
     `agent_ahead_s`: how far node A's clock runs ahead of the plane's (learnt from its heartbeat)."""
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     now = timezone.now()
     heartbeat(fleet.node, now, sent_at=now + timedelta(seconds=agent_ahead_s))
@@ -216,7 +216,7 @@ def test_a_writer_that_moved_the_task_first_is_seen_before_deciding_again(fleet:
     """Compare-and-set: the report decided on the task as it read it; another writer committed first.
     The decision is taken again on the task as it is: a placement landing meanwhile is withdrawn, an
     end landing meanwhile stands."""
-    from apps.fleet.services import _late_result_apply
+    from apps.fleet.reports import _late_result_apply
     from apps.workloads.models import Task
 
     requeued = requeued_from_a(fleet)

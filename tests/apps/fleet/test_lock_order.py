@@ -55,7 +55,7 @@ def race(first: Callable[[threading.Event], None], second: Callable[[], None]) -
 
 def test_a_cycle_and_a_heartbeat_on_the_same_node_do_not_deadlock(fleet: Any) -> None:
     """Before: the heartbeat wrote the agent row, then the node row; the cycle the other way round."""
-    from apps.fleet.services import desired_state_current
+    from apps.fleet.agents import desired_state_current
     from apps.inventory.models import Node
 
     heartbeat(fleet.node, timezone.now())
@@ -98,7 +98,7 @@ def test_two_health_checks_at_once_requeue_a_lost_nodes_task_once(fleet: Any) ->
     """Two workers run the beat task at the same moment (a duplicated beat, a restarted worker)."""
     from datetime import timedelta
 
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.workloads.models import Task, TaskEvent
 
     now = timezone.now()

@@ -24,7 +24,8 @@ def beat(client: Any, node: Any) -> Any:
 def test_a_node_silent_for_three_heartbeats_is_lost_and_its_task_requeued(
     fleet: Any, agent_client: Any
 ) -> None:
-    from apps.fleet.services import agent_heartbeat, nodes_mark_lost
+    from apps.fleet.heartbeat import agent_heartbeat
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.scheduling.models import Assignment
 
     client = agent_client(fleet.token_a)
@@ -49,7 +50,7 @@ def test_a_node_silent_for_three_heartbeats_is_lost_and_its_task_requeued(
 
 
 def test_a_returning_agent_is_ready_again_and_told_to_stop_its_orphan(fleet: Any, agent_client: Any) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     client = agent_client(fleet.token_a)
     beat(client, fleet.node)
@@ -109,7 +110,7 @@ def test_drain_requeues_preemptible_tasks_and_waits_for_the_others(
     )
     body = p.Report(node_id=str(fleet.node.pk), seq=1, sent_at_s=time.time(), tasks=(done,))
     agent_client(fleet.token_a).post(p.REPORT_PATH, body.to_dict(), format="json")
-    from apps.fleet.services import drains_complete
+    from apps.fleet.nodes import drains_complete
 
     assert drains_complete() == [fleet.node.pk]
     fleet.node.refresh_from_db()
@@ -119,7 +120,7 @@ def test_drain_requeues_preemptible_tasks_and_waits_for_the_others(
 def test_a_requeued_task_handed_back_to_the_same_node_is_a_new_run_after_the_old_one_stops(
     fleet: Any, agent_client: Any
 ) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     client = agent_client(fleet.token_a)
     beat(client, fleet.node)
@@ -161,7 +162,7 @@ def test_a_node_an_operator_took_out_stays_out_when_it_returns_from_lost(
     """Cordoned for a repair, the node reboots (silent long enough to be lost) and its agent comes back:
     it must not become `ready` and take new work behind the operator's back. A drain is done by then
     (its tasks were requeued when it was lost), so it comes back cordoned."""
-    from apps.fleet.services import node_cordon, node_drain, nodes_mark_lost
+    from apps.fleet.nodes import node_cordon, node_drain, nodes_mark_lost
 
     client = agent_client(fleet.token_a)
     beat(client, fleet.node)
@@ -181,7 +182,7 @@ def test_a_node_an_operator_took_out_stays_out_when_it_returns_from_lost(
 
 
 def test_a_ready_node_returns_from_lost_ready(fleet: Any, agent_client: Any) -> None:
-    from apps.fleet.services import node_cordon, node_uncordon, nodes_mark_lost
+    from apps.fleet.nodes import node_cordon, node_uncordon, nodes_mark_lost
 
     client = agent_client(fleet.token_a)
     beat(client, fleet.node)

@@ -60,7 +60,7 @@ def test_a_multi_gpu_task_names_every_gpu_in_order(fleet: Any, agent_client: Any
 
 
 def test_a_protocol_1_0_agent_gets_the_attempt_in_the_task_id(fleet: Any, agent_client: Any) -> None:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
 
     client = agent_client(fleet.token_a)
     register(client, version="1.0")
@@ -82,8 +82,8 @@ def test_a_protocol_1_0_agent_gets_the_attempt_in_the_task_id(fleet: Any, agent_
 def test_a_run_the_agent_dropped_without_a_report_is_lost_and_requeued_after_the_grace(
     fleet: Any, agent_client: Any, settings: Any
 ) -> None:
+    from apps.fleet.heartbeat import agent_heartbeat
     from apps.fleet.models import TaskRun
-    from apps.fleet.services import agent_heartbeat
 
     settings.WHALEGEN_NODE_LOST_HEARTBEATS = 3
     settings.WHALEGEN_AGENT_HEARTBEAT_S = 10
@@ -121,8 +121,8 @@ def test_a_run_the_agent_dropped_without_a_report_is_lost_and_requeued_after_the
 
 
 def test_a_heartbeat_without_a_running_list_never_declares_runs_lost(fleet: Any, agent_client: Any) -> None:
+    from apps.fleet.heartbeat import agent_heartbeat
     from apps.fleet.models import TaskRun
-    from apps.fleet.services import agent_heartbeat
 
     client = agent_client(fleet.token_a)
     register(client, version="1.0")
@@ -138,8 +138,8 @@ def test_a_heartbeat_without_a_running_list_never_declares_runs_lost(fleet: Any,
 
 
 def test_a_report_of_the_run_clears_its_missing_stamp(fleet: Any, agent_client: Any) -> None:
+    from apps.fleet.heartbeat import agent_heartbeat
     from apps.fleet.models import TaskRun
-    from apps.fleet.services import agent_heartbeat
 
     client = agent_client(fleet.token_a)
     register(client)

@@ -100,13 +100,13 @@ def test_a_node_cannot_write_the_output_of_another_nodes_run(
 
 
 def test_attempts_are_kept_apart(started: Any, api: Any) -> None:
-    from apps.fleet.services import _requeue
+    from apps.fleet.runs import task_requeue
     from apps.workloads.models import Task
 
     f = started
     report(f.agent, f.node, 2, logs=(chunk(f.task_a, 0, 2),))
     task = Task.objects.get(pk=f.task_a.pk)
-    _requeue(task, via=Task.State.LOST, actor="test", reason="node lost (test)")
+    task_requeue(task, via=Task.State.LOST, actor="test", reason="node lost (test)")
     task.refresh_from_db()
     assign(task, f.node, [f.whole_unit])
     report(f.agent, f.node, 3, tasks=(running(task, attempt=1),))

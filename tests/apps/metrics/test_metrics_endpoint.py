@@ -40,7 +40,7 @@ def value(samples: dict[str, Any], name: str, **labels: str) -> float:
 
 @pytest.fixture
 def busy_world(world: Any) -> Any:
-    from apps.fleet.services import nodes_mark_lost
+    from apps.fleet.nodes import nodes_mark_lost
     from apps.inventory.models import Node
     from apps.scheduling.services import cycle_run
     from apps.workloads.services import TaskRequest, task_cancel, task_submit, task_transition

@@ -19,7 +19,7 @@ def _states(*tasks: Task) -> list[str]:
 
 
 def test_a_drained_gang_member_requeues_its_siblings_and_the_gang_runs_again_whole(fleet, settings) -> None:
-    from apps.fleet.services import node_drain, node_uncordon
+    from apps.fleet.nodes import node_drain, node_uncordon
 
     settings.WHALEGEN_REQUEUE_BACKOFF_S = 0  # the drain runs on the wall clock, the cycles on NOW
     from apps.scheduling.models import Assignment
@@ -120,7 +120,7 @@ def _all_ended_and_charge_free(fleet, gang: list[Task], slug: str = "a") -> None
 def test_a_succeeded_member_keeps_a_lost_sibling_from_waiting_forever(fleet) -> None:
     """Rank 0 finished first; then the node of the others is drained. They must not go back to pending
     for a gang of three that can never be whole again: they fail, and the whole charge is given back."""
-    from apps.fleet.services import node_drain
+    from apps.fleet.nodes import node_drain
     from apps.workloads.services import task_transition
 
     gang = _running_gang(fleet, size=3)
@@ -170,7 +170,7 @@ def test_a_succeeded_member_keeps_a_preempted_sibling_from_waiting_forever(fleet
 def test_cancelling_one_member_cancels_its_whole_gang(fleet) -> None:
     """A co-scheduled job is one job: cancelling one rank cancels the others (none runs on without it,
     none is later requeued into a gang that can never be whole), and the whole charge is given back."""
-    from apps.fleet.services import node_drain
+    from apps.fleet.nodes import node_drain
     from apps.workloads.services import task_cancel
 
     gang = _running_gang(fleet, size=3)
@@ -245,7 +245,7 @@ def test_a_reused_gang_id_is_a_new_gang(fleet, settings) -> None:
     """A gang id may be used again once its earlier gang ended: that gang's ended members do not keep
     the new one from being requeued."""
     settings.WHALEGEN_REQUEUE_BACKOFF_S = 0  # the drain runs on the wall clock, the cycles on NOW
-    from apps.fleet.services import node_drain, node_uncordon
+    from apps.fleet.nodes import node_drain, node_uncordon
     from apps.workloads.services import task_transition
 
     gang = _running_gang(fleet, size=2)

@@ -10,8 +10,8 @@ import pytest
 from django.db.models import F
 
 from apps.fleet.models import NodeAgent
+from apps.fleet.reports import agent_report
 from apps.fleet.selectors import desired_state_build, gpu_partition_applied
-from apps.fleet.services import agent_report
 from apps.inventory.models import ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.models import Repartition
 from apps.workloads.models import Task

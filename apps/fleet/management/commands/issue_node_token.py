@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from apps.fleet.services import node_token_issue
+from apps.fleet.nodes import node_token_issue
 from apps.inventory.models import Node
 
 
