@@ -30,8 +30,9 @@ from whalegen.goodput.data import (
     load_lucid_single,
 )
 from whalegen.goodput.interference import gavel_holdout, lucid_holdout
-from whalegen.goodput.speed import SpeedModel, gpu_figures, holdout_errors
+from whalegen.goodput.speed import SpeedModel, holdout_errors
 from whalegen.gpus.catalogue import FP32_TFLOPS
+from whalegen.gpus.speed import gpu_figures
 
 REFERENCE_MODEL = "V100M16"
 

@@ -31,6 +31,7 @@ from whalegen.sim.dynamic import (
     split_time,
     trace_window,
 )
+from whalegen.sim.stats import mean
 from whalegen.sim.trace import NODE_FILE, load_nodes, pod_file
 
 FORECASTS = ("none", "oracle", "model", "model-p90")
@@ -59,10 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="POLICY+forecast: score points below the best still aligned on (0: exact ties)",
     )
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
 
 
 def run(args: argparse.Namespace, traces: Path) -> int:
@@ -163,15 +160,15 @@ def run(args: argparse.Namespace, traces: Path) -> int:
     for policy, forecast in groups:
         rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
         cells = [
-            f"{_mean([r.alloc_pct for r in rs]):.2f}",
-            f"{_mean([r.offered_pct for r in rs]):.2f}",
-            f"{_mean([r.mean_delay_s for r in rs]) / 3600:.2f}",
-            f"{_mean([r.p95_delay_s for r in rs]) / 3600:.2f}",
-            f"{_mean([r.not_started for r in rs]):.1f}",
-            f"{_mean([r.not_started_gpu_h for r in rs]):.0f}",
-            f"{_mean([r.never_started for r in rs]):.1f}",
-            f"{_mean([r.makespan_s for r in rs]) / 86400:.2f}",
-            f"{_mean([r.cpu_seconds for r in rs]):.1f}",
+            f"{mean([r.alloc_pct for r in rs]):.2f}",
+            f"{mean([r.offered_pct for r in rs]):.2f}",
+            f"{mean([r.mean_delay_s for r in rs]) / 3600:.2f}",
+            f"{mean([r.p95_delay_s for r in rs]) / 3600:.2f}",
+            f"{mean([r.not_started for r in rs]):.1f}",
+            f"{mean([r.not_started_gpu_h for r in rs]):.0f}",
+            f"{mean([r.never_started for r in rs]):.1f}",
+            f"{mean([r.makespan_s for r in rs]) / 86400:.2f}",
+            f"{mean([r.cpu_seconds for r in rs]):.1f}",
         ]
         print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
     # 3b. Large and small tasks, and the start estimates queued tasks were shown.
@@ -185,18 +182,18 @@ def run(args: argparse.Namespace, traces: Path) -> int:
     for policy, forecast in groups:
         rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
         cells = [
-            f"{_mean([r.large_started for r in rs]):.1f}",
-            f"{_mean([r.large_p95_delay_s for r in rs]) / 3600:.2f}",
-            f"{_mean([r.small_mean_delay_s for r in rs]) / 3600:.2f}",
-            f"{_mean([r.queued for r in rs]):.1f}",
-            f"{_mean([r.estimated for r in rs]):.1f}",
-            f"{_mean([r.estimate_mae_s for r in rs if r.estimated]) / 3600:.2f}",
-            f"{_mean([r.estimate_median_abs_s for r in rs if r.estimated]) / 3600:.2f}",
-            f"{_mean([r.estimate_alone_mae_s for r in rs if r.estimated]) / 3600:.2f}",
-            f"{_mean([r.estimate_capacity_alone_mae_s for r in rs if r.estimated]) / 3600:.2f}",
-            f"{_mean([r.reserved for r in rs]):.1f}",
-            f"{_mean([r.reserved_with_start for r in rs]):.1f}",
-            f"{_mean([r.reserve_mae_s for r in rs if r.reserved_with_start]) / 3600:.2f}",
+            f"{mean([r.large_started for r in rs]):.1f}",
+            f"{mean([r.large_p95_delay_s for r in rs]) / 3600:.2f}",
+            f"{mean([r.small_mean_delay_s for r in rs]) / 3600:.2f}",
+            f"{mean([r.queued for r in rs]):.1f}",
+            f"{mean([r.estimated for r in rs]):.1f}",
+            f"{mean([r.estimate_mae_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{mean([r.estimate_median_abs_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{mean([r.estimate_alone_mae_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{mean([r.estimate_capacity_alone_mae_s for r in rs if r.estimated]) / 3600:.2f}",
+            f"{mean([r.reserved for r in rs]):.1f}",
+            f"{mean([r.reserved_with_start for r in rs]):.1f}",
+            f"{mean([r.reserve_mae_s for r in rs if r.reserved_with_start]) / 3600:.2f}",
         ]
         print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
     print()

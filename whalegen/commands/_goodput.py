@@ -43,6 +43,7 @@ from whalegen.goodput.replay import (
     split_policy,
 )
 from whalegen.placement.registry import make_policy
+from whalegen.sim.stats import mean
 
 METRICS = (
     "goodput_pct",
@@ -178,16 +179,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
 def summary(results: Sequence[RunResult]) -> dict[str, Any]:
-    out: dict[str, Any] = {m: round(_mean([getattr(r, m) for r in results]), 3) for m in METRICS}
-    out.update({m: round(_mean([getattr(r, m) for r in results]), 3) for m in EXTRA})
-    out["preemptions"] = round(_mean([r.preemptions for r in results]), 1)
-    out["finished_jobs"] = round(_mean([r.finished for r in results]), 1)
-    out["cpu_s"] = round(_mean([r.cpu_s for r in results]), 2)
+    out: dict[str, Any] = {m: round(mean([getattr(r, m) for r in results]), 3) for m in METRICS}
+    out.update({m: round(mean([getattr(r, m) for r in results]), 3) for m in EXTRA})
+    out["preemptions"] = round(mean([r.preemptions for r in results]), 1)
+    out["finished_jobs"] = round(mean([r.finished for r in results]), 1)
+    out["cpu_s"] = round(mean([r.cpu_s for r in results]), 2)
     if results and results[0].reasons:
         out["reasons_sample"] = [f"{t}: {why}" for t, why in results[0].reasons[:5]]
     return out
@@ -205,7 +202,7 @@ def as_json(
     for load in loads:
         chosen = [r for r in results if r.load == load]
         by_load[f"{load:g}"] = {
-            "window_h": round(_mean([r.window_h for r in chosen]), 2),
+            "window_h": round(mean([r.window_h for r in chosen]), 2),
             "policies": {p: summary([r for r in chosen if r.policy == p]) for p in policies},
         }
     first = by_load[f"{loads[0]:g}"]
@@ -246,11 +243,11 @@ def plot(
         mine = [r for r in results if r.policy == policy]
         xs = list(loads)
         axes[0][0].plot(
-            xs, [_mean([r.goodput_pct for r in mine if r.load == x]) for x in xs], marker="o", label=policy
+            xs, [mean([r.goodput_pct for r in mine if r.load == x]) for x in xs], marker="o", label=policy
         )
         axes[1][0].plot(
             xs,
-            [_mean([r.sla_violation_pct for r in mine if r.load == x]) for x in xs],
+            [mean([r.sla_violation_pct for r in mine if r.load == x]) for x in xs],
             marker="o",
             label=policy,
         )
@@ -259,10 +256,10 @@ def plot(
             bins = len(top[0].series_goodput_pct)
             t = [top[0].window_h * (i + 0.5) / bins for i in range(bins)]
             axes[0][1].plot(
-                t, [_mean([r.series_goodput_pct[i] for r in top]) for i in range(bins)], label=policy
+                t, [mean([r.series_goodput_pct[i] for r in top]) for i in range(bins)], label=policy
             )
             axes[1][1].plot(
-                t, [_mean([r.series_sla_violation_pct[i] for r in top]) for i in range(bins)], label=policy
+                t, [mean([r.series_sla_violation_pct[i] for r in top]) for i in range(bins)], label=policy
             )
     axes[0][0].set_ylabel("goodput, % of GPU-hours (reference V100 work)")
     axes[1][0].set_ylabel("SLA-violating service-minutes, %")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -22,6 +21,7 @@ from typing import Any
 
 from whalegen.placement.registry import make_policy
 from whalegen.sim.scenario import ScenarioError, ScenarioResult, parse_scenario, run_scenario
+from whalegen.sim.stats import mean
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +73,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else 0.0
-
-
 def as_json(results: Sequence[ScenarioResult]) -> dict[str, Any]:
     runs = []
     for r in results:
@@ -106,10 +102,10 @@ def table(results: Sequence[ScenarioResult], seeds: Sequence[int]) -> str:
         by_policy.setdefault(r.policy, []).append(r)
     for policy, rs in by_policy.items():
         lines.append(
-            f"{policy:<12} {_mean([r.tasks for r in rs]):6.0f} {_mean([r.alloc_pct for r in rs]):8.1f} "
-            f"{_mean([r.mean_wait_s for r in rs]):8.0f} {_mean([r.p95_wait_s for r in rs]):8.0f} "
-            f"{_mean([r.not_started for r in rs]):8.1f} {_mean([r.preemptions for r in rs]):8.1f} "
-            f"{_mean([r.frag_pct_mean for r in rs]):7.2f} {_mean([r.cpu_seconds for r in rs]):6.2f}"
+            f"{policy:<12} {mean([r.tasks for r in rs]):6.0f} {mean([r.alloc_pct for r in rs]):8.1f} "
+            f"{mean([r.mean_wait_s for r in rs]):8.0f} {mean([r.p95_wait_s for r in rs]):8.0f} "
+            f"{mean([r.not_started for r in rs]):8.1f} {mean([r.preemptions for r in rs]):8.1f} "
+            f"{mean([r.frag_pct_mean for r in rs]):7.2f} {mean([r.cpu_seconds for r in rs]):6.2f}"
         )
     lines += [
         "",
@@ -121,19 +117,19 @@ def table(results: Sequence[ScenarioResult], seeds: Sequence[int]) -> str:
             ts = [r.tenants[i] for r in rs]
             lines.append(
                 f"{policy:<12} {tenant.tenant:<12} {tenant.guaranteed_milli:7d} "
-                f"{_mean([t.mean_held_milli for t in ts]):7.0f} "
-                f"{_mean([t.share_of_guarantee for t in ts]):7.2f} "
-                f"{_mean([t.mean_wait_s for t in ts]):8.0f} {_mean([t.p95_wait_s for t in ts]):8.0f} "
-                f"{_mean([t.borrowing_s for t in ts]):9.0f} {_mean([t.short_s for t in ts]):8.0f} "
-                f"{_mean([t.preemptions for t in ts]):9.1f} {max(t.max_used_pct_of_limit for t in ts):9.1f}"
+                f"{mean([t.mean_held_milli for t in ts]):7.0f} "
+                f"{mean([t.share_of_guarantee for t in ts]):7.2f} "
+                f"{mean([t.mean_wait_s for t in ts]):8.0f} {mean([t.p95_wait_s for t in ts]):8.0f} "
+                f"{mean([t.borrowing_s for t in ts]):9.0f} {mean([t.short_s for t in ts]):8.0f} "
+                f"{mean([t.preemptions for t in ts]):9.1f} {max(t.max_used_pct_of_limit for t in ts):9.1f}"
             )
     lines += ["", f"{'policy':<12} {'priority':>8} {'tasks':>6} {'wait s':>8} {'p95 s':>8}"]
     for policy, rs in by_policy.items():
         for i, prio in enumerate(first.priorities):
             ps = [r.priorities[i] for r in rs]
             lines.append(
-                f"{policy:<12} {prio.priority:8d} {_mean([p.tasks for p in ps]):6.0f} "
-                f"{_mean([p.mean_wait_s for p in ps]):8.0f} {_mean([p.p95_wait_s for p in ps]):8.0f}"
+                f"{policy:<12} {prio.priority:8d} {mean([p.tasks for p in ps]):6.0f} "
+                f"{mean([p.mean_wait_s for p in ps]):8.0f} {mean([p.p95_wait_s for p in ps]):8.0f}"
             )
     return "\n".join(lines)
 

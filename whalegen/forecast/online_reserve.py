@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from whalegen.placement.types import WHOLE_GPU_MILLI
+from whalegen.gpus.catalogue import WHOLE_GPU_MILLI
 
 DEFAULT_LOOKBACK_S = 3 * 3600.0
 DEFAULT_HORIZON_S = 3600.0

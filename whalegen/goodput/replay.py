@@ -43,9 +43,10 @@ from whalegen.goodput.fleet import FleetSpec, fleet_nodes
 from whalegen.goodput.headroom import online_headroom_milli
 from whalegen.goodput.interference import InterferenceModel, UtilisationFit, gavel_observations
 from whalegen.goodput.jobs import GENAI_STEP_S, REFERENCE_MODEL, Job, Service
-from whalegen.goodput.speed import SpeedModel, fit_power_law, gpu_figures
+from whalegen.goodput.speed import SpeedModel
 from whalegen.gpus.catalogue import get_model
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES, profile_by_name
+from whalegen.gpus.speed import fit_power_law, gpu_figures
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
@@ -57,6 +58,7 @@ from whalegen.placement.types import (
     UnitKind,
 )
 from whalegen.scheduling import Config, Decider, Snapshot
+from whalegen.sim.stats import mean, nearest_rank_percentile
 
 SERVICE_PRIORITY = 10
 SERIES_BINS = 48
@@ -94,7 +96,7 @@ class ReplayConfig:
     service_mem_mib: int = 16 * 1024
     # Services arrive and leave: this share is there at t = 0, the rest arrive uniformly over the window;
     # each stays an exponential lifetime of mean `service_mean_life` × the window (at least 30 min).
-    # False: every service from t = 0 to the end (the first runs of docs/notes/goodput-runs.md).
+    # False: every service from t = 0 to the end (the first runs of docs/goodput.md §8).
     service_churn: bool = True
     service_present_share: float = 0.5
     service_mean_life: float = 0.5
@@ -174,15 +176,6 @@ class RunResult:
     ceiling_pct: float = 0.0
     headroom_gpus_mean: float = 0.0  # the online headroom kept, in GPUs, averaged over decisions
     service_preemptions: int = 0  # preemptions proposed for an online service
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0 … 100); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # -- learning ------------------------------------------------------------------------------------------
@@ -517,14 +510,14 @@ def run_goodput(
             grid = _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)
             samples = [service_util(o, t) for o in running.values() if o.service is not None for t in grid]
             pooled_at.clear()
-            pooled_at[at_s] = percentile(samples, 95) if samples else None
+            pooled_at[at_s] = nearest_rank_percentile(samples, 95) if samples else None
         return pooled_at[at_s]
 
     def service_profile(task: _Task, at_s: float) -> TaskProfile:
         assert task.service is not None
         if task.first_start_s is not None:
             samples = [service_util(task, t) for t in _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)]
-            util = percentile(samples, 95) if samples else None
+            util = nearest_rank_percentile(samples, 95) if samples else None
         else:
             util = pooled_service_util(at_s)
         return TaskProfile(compute_exponent=0.5, sm_util_pct=util, sla_min_factor=task.service.sla_min_factor)
@@ -682,10 +675,10 @@ def run_goodput(
         allocated_pct=100 * tally.milli_s / (WHOLE_GPU_MILLI * capacity_s) if capacity_s else 0.0,
         busy_pct=100 * tally.busy_s / capacity_s if capacity_s else 0.0,
         sla_violation_pct=100 * tally.violating_s / tally.service_s if tally.service_s else 0.0,
-        mean_jct_h=sum(jct) / len(jct) if jct else 0.0,
-        p95_jct_h=percentile(jct, 95),
-        mean_wait_h=sum(waits) / len(waits) if waits else 0.0,
-        p95_wait_h=percentile(waits, 95),
+        mean_jct_h=mean(jct),
+        p95_jct_h=nearest_rank_percentile(jct, 95),
+        mean_wait_h=mean(waits),
+        p95_wait_h=nearest_rank_percentile(waits, 95),
         preemptions=preemptions,
         work_lost_gpu_h=lost_ref_s / 3600,
         finished=sum(1 for t in job_tasks if t.finish_s is not None),

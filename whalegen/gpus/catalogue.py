@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# GPU compute is counted in thousandths of a GPU (milli-GPU, the traces' unit): one whole card is this.
+WHOLE_GPU_MILLI = 1000
+
 
 class Vendor(StrEnum):
     NVIDIA = "nvidia"
@@ -87,8 +90,8 @@ def canonical_model_name(name: str) -> str:
     return get_model(name).name
 
 
-# Dense FP32 (non-tensor) TFLOPS per GPU, from the vendor datasheets: the speed model of the goodput replay
-# (whalegen/goodput/speed.py) scales Gavel's jobs, taken as FP32 runs, by these, not by tensor figures.
+# Dense FP32 (non-tensor) TFLOPS per GPU, from the vendor datasheets: the speed rule (whalegen/gpus/speed.py)
+# scales Gavel's jobs, taken as FP32 runs, by these, not by tensor figures.
 # P100 PCIe 9.3 (the catalogue's P100 is the PCIe card: 18.7 FP16, 732 GB/s); V100 SXM2 15.7; T4 8.1;
 # A10 31.2; A100 SXM4 19.5; H100 SXM5 67; H200 SXM 67; L4 30.3; L40S 91.6; K80 4.37 per GPU (8.73 per
 # board with GPU Boost).

@@ -7,7 +7,7 @@
 - `whalegen-aware`: the `whalegen` policy's fragmentation descent with the task's *profile*
   (`TaskRequest.profile`, learned from telemetry) in the choice:
   1. **Effective throughput.** The task's speed on each GPU model from its learned compute exponent
-     `a`: `FP32_TFLOPS^a × HBM_GBps^(1−a)` (the speed rule of whalegen/goodput/speed.py), times the
+     `a`: `FP32_TFLOPS^a × HBM_GBps^(1−a)` (the speed rule of whalegen/gpus/speed.py), times the
      MIG slice's share where the unit is a slice. Nodes are ranked by it; fragmentation breaks ties
      (equal speed, e.g. two nodes of one model).
   2. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
@@ -32,8 +32,8 @@ import numpy as np
 
 from whalegen.forecast.interference import utilisation_factor
 from whalegen.forecast.profiles import BoundClass, BoundProfile, bound_class
-from whalegen.goodput.speed import GpuFigures, gpu_figures
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES
+from whalegen.gpus.speed import GpuFigures, gpu_figures
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache
 from whalegen.placement.state import ClusterState, Request, mig_profile_for
 from whalegen.placement.types import (

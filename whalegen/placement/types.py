@@ -12,7 +12,8 @@ from dataclasses import fields as dataclass_fields
 from enum import StrEnum
 from typing import Any
 
-WHOLE_GPU_MILLI = 1000
+# Defined with the GPUs (the forecasts use it too); re-exported here, where placement code reads it.
+from whalegen.gpus.catalogue import WHOLE_GPU_MILLI as WHOLE_GPU_MILLI
 
 
 class PartitionMode(StrEnum):

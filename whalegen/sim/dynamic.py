@@ -50,6 +50,7 @@ from whalegen.scheduling import Config, Decider, Snapshot
 from whalegen.scheduling.estimate import queue_starts
 from whalegen.scheduling.reserve import ReserveConfig, is_large, plan, pool_view
 from whalegen.sim.replay import shuffled_nodes
+from whalegen.sim.stats import mean, median, percentile
 from whalegen.sim.trace import load_tasks
 
 FORECAST_SUFFIX = "+forecast"
@@ -225,10 +226,6 @@ def sample_cluster(nodes: Sequence[NodeState], frac: float, seed: int) -> tuple[
     count = max(1, round(frac * len(nodes)))
     picked = random.Random(seed).sample(list(nodes), count) if count < len(nodes) else list(nodes)
     return shuffled_nodes(picked, seed)
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else 0.0
 
 
 def run_dynamic(
@@ -504,8 +501,8 @@ def run_dynamic(
         horizon_s=horizon_s,
         alloc_pct=100 * integral / (capacity * horizon_s) if capacity else 0.0,
         offered_pct=100 * offered / (capacity * horizon_s) if capacity else 0.0,
-        mean_delay_s=float(np.mean(in_horizon)) if in_horizon else 0.0,
-        p95_delay_s=_percentile(in_horizon, 95),
+        mean_delay_s=mean(in_horizon),
+        p95_delay_s=percentile(in_horizon, 95),
         not_started=len(ordered) - len(in_horizon),
         never_started=len(ordered) - len(delays),
         not_started_gpu_h=sum(t.request.gpu_request_milli * t.lifetime_s for t in late)
@@ -516,18 +513,18 @@ def run_dynamic(
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
         series_alloc_pct=tuple(100 * v / (capacity * bin_width) if capacity else 0.0 for v in bins),
         start_s=start_of,
-        large_p95_delay_s=_percentile(large_waits, 95),
-        small_mean_delay_s=float(np.mean(small_waits)) if small_waits else 0.0,
+        large_p95_delay_s=percentile(large_waits, 95),
+        small_mean_delay_s=mean(small_waits),
         large_started=len(large_waits),
         queued=len(estimate_of),
         estimated=len(shown),
-        estimate_mae_s=float(np.mean(shown_err)) if shown_err else 0.0,
-        estimate_median_abs_s=float(np.median(shown_err)) if shown_err else 0.0,
-        estimate_alone_mae_s=float(np.mean(alone_err[0])) if alone_err[0] else 0.0,
-        estimate_capacity_alone_mae_s=float(np.mean(alone_err[1])) if alone_err[1] else 0.0,
+        estimate_mae_s=mean(shown_err),
+        estimate_median_abs_s=median(shown_err),
+        estimate_alone_mae_s=mean(alone_err[0]),
+        estimate_capacity_alone_mae_s=mean(alone_err[1]),
         reserved=len(reserved_at),
         reserved_with_start=len(promised),
-        reserve_mae_s=float(np.mean([abs(e - real) for real, e in promised])) if promised else 0.0,
+        reserve_mae_s=mean([abs(e - real) for real, e in promised]),
     )
 
 

@@ -28,14 +28,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from whalegen.gpus.mig import profile_by_name
 from whalegen.placement.repartition import ClaimAction, MigSlot
 from whalegen.placement.types import ClusterSnapshot, GpuState, NodeState, PartitionMode, TaskRequest
 from whalegen.scheduling import Claim, Config, FreeUnit, Snapshot, decide
 from whalegen.scheduling.precarve import PrecarveConfig, ShapeForecast
 from whalegen.scheduling.snapshot import GpuFacts, UnitFact, gpu_picture
+from whalegen.sim.stats import mean, percentile
 
 GpuKey = tuple[str, int]
 BIN_S = 600.0  # the arrivals model's bin: production caches the forecast per bin
@@ -325,10 +324,10 @@ def run_migwait(
         label=label,
         tasks=len(tasks),
         started=len(started),
-        mean_wait_s=float(np.mean(waits)) if waits else 0.0,
-        p95_wait_s=float(np.percentile(waits, 95)) if waits else 0.0,
-        mean_wait_frac_s=float(np.mean(frac)) if frac else 0.0,
-        p95_wait_frac_s=float(np.percentile(frac, 95)) if frac else 0.0,
+        mean_wait_s=mean(waits),
+        p95_wait_s=percentile(waits, 95),
+        mean_wait_frac_s=mean(frac),
+        p95_wait_frac_s=percentile(frac, 95),
         waited_for_layout=waited,
         recarves_last_resort=last_resort,
         recarves_ahead=ahead,

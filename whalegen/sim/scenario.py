@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import yaml
 
 from whalegen.gpus.catalogue import canonical_model_name, get_model
@@ -41,6 +40,7 @@ from whalegen.placement.types import (
     UnitKind,
 )
 from whalegen.scheduling import Config, Decider, Decisions, Snapshot
+from whalegen.sim.stats import mean, percentile
 
 SERIES_BINS = 200  # points of the per-tenant allocation curve kept per run
 
@@ -671,14 +671,6 @@ class InvariantError(AssertionError):
     """The decision broke a rule the replay checks every cycle (a quota, a gang); a defect, never input."""
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else 0.0
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if values else 0.0
-
-
 def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
     """Replay `scenario` under `policy` for `seed` (see the module); deterministic for the pair."""
     started_cpu = time.process_time()
@@ -957,8 +949,8 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                 borrow_limit_milli=t.borrow_limit_milli,
                 tasks=len(ids),
                 started=len(got),
-                mean_wait_s=_mean(got),
-                p95_wait_s=_percentile(got, 95),
+                mean_wait_s=mean(got),
+                p95_wait_s=percentile(got, 95),
                 mean_held_milli=mean_held,
                 share_of_guarantee=mean_held / t.guaranteed_milli if t.guaranteed_milli else 0.0,
                 borrowing_s=borrowing_s[t.name],
@@ -972,7 +964,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
     for prio in sorted(by_priority):
         ids = by_priority[prio]
         got = [total_wait[i] for i in ids if i in total_wait]
-        priorities.append(PriorityResult(prio, len(ids), len(got), _mean(got), _percentile(got, 95)))
+        priorities.append(PriorityResult(prio, len(ids), len(got), mean(got), percentile(got, 95)))
     all_waits = list(total_wait.values())
     return ScenarioResult(
         scenario=scenario.name,
@@ -983,13 +975,13 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         horizon_s=horizon_s,
         cycles=cycles,
         alloc_pct=100 * total_milli_s / (capacity * horizon_s) if capacity else 0.0,
-        mean_wait_s=_mean(all_waits),
-        p95_wait_s=_percentile(all_waits, 95),
+        mean_wait_s=mean(all_waits),
+        p95_wait_s=percentile(all_waits, 95),
         not_started=len(jobs) - len(total_wait),
         preemptions=sum(preempted_of.values()),
         gangs=len({j.request.gang_id for j in jobs if j.request.gang_id}),
         makespan_s=last_end_s,
-        frag_pct_mean=_mean(frag_samples),
+        frag_pct_mean=mean(frag_samples),
         cpu_seconds=time.process_time() - started_cpu,
         tenants=tuple(tenants),
         priorities=tuple(priorities),

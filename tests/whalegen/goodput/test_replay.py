@@ -16,11 +16,11 @@ from whalegen.goodput.replay import (
     ReplayConfig,
     World,
     dense_part,
-    percentile,
     run_goodput,
     util_from_imposed,
 )
-from whalegen.goodput.speed import gpu_figures
+from whalegen.gpus.speed import gpu_figures
+from whalegen.sim.stats import nearest_rank_percentile
 
 V100 = "V100M16"
 A = JobType("ResNet-18 (batch size 32)", 1)
@@ -156,10 +156,10 @@ def test_profile_book_learns_the_exponent_from_telemetry_on_two_models() -> None
 
 
 def test_percentile_is_nearest_rank() -> None:
-    assert percentile([], 95) == 0.0
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
-    assert percentile([float(i) for i in range(1, 21)], 95) == 19.0
-    assert math.isclose(percentile([3.0], 95), 3.0)
+    assert nearest_rank_percentile([], 95) == 0.0
+    assert nearest_rank_percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert nearest_rank_percentile([float(i) for i in range(1, 21)], 95) == 19.0
+    assert math.isclose(nearest_rank_percentile([3.0], 95), 3.0)
 
 
 def test_dense_part_drops_the_stragglers_created_long_before_the_rest() -> None:

@@ -7,14 +7,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from whalegen.goodput.data import GavelData, JobType
-from whalegen.goodput.speed import (
-    EQUAL_SPEED_RULE,
-    GpuFigures,
-    SpeedModel,
-    fit_power_law,
-    gpu_figures,
-    holdout_errors,
-)
+from whalegen.goodput.speed import EQUAL_SPEED_RULE, SpeedModel, holdout_errors
+from whalegen.gpus.speed import GpuFigures, fit_power_law, gpu_figures
 
 RESNET50_64 = JobType("ResNet-50 (batch size 64)", 1)
 
