@@ -100,8 +100,10 @@ def main() -> int:
 
     from django.conf import settings
 
-    from apps.fleet import liveness
     from whalegen.config.wsgi import application  # sets Django up first
+
+    # isort: split
+    from apps.fleet import liveness  # imports models: after Django is set up
 
     nodes = fleet(args.nodes, args.gpus)
     liveness.clear()
