@@ -26,6 +26,7 @@ from whalegen.placement.fragmentation import (
 from whalegen.placement.state import ClusterState
 from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState, ShapeMix, TaskRequest
 from whalegen.scheduling import Config, Decider, Snapshot
+from whalegen.sim.loop import Departures, run_events
 
 INFLATION = 1.30
 MAX_PCT = 130
@@ -117,6 +118,57 @@ def _binned(arrived_pct: list[int], values: list[float]) -> tuple[float | None, 
     return tuple(out)
 
 
+class _StaticReplay:
+    """The paper's protocol as a configuration of the event loop: one decision per arrival, nothing
+    departs; after each, the allocated, unallocated and fragmentation records."""
+
+    def __init__(
+        self,
+        decider: Decider,
+        tracker: _FragTracker,
+        capacity: int,
+        total: int,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.decider = decider
+        self.tracker = tracker
+        self.capacity = capacity
+        state = decider.engine.state
+        self.node_idle = [sum(frees) for frees in state.gpu_free]
+        self.idle = sum(self.node_idle)
+        self.arrived = self.allocated = self.failed = 0
+        self.pcts: list[int] = []
+        self.unalloc: list[float] = []
+        self.frag_amount: list[float] = []
+        self.frag_ratio: list[float] = []
+        self.total = total
+        self.on_progress = on_progress
+
+    def arrive(self, item: TaskRequest, at_s: float) -> None:
+        self.arrived += item.gpu_request_milli
+        result = self.decider.step((item,), at_s, estimates=False, nodes_after=False)
+        if result.placements:
+            state = self.decider.engine.state
+            self.allocated += item.gpu_request_milli
+            n = state.index[result.placements[0].placement.node]
+            self.idle += sum(state.gpu_free[n]) - self.node_idle[n]
+            self.node_idle[n] = sum(state.gpu_free[n])
+            self.tracker.update(n)
+        else:
+            self.failed += 1
+        capacity = self.capacity
+        self.pcts.append(round(100 * self.arrived / capacity))
+        self.unalloc.append(100 - 100 * self.allocated / capacity)
+        self.frag_amount.append(100 * self.tracker.total / capacity)
+        self.frag_ratio.append(100 * self.tracker.total / self.idle if self.idle else 0.0)
+        i = int(at_s)  # the clock is the arrival's index
+        if self.on_progress is not None and (i % 500 == 0 or i == self.total - 1):
+            self.on_progress(i + 1, self.total)
+
+    def depart(self, task_id: str, at_s: float) -> None:
+        raise AssertionError(f"{task_id}: nothing departs in the static replay")
+
+
 def run_replay(
     nodes: Sequence[NodeState],
     tasks: Sequence[TaskRequest],
@@ -147,45 +199,19 @@ def run_replay(
         Snapshot(ClusterSnapshot(cluster, shape_mix=shape_mix), unit_exact=False),
         Config(policy=policy, seed=seed),
     )
-    engine = decider.engine
     # The reported fragmentation is always the paper's measure over the paper's mix.
-    tracker = _FragTracker(engine.state, shape_mix_from_tasks(tasks))
-    index = engine.state.index
-    node_idle = [sum(frees) for frees in engine.state.gpu_free]
-    idle = sum(node_idle)
-    arrived = 0
-    allocated = 0
-    failed = 0
-    pcts: list[int] = []
-    unalloc: list[float] = []
-    frag_amount: list[float] = []
-    frag_ratio: list[float] = []
-    for i, task in enumerate(stream):
-        arrived += task.gpu_request_milli
-        result = decider.step((task,), float(i), estimates=False, nodes_after=False)
-        if result.placements:
-            placement = result.placements[0].placement
-            allocated += task.gpu_request_milli
-            n = index[placement.node]
-            idle += sum(engine.state.gpu_free[n]) - node_idle[n]
-            node_idle[n] = sum(engine.state.gpu_free[n])
-            tracker.update(n)
-        else:
-            failed += 1
-        pcts.append(round(100 * arrived / capacity))
-        unalloc.append(100 - 100 * allocated / capacity)
-        frag_amount.append(100 * tracker.total / capacity)
-        frag_ratio.append(100 * tracker.total / idle if idle else 0.0)
-        if on_progress is not None and (i % 500 == 0 or i == len(stream) - 1):
-            on_progress(i + 1, len(stream))
+    tracker = _FragTracker(decider.engine.state, shape_mix_from_tasks(tasks))
+    replay = _StaticReplay(decider, tracker, capacity, len(stream), on_progress)
+    # The clock is the arrival's index: one decision per arrival, in order.
+    run_events([(float(i), task) for i, task in enumerate(stream)], replay, Departures())
     return RunResult(
         policy=policy,
         seed=seed,
         tasks=len(stream),
-        failed_tasks=failed,
+        failed_tasks=replay.failed,
         seconds=time.perf_counter() - started,
         cpu_seconds=time.process_time() - started_cpu,
-        unallocated_pct=_binned(pcts, unalloc),
-        frag_amount_pct=_binned(pcts, frag_amount),
-        frag_ratio_pct=_binned(pcts, frag_ratio),
+        unallocated_pct=_binned(replay.pcts, replay.unalloc),
+        frag_amount_pct=_binned(replay.pcts, replay.frag_amount),
+        frag_ratio_pct=_binned(replay.pcts, replay.frag_ratio),
     )

@@ -26,6 +26,7 @@ import yaml
 from whalegen.gpus.catalogue import canonical_model_name, get_model
 from whalegen.placement.fragmentation import cluster_fragmentation, shape_mix_from_tasks
 from whalegen.placement.registry import make_policy
+from whalegen.placement.state import Binding
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
@@ -33,6 +34,7 @@ from whalegen.placement.types import (
     Isolation,
     NodeState,
     PartitionMode,
+    Placement,
     Quota,
     RunningTask,
     TaskPrediction,
@@ -40,6 +42,7 @@ from whalegen.placement.types import (
     UnitKind,
 )
 from whalegen.scheduling import Config, Decider, Decisions, Snapshot
+from whalegen.sim.loop import CycleClock, Departures, run_cycles
 from whalegen.sim.stats import mean, percentile
 
 SERIES_BINS = 200  # points of the per-tenant allocation curve kept per run
@@ -671,97 +674,180 @@ class InvariantError(AssertionError):
     """The decision broke a rule the replay checks every cycle (a quota, a gang); a defect, never input."""
 
 
-def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
-    """Replay `scenario` under `policy` for `seed` (see the module); deterministic for the pair."""
-    started_cpu = time.process_time()
-    make_policy(policy)  # an unknown name fails before the run
-    capacity_nodes = scenario.nodes()
-    quotas = scenario.quotas()
-    limit = {q.tenant: q.guaranteed_milli + q.borrow_limit_milli for q in quotas}
-    guaranteed = {q.tenant: q.guaranteed_milli for q in quotas}
-    queue_keys: dict[tuple[str, str], tuple[int, int]] = {}
-    for t in scenario.tenants:
-        for q in t.queues:
-            queue_keys[(t.name, q.name)] = (len(queue_keys) + 1, q.weight)
-    stream_queue = {s.name: queue_keys[(s.tenant, s.queue)] for s in scenario.streams}
-    expected_runtime = {s.name: s.runtime.expected_s for s in scenario.streams}
-    # The production cycle's configuration: the policy, preemption on (unless the scenario turns it off),
-    # the pool's online reserve; the seed stays the production default (0).
-    config = Config(
-        policy=policy, preemption=scenario.preemption, online_reserve_milli=scenario.online_reserve_milli
-    )
-    jobs = arrivals(scenario, seed)
-    capacity = WHOLE_GPU_MILLI * sum(len(n.gpus) for n in capacity_nodes)
-    horizon_s = scenario.horizon_s
+class _Holdings:
+    """Observer: what each tenant holds, integrated over the horizon, with the time it borrows (holds more
+    than its guarantee) or is short of it (both counted as the quota counts: as asked), and the bins of
+    the allocation curve."""
 
-    future = list(reversed(jobs))  # popped from the end: next arrival last
-    waiting: dict[str, _Waiting] = {}
-    running: dict[str, _Running] = {}
-    waits: dict[str, list[float]] = defaultdict(list)  # task id → each wait before a start
-    starts: dict[str, list[float]] = defaultdict(list)
-    nodes_of: dict[str, list[str]] = defaultdict(list)
-    preempted_of: dict[str, int] = defaultdict(int)  # tenant → its tasks' preemptions
-    runs_of: dict[str, int] = defaultdict(int)  # task id → runs ended by a preemption
-    gave_up: dict[str, int] = defaultdict(int)
-    max_used: dict[str, int] = defaultdict(int)
-    checks = {"quota": 0, "gang": 0, "capacity": 0}
-    tenant_milli_s: dict[str, float] = defaultdict(float)
-    borrowing_s: dict[str, float] = defaultdict(float)
-    short_s: dict[str, float] = defaultdict(float)
-    bin_width = horizon_s / SERIES_BINS
-    bins: dict[str, list[float]] = {t.name: [0.0] * SERIES_BINS for t in scenario.tenants}
-    total_milli_s = 0.0
-    frag_samples: list[float] = []
-    cycles = 0
-    last_s = 0.0
-    last_end_s = 0.0
+    def __init__(
+        self,
+        running: Mapping[str, _Running],
+        waiting: Mapping[str, _Waiting],
+        guaranteed: Mapping[str, int],
+        tenants: Sequence[str],
+        horizon_s: float,
+    ) -> None:
+        self.running = running
+        self.waiting = waiting
+        self.guaranteed = guaranteed
+        self.horizon_s = horizon_s
+        self.bin_width = horizon_s / SERIES_BINS
+        self.bins: dict[str, list[float]] = {t: [0.0] * SERIES_BINS for t in tenants}
+        self.tenant_milli_s: dict[str, float] = defaultdict(float)
+        self.borrowing_s: dict[str, float] = defaultdict(float)
+        self.short_s: dict[str, float] = defaultdict(float)
+        self.total_milli_s = 0.0
+        self.last_s = 0.0
 
-    def held_by_tenant() -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for r in running.values():
-            out[r.job.request.tenant] += sum(h.milli for h in r.gpus)
-        return out
-
-    def advance(to_s: float) -> None:
-        """Integrate what each tenant holds from `last_s` to `to_s`, and whether it borrows or is short of
-        its guarantee (those two counted as the quota counts: as asked)."""
-        nonlocal last_s, total_milli_s
-        lo, hi = last_s, min(to_s, horizon_s)
+    def advance(self, to_s: float) -> None:
+        lo, hi = self.last_s, min(to_s, self.horizon_s)
         if hi > lo:
-            held = held_by_tenant()
+            held: dict[str, int] = defaultdict(int)
             asked: dict[str, int] = defaultdict(int)
-            for r in running.values():
+            for r in self.running.values():
+                held[r.job.request.tenant] += sum(h.milli for h in r.gpus)
                 asked[r.job.request.tenant] += r.job.request.gpu_request_milli
             wanted = dict(asked)
-            for w in waiting.values():
+            for w in self.waiting.values():
                 wanted[w.job.request.tenant] = (
                     wanted.get(w.job.request.tenant, 0) + w.job.request.gpu_request_milli
                 )
-            for tenant in bins:
+            for tenant, bins in self.bins.items():
                 milli = held.get(tenant, 0)
-                tenant_milli_s[tenant] += milli * (hi - lo)
-                total_milli_s += milli * (hi - lo)
-                if asked[tenant] > guaranteed[tenant]:
-                    borrowing_s[tenant] += hi - lo
-                if asked[tenant] < min(guaranteed[tenant], wanted.get(tenant, 0)):
-                    short_s[tenant] += hi - lo
-                b, edge_lo = int(lo / bin_width), lo
+                self.tenant_milli_s[tenant] += milli * (hi - lo)
+                self.total_milli_s += milli * (hi - lo)
+                if asked[tenant] > self.guaranteed[tenant]:
+                    self.borrowing_s[tenant] += hi - lo
+                if asked[tenant] < min(self.guaranteed[tenant], wanted.get(tenant, 0)):
+                    self.short_s[tenant] += hi - lo
+                b, edge_lo = int(lo / self.bin_width), lo
                 while edge_lo < hi and b < SERIES_BINS:
-                    edge = min(hi, (b + 1) * bin_width)
-                    bins[tenant][b] += milli * (edge - edge_lo)
+                    edge = min(hi, (b + 1) * self.bin_width)
+                    bins[b] += milli * (edge - edge_lo)
                     edge_lo = edge
                     b += 1
-        last_s = max(last_s, to_s)
+        self.last_s = max(self.last_s, to_s)
 
-    def finish_until(to_s: float) -> None:
-        nonlocal last_end_s
-        for task_id, r in sorted(running.items(), key=lambda kv: (kv[1].end_s, kv[0])):
-            if r.end_s <= to_s:
-                advance(r.end_s)
-                del running[task_id]
-                last_end_s = max(last_end_s, r.end_s)
 
-    def snapshot(now_s: float) -> Snapshot:
+class _ScenarioReplay:
+    """The scenario as a configuration of the cycle loop: each cycle reads the pool as the production
+    snapshot reader would, calls the production decision, and commits it (victims back to the queue
+    with the production back-off and attempt limit, placements start)."""
+
+    def __init__(self, scenario: Scenario, policy: str, departures: Departures) -> None:
+        self.scenario = scenario
+        self.departures = departures
+        self.capacity_nodes = scenario.nodes()
+        self.quotas = scenario.quotas()
+        self.limit = {q.tenant: q.guaranteed_milli + q.borrow_limit_milli for q in self.quotas}
+        queue_keys: dict[tuple[str, str], tuple[int, int]] = {}
+        for t in scenario.tenants:
+            for q in t.queues:
+                queue_keys[(t.name, q.name)] = (len(queue_keys) + 1, q.weight)
+        self.stream_queue = {s.name: queue_keys[(s.tenant, s.queue)] for s in scenario.streams}
+        self.expected_runtime = {s.name: s.runtime.expected_s for s in scenario.streams}
+        # The production cycle's configuration: the policy, preemption on (unless the scenario turns it
+        # off), the pool's online reserve; the seed stays the production default (0).
+        self.config = Config(
+            policy=policy, preemption=scenario.preemption, online_reserve_milli=scenario.online_reserve_milli
+        )
+        self.waiting: dict[str, _Waiting] = {}
+        self.running: dict[str, _Running] = {}
+        self.waits: dict[str, list[float]] = defaultdict(list)  # task id → each wait before a start
+        self.starts: dict[str, list[float]] = defaultdict(list)
+        self.nodes_of: dict[str, list[str]] = defaultdict(list)
+        self.preempted_of: dict[str, int] = defaultdict(int)  # tenant → its tasks' preemptions
+        self.runs_of: dict[str, int] = defaultdict(int)  # task id → runs ended by a preemption
+        self.gave_up: dict[str, int] = defaultdict(int)
+        self.max_used: dict[str, int] = defaultdict(int)
+        self.checks = {"quota": 0, "gang": 0, "capacity": 0}
+        self.frag_samples: list[float] = []
+        self.cycles = 0
+        self.last_end_s = 0.0
+
+    # -- the loop's configuration ------------------------------------------------------------------------
+
+    def arrive(self, item: Job, at_s: float) -> None:
+        self.waiting[item.request.task_id] = _Waiting(item, item.arrival_s)
+
+    def depart(self, task_id: str, at_s: float) -> None:
+        del self.running[task_id]
+        self.last_end_s = max(self.last_end_s, at_s)
+
+    def has_waiting(self) -> bool:
+        return bool(self.waiting)
+
+    def wake_s(self, now_s: float, arrivals_left: bool) -> list[float]:
+        """The end of a requeued task's back-off."""
+        return [w.not_before_s for w in self.waiting.values() if w.not_before_s > now_s]
+
+    def cycle(self, now_s: float) -> bool:
+        if not any(w.not_before_s <= now_s for w in self.waiting.values()):
+            return False
+        # 1. The production decision on the snapshot (this is `decide`'s body: one step of a fresh
+        #    session; the session's engine then tells what each placement holds).
+        snap = self.snapshot(now_s)
+        decider = Decider(snap, self.config)
+        decisions = decider.step(snap.cluster.pending, now_s)
+        self.cycles += 1
+        self.frag_samples.append(
+            cluster_fragmentation(
+                decisions.nodes_after, snap.cluster.shape_mix or shape_mix_from_tasks([])
+            ).amount_pct
+        )
+        asked: dict[str, int] = defaultdict(int)
+        for r in self.running.values():
+            asked[r.job.request.tenant] += r.job.request.gpu_request_milli
+        _check(decisions, snap, asked, self.limit, self.max_used, self.checks)
+        # 2. Commit: victims stop and go back to the queue; placements start.
+        victims = {p.victim_task_id for p in decisions.preemptions}
+        # A gang whose member is stopped stops whole (a distributed job dies with any of its ranks).
+        gangs_hit = {self.running[v].job.request.gang_id for v in victims} - {None}
+        victims |= {t for t, r in self.running.items() if r.job.request.gang_id in gangs_hit}
+        for victim in sorted(victims):
+            self.requeue(victim, now_s)
+        bindings = decider.engine.state.bindings
+        for bound in decisions.placements:
+            self.start(bound.placement, bindings[bound.task_id], now_s)
+        _check_pool(self.running, self.checks)
+        return bool(decisions.placements or victims)
+
+    # -- its steps -----------------------------------------------------------------------------------------
+
+    def start(self, p: Placement, b: Binding, now_s: float) -> None:
+        w = self.waiting.pop(p.task_id)
+        is_mig = p.unit.kind is UnitKind.MIG
+        held = zip(p.gpu_indexes, b.held_milli, b.held_gpu_mem_mib, b.held_slices, strict=True)
+        self.running[p.task_id] = _Running(
+            w.job,
+            p.node,
+            tuple(Held(i, m, mem, sl) for i, m, mem, sl in held),
+            p.unit.mig_profile if is_mig else None,
+            p.unit.mig_start_slice if is_mig else None,
+            p.borrowed,
+            now_s,
+            now_s + w.job.runtime_s,
+        )
+        self.departures.add(p.task_id, now_s + w.job.runtime_s)
+        self.waits[p.task_id].append(now_s - w.since_s)
+        self.starts[p.task_id].append(now_s)
+        self.nodes_of[p.task_id].append(p.node)
+
+    def requeue(self, task_id: str, now_s: float) -> None:
+        r = self.running.pop(task_id)
+        self.departures.cancel(task_id)
+        tenant = r.job.request.tenant
+        self.preempted_of[tenant] += 1
+        self.runs_of[task_id] += 1  # each preemption ends one run
+        runs = self.runs_of[task_id]
+        scenario = self.scenario
+        if runs >= scenario.max_attempts:
+            self.gave_up[tenant] += 1
+            return
+        delay = min(scenario.requeue_backoff_max_s, scenario.requeue_backoff_s * 2 ** max(runs - 1, 0))
+        self.waiting[task_id] = _Waiting(r.job, now_s, now_s + delay)
+
+    def snapshot(self, now_s: float) -> Snapshot:
         """The pool as the production snapshot reader would hand it to `decide` now."""
         used_cpu: dict[str, int] = defaultdict(int)
         used_mem: dict[str, int] = defaultdict(int)
@@ -769,65 +855,21 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         run_tasks: list[RunningTask] = []
         queues: dict[str, tuple[int, int]] = {}
         ends: dict[str, float | None] = {}
-        for task_id, r in sorted(running.items()):
+        for task_id, r in sorted(self.running.items()):
             req = r.job.request
             used_cpu[r.node] += req.cpu_milli
             used_mem[r.node] += req.mem_mib
             for h in r.gpus:
                 held[(r.node, h.index)].append(h)
-            run_tasks.append(
-                RunningTask(
-                    task_id=task_id,
-                    node=r.node,
-                    gpu_indexes=tuple(h.index for h in r.gpus),
-                    gpu_milli=max((h.milli for h in r.gpus), default=0),
-                    cpu_milli=req.cpu_milli,
-                    mem_mib=req.mem_mib,
-                    gpu_mem_mib=req.gpu_mem_mib,
-                    priority=req.priority,
-                    tenant=req.tenant,
-                    preemptible=req.preemptible,
-                    started_at_s=r.start_s,
-                    borrowed=r.borrowed,
-                    mig_profile=r.mig_profile,
-                    mig_start_slice=r.mig_start,
-                    charge_milli=req.num_gpu * req.gpu_milli,
-                    sla_online=req.sla_online,
-                )
-            )
-            queues[task_id] = stream_queue[r.job.stream]
-            ends[task_id] = r.start_s + expected_runtime[r.job.stream]
-        nodes = []
-        for node in capacity_nodes:
-            gpus = []
-            for g in node.gpus:
-                on = held.get((node.name, g.index), [])
-                free = g.free_milli - sum(h.milli for h in on)
-                if g.mode is PartitionMode.MIG and not any(h.slices for h in on):
-                    free = (
-                        WHOLE_GPU_MILLI  # every slice free: the whole GPU's compute (as production reads it)
-                    )
-                gpus.append(
-                    replace(
-                        g,
-                        free_milli=max(free, 0),
-                        free_mem_mib=g.total_mem_mib - sum(h.mem_mib for h in on),
-                        mig_used_slices=_or(h.slices for h in on),
-                    )
-                )
-            nodes.append(
-                replace(
-                    node,
-                    cpu_free_milli=node.cpu_total_milli - used_cpu[node.name],
-                    mem_free_mib=node.mem_total_mib - used_mem[node.name],
-                    gpus=tuple(gpus),
-                )
-            )
-        pending = tuple(w.job.request for _, w in sorted(waiting.items()) if w.not_before_s <= now_s)
+            run_tasks.append(_running_task(task_id, r))
+            queues[task_id] = self.stream_queue[r.job.stream]
+            ends[task_id] = r.start_s + self.expected_runtime[r.job.stream]
+        nodes = tuple(_node_now(node, held, used_cpu, used_mem) for node in self.capacity_nodes)
+        pending = tuple(w.job.request for _, w in sorted(self.waiting.items()) if w.not_before_s <= now_s)
         runtimes: dict[str, float | None] = {}
-        for w in waiting.values():
-            queues[w.job.request.task_id] = stream_queue[w.job.stream]
-            runtimes[w.job.request.task_id] = expected_runtime[w.job.stream]
+        for w in self.waiting.values():
+            queues[w.job.request.task_id] = self.stream_queue[w.job.stream]
+            runtimes[w.job.request.task_id] = self.expected_runtime[w.job.stream]
         # The production cycle's fallback shape mix: the tasks the snapshot knows (pending and running).
         mix = shape_mix_from_tasks(
             list(pending)
@@ -836,112 +878,106 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                 for t in run_tasks
             ]
         )
-        cluster = ClusterSnapshot(tuple(nodes), pending, tuple(run_tasks), quotas, mix)
+        cluster = ClusterSnapshot(nodes, pending, tuple(run_tasks), self.quotas, mix)
         # No carved-unit inventory: a GPU's capacity is what the engine models (whole cards, shares, MIG
         # instances created where the engine puts them), so every placement is its own unit.
         return Snapshot(
             cluster, queues=queues, expected_end_s=ends, expected_runtime_s=runtimes, unit_exact=False
         )
 
-    def requeue(task_id: str, now_s: float) -> None:
-        r = running.pop(task_id)
-        tenant = r.job.request.tenant
-        preempted_of[tenant] += 1
-        runs_of[task_id] += 1  # each preemption ends one run
-        runs = runs_of[task_id]
-        if runs >= scenario.max_attempts:
-            gave_up[tenant] += 1
-            return
-        delay = min(scenario.requeue_backoff_max_s, scenario.requeue_backoff_s * 2 ** max(runs - 1, 0))
-        waiting[task_id] = _Waiting(r.job, now_s, now_s + delay)
 
-    now_s = 0.0
-    while future or waiting or running:
-        # 1. What ended and what arrived since the last cycle.
-        finish_until(now_s)
-        advance(now_s)
-        while future and future[-1].arrival_s <= now_s:
-            job = future.pop()
-            waiting[job.request.task_id] = _Waiting(job, job.arrival_s)
-        changed = False
-        ready = [w for w in waiting.values() if w.not_before_s <= now_s]
-        if ready:
-            # 2. The production decision on the snapshot (this is `decide`'s body: one step of a fresh
-            #    session; the session's engine then tells what each placement holds).
-            snap = snapshot(now_s)
-            decider = Decider(snap, config)
-            decisions = decider.step(snap.cluster.pending, now_s)
-            cycles += 1
-            frag_samples.append(
-                cluster_fragmentation(
-                    decisions.nodes_after, snap.cluster.shape_mix or shape_mix_from_tasks([])
-                ).amount_pct
+def _running_task(task_id: str, r: _Running) -> RunningTask:
+    req = r.job.request
+    return RunningTask(
+        task_id=task_id,
+        node=r.node,
+        gpu_indexes=tuple(h.index for h in r.gpus),
+        gpu_milli=max((h.milli for h in r.gpus), default=0),
+        cpu_milli=req.cpu_milli,
+        mem_mib=req.mem_mib,
+        gpu_mem_mib=req.gpu_mem_mib,
+        priority=req.priority,
+        tenant=req.tenant,
+        preemptible=req.preemptible,
+        started_at_s=r.start_s,
+        borrowed=r.borrowed,
+        mig_profile=r.mig_profile,
+        mig_start_slice=r.mig_start,
+        charge_milli=req.num_gpu * req.gpu_milli,
+        sla_online=req.sla_online,
+    )
+
+
+def _node_now(
+    node: NodeState,
+    held: Mapping[tuple[str, int], list[Held]],
+    used_cpu: Mapping[str, int],
+    used_mem: Mapping[str, int],
+) -> NodeState:
+    """A capacity node with what the running tasks hold taken off."""
+    gpus = []
+    for g in node.gpus:
+        on = held.get((node.name, g.index), [])
+        free = g.free_milli - sum(h.milli for h in on)
+        if g.mode is PartitionMode.MIG and not any(h.slices for h in on):
+            free = WHOLE_GPU_MILLI  # every slice free: the whole GPU's compute (as production reads it)
+        gpus.append(
+            replace(
+                g,
+                free_milli=max(free, 0),
+                free_mem_mib=g.total_mem_mib - sum(h.mem_mib for h in on),
+                mig_used_slices=_or(h.slices for h in on),
             )
-            asked: dict[str, int] = defaultdict(int)
-            for r in running.values():
-                asked[r.job.request.tenant] += r.job.request.gpu_request_milli
-            _check(decisions, snap, asked, limit, max_used, checks)
-            # 3. Commit: victims stop and go back to the queue; placements start.
-            victims = {p.victim_task_id for p in decisions.preemptions}
-            # A gang whose member is stopped stops whole (a distributed job dies with any of its ranks).
-            gangs_hit = {running[v].job.request.gang_id for v in victims} - {None}
-            victims |= {t for t, r in running.items() if r.job.request.gang_id in gangs_hit}
-            for victim in sorted(victims):
-                requeue(victim, now_s)
-            bindings = decider.engine.state.bindings
-            for bound in decisions.placements:
-                p = bound.placement
-                w = waiting.pop(p.task_id)
-                b = bindings[p.task_id]
-                held = tuple(
-                    Held(i, m, mem, sl)
-                    for i, m, mem, sl in zip(
-                        p.gpu_indexes, b.held_milli, b.held_gpu_mem_mib, b.held_slices, strict=True
-                    )
-                )
-                is_mig = p.unit.kind is UnitKind.MIG
-                running[p.task_id] = _Running(
-                    w.job,
-                    p.node,
-                    held,
-                    p.unit.mig_profile if is_mig else None,
-                    p.unit.mig_start_slice if is_mig else None,
-                    p.borrowed,
-                    now_s,
-                    now_s + w.job.runtime_s,
-                )
-                waits[p.task_id].append(now_s - w.since_s)
-                starts[p.task_id].append(now_s)
-                nodes_of[p.task_id].append(p.node)
-            _check_pool(running, checks)
-            changed = bool(decisions.placements or victims)
-        # 4. The next cycle: the next tick if this one changed anything (victims freed room; production
-        #    runs every `cycle_s` anyway), else the tick of the next event (nothing else can change).
-        if changed:
-            now_s = _tick(now_s + scenario.cycle_s, scenario.cycle_s)
-            continue
-        events = [r.end_s for r in running.values()]
-        events += [w.not_before_s for w in waiting.values() if w.not_before_s > now_s]
-        if future:
-            events.append(future[-1].arrival_s)
-        if not events:
-            break  # only tasks that nothing can ever start are left
-        now_s = max(_tick(min(events), scenario.cycle_s), now_s + scenario.cycle_s)
-    advance(horizon_s)
+        )
+    return replace(
+        node,
+        cpu_free_milli=node.cpu_total_milli - used_cpu.get(node.name, 0),
+        mem_free_mib=node.mem_total_mib - used_mem.get(node.name, 0),
+        gpus=tuple(gpus),
+    )
 
-    # 5. Figures.
-    all_jobs = {j.request.task_id: j for j in jobs}
-    total_wait = {t: sum(v) for t, v in waits.items()}
+
+def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
+    """Replay `scenario` under `policy` for `seed` (see the module); deterministic for the pair."""
+    started_cpu = time.process_time()
+    make_policy(policy)  # an unknown name fails before the run
+    jobs = arrivals(scenario, seed)
+    departures = Departures()
+    replay = _ScenarioReplay(scenario, policy, departures)
+    guaranteed = {q.tenant: q.guaranteed_milli for q in replay.quotas}
+    tenants = [t.name for t in scenario.tenants]
+    holdings = _Holdings(replay.running, replay.waiting, guaranteed, tenants, scenario.horizon_s)
+    # Cycles every `cycle_s` while anything changes (production runs one every `cycle_s` anyway), else
+    # at the tick of the next event (nothing else can change).
+    clock = CycleClock(scenario.cycle_s, rerun_after_change=True, tolerance=1e-9)
+    run_cycles([(j.arrival_s, j) for j in jobs], replay, departures, clock, (holdings,))
+    holdings.advance(scenario.horizon_s)
+    return _figures(scenario, policy, seed, jobs, replay, holdings, time.process_time() - started_cpu)
+
+
+def _figures(
+    scenario: Scenario,
+    policy: str,
+    seed: int,
+    jobs: Sequence[Job],
+    replay: _ScenarioReplay,
+    holdings: _Holdings,
+    cpu_seconds: float,
+) -> ScenarioResult:
+    capacity = WHOLE_GPU_MILLI * sum(len(n.gpus) for n in replay.capacity_nodes)
+    horizon_s = scenario.horizon_s
+    total_wait = {t: sum(v) for t, v in replay.waits.items()}
     by_tenant: dict[str, list[str]] = defaultdict(list)
     by_priority: dict[int, list[str]] = defaultdict(list)
-    for task_id, job in all_jobs.items():
-        by_tenant[job.request.tenant].append(task_id)
-        by_priority[job.request.priority].append(task_id)
+    for job in jobs:
+        by_tenant[job.request.tenant].append(job.request.task_id)
+        by_priority[job.request.priority].append(job.request.task_id)
     tenants = []
     for t in scenario.tenants:
         ids = by_tenant.get(t.name, [])
         got = [total_wait[i] for i in ids if i in total_wait]
-        mean_held = tenant_milli_s[t.name] / horizon_s
+        mean_held = holdings.tenant_milli_s[t.name] / horizon_s
+        limit = replay.limit[t.name]
         tenants.append(
             TenantResult(
                 tenant=t.name,
@@ -953,11 +989,11 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
                 p95_wait_s=percentile(got, 95),
                 mean_held_milli=mean_held,
                 share_of_guarantee=mean_held / t.guaranteed_milli if t.guaranteed_milli else 0.0,
-                borrowing_s=borrowing_s[t.name],
-                short_s=short_s[t.name],
-                preemptions=preempted_of[t.name],
-                gave_up=gave_up[t.name],
-                max_used_pct_of_limit=100 * max_used[t.name] / limit[t.name] if limit[t.name] else 0.0,
+                borrowing_s=holdings.borrowing_s[t.name],
+                short_s=holdings.short_s[t.name],
+                preemptions=replay.preempted_of[t.name],
+                gave_up=replay.gave_up[t.name],
+                max_used_pct_of_limit=100 * replay.max_used[t.name] / limit if limit else 0.0,
             )
         )
     priorities = []
@@ -966,6 +1002,7 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         got = [total_wait[i] for i in ids if i in total_wait]
         priorities.append(PriorityResult(prio, len(ids), len(got), mean(got), percentile(got, 95)))
     all_waits = list(total_wait.values())
+    bin_width = holdings.bin_width
     return ScenarioResult(
         scenario=scenario.name,
         policy=policy,
@@ -973,29 +1010,24 @@ def run_scenario(scenario: Scenario, policy: str, seed: int) -> ScenarioResult:
         gpus=capacity // WHOLE_GPU_MILLI,
         tasks=len(jobs),
         horizon_s=horizon_s,
-        cycles=cycles,
-        alloc_pct=100 * total_milli_s / (capacity * horizon_s) if capacity else 0.0,
+        cycles=replay.cycles,
+        alloc_pct=100 * holdings.total_milli_s / (capacity * horizon_s) if capacity else 0.0,
         mean_wait_s=mean(all_waits),
         p95_wait_s=percentile(all_waits, 95),
         not_started=len(jobs) - len(total_wait),
-        preemptions=sum(preempted_of.values()),
+        preemptions=sum(replay.preempted_of.values()),
         gangs=len({j.request.gang_id for j in jobs if j.request.gang_id}),
-        makespan_s=last_end_s,
-        frag_pct_mean=mean(frag_samples),
-        cpu_seconds=time.process_time() - started_cpu,
+        makespan_s=replay.last_end_s,
+        frag_pct_mean=mean(replay.frag_samples),
+        cpu_seconds=cpu_seconds,
         tenants=tuple(tenants),
         priorities=tuple(priorities),
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
-        series_tenant_milli={k: tuple(v / bin_width for v in vals) for k, vals in bins.items()},
-        starts_s={t: tuple(v) for t, v in sorted(starts.items())},
-        nodes_of={t: tuple(v) for t, v in sorted(nodes_of.items())},
-        checks=dict(checks),
+        series_tenant_milli={k: tuple(v / bin_width for v in vals) for k, vals in holdings.bins.items()},
+        starts_s={t: tuple(v) for t, v in sorted(replay.starts.items())},
+        nodes_of={t: tuple(v) for t, v in sorted(replay.nodes_of.items())},
+        checks=dict(replay.checks),
     )
-
-
-def _tick(t_s: float, cycle_s: float) -> float:
-    """The first cycle time at or after `t_s` (cycles run at whole multiples of `cycle_s`)."""
-    return math.ceil(t_s / cycle_s - 1e-9) * cycle_s
 
 
 def _or(values: Any) -> int:

@@ -14,8 +14,9 @@ import numpy as np
 
 
 def mean(values: Sequence[float]) -> float:
-    """The arithmetic mean, summed exactly (math.fsum); 0.0 for no values."""
-    return math.fsum(values) / len(values) if values else 0.0
+    """The arithmetic mean (numpy's pairwise sum, as the replays' published figures were computed); 0.0 for
+    no values."""
+    return float(np.mean(values)) if values else 0.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
