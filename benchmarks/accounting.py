@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from apps.inventory.models import ComputeUnit
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.scheduling.models import Assignment
-    from apps.scheduling.selectors import snapshot_for_pool
+    from apps.scheduling.snapshot import snapshot_for_pool
     from apps.tenants.selectors import Access
     from apps.tenants.services import tenant_create
     from apps.workloads.models import Task

@@ -238,8 +238,8 @@ def _busy_pool_cycle(pool_id: int, policy: str) -> dict[str, Any]:
     from django.utils import timezone
 
     from apps.scheduling.models import Cycle
-    from apps.scheduling.selectors import snapshot_for_pool
     from apps.scheduling.services import cycle_run
+    from apps.scheduling.snapshot import snapshot_for_pool
     from whalegen.placement.engine import EngineConfig, solve_cycle
 
     _progress("a second cycle over the now busy pool, and its engine alone")
@@ -282,8 +282,8 @@ def _pairs(pool_id: int, policy: str, count: int) -> dict[str, Any]:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from apps.scheduling.selectors import snapshot_for_pool
     from apps.scheduling.services import cycle_run, gc_paused
+    from apps.scheduling.snapshot import snapshot_for_pool
     from whalegen.placement.engine import EngineConfig, solve_cycle
 
     class Rollback(Exception):
@@ -398,10 +398,10 @@ def run(args: argparse.Namespace) -> int:
     from django.utils import timezone
 
     from apps.scheduling.models import Cycle
-    from apps.scheduling.selectors import snapshot_for_pool
-    from apps.scheduling.services import cycle_mix, cycle_run, decision_input, gc_paused
+    from apps.scheduling.services import cycle_run, gc_paused
+    from apps.scheduling.snapshot import cycle_input
     from whalegen.placement.engine import EngineConfig, solve_cycle
-    from whalegen.scheduling import Config, decide
+    from whalegen.scheduling import decide
 
     if connection.vendor != "postgresql":
         print("benchmarks/cycle.py needs PostgreSQL: set DATABASE_URL", file=sys.stderr)
@@ -415,7 +415,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         now = timezone.now()
         _progress("baseline: the engine alone on the same snapshot")
-        snapshot = snapshot_for_pool(pool_id, now)
+        # The cycle's own input: the engine alone reads its cluster, pure `decide` all of it.
+        given = cycle_input(pool_id, now, args.policy)
+        snapshot = given.snapshot
         started, started_cpu = time.perf_counter(), time.process_time()
         alone = solve_cycle(snapshot.cluster, EngineConfig(policy=args.policy), now.timestamp())
         engine_alone_s = time.perf_counter() - started
@@ -428,16 +430,15 @@ def run(args: argparse.Namespace) -> int:
             solve_cycle(snapshot.cluster, EngineConfig(policy=args.policy), now.timestamp())
         engine_alone_gc_paused_cpu_s = time.process_time() - started_cpu
         _progress("baseline: pure decide on the same snapshot (what the cycle's solve step runs)")
-        _, mix = cycle_mix(snapshot, now)
         started, started_cpu = time.perf_counter(), time.process_time()
-        decided = decide(decision_input(snapshot, mix), Config(policy=args.policy), now.timestamp())
+        decided = decide(given.pure, given.config, now.timestamp())
         decide_alone_s = time.perf_counter() - started
         decide_alone_cpu_s = time.process_time() - started_cpu
         engine_alone_placed, decide_alone_placed = len(alone.placements), len(decided.placements)
         # Let the baselines' pictures go before any cycle runs: a production worker holds no other
         # snapshot and decisions (a few million objects) while it cycles, and holding them slowed the
         # cycles' allocation-heavy steps more than the engine's (docs/notes/cycle-speed.md, round 17).
-        del snapshot, alone, decided
+        del given, snapshot, alone, decided
         _progress("baseline: per-task commit on a rolled-back sample")
         per_task_s = _per_task_commit_s(pool_id, engine_alone_placed)
         paired = _pairs(pool_id, args.policy, args.pairs)

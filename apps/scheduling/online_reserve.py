@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from apps.forecasting.selectors import pool_online_demand
-from apps.scheduling.selectors import PoolSnapshot
 from whalegen.forecast.online_reserve import DEFAULT_LOOKBACK_S, OnlineReserve, size_online_reserve
 from whalegen.placement.types import WHOLE_GPU_MILLI
 from whalegen.scheduling import Config
+
+if TYPE_CHECKING:  # only annotations: the snapshot package imports this module
+    from apps.scheduling.snapshot.pool import PoolSnapshot
 
 
 def pool_online_reserve(snapshot: PoolSnapshot, now: datetime) -> tuple[OnlineReserve, frozenset[str]]:

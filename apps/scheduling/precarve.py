@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
@@ -23,9 +24,11 @@ from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
 from apps.scheduling.holders import gpu_units_held
 from apps.scheduling.models import Cycle, Repartition
-from apps.scheduling.selectors import PoolSnapshot
 from whalegen.scheduling import Decisions, Snapshot
 from whalegen.scheduling.precarve import PrecarveConfig
+
+if TYPE_CHECKING:  # only annotations: the snapshot package imports this module
+    from apps.scheduling.snapshot.pool import PoolSnapshot
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import OuterRef, Subquery
 
-from apps.scheduling.selectors import PoolSnapshot
 from apps.workloads.models import Task, TaskProfile
 from whalegen.placement.types import TaskProfile as PlacementProfile
+
+if TYPE_CHECKING:  # only annotations: the snapshot package imports this module
+    from apps.scheduling.snapshot.pool import PoolSnapshot
 
 # The lowest throughput factor (shared over alone) an online task tolerates: the example, 90 % of
 # its speed alone. Profile-aware placement refuses co-locations predicted to fall below it.

@@ -32,21 +32,13 @@ from apps.common.errors import Conflict
 from apps.common.pipeline import pipelined
 from apps.fleet.agents import desired_state_current
 from apps.fleet.changes import node_changed
-from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
 from apps.scheduling.holders import gpu_units_held, unit_holders
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
-from apps.scheduling.online_reserve import cycle_config
-from apps.scheduling.precarve import precarve_config, precarves_commit, with_forecast
-from apps.scheduling.profiles import snapshot_with_profiles
-from apps.scheduling.selectors import (
-    LIVE_STATES,
-    PoolSnapshot,
-    live_usage_mem_mib,
-    live_usage_milli,
-    snapshot_for_pool,
-)
+from apps.scheduling.precarve import precarves_commit
+from apps.scheduling.selectors import LIVE_STATES, live_usage_mem_mib, live_usage_milli
+from apps.scheduling.snapshot import CycleInput, PoolSnapshot, cycle_input
 from apps.workloads.models import Quota, Task, TaskWait
 from apps.workloads.services import (
     task_events_bulk,
@@ -55,24 +47,10 @@ from apps.workloads.services import (
     tasks_move_bulk,
     tasks_transition_bulk,
 )
-from whalegen.placement.aware import reads_profiles
-from whalegen.placement.fragmentation import (
-    ClusterFragmentation,
-    cluster_fragmentation,
-    shape_mix_from_tasks,
-    takeable_mix,
-)
+from whalegen.placement.fragmentation import ClusterFragmentation, cluster_fragmentation
 from whalegen.placement.repartition import ClaimAction, MigSlot, RepartitionPlan
-from whalegen.placement.types import Outcome, Placement, ShapeMix, TaskRequest
-from whalegen.scheduling import (
-    Bound,
-    Code,
-    Decider,
-    Decisions,
-    Snapshot,
-    nodes_before,
-    repartition_sentence,
-)
+from whalegen.placement.types import Outcome, Placement, TaskRequest
+from whalegen.scheduling import Bound, Code, Decider, Decisions, nodes_before, repartition_sentence
 
 ACTOR = "scheduler"
 # First key of the two-int advisory lock: a fixed tag so our locks never collide with another user's.
@@ -932,26 +910,6 @@ def _write_why_pending(
     )
 
 
-def cycle_mix(snapshot: PoolSnapshot, now: datetime) -> tuple[PoolShapeMix, ShapeMix]:
-    """The forecast shape mix of the pool's next hour (active arrivals model), else the mix of the tasks
-    the snapshot knows, less the shapes no node of the pool could ever take; the engine's policy and the
-    fragmentation figures use it."""
-    steer = pool_shape_mix(pool_id=snapshot.pool_id, now=now)
-    mix = steer.mix or shape_mix_from_tasks(
-        list(snapshot.cluster.pending)
-        + [
-            TaskRequest(t.task_id, t.cpu_milli, t.mem_mib, len(t.gpu_indexes), t.gpu_milli)
-            for t in snapshot.cluster.running
-        ]
-    )
-    return steer, takeable_mix(mix, snapshot.cluster.nodes)
-
-
-def decision_input(snapshot: PoolSnapshot, mix: ShapeMix) -> Snapshot:
-    """What `decide` reads for a cycle: the pool's pure snapshot with the cycle's shape mix."""
-    return replace(snapshot.pure, cluster=replace(snapshot.pure.cluster, shape_mix=mix))
-
-
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Hold the cyclic garbage collector off for one cycle (it is enabled again after, if it was).
@@ -1026,8 +984,8 @@ def cycle_run(
 ) -> CycleReport:
     """One cycle over one pool. `lock=False` skips the advisory lock (tests prove the CAS alone holds).
 
-    Steps: 1. lock the pool or leave ("busy"); 2. snapshot; 3. decide; 4. commit; 5. why-pending and
-    estimated starts; 6. the cycle record.
+    Phases (`_cycle`), after the pool's lock (else "busy"): 1. input (`cycle_input`); 2. decide; 3. commit,
+    the why-pending and estimated starts of what stays pending with it; 4. the cycle record.
     """
     policy = policy or settings.WHALEGEN_CYCLE_POLICY
     now = now or timezone.now()
@@ -1045,120 +1003,151 @@ def cycle_run(
             local.release()
 
 
+@dataclass
+class _Clock:
+    """Wall and CPU milliseconds of a cycle's phases (`snapshot`, `solve`, `commit`), lap by lap."""
+
+    wall_ms: dict[str, float] = field(default_factory=dict)
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    wall_mark: float = field(default_factory=time.perf_counter)
+    cpu_mark: float = field(default_factory=time.process_time)
+
+    def lap(self, phase: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.wall_ms[phase] = (wall - self.wall_mark) * 1000
+        self.cpu_ms[phase] = round((cpu - self.cpu_mark) * 1000, 1)
+        self.wall_mark, self.cpu_mark = wall, cpu
+
+    def move(self, commit: _Commit, phases: Iterable[str], *, to: str, away: str) -> None:
+        """Count the commit's `phases` under `to` instead of `away`."""
+        for phase in phases:
+            self.wall_ms[to] += commit.phases_ms.get(phase, 0.0)
+            self.wall_ms[away] -= commit.phases_ms.get(phase, 0.0)
+            self.cpu_ms[to] += commit.phases_cpu_ms.get(phase, 0.0)
+            self.cpu_ms[away] -= commit.phases_cpu_ms.get(phase, 0.0)
+
+
+@dataclass(frozen=True)
+class _Committed:
+    """What phase 3 of a cycle wrote, for the record."""
+
+    commit: _Commit
+    before: ClusterFragmentation  # the pool's fragmentation before the cycle, against its shape mix
+    after: ClusterFragmentation  # and after its decisions
+    precarved: int  # GPUs re-carved ahead of the forecast
+
+
 def _cycle(pool_id: int, policy: str, now: datetime, lock: bool) -> CycleReport:
-    """`cycle_run`'s steps, in one transaction, with the collector held off by the caller."""
+    """`cycle_run`'s phases, in one transaction, with the collector held off by the caller."""
     with transaction.atomic():
-        # 1. One cycle per pool at a time; the lock goes with the transaction.
+        # 0. One cycle per pool at a time; the lock goes with the transaction.
         if lock and not _try_lock(pool_id):
             return CycleReport(status="busy", pool_id=pool_id)
         _cycle_settings()
-        started, cpu = time.perf_counter(), time.process_time()
-        cpu_ms: dict[str, float] = {}
-        # 2. Snapshot.
-        snapshot = snapshot_for_pool(pool_id, now)
-        if reads_profiles(policy):
-            snapshot = snapshot_with_profiles(snapshot)
-        snapshot_ms = (time.perf_counter() - started) * 1000
-        cpu_ms["snapshot"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()
-        # 3. Decide.
-        started = time.perf_counter()
-        now_s = now.timestamp()
-        steer, mix = cycle_mix(snapshot, now)
-        snapshot, config = cycle_config(snapshot, policy=policy, now=now)
-        config = replace(config, precarve=precarve_config())
-        pure = with_forecast(decision_input(snapshot, mix), pool_id=pool_id, now=now, config=config.precarve)
-        # `decide` in three parts: the engine's pass here; the rest (units, re-carves, reasons) inside the
-        # commit, while the server moves the engine's tasks; the estimates while it writes the rest.
-        decider = Decider(pure, config)
+        clock = _Clock()
+        # 1. Input: the pool's snapshot made ready for the policy (profiles, shape mix, reserve, forecast).
+        given = cycle_input(pool_id, now, policy)
+        clock.lap("snapshot")
+        # 2. Decide: in three parts, which the commit drives (`_decide_and_commit`).
+        decider = Decider(given.pure, given.config)
+        clock.lap("solve")
+        # 3. Commit.
         cycle = Cycle.objects.create(pool_id=pool_id, policy=policy, started_at=now)  # the events name it
-        # The decision's inputs: its steps run inside the commit (`Cycle.stats["commit_phases_ms"]`).
-        solve_ms = (time.perf_counter() - started) * 1000
-        cpu_ms["solve"], cpu = round((time.process_time() - cpu) * 1000, 1), time.process_time()
-        # 4. Commit.
-        started = time.perf_counter()
-        measured: list[ClusterFragmentation] = []
-
-        def measure(explained: Decisions) -> None:  # the pool's fragmentation before and after
-            measured.append(cluster_fragmentation(nodes_before(pure), mix))
-            measured.append(cluster_fragmentation(explained.nodes_after, mix))
-
-        commit = _commit(
-            snapshot,
-            cycle,
-            now,
-            begin=lambda placed: decider.begin(
-                pure.cluster.pending, now_s, on_placed=placed, batch=STREAM_CHUNK
-            ),
-            finish=lambda: decider.finish(now_s, estimates=False, nodes_after=False),
-            explain=lambda placed: decider.explain(placed, now_s),
-            measure=measure,
-            reason_of=decider.placement_reason,
-        )
-        decisions, (before, after) = commit.decisions, measured
-        precarved = precarves_commit(snapshot, decisions, cycle, now)
-        # 5. Why pending, for everything `decide` or the commit left behind (the commit wrote it).
-        reasons = commit.reasons
-        commit_ms = (time.perf_counter() - started) * 1000
-        cpu_ms["commit"] = round((time.process_time() - cpu) * 1000, 1)
-        # `decide`'s steps ran inside the commit: they count as solving.
-        for phase in ("decide_begin", "decide_finish"):
-            solve_ms += commit.phases_ms.get(phase, 0.0)
-            commit_ms -= commit.phases_ms.get(phase, 0.0)
-            cpu_ms["solve"] += commit.phases_cpu_ms.get(phase, 0.0)
-            cpu_ms["commit"] -= commit.phases_cpu_ms.get(phase, 0.0)
-        # 6. Record.
-        by_code: dict[str, int] = defaultdict(int)
-        for code, _ in reasons.values():
-            by_code[code] += 1
-        Cycle.objects.filter(pk=cycle.pk).update(
-            finished_at=timezone.now(),
-            tasks_considered=len(snapshot.cluster.pending) + len(snapshot.claimed_requests),
-            tasks_placed=commit.placed,
-            tasks_preempted=commit.preempted,
-            conflicts=commit.conflicts,
-            snapshot_ms=snapshot_ms,
-            solve_ms=solve_ms,
-            commit_ms=commit_ms,
-            stats={
-                "nodes": len(snapshot.cluster.nodes),
-                "nodes_excluded": dict(snapshot.excluded_nodes),
-                "running": len(snapshot.cluster.running),
-                "unplaced_by_reason": dict(by_code),
-                "fragmentation_before": _frag(before),
-                "fragmentation_after": _frag(after),
-                "commit_phases_ms": commit.phases_ms,
-                "commit_phases_cpu_ms": commit.phases_cpu_ms,
-                # Why the unlocked commit was rolled back for the locked one (None: it held, or none ran).
-                "commit_unlocked_missed": commit.unlocked_missed or None,
-                "cpu_ms": cpu_ms,
-                "precarved": precarved,
-                "shape_mix_source": steer.source,
-                "shape_mix_reason": steer.reason,
-                "shape_mix": [
-                    [sh.num_gpu, sh.gpu_milli, round(w, 4)]
-                    for sh, w in zip(mix.shapes, mix.weights, strict=True)
-                ],
-            },
-        )
-        _totals_add(
-            pool_id,
-            considered=len(snapshot.cluster.pending) + len(snapshot.claimed_requests),
-            placed=commit.placed,
-            preempted=commit.preempted,
-            conflicts=commit.conflicts,
-        )
-        report = CycleReport(
-            status="done",
-            pool_id=pool_id,
-            cycle_id=cycle.pk,
-            placed=commit.placed,
-            preempted=commit.preempted,
-            unplaced=len(reasons),
-            conflicts=commit.conflicts,
-        )
+        committed = _decide_and_commit(given, decider, cycle, now)
+        clock.lap("commit")
+        # `decide`'s parts ran inside the commit: they count as solving.
+        clock.move(committed.commit, ("decide_begin", "decide_finish"), to="solve", away="commit")
+        # 4. Record.
+        report = _cycle_record(given, cycle, committed, clock)
         closing = time.perf_counter()
     # The database's COMMIT (the writes themselves were timed in the commit's phases).
     return replace(report, transaction_commit_ms=round((time.perf_counter() - closing) * 1000, 1))
+
+
+def _decide_and_commit(given: CycleInput, decider: Decider, cycle: Cycle, now: datetime) -> _Committed:
+    """Run `decide` and write what it decided, then the re-carves it proposed ahead of the forecast.
+
+    `decide` runs in three parts: the engine's pass while the commit sends its tasks' moves, the rest
+    (units, re-carves, reasons) while the server moves the last of them, the estimates while it writes
+    the rest (`_commit`)."""
+    now_s = now.timestamp()
+    measured: list[ClusterFragmentation] = []
+
+    def measure(explained: Decisions) -> None:  # the pool's fragmentation before and after
+        measured.append(cluster_fragmentation(nodes_before(given.pure), given.mix))
+        measured.append(cluster_fragmentation(explained.nodes_after, given.mix))
+
+    commit = _commit(
+        given.snapshot,
+        cycle,
+        now,
+        begin=lambda placed: decider.begin(
+            given.pure.cluster.pending, now_s, on_placed=placed, batch=STREAM_CHUNK
+        ),
+        finish=lambda: decider.finish(now_s, estimates=False, nodes_after=False),
+        explain=lambda placed: decider.explain(placed, now_s),
+        measure=measure,
+        reason_of=decider.placement_reason,
+    )
+    before, after = measured
+    precarved = precarves_commit(given.snapshot, commit.decisions, cycle, now)
+    return _Committed(commit=commit, before=before, after=after, precarved=precarved)
+
+
+def _cycle_record(given: CycleInput, cycle: Cycle, committed: _Committed, clock: _Clock) -> CycleReport:
+    """Finish the cycle's record and add it to the pool's totals; the report for the caller. The why-pending
+    of everything `decide` or the commit left behind is written by the commit."""
+    snapshot, commit = given.snapshot, committed.commit
+    by_code: dict[str, int] = defaultdict(int)
+    for code, _ in commit.reasons.values():
+        by_code[code] += 1
+    considered = len(snapshot.cluster.pending) + len(snapshot.claimed_requests)
+    Cycle.objects.filter(pk=cycle.pk).update(
+        finished_at=timezone.now(),
+        tasks_considered=considered,
+        tasks_placed=commit.placed,
+        tasks_preempted=commit.preempted,
+        conflicts=commit.conflicts,
+        snapshot_ms=clock.wall_ms["snapshot"],
+        solve_ms=clock.wall_ms["solve"],
+        commit_ms=clock.wall_ms["commit"],
+        stats={
+            "nodes": len(snapshot.cluster.nodes),
+            "nodes_excluded": dict(snapshot.excluded_nodes),
+            "running": len(snapshot.cluster.running),
+            "unplaced_by_reason": dict(by_code),
+            "fragmentation_before": _frag(committed.before),
+            "fragmentation_after": _frag(committed.after),
+            "commit_phases_ms": commit.phases_ms,
+            "commit_phases_cpu_ms": commit.phases_cpu_ms,
+            # Why the unlocked commit was rolled back for the locked one (None: it held, or none ran).
+            "commit_unlocked_missed": commit.unlocked_missed or None,
+            "cpu_ms": clock.cpu_ms,
+            "precarved": committed.precarved,
+            "shape_mix_source": given.steer.source,
+            "shape_mix_reason": given.steer.reason,
+            "shape_mix": [
+                [sh.num_gpu, sh.gpu_milli, round(w, 4)]
+                for sh, w in zip(given.mix.shapes, given.mix.weights, strict=True)
+            ],
+        },
+    )
+    _totals_add(
+        snapshot.pool_id,
+        considered=considered,
+        placed=commit.placed,
+        preempted=commit.preempted,
+        conflicts=commit.conflicts,
+    )
+    return CycleReport(
+        status="done",
+        pool_id=snapshot.pool_id,
+        cycle_id=cycle.pk,
+        placed=commit.placed,
+        preempted=commit.preempted,
+        unplaced=len(commit.reasons),
+        conflicts=commit.conflicts,
+    )
 
 
 def _frag(value: ClusterFragmentation) -> dict[str, float]:

@@ -1,14 +1,15 @@
-"""What each policy would decide for a pool right now: `whalegen replay --from-pool NAME`.
+"""What each policy would decide for a pool right now: `whalegen replay --from-pool NAME` and the
+dashboard's what-if page.
 
-The same snapshot the cycle reads (`snapshot_for_pool`), the same shape mix (`cycle_mix`), the same
-decision input and configuration (`decision_input`, `cycle_config` with the pool's online reserve) and the
-same `decide`; nothing is committed. The reads run in a transaction that is rolled back, so even a cache
-or bookkeeping write on the way could not stay.
+Each policy decides on the input its own cycle would (`apps.scheduling.snapshot.policy_input`: profiles,
+shape mix, online reserve, pre-carve forecast), all from one read of the pool, with the same `decide`;
+nothing is committed. The reads run in a transaction that is rolled back, so even a cache or bookkeeping
+write on the way could not stay.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -17,9 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.inventory.models import ComputeUnit, Pool
-from apps.scheduling.online_reserve import cycle_config
-from apps.scheduling.selectors import snapshot_for_pool
-from apps.scheduling.services import cycle_mix, decision_input
+from apps.scheduling.snapshot import policy_input, snapshot_for_pool
 from apps.workloads.models import Task
 from whalegen.forecast.online_reserve import gpus_text
 from whalegen.placement.fragmentation import cluster_fragmentation
@@ -114,19 +113,18 @@ def pool_whatif(
         raise UnknownPool(pool_name, list(Pool.objects.order_by("name").values_list("name", flat=True)))
     now = now or timezone.now()
     with transaction.atomic():
-        # 1. The cycle's snapshot and shape mix.
+        # 1. One read of the pool, as the cycle reads it.
         snapshot = snapshot_for_pool(pool.pk, now)
-        _, mix = cycle_mix(snapshot, now)
-        snapshot, configured = cycle_config(snapshot, policy=settings.WHALEGEN_CYCLE_POLICY, now=now)
-        pure = decision_input(snapshot, mix)
-        before = cluster_fragmentation(nodes_before(pure), mix).amount_pct
-        # 2. One decision per policy, configured as the cycle configures it.
-        runs = []
+        # 2. One decision per policy, on the input its cycle would decide on.
+        runs: list[PolicyWhatIf] = []
+        reserve = ""  # what the pool keeps for online tasks, whatever the policy
         for policy in policies:
-            config = replace(configured, policy=policy)
-            decisions = decide(pure, config, now.timestamp())
-            after = cluster_fragmentation(decisions.nodes_after, mix).amount_pct
+            given = policy_input(snapshot, policy)
+            decisions = decide(given.pure, given.config, now.timestamp())
+            before = cluster_fragmentation(nodes_before(given.pure), given.mix).amount_pct
+            after = cluster_fragmentation(decisions.nodes_after, given.mix).amount_pct
             runs.append(PolicyWhatIf(policy, decisions, before, after))
+            reserve = reserve_text(given.config)
         # 3. Names to show: tasks and the units placements name.
         if named_rows is None:
             ids = set(snapshot.pending) | set(snapshot.running) | set(snapshot.claimed_requests)
@@ -160,7 +158,7 @@ def pool_whatif(
         task_names=task_names,
         unit_names=unit_names,
         task_tenants=task_tenants,
-        online_reserve=reserve_text(configured),
+        online_reserve=reserve,
     )
 
 

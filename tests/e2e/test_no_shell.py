@@ -94,7 +94,7 @@ spec: {guaranteed_gpus: 2}
 """
 
 # The GPU host: two L40S. One model: the scheduler offers nothing on a host that mixes models (its
-# snapshot excludes the node, apps/scheduling/selectors.py `_read_nodes_state`).
+# snapshot excludes the node, apps/scheduling/snapshot/read.py `_read_nodes_state`).
 HOST = """\
 nodes:
   - name: gpu-host-1

@@ -287,7 +287,7 @@ def test_a_run_not_started_yet_still_waits_for_the_stopping_one_on_its_unit(flee
 
 
 def test_a_requeued_task_backs_off_and_the_cycle_does_not_place_it_before_then(fleet: Any) -> None:
-    from apps.scheduling.selectors import snapshot_for_pool
+    from apps.scheduling.snapshot import snapshot_for_pool
 
     task = _requeued_after_loss(fleet)
     assert task.not_before_at is not None

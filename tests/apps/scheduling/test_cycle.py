@@ -147,7 +147,7 @@ def test_an_incomplete_gang_waits_for_its_members(fleet) -> None:
 def test_an_approved_override_preempts_a_lower_priority_task_and_its_expiry_reverts(fleet) -> None:
     from apps.approvals.models import OverrideAuditEntry
     from apps.approvals.services import override_approve, override_request, overrides_expire
-    from apps.scheduling.selectors import snapshot_for_pool
+    from apps.scheduling.snapshot import snapshot_for_pool
 
     fleet.node(gpus=1)
     fleet.tenant("a", guaranteed=1000)

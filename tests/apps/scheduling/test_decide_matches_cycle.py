@@ -98,11 +98,11 @@ def test_the_cycle_binds_what_decide_decides_on_the_same_snapshot(
     from apps.inventory.services import pool_create
     from apps.scheduling import services
     from apps.scheduling.models import Assignment
-    from apps.scheduling.selectors import snapshot_for_pool
-    from apps.scheduling.services import cycle_mix, cycle_run, decision_input
+    from apps.scheduling.services import cycle_run
+    from apps.scheduling.snapshot import cycle_input
     from apps.workloads.models import Task, TaskEvent
     from tests.apps.factories import UserFactory
-    from whalegen.scheduling import Config, decide
+    from whalegen.scheduling import decide
 
     with transaction.atomic():
         fleet = Fleet(pool=pool_create(name="prop", runtime="process"), user=UserFactory(username="prop"))
@@ -114,9 +114,9 @@ def test_the_cycle_binds_what_decide_decides_on_the_same_snapshot(
         cycle_run(pool_id=fleet.pool.pk, now=NOW, policy=policy)
         _submit(fleet, second)
         later = NOW.replace(minute=1)
-        snapshot = snapshot_for_pool(fleet.pool.pk, later)
-        _, mix = cycle_mix(snapshot, later)
-        expected = decide(decision_input(snapshot, mix), Config(policy=policy), later.timestamp())
+        given = cycle_input(fleet.pool.pk, later, policy)
+        snapshot = given.snapshot
+        expected = decide(given.pure, given.config, later.timestamp())
         with mock.patch.object(services, "STREAM_CHUNK", chunk):
             report = cycle_run(pool_id=fleet.pool.pk, now=later, policy=policy)
         bound = {

@@ -16,7 +16,7 @@ from apps.fleet.models import GpuSample, TaskSample
 from apps.forecasting.services import profiles_refresh
 from apps.scheduling.models import Assignment
 from apps.scheduling.profiles import ONLINE_SLA_MIN_FACTOR, snapshot_with_profiles
-from apps.scheduling.selectors import snapshot_for_pool
+from apps.scheduling.snapshot import snapshot_for_pool
 from apps.workloads.models import Task, TaskEvent, TaskProfile
 from tests.apps.scheduling.conftest import NOW, run, start
 

@@ -10,7 +10,8 @@ from django.db import connection, connections
 
 from apps.scheduling import services
 from apps.scheduling.models import Assignment, Cycle
-from apps.scheduling.selectors import snapshot_for_pool
+from apps.scheduling.snapshot import cycle as snapshot_cycle
+from apps.scheduling.snapshot import snapshot_for_pool
 from apps.workloads.models import Task
 from tests.apps.scheduling.conftest import NOW, Fleet
 from tests.apps.scheduling.invariants import violations
@@ -45,14 +46,14 @@ def _race(pool_id: int, *, lock: bool, meet_after_snapshot: bool, monkeypatch: A
         # Both cycles read the pool before either commits: the same free units look free to both, so
         # only the compare-and-set stands between them and a double booking.
         seen = threading.Barrier(2, timeout=30)
-        real = services.snapshot_for_pool
+        real = snapshot_cycle.snapshot_for_pool
 
         def snapshot_then_wait(pool_id: int, now: Any) -> Any:
             snapshot = real(pool_id, now)
             seen.wait()
             return snapshot
 
-        monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_wait)
+        monkeypatch.setattr(snapshot_cycle, "snapshot_for_pool", snapshot_then_wait)
 
     def worker() -> None:
         try:
@@ -151,7 +152,7 @@ def test_a_unit_taken_behind_the_cycles_back_rolls_the_whole_commit_back(
     fleet.tenant("a", guaranteed=4000)
     first, second = fleet.submit("a"), fleet.submit("a")
     sneaky = fleet.submit("a")
-    real = services.snapshot_for_pool
+    real = snapshot_cycle.snapshot_for_pool
 
     def snapshot_then_sneak(pool_id: int, now: Any) -> Any:
         snapshot = real(pool_id, now)
@@ -160,7 +161,7 @@ def test_a_unit_taken_behind_the_cycles_back_rolls_the_whole_commit_back(
         Assignment.objects.create(task=sneaky, node_id=unit.gpu.node_id, unit_ids=[unit.pk])
         return snapshot
 
-    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_sneak)
+    monkeypatch.setattr(snapshot_cycle, "snapshot_for_pool", snapshot_then_sneak)
     with pytest.raises(Conflict, match="taken during the commit"):
         services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
     assert not Assignment.objects.exists()  # the sneak rolled back with it
@@ -219,7 +220,7 @@ def test_a_tenant_that_reached_its_limit_while_the_cycle_decided_gets_no_more(
     fleet.node(gpus=2)
     tenant = fleet.tenant("a", guaranteed=4000)
     first, second = fleet.submit("a"), fleet.submit("a")
-    real = services.snapshot_for_pool
+    real = snapshot_cycle.snapshot_for_pool
 
     def snapshot_then_start_another(pool_id: int, now: Any) -> Any:
         snapshot = real(pool_id, now)
@@ -228,7 +229,7 @@ def test_a_tenant_that_reached_its_limit_while_the_cycle_decided_gets_no_more(
         quota_set(tenant=tenant, pool=fleet.pool, guaranteed_milli=3000, borrow_limit_milli=0)
         return snapshot
 
-    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_start_another)
+    monkeypatch.setattr(snapshot_cycle, "snapshot_for_pool", snapshot_then_start_another)
     report = services.cycle_run(pool_id=fleet.pool.pk, now=NOW)
     # The unlocked attempt found the tenant above its limit once written, and went the locked way.
     missed = Cycle.objects.get(pk=report.cycle_id).stats["commit_unlocked_missed"]

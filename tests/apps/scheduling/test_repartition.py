@@ -310,20 +310,20 @@ def test_a_gangs_new_layouts_are_written_together_or_not_at_all(fleet, monkeypat
     """One of the gang's two GPUs changes between the snapshot and the commit: its new layout is not
     written, and neither is the other, which would leave one member holding a GPU for a gang that cannot
     bind."""
-    from apps.scheduling import services
+    from apps.scheduling.snapshot import cycle as snapshot_cycle
 
     nodes = [fleet.node(model=H100, mode="mig", mig_layout=SEVEN_1G) for _ in range(2)]
     gpus = [Gpu.objects.get(node=node) for node in nodes]
     fleet.tenant("a", guaranteed=14_000)
     gang = [fleet.submit("a", gpu_milli=1000, gpu_mem_mib=70_000, gang_id="g", gang_size=2) for _ in range(2)]
-    read = services.snapshot_for_pool
+    read = snapshot_cycle.snapshot_for_pool
 
     def snapshot_then_a_change(pool_id: int, now: Any) -> Any:
         snapshot = read(pool_id, now)
         Node.objects.filter(pk=nodes[1].pk).update(version=F("version") + 1)  # e.g. an agent's report
         return snapshot
 
-    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_a_change)
+    monkeypatch.setattr(snapshot_cycle, "snapshot_for_pool", snapshot_then_a_change)
     report = run(fleet)
     assert report.conflicts == 2
     assert not Repartition.objects.exists()
@@ -332,7 +332,7 @@ def test_a_gangs_new_layouts_are_written_together_or_not_at_all(fleet, monkeypat
     for task in gang:
         task.refresh_from_db()
         assert (task.state, task.why_pending_code) == ("pending", "lost_race")
-    monkeypatch.setattr(services, "snapshot_for_pool", read)
+    monkeypatch.setattr(snapshot_cycle, "snapshot_for_pool", read)
     run(fleet, minutes=1)  # nothing changed since: both GPUs are re-carved now
     assert Repartition.objects.filter(task__in=gang, state="waiting").count() == 2
     assert violations(fleet.pool.pk) == []

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from apps.inventory.models import Node
 from apps.scheduling import services
 from apps.scheduling.models import Assignment, Cycle
+from apps.scheduling.snapshot import cycle as snapshot_cycle
 from apps.workloads.models import Task, TaskEvent
 from apps.workloads.services import task_cancel
 from tests.apps.scheduling.conftest import NOW, Fleet
@@ -29,14 +30,14 @@ def _postgres() -> None:
 def _after_snapshot(monkeypatch: Any, meddle: Any) -> None:
     """Run `meddle()` between the cycle's snapshot and its commit (another writer, in the same transaction:
     what the commit then finds is what a concurrent writer would have left)."""
-    real = services.snapshot_for_pool
+    real = snapshot_cycle.snapshot_for_pool
 
     def snapshot_then_meddle(pool_id: int, now: Any) -> Any:
         snapshot = real(pool_id, now)
         meddle()
         return snapshot
 
-    monkeypatch.setattr(services, "snapshot_for_pool", snapshot_then_meddle)
+    monkeypatch.setattr(snapshot_cycle, "snapshot_for_pool", snapshot_then_meddle)
 
 
 def _history(task: Task) -> list[str]:
