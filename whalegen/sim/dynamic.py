@@ -29,7 +29,6 @@ task was shown on arrival and, for reserved tasks, the predicted start they were
 from __future__ import annotations
 
 import csv
-import heapq
 import itertools
 import math
 import random
@@ -49,6 +48,7 @@ from whalegen.placement.types import WHOLE_GPU_MILLI, ClusterSnapshot, NodeState
 from whalegen.scheduling import Config, Decider, Snapshot
 from whalegen.scheduling.estimate import queue_starts
 from whalegen.scheduling.reserve import ReserveConfig, is_large, plan, pool_view
+from whalegen.sim.loop import Departures, run_events
 from whalegen.sim.replay import shuffled_nodes
 from whalegen.sim.stats import mean, median, percentile
 from whalegen.sim.trace import load_tasks
@@ -228,6 +228,231 @@ def sample_cluster(nodes: Sequence[NodeState], frac: float, seed: int) -> tuple[
     return shuffled_nodes(picked, seed)
 
 
+class _Allocation:
+    """Observer: allocated GPU milli × elapsed time, over the horizon only, and in the curve's bins."""
+
+    def __init__(self, first_s: float, horizon_end_s: float, bin_width: float) -> None:
+        self.first_s = first_s
+        self.horizon_end_s = horizon_end_s
+        self.bin_width = bin_width
+        self.allocated = 0
+        self.integral = 0.0  # milli · s
+        self.bins = [0.0] * SERIES_BINS
+        self.last_s = first_s
+
+    def advance(self, to_s: float) -> None:
+        lo, hi = self.last_s, min(to_s, self.horizon_end_s)
+        if hi > lo:
+            self.integral += self.allocated * (hi - lo)
+            b = int((lo - self.first_s) / self.bin_width)
+            while lo < hi and b < SERIES_BINS:
+                edge = min(hi, self.first_s + (b + 1) * self.bin_width)
+                self.bins[b] += self.allocated * (edge - lo)
+                lo = edge
+                b += 1
+        self.last_s = max(self.last_s, to_s)
+
+
+class _DynamicReplay:
+    """The dynamic replay as a configuration of the event loop: an arrival is tried at once (or queued);
+    a departure releases its task and retries the queue window."""
+
+    def __init__(
+        self,
+        decider: Decider,
+        wrapper: ForecastAligned | None,
+        empty: Engine,
+        tasks: Sequence[TimedTask],
+        predictions: Mapping[str, float],
+        ends: dict[str, float],
+        reserve: ReserveConfig | None,
+        queue_window: int,
+        departures: Departures,
+        allocation: _Allocation,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.decider = decider
+        self.engine = decider.engine
+        self.wrapper = wrapper
+        self.empty = empty
+        self.predictions = predictions
+        self.ends = ends
+        self.reserve = reserve
+        self.reserve_config = reserve or ReserveConfig()
+        self.queue_window = queue_window
+        self.departures = departures
+        self.allocation = allocation
+        self.on_progress = on_progress
+        self.total = len(tasks)
+        self.arrived = 0
+        self.by_id = {t.request.task_id: t for t in tasks}
+        # Submission times order a multi-task step (the engine's age order) the way the FIFO queue is.
+        self.request_of = {t.request.task_id: t.request for t in tasks}
+        if reserve is not None:
+            self.request_of = {
+                t.request.task_id: replace(t.request, submitted_at_s=t.creation_s) for t in tasks
+            }
+        self.fits_empty: dict[Request, bool] = {}
+        self.queue: deque[TimedTask] = deque()
+        self.start_of: dict[str, float] = {}
+        self.last_departure_s = tasks[0].creation_s if tasks else 0.0
+        self.estimate_of: dict[str, float | None] = {}  # queued on arrival → the start it was shown
+        # The same tasks' estimates without the queue ahead: node-level, and capacity view.
+        self.alone_of: dict[str, tuple[float | None, float | None]] = {}
+        self.reserved_at: dict[str, float | None] = {}  # large task → its predicted start when first reserved
+
+    # -- the loop's configuration ------------------------------------------------------------------------
+
+    def arrive(self, task: TimedTask, at_s: float) -> None:
+        req = Request.of(task.request)
+        if req not in self.fits_empty:
+            # A task that fits no node even of the empty cluster is rejected on arrival (counted as never
+            # started) instead of queueing forever: with a narrow window it would block the queue for good.
+            self.fits_empty[req] = self.empty.choose(req) is not None
+        fits = self.fits_empty[req]
+        if fits and self.reserve is not None:
+            # The new task may backfill only around the reservation: the pass decides with the head.
+            self.queue.append(task)
+            if len(self.queue) <= self.queue_window:
+                self.retry_reserved(at_s)
+        elif fits and (len(self.queue) >= self.queue_window or not self.try_start(task, at_s)):
+            # Inside the window only the new task can have changed since the last pass, so only it is
+            # tried; behind a full window it waits its turn.
+            self.queue.append(task)
+        if fits and task.request.task_id not in self.start_of:
+            self.estimate(task, at_s)
+        self.arrived += 1
+        i = self.arrived - 1
+        if self.on_progress is not None and (i % 500 == 0 or i == self.total - 1):
+            self.on_progress(i + 1, self.total)
+
+    def depart(self, task_id: str, at_s: float) -> None:
+        self.decider.release(task_id)
+        self.ends.pop(task_id, None)
+        if self.wrapper is not None:
+            self.wrapper.departed(task_id)
+        self.allocation.allocated -= self.by_id[task_id].request.gpu_request_milli
+        self.last_departure_s = at_s
+        if self.queue and self.reserve is not None:
+            self.retry_reserved(at_s)
+        elif self.queue:
+            self.retry(at_s, self.queue_window)
+
+    # -- its steps -----------------------------------------------------------------------------------------
+
+    def try_start(self, task: TimedTask, now_s: float) -> bool:
+        req = task.request
+        predicted = self.predictions.get(req.task_id)
+        end_s = now_s + predicted if predicted is not None else None
+        if self.wrapper is not None:
+            self.wrapper.expect(end_s, now_s)
+        if self.engine.choose(Request.of(req)) is None:
+            return False
+        result = self.decider.step((req,), now_s, estimates=False, nodes_after=False)
+        if not result.placements:
+            return False
+        self.book(task, now_s)
+        return True
+
+    def book(self, task: TimedTask, now_s: float) -> None:
+        """A task the decision placed starts now: allocation, its departure, its predicted end."""
+        req = task.request
+        predicted = self.predictions.get(req.task_id)
+        end_s = now_s + predicted if predicted is not None else None
+        binding = self.engine.state.bindings[req.task_id]
+        if len(binding.gpu_indexes) != req.num_gpu:
+            # Allocation is counted from the request, so a binding short of devices would inflate it.
+            raise RuntimeError(f"{req.task_id} bound to {len(binding.gpu_indexes)} of {req.num_gpu} GPUs")
+        if self.wrapper is not None:
+            self.wrapper.started(req.task_id, binding.node, binding.gpu_indexes, end_s)
+        if end_s is not None:
+            self.ends[req.task_id] = end_s
+        self.allocation.allocated += req.gpu_request_milli
+        self.start_of[req.task_id] = now_s
+        self.departures.add(req.task_id, now_s + max(task.lifetime_s, 1.0))
+
+    def retry_reserved(self, now_s: float) -> None:
+        """+reserve: one decision over the first `queue_window` queued tasks that could fit now, plus
+        the first large one that cannot (the decision reserves for it and holds backfill that would
+        delay it). A request that does not fit now is not offered again in the pass."""
+        offered: list[TimedTask] = []
+        failed: set[Request] = set()
+        head = False
+        for task in itertools.islice(self.queue, self.queue_window):
+            req = Request.of(task.request)
+            if req not in failed and self.engine.choose(req) is not None:
+                offered.append(task)
+                continue
+            failed.add(req)
+            if not head and is_large(task.request, self.reserve_config):
+                offered.append(task)
+                head = True
+        if not offered:
+            return
+        result = self.decider.step(
+            tuple(self.request_of[t.request.task_id] for t in offered),
+            now_s,
+            estimates=False,
+            nodes_after=False,
+        )
+        if result.reservation is not None:
+            self.reserved_at.setdefault(result.reservation.task_ids[0], result.reservation.start_s)
+        placed = {b.task_id for b in result.placements}
+        if not placed:
+            return
+        for task in offered:
+            if task.request.task_id in placed:
+                self.book(task, now_s)
+        kept = [t for t in self.queue if t.request.task_id not in placed]
+        self.queue.clear()
+        self.queue.extend(kept)
+
+    def estimate(self, task: TimedTask, now_s: float) -> None:
+        """The start a queued task is shown on arrival: the production estimator's walk of the queue
+        (FIFO, the task last) over the predicted ends of what runs; none when nothing running has a
+        predicted end. Beside it, the estimates without the queue ahead (node-level and capacity)."""
+        ends = self.ends
+        if not ends:
+            self.estimate_of[task.request.task_id] = None
+            return
+        state = self.engine.state
+        idle: dict[str | None, int] = defaultdict(int)
+        for n in range(len(state)):
+            if state.schedulable[n]:
+                idle[state.models[n]] += sum(state.gpu_free[n])
+        frees: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
+        held: dict[str | None, int] = defaultdict(int)
+        for b in state.bindings.values():
+            end_s = ends.get(b.task_id)
+            if end_s is None:
+                held[state.models[b.node]] += sum(b.held_milli)
+            else:
+                frees[state.models[b.node]].append((end_s, sum(b.held_milli)))
+        task_id = task.request.task_id
+        predicted = self.predictions.get
+        walked = queue_starts([t.request for t in self.queue], idle, frees, held, predicted, now_s)
+        self.estimate_of[task_id] = walked[task_id].start_s
+        capacity_alone = queue_starts([task.request], idle, frees, held, predicted, now_s)
+        rooms, holders = pool_view(state, task.request, ends.get)
+        node_alone = plan((task.request,), rooms, tuple(holders.values()), now_s, self.reserve_config).start_s
+        self.alone_of[task_id] = (node_alone, capacity_alone[task_id].start_s)
+
+    def retry(self, now_s: float, window: int) -> None:
+        """Try the first `window` queued tasks in order; a request that failed in this pass is skipped
+        (placements since only took resources away, so it would fail again)."""
+        failed: set[Request] = set()
+        kept: list[TimedTask] = []
+        tried = 0
+        while self.queue and tried < window:
+            task = self.queue.popleft()
+            tried += 1
+            req = Request.of(task.request)
+            if req in failed or not self.try_start(task, now_s):
+                failed.add(req)
+                kept.append(task)
+        self.queue.extendleft(reversed(kept))
+
+
 def run_dynamic(
     nodes: Sequence[NodeState],
     tasks: Sequence[TimedTask],
@@ -257,11 +482,11 @@ def run_dynamic(
         mix = shape_mix_from_tasks(requests, with_memory=base.startswith("whalegen"))
     # Every placement goes through the production decision (`Decider.step`); the trace has no tenants or
     # units, so one tenant without a quota and nothing to map.
-    # The decision reads the predicted ends of what runs (`ends`, kept by the harness: start + predicted
+    # The decision reads the predicted ends of what runs (`ends`, kept by the replay: start + predicted
     # run time) and the predicted run time of what it places (`predictions`); only +reserve acts on them.
     predictions = predicted_s or {}
     ends: dict[str, float] = {}
-    reserve_config = ReserveConfig()
+    reserve_config = ReserveConfig() if reserved else None
     decider = Decider(
         Snapshot(
             ClusterSnapshot(tuple(nodes), shape_mix=mix),
@@ -269,206 +494,57 @@ def run_dynamic(
             expected_runtime_s=predictions,
             unit_exact=False,
         ),
-        Config(policy=base, seed=seed, preemption=False, reserve=reserve_config if reserved else None),
+        Config(policy=base, seed=seed, preemption=False, reserve=reserve_config),
     )
-    engine = decider.engine
     wrapper: ForecastAligned | None = None
     if aligned:
-        wrapper = ForecastAligned(engine.policy, align_slack)
-        wrapper.adopt(engine)
-    # A task that fits no node even of the empty cluster is rejected on arrival (counted as never
-    # started) instead of queueing forever: with a narrow window it would block the queue for good.
+        wrapper = ForecastAligned(decider.engine.policy, align_slack)
+        wrapper.adopt(decider.engine)
     empty = Engine(ClusterSnapshot(tuple(nodes), shape_mix=mix), EngineConfig(policy="bestfit"))
-    fits_empty: dict[Request, bool] = {}
-    capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in nodes)
+    # 2. The clock: arrivals in time order, departures due before each arrival first, then the drain.
     ordered = sorted(tasks, key=lambda t: (t.creation_s, t.request.task_id))
     first_s = ordered[0].creation_s if ordered else 0.0
     horizon_end_s = max((t.creation_s + t.lifetime_s for t in ordered), default=0.0)
     horizon_s = max(horizon_end_s - first_s, 1e-9)
-    by_id = {t.request.task_id: t for t in ordered}
-    # Submission times order a multi-task step (the engine's age order) the way the FIFO queue is.
-    request_of = {
-        t.request.task_id: replace(t.request, submitted_at_s=t.creation_s) if reserved else t.request
-        for t in ordered
-    }
-    estimate_of: dict[str, float | None] = {}  # queued on arrival → the start it was shown
-    # The same tasks' estimates without the queue ahead: node-level, and capacity view.
-    alone_of: dict[str, tuple[float | None, float | None]] = {}
-    reserved_at: dict[str, float | None] = {}  # large task → its predicted start when first reserved
+    allocation = _Allocation(first_s, horizon_end_s, horizon_s / SERIES_BINS)
+    departures = Departures()
+    replay = _DynamicReplay(
+        decider,
+        wrapper,
+        empty,
+        ordered,
+        predictions,
+        ends,
+        reserve_config,
+        queue_window,
+        departures,
+        allocation,
+        on_progress,
+    )
+    run_events([(t.creation_s, t) for t in ordered], replay, departures, (allocation,))
+    allocation.advance(horizon_end_s)
+    # 3. Figures.
+    label = forecast if aligned or reserved else "none"
+    cpu_seconds = time.process_time() - started_cpu
+    return _figures(nodes, ordered, policy, label, seed, replay, allocation, cpu_seconds)
 
-    # 2. State of the run: queue, departures heap, the allocation integral.
-    queue: deque[TimedTask] = deque()
-    departures: list[tuple[float, str]] = []
-    start_of: dict[str, float] = {}
-    allocated = 0
-    integral = 0.0  # milli · s, over the horizon only
-    last_s = first_s
-    bin_width = horizon_s / SERIES_BINS
-    bins = [0.0] * SERIES_BINS
-    last_departure_s = first_s
 
-    def advance(to_s: float) -> None:
-        """Add allocated × elapsed to the integral (and the bins), clipped to the horizon."""
-        nonlocal integral, last_s
-        lo, hi = last_s, min(to_s, horizon_end_s)
-        if hi > lo:
-            integral += allocated * (hi - lo)
-            b = int((lo - first_s) / bin_width)
-            while lo < hi and b < SERIES_BINS:
-                edge = min(hi, first_s + (b + 1) * bin_width)
-                bins[b] += allocated * (edge - lo)
-                lo = edge
-                b += 1
-        last_s = max(last_s, to_s)
-
-    def try_start(task: TimedTask, now_s: float) -> bool:
-        req = task.request
-        predicted = predictions.get(req.task_id)
-        end_s = now_s + predicted if predicted is not None else None
-        if wrapper is not None:
-            wrapper.expect(end_s, now_s)
-        if engine.choose(Request.of(req)) is None:
-            return False
-        result = decider.step((req,), now_s, estimates=False, nodes_after=False)
-        if not result.placements:
-            return False
-        book(task, now_s)
-        return True
-
-    def book(task: TimedTask, now_s: float) -> None:
-        """A task the decision placed starts now: allocation, its departure, its predicted end."""
-        nonlocal allocated
-        req = task.request
-        predicted = predictions.get(req.task_id)
-        end_s = now_s + predicted if predicted is not None else None
-        binding = engine.state.bindings[req.task_id]
-        if len(binding.gpu_indexes) != req.num_gpu:
-            # Allocation is counted from the request, so a binding short of devices would inflate it.
-            raise RuntimeError(f"{req.task_id} bound to {len(binding.gpu_indexes)} of {req.num_gpu} GPUs")
-        if wrapper is not None:
-            wrapper.started(req.task_id, binding.node, binding.gpu_indexes, end_s)
-        if end_s is not None:
-            ends[req.task_id] = end_s
-        allocated += req.gpu_request_milli
-        start_of[req.task_id] = now_s
-        heapq.heappush(departures, (now_s + max(task.lifetime_s, 1.0), req.task_id))
-
-    def retry_reserved(now_s: float) -> None:
-        """+reserve: one decision over the first `queue_window` queued tasks that could fit now, plus
-        the first large one that cannot (the decision reserves for it and holds backfill that would
-        delay it). A request that does not fit now is not offered again in the pass."""
-        offered: list[TimedTask] = []
-        failed: set[Request] = set()
-        head = False
-        for task in itertools.islice(queue, queue_window):
-            req = Request.of(task.request)
-            if req not in failed and engine.choose(req) is not None:
-                offered.append(task)
-                continue
-            failed.add(req)
-            if not head and is_large(task.request, reserve_config):
-                offered.append(task)
-                head = True
-        if not offered:
-            return
-        result = decider.step(
-            tuple(request_of[t.request.task_id] for t in offered), now_s, estimates=False, nodes_after=False
-        )
-        if result.reservation is not None:
-            reserved_at.setdefault(result.reservation.task_ids[0], result.reservation.start_s)
-        placed = {b.task_id for b in result.placements}
-        if not placed:
-            return
-        for task in offered:
-            if task.request.task_id in placed:
-                book(task, now_s)
-        kept = [t for t in queue if t.request.task_id not in placed]
-        queue.clear()
-        queue.extend(kept)
-
-    def estimate(task: TimedTask, now_s: float) -> None:
-        """The start a queued task is shown on arrival: the production estimator's walk of the queue
-        (FIFO, the task last) over the predicted ends of what runs; none when nothing running has a
-        predicted end. Beside it, the estimates without the queue ahead (node-level and capacity)."""
-        if not ends:
-            estimate_of[task.request.task_id] = None
-            return
-        state = engine.state
-        idle: dict[str | None, int] = defaultdict(int)
-        for n in range(len(state)):
-            if state.schedulable[n]:
-                idle[state.models[n]] += sum(state.gpu_free[n])
-        frees: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
-        held: dict[str | None, int] = defaultdict(int)
-        for b in state.bindings.values():
-            end_s = ends.get(b.task_id)
-            if end_s is None:
-                held[state.models[b.node]] += sum(b.held_milli)
-            else:
-                frees[state.models[b.node]].append((end_s, sum(b.held_milli)))
-        task_id = task.request.task_id
-        walked = queue_starts([t.request for t in queue], idle, frees, held, predictions.get, now_s)
-        estimate_of[task_id] = walked[task_id].start_s
-        capacity_alone = queue_starts([task.request], idle, frees, held, predictions.get, now_s)
-        rooms, holders = pool_view(state, task.request, ends.get)
-        node_alone = plan((task.request,), rooms, tuple(holders.values()), now_s, reserve_config).start_s
-        alone_of[task_id] = (node_alone, capacity_alone[task_id].start_s)
-
-    def retry(now_s: float, window: int) -> None:
-        """Try the first `window` queued tasks in order; a request that failed in this pass is skipped
-        (placements since only took resources away, so it would fail again)."""
-        failed: set[Request] = set()
-        kept: list[TimedTask] = []
-        tried = 0
-        while queue and tried < window:
-            task = queue.popleft()
-            tried += 1
-            req = Request.of(task.request)
-            if req in failed or not try_start(task, now_s):
-                failed.add(req)
-                kept.append(task)
-        queue.extendleft(reversed(kept))
-
-    def depart_until(to_s: float) -> None:
-        nonlocal allocated, last_departure_s
-        while departures and departures[0][0] <= to_s:
-            when, task_id = heapq.heappop(departures)
-            advance(when)
-            decider.release(task_id)
-            ends.pop(task_id, None)
-            if wrapper is not None:
-                wrapper.departed(task_id)
-            allocated -= by_id[task_id].request.gpu_request_milli
-            last_departure_s = when
-            if queue and reserved:
-                retry_reserved(when)
-            elif queue:
-                retry(when, queue_window)
-
-    # 3. Arrivals in time order; departures due before each arrival come first.
-    for i, task in enumerate(ordered):
-        depart_until(task.creation_s)
-        advance(task.creation_s)
-        req = Request.of(task.request)
-        if req not in fits_empty:
-            fits_empty[req] = empty.choose(req) is not None
-        if fits_empty[req] and reserved:
-            # The new task may backfill only around the reservation: the pass decides with the head.
-            queue.append(task)
-            if len(queue) <= queue_window:
-                retry_reserved(task.creation_s)
-        elif fits_empty[req] and (len(queue) >= queue_window or not try_start(task, task.creation_s)):
-            # Inside the window only the new task can have changed since the last pass, so only it is
-            # tried; behind a full window it waits its turn.
-            queue.append(task)
-        if fits_empty[req] and task.request.task_id not in start_of:
-            estimate(task, task.creation_s)
-        if on_progress is not None and (i % 500 == 0 or i == len(ordered) - 1):
-            on_progress(i + 1, len(ordered))
-    # 4. Drain: run departures until nothing is left that could start.
-    depart_until(math.inf)
-    advance(horizon_end_s)
-
+def _figures(
+    nodes: Sequence[NodeState],
+    ordered: Sequence[TimedTask],
+    policy: str,
+    forecast: str,
+    seed: int,
+    replay: _DynamicReplay,
+    allocation: _Allocation,
+    cpu_seconds: float,
+) -> DynamicResult:
+    start_of = replay.start_of
+    capacity = WHOLE_GPU_MILLI * sum(len(node.gpus) for node in nodes)
+    first_s = allocation.first_s
+    horizon_end_s = allocation.horizon_end_s
+    horizon_s = max(horizon_end_s - first_s, 1e-9)
+    bin_width = allocation.bin_width
     delays = [start_of[t.request.task_id] - t.creation_s for t in ordered if t.request.task_id in start_of]
     in_horizon = [
         start_of[t.request.task_id] - t.creation_s
@@ -485,21 +561,22 @@ def run_dynamic(
     for t in ordered:
         if start_of.get(t.request.task_id, math.inf) <= horizon_end_s:
             wait_s = start_of[t.request.task_id] - t.creation_s
-            (large_waits if is_large(t.request, reserve_config) else small_waits).append(wait_s)
+            (large_waits if is_large(t.request, replay.reserve_config) else small_waits).append(wait_s)
     # Tasks shown an estimate that started; the estimators without the queue over the same tasks.
-    shown = {i: e for i, e in estimate_of.items() if e is not None and i in start_of}
+    shown = {i: e for i, e in replay.estimate_of.items() if e is not None and i in start_of}
     shown_err = [abs(e - start_of[i]) for i, e in shown.items()]
+    alone_of = replay.alone_of
     alone_err = [[abs(e - start_of[i]) for i in shown if (e := alone_of[i][k]) is not None] for k in (0, 1)]
-    promised = [(start_of[i], e) for i, e in reserved_at.items() if e is not None and i in start_of]
+    promised = [(start_of[i], e) for i, e in replay.reserved_at.items() if e is not None and i in start_of]
     return DynamicResult(
         policy=policy,
-        forecast=forecast if aligned or reserved else "none",
+        forecast=forecast,
         seed=seed,
         nodes=len(nodes),
         gpus=capacity // WHOLE_GPU_MILLI,
         tasks=len(ordered),
         horizon_s=horizon_s,
-        alloc_pct=100 * integral / (capacity * horizon_s) if capacity else 0.0,
+        alloc_pct=100 * allocation.integral / (capacity * horizon_s) if capacity else 0.0,
         offered_pct=100 * offered / (capacity * horizon_s) if capacity else 0.0,
         mean_delay_s=mean(in_horizon),
         p95_delay_s=percentile(in_horizon, 95),
@@ -508,21 +585,23 @@ def run_dynamic(
         not_started_gpu_h=sum(t.request.gpu_request_milli * t.lifetime_s for t in late)
         / WHOLE_GPU_MILLI
         / 3600,
-        makespan_s=last_departure_s - first_s,
-        cpu_seconds=time.process_time() - started_cpu,
+        makespan_s=replay.last_departure_s - first_s,
+        cpu_seconds=cpu_seconds,
         series_t_s=tuple(b * bin_width for b in range(SERIES_BINS)),
-        series_alloc_pct=tuple(100 * v / (capacity * bin_width) if capacity else 0.0 for v in bins),
+        series_alloc_pct=tuple(
+            100 * v / (capacity * bin_width) if capacity else 0.0 for v in allocation.bins
+        ),
         start_s=start_of,
         large_p95_delay_s=percentile(large_waits, 95),
         small_mean_delay_s=mean(small_waits),
         large_started=len(large_waits),
-        queued=len(estimate_of),
+        queued=len(replay.estimate_of),
         estimated=len(shown),
         estimate_mae_s=mean(shown_err),
         estimate_median_abs_s=median(shown_err),
         estimate_alone_mae_s=mean(alone_err[0]),
         estimate_capacity_alone_mae_s=mean(alone_err[1]),
-        reserved=len(reserved_at),
+        reserved=len(replay.reserved_at),
         reserved_with_start=len(promised),
         reserve_mae_s=mean([abs(e - real) for real, e in promised]),
     )

@@ -34,6 +34,7 @@ from whalegen.placement.types import ClusterSnapshot, GpuState, NodeState, Parti
 from whalegen.scheduling import Claim, Config, FreeUnit, Snapshot, decide
 from whalegen.scheduling.precarve import PrecarveConfig, ShapeForecast
 from whalegen.scheduling.snapshot import GpuFacts, UnitFact, gpu_picture
+from whalegen.sim.loop import CycleClock, Departures, run_cycles
 from whalegen.sim.stats import mean, percentile
 
 GpuKey = tuple[str, int]
@@ -206,6 +207,106 @@ def forecaster(tasks: Sequence[MigTask], kind: str) -> Callable[[float], ShapeFo
     return forecast
 
 
+class _Held:
+    """Observer: held instance milli and the tasks' own milli, integrated over the arrival window."""
+
+    def __init__(self, t0: float, end_window: float) -> None:
+        self.end_window = end_window
+        self.last_t = t0
+        self.held_milli = self.used_milli = 0
+        self.held_ms = self.used_ms = 0.0
+
+    def advance(self, to_s: float) -> None:
+        hi = min(to_s, self.end_window)
+        if hi > self.last_t:
+            self.held_ms += self.held_milli * (hi - self.last_t)
+            self.used_ms += self.used_milli * (hi - self.last_t)
+        self.last_t = max(self.last_t, hi)
+
+
+class _MigWaitReplay:
+    """The MIG-wait replay as a configuration of the cycle loop: each cycle builds the unit-exact
+    snapshot and calls the production `decide`; placements bind, layouts and pre-carves re-carve."""
+
+    def __init__(
+        self,
+        run: _Run,
+        tasks: Sequence[MigTask],
+        config: Config,
+        apply_s: float,
+        forecast: Callable[[float], ShapeForecast | None] | None,
+        departures: Departures,
+        held: _Held,
+    ) -> None:
+        self.run = run
+        self.config = config
+        self.apply_s = apply_s
+        self.forecast = forecast
+        self.departures = departures
+        self.held = held
+        self.requests = {
+            t.task_id: TaskRequest(t.task_id, 1000, 1024, 1, t.gpu_milli, gpu_mem_mib=0) for t in tasks
+        }
+        self.by_id = {t.task_id: t for t in tasks}
+        self.started: dict[str, float] = {}
+        self.pending: list[str] = []
+        self.cycles = self.last_resort = self.ahead = self.waited = 0
+
+    def arrive(self, item: MigTask, at_s: float) -> None:
+        self.pending.append(item.task_id)
+
+    def depart(self, task_id: str, at_s: float) -> None:
+        unit = next(u for gpu in self.run.gpus.values() for u in gpu.units if u.holder == task_id)
+        unit.holder = None
+        self.held.held_milli -= unit.milli
+        self.held.used_milli -= self.by_id[task_id].gpu_milli
+
+    def has_waiting(self) -> bool:
+        return bool(self.pending or self.run.claims)
+
+    def wake_s(self, now_s: float, arrivals_left: bool) -> list[float]:
+        """Layouts the agent finishes applying, and (pre-carving) the next forecast bin."""
+        times = [g.ready_s for g in self.run.gpus.values() if g.ready_s > now_s]
+        if self.config.precarve is not None and arrivals_left:
+            times.append((math.floor(now_s / BIN_S) + 1) * BIN_S)
+        return times
+
+    def cycle(self, now_s: float) -> bool:
+        run = self.run
+        self.cycles += 1
+        forecast = None
+        if self.forecast is not None and self.config.precarve is not None:
+            forecast = self.forecast(now_s)
+        snap = _snapshot(run, [self.requests[t] for t in self.pending], self.requests, now_s, forecast)
+        decisions = decide(snap, self.config, now_s, estimates=False)
+        for bound in decisions.placements:
+            task_id = bound.task_id
+            key = (bound.placement.node, bound.placement.gpu_indexes[0])
+            unit = next(u for u in run.gpus[key].units if u.unit_id == bound.unit_ids[0])
+            assert unit.holder is None
+            unit.holder = task_id
+            self.held.held_milli += unit.milli
+            self.held.used_milli += self.by_id[task_id].gpu_milli
+            self.started[task_id] = now_s
+            self.departures.add(task_id, now_s + self.by_id[task_id].runtime_s)
+            run.claims.pop(task_id, None)
+            if task_id in self.pending:
+                self.pending.remove(task_id)
+        ready_s = now_s + self.apply_s
+        for plan in decisions.layouts:
+            run.carve(plan.gpu, [(s.mig_profile, s.mig_start) for s in plan.plan.layout], ready_s)
+            self.last_resort += 1
+            for task_id, slot in plan.plan.for_tasks:
+                run.claims[task_id] = (plan.gpu, slot)
+                if task_id in self.pending:
+                    self.pending.remove(task_id)
+                self.waited += 1
+        for pre in decisions.precarves:
+            run.carve(pre.gpu, [(s.mig_profile, s.mig_start) for s in pre.plan.layout], ready_s)
+            self.ahead += 1
+        return bool(decisions.placements or decisions.layouts or decisions.precarves)
+
+
 def run_migwait(
     tasks: Sequence[MigTask],
     *,
@@ -226,97 +327,17 @@ def run_migwait(
     run = _Run(model, gpu_mem_mib, {})
     for g in range(gpus):
         run.carve((f"n{g // gpus_per_node:02d}", g % gpus_per_node), INITIAL[initial], 0.0)
-    config = Config(policy=policy, preemption=False, precarve=precarve)
-    requests = {t.task_id: TaskRequest(t.task_id, 1000, 1024, 1, t.gpu_milli, gpu_mem_mib=0) for t in tasks}
-    by_id = {t.task_id: t for t in tasks}
     arrivals = sorted(tasks, key=lambda t: (t.arrival_s, t.task_id))
     t0 = arrivals[0].arrival_s if arrivals else 0.0
     end_window = arrivals[-1].arrival_s if arrivals else 0.0
-    started: dict[str, float] = {}
-    ends: list[tuple[float, str]] = []  # (end, task) of running tasks
-    pending: list[str] = []
-    nxt = 0
-    now = math.ceil(t0 / cycle_s) * cycle_s
-    cycles = last_resort = ahead = waited = 0
-    # Integrals over the window [t0, end_window]: held instance milli and the tasks' own milli.
-    held_ms = used_ms = 0.0
-    last_t = t0
-    held_milli = used_milli = 0
-
-    def account(t: float) -> None:
-        nonlocal held_ms, used_ms, last_t
-        hi = min(t, end_window)
-        if hi > last_t:
-            held_ms += held_milli * (hi - last_t)
-            used_ms += used_milli * (hi - last_t)
-        last_t = max(last_t, hi)
-
-    def unit_of(task_id: str) -> tuple[_Gpu, _Unit] | None:
-        for gpu in run.gpus.values():
-            for u in gpu.units:
-                if u.holder == task_id:
-                    return gpu, u
-        return None
-
-    while nxt < len(arrivals) or pending or run.claims or ends:
-        # 1. Departures and arrivals up to this tick.
-        ends.sort()
-        while ends and ends[0][0] <= now:
-            end_s, task_id = ends.pop(0)
-            account(end_s)
-            found = unit_of(task_id)
-            assert found is not None
-            found[1].holder = None
-            held_milli -= found[1].milli
-            used_milli -= by_id[task_id].gpu_milli
-        while nxt < len(arrivals) and arrivals[nxt].arrival_s <= now:
-            pending.append(arrivals[nxt].task_id)
-            nxt += 1
-        account(now)
-        # 2. One cycle.
-        cycles += 1
-        snap = _snapshot(
-            run,
-            [requests[t] for t in pending],
-            requests,
-            now,
-            forecast(now) if forecast is not None and precarve is not None else None,
-        )
-        decisions = decide(snap, config, now, estimates=False)
-        for bound in decisions.placements:
-            task_id = bound.task_id
-            key = (bound.placement.node, bound.placement.gpu_indexes[0])
-            unit = next(u for u in run.gpus[key].units if u.unit_id == bound.unit_ids[0])
-            assert unit.holder is None
-            unit.holder = task_id
-            held_milli += unit.milli
-            used_milli += by_id[task_id].gpu_milli
-            started[task_id] = now
-            ends.append((now + by_id[task_id].runtime_s, task_id))
-            run.claims.pop(task_id, None)
-            if task_id in pending:
-                pending.remove(task_id)
-        for plan in decisions.layouts:
-            run.carve(plan.gpu, [(s.mig_profile, s.mig_start) for s in plan.plan.layout], now + apply_s)
-            last_resort += 1
-            for task_id, slot in plan.plan.for_tasks:
-                run.claims[task_id] = (plan.gpu, slot)
-                if task_id in pending:
-                    pending.remove(task_id)
-                waited += 1
-        for pre in decisions.precarves:
-            run.carve(pre.gpu, [(s.mig_profile, s.mig_start) for s in pre.plan.layout], now + apply_s)
-            ahead += 1
-        # 3. The next tick at which anything can change.
-        times = [arrivals[nxt].arrival_s] if nxt < len(arrivals) else []
-        times += [e for e, _ in ends]
-        times += [g.ready_s for g in run.gpus.values() if g.ready_s > now]
-        if precarve is not None and nxt < len(arrivals):
-            times.append((math.floor(now / BIN_S) + 1) * BIN_S)
-        if not times:
-            break  # what is left pending can never start
-        now = max(now + cycle_s, math.ceil(min(times) / cycle_s) * cycle_s)
-    account(end_window)
+    held = _Held(t0, end_window)
+    departures = Departures()
+    config = Config(policy=policy, preemption=False, precarve=precarve)
+    replay = _MigWaitReplay(run, tasks, config, apply_s, forecast, departures, held)
+    clock = CycleClock(cycle_s, start_s=math.ceil(t0 / cycle_s) * cycle_s)
+    run_cycles([(t.arrival_s, t) for t in arrivals], replay, departures, clock, (held,))
+    held.advance(end_window)
+    started = replay.started
     waits = [started[t.task_id] - t.arrival_s for t in tasks if t.task_id in started]
     frac = [started[t.task_id] - t.arrival_s for t in tasks if t.task_id in started and t.gpu_milli < 1000]
     capacity = gpus * 1000 * max(end_window - t0, 1.0)
@@ -328,12 +349,12 @@ def run_migwait(
         p95_wait_s=percentile(waits, 95),
         mean_wait_frac_s=mean(frac),
         p95_wait_frac_s=percentile(frac, 95),
-        waited_for_layout=waited,
-        recarves_last_resort=last_resort,
-        recarves_ahead=ahead,
-        allocated_pct=100 * held_ms / capacity,
-        used_pct=100 * used_ms / capacity,
-        cycles=cycles,
+        waited_for_layout=replay.waited,
+        recarves_last_resort=replay.last_resort,
+        recarves_ahead=replay.ahead,
+        allocated_pct=100 * held.held_ms / capacity,
+        used_pct=100 * held.used_ms / capacity,
+        cycles=replay.cycles,
         cpu_s=time.process_time() - cpu0,
     )
 
