@@ -218,10 +218,13 @@ def usage_report(
     queues: Sequence[str] = (),
     pools: Sequence[str] = (),
     gpu_models: Sequence[str] = (),
+    prices: Mapping[str, float] | None = None,
 ) -> UsageReport:
     """GPU-hours in [start, end) of what the caller may see: their tenants (and those below), or all for
-    a platform admin; an outsider sees nothing. Usage after `now` is not counted (it has not happened)."""
-    prices = gpu_prices()
+    a platform admin; an outsider sees nothing. Usage after `now` is not counted (it has not happened).
+    `prices`: per GPU-hour by model, read here when not given (a caller making several reports reads
+    them once)."""
+    prices = gpu_prices() if prices is None else prices
     rows, total = _usage(
         start=start,
         end=min(end, now),
@@ -323,8 +326,10 @@ class MonthsRow:
 def tenant_months(*, access: Access, now: datetime) -> list[MonthsRow]:
     """Per visible tenant × pool: this month so far against the whole of last month, with the budget."""
     this_start, last_start = month_start(now), previous_month_start(now)
-    this = usage_report(access=access, start=this_start, end=now, now=now, group_by=("tenant", "pool"))
-    last = usage_report(access=access, start=last_start, end=this_start, now=now, group_by=("tenant", "pool"))
+    prices = gpu_prices()
+    by = ("tenant", "pool")
+    this = usage_report(access=access, start=this_start, end=now, now=now, group_by=by, prices=prices)
+    last = usage_report(access=access, start=last_start, end=this_start, now=now, group_by=by, prices=prices)
     budgets = {
         (b.budget.quota.tenant.slug, b.budget.quota.pool.name): b for b in budget_list(access=access, now=now)
     }

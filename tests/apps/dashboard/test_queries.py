@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apps.approvals.services import override_request
+from apps.fleet.nodes import node_cordon
 from apps.inventory.services import gpu_add, node_register, pool_create
 from apps.scheduling.services import cycle_run
 from apps.workloads.services import TaskRequest, queue_create, quota_set, task_cancel, task_submit
@@ -18,9 +19,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(params=[2, 6], ids=["a few of each", "three times as many"])
 def crowd(request: Any, scene: Any) -> Any:
-    """`n` more nodes of two whole H100s, per tenant `n` one-GPU tasks (some fit, some wait) and an
-    eight-GPU task that never fits, a cancelled task each, `n` pending overrides, `n / 2` more pools;
-    then one more cycle per pool."""
+    """`n` more nodes of two whole H100s and a cordoned one of eight, per tenant `n` one-GPU tasks (some
+    fit, some wait) and an eight-GPU task that waits for the cordoned node, a cancelled task each, `n`
+    pending overrides, `n / 2` more pools; then one more cycle per pool."""
     w = scene.world
     n = request.param
     for i in range(n):
@@ -29,6 +30,14 @@ def crowd(request: Any, scene: Any) -> Any:
         )
         gpu_add(node=node, index=0, model="H100-80GB")
         gpu_add(node=node, index=1, model="H100-80GB")
+    # An eight-GPU node, cordoned: eight-GPU tasks are accepted (a node of the pool could take them;
+    # submission refuses only what never could) and wait, since it takes nothing new.
+    big, _ = node_register(
+        cluster=w.node.cluster, pool=w.h100, name="gpu-big", cpu_milli=96_000, mem_mib=1_048_576
+    )
+    for index in range(8):
+        gpu_add(node=big, index=index, model="H100-80GB")
+    node_cordon(node=big, actor="user:ops")
     for tenant, user in ((w.tenant_a, w.alice), (w.tenant_b, w.bob)):
         quota_set(tenant=tenant, pool=w.h100, guaranteed_milli=200_000)  # room for every request below
         for i in range(n):
@@ -101,8 +110,8 @@ EXPECTED: dict[tuple[str, str], int] = {
     ("alice", "history"): 16,
     ("root", "whatif"): 6,  # the decision stored for the newest cycle; its computation is off the page
     ("alice", "whatif"): 6,
-    ("root", "accounting"): 7,
-    ("alice", "accounting"): 7,
+    ("root", "accounting"): 8,  # 7 and the GPU prices applied as documents (read once for both months)
+    ("alice", "accounting"): 8,
 }
 
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from apps.forecasting.models import TaskForecast
 from apps.forecasting.services import forecast_model_train, task_forecast_attach
+from apps.inventory.services import gpu_add
 from apps.workloads.models import Task
 from tests.apps.forecasting.runs import make_runs, true_duration_s
 
@@ -46,6 +47,8 @@ def _finished(queue, durations_s, *, key):
 def test_a_submission_gets_the_active_models_prediction_in_the_api(
     world, api, django_capture_on_commit_callbacks, key, gpus
 ) -> None:
+    for index in range(2, gpus):  # the pool's one node has two GPUs: a larger request needs a larger node
+        gpu_add(node=world.node, index=index, model="H100-80GB")
     make_runs(world.queue_a, 300, now=timezone.now())
     assert forecast_model_train(kind="duration").promoted
     task_id = _submit(api, world.alice, django_capture_on_commit_callbacks, profile_key=key, gpu_count=gpus)
