@@ -96,7 +96,7 @@ class ReplayConfig:
     service_mem_mib: int = 16 * 1024
     # Services arrive and leave: this share is there at t = 0, the rest arrive uniformly over the window;
     # each stays an exponential lifetime of mean `service_mean_life` × the window (at least 30 min).
-    # False: every service from t = 0 to the end (the first runs of docs/goodput.md §8).
+    # False: every service from t = 0 to the end (the first runs of docs/notes/goodput-runs.md).
     service_churn: bool = True
     service_present_share: float = 0.5
     service_mean_life: float = 0.5
