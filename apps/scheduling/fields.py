@@ -1,8 +1,8 @@
 """`UnitIdsField`: a list of compute-unit ids kept in the row itself, portable between the databases.
 
 Why not a many-to-many link table: a cycle binds tens of thousands of units, and each link row cost an
-insert with three index entries plus two deferred foreign-key checks at COMMIT (measured: half the cycle's
-commit at 10,000 pending tasks, docs/notes/cycle-speed.md, "Speed round 3"). The ids are a record of what the
+insert with three index entries plus two deferred foreign-key checks at COMMIT, a large part of a big
+cycle's commit (docs/notes/cycle-speed.md, "Speed round 3"). The ids are a record of what the
 assignment held, read back only as a whole; a unit a re-carve deletes keeps its history in
 `accounting.HeldUnit`, as it did when the delete took the link row with it.
 

@@ -258,9 +258,8 @@ class TaskWait(models.Model):
 
     A table of its own, not columns of Task: every cycle rewrites it for most of a pool's backlog, and a
     new version of a task row writes every index of that table (none of those updates stays on its page
-    once the cycle's moves have filled it), where a new version of this row writes one. For the 3,220
-    tasks the bench cycle leaves pending, the server's time: 18–21 ms against 33–53 ms on a fast host,
-    40–65 against 124–155 ms on a slow one (docs/notes/cycle-speed.md, rounds 16 and 17). A row is written
+    once the cycle's moves have filled it), where a new version of this row writes one: about half the
+    server's time for a large backlog (docs/notes/cycle-speed.md, rounds 16 and 17). A row is written
     when its task enters pending (the transition's sentence) and by each cycle; it is left behind when
     the task moves on and read only while the task is pending (Task.why_pending).
 

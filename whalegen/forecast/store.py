@@ -18,8 +18,8 @@ import xgboost as xgb
 ENVELOPE_VERSION = 1
 # XGBoost threads: the plane's worker shares a small host with the web process (at most 2).
 NTHREAD = 2
-# Below this many rows one thread is faster: with 2 OpenMP threads on a busy 2-core host a 300-row
-# fit measured 3.0 s against 0.26 s single-threaded (threads spin waiting for each other).
+# Below this many rows one thread is faster: on a busy 2-core host, 2 OpenMP threads spin waiting for
+# each other longer than a small fit takes (docs/notes/forecasting-experiments.md).
 SINGLE_THREAD_ROWS = 50_000
 
 

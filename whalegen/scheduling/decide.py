@@ -1082,7 +1082,7 @@ def _with_order_key(task: TaskRequest, order_key: int) -> TaskRequest:
     if task.order_key == order_key:
         return task
     # The copy takes a copy of the task's dict, key changed, in one step (copying a dict whole is cheaper
-    # than filling an empty one field by field, 2.2 ms against 3.8 for 10,000 tasks); it stays frozen.
+    # than filling an empty one field by field); it stays frozen.
     fields = task.__dict__.copy()
     fields["order_key"] = order_key
     copy = object.__new__(TaskRequest)
