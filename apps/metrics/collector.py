@@ -68,11 +68,18 @@ def forecast_headline(metrics: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 def families(readings: PlaneReadings) -> Iterator[Metric]:
-    """Every metric family of one scrape, from what `plane_readings` returned."""
-    pool = readings.pools
-    now = readings.now
+    """Every metric family of one scrape, from what `plane_readings` returned, in a fixed order."""
+    yield from _capacity_families(readings)
+    yield from _task_families(readings)
+    yield from _quota_families(readings)
+    yield from _cycle_families(readings)
+    yield from _node_families(readings)
+    yield from _forecast_families(readings)
 
-    # 1. Capacity and allocation (GPUs and their compute units).
+
+def _capacity_families(readings: PlaneReadings) -> Iterator[Metric]:
+    """Capacity and allocation (GPUs and their compute units)."""
+    pool = readings.pools
     gpus = GaugeMetricFamily(
         "whalegen_gpus", "GPUs by pool, cluster and health.", labels=["pool", "cluster", "health"]
     )
@@ -119,7 +126,11 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
         alloc_gpus.add_metric(list(key), milli / MILLI_PER_GPU)
     yield from (gpus, cap_milli, cap_gpus, alloc_milli, alloc_gpus, units, units_held)
 
-    # 2. Tasks: every state of every pool (0 included, so a rate or a ratio never meets a gap).
+
+def _task_families(readings: PlaneReadings) -> Iterator[Metric]:
+    """Tasks: every state of every pool (0 included, so a rate or a ratio never meets a gap)."""
+    pool = readings.pools
+    now = readings.now
     tasks = GaugeMetricFamily("whalegen_tasks", "Tasks by pool and state.", labels=["pool", "state"])
     by_state = {(row["pool_id"], row["state"]): row["tasks"] for row in readings.tasks}
     for pool_id, name in sorted(pool.items(), key=lambda item: item[1]):
@@ -154,7 +165,10 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
         oldest_age.add_metric([name], _age_s(now, oldest.get(pool_id)) or 0.0)
     yield from (tasks, idle_tasks, pending, oldest_age)
 
-    # 3. Quotas per tenant × pool.
+
+def _quota_families(readings: PlaneReadings) -> Iterator[Metric]:
+    """Quotas per tenant × pool."""
+    pool = readings.pools
     quota = {
         "guaranteed": GaugeMetricFamily(
             "whalegen_quota_guaranteed_milli", "Guaranteed milli-GPUs.", labels=["tenant", "pool"]
@@ -202,7 +216,11 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
             quota["budget_used"].add_metric(labels, readings.budget_used.get((labels[0], labels[1]), 0.0))
     yield from quota.values()
 
-    # 4. Cycles: the newest one per pool, and totals over every cycle recorded.
+
+def _cycle_families(readings: PlaneReadings) -> Iterator[Metric]:
+    """Cycles: the newest one per pool, and totals over every cycle recorded."""
+    pool = readings.pools
+    now = readings.now
     idle = GaugeMetricFamily(
         "whalegen_pool_idle_milli", "Idle milli-GPUs after the pool's latest cycle.", labels=["pool"]
     )
@@ -258,7 +276,11 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
             family.add_metric([pool[row["pool_id"]]], row[field] or 0)
     yield from counters.values()
 
-    # 5. Nodes: every state for each pool × cluster that has nodes; heartbeat staleness per pool × state.
+
+def _node_families(readings: PlaneReadings) -> Iterator[Metric]:
+    """Nodes: every state for each pool × cluster that has nodes; heartbeat staleness per pool × state."""
+    pool = readings.pools
+    now = readings.now
     nodes = GaugeMetricFamily(
         "whalegen_nodes", "Nodes by pool, cluster and state.", labels=["pool", "cluster", "state"]
     )
@@ -297,7 +319,10 @@ def families(readings: PlaneReadings) -> Iterator[Metric]:
         claims.add_metric([name], open_by_pool.get(pool_id, 0))
     yield from (nodes, heartbeat, cordon, claims)
 
-    # 6. Forecast models in service.
+
+def _forecast_families(readings: PlaneReadings) -> Iterator[Metric]:
+    """Forecast models in service."""
+    now = readings.now
     version = GaugeMetricFamily(
         "whalegen_forecast_model_active_version", "Version of the active model.", labels=["kind", "scope"]
     )
