@@ -14,15 +14,17 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.registry import make_policy
+from whalegen.placement.types import NodeState, TaskRequest
 from whalegen.sim.dynamic import (
     FORECAST_SUFFIX,
     RESERVE_SUFFIX,
     DynamicResult,
+    TimedTask,
     load_timed_tasks,
     model_predictions,
     oracle_predictions,
@@ -63,29 +65,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, traces: Path) -> int:
+    """1. check the inputs, 2. load the trace and its forecasts, 3. replay every run, 4. report."""
     node_path = traces / NODE_FILE
     pod_path = traces / pod_file(args.workload)
     for path in (node_path, pod_path):
         if not path.is_file():
             print(f"whalegen replay: {path} not found", file=sys.stderr)
             return 2
+    parsed = _parse_runs(args)
+    if isinstance(parsed, str):
+        print(f"whalegen replay: {parsed}", file=sys.stderr)
+        return 2
+    forecasts, runs = parsed
+    trace = _load_trace(args, node_path, pod_path, forecasts, runs)
+    results = _replay_runs(args, trace, runs)
+    if args.plot:
+        plot(args.plot, args.workload, results)
+    if args.json:
+        _print_json(args, trace, results)
+        return 0
+    groups = list(dict.fromkeys((r.policy, r.forecast) for r in results))
+    _print_tables(args, trace, results, groups)
+    _print_paired(results, groups)
+    return 0
+
+
+def _parse_runs(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str]]] | str:
+    """The forecasts asked for and the (policy, forecast) runs they make, or what is wrong with them:
+    a plain policy runs once without a forecast, a +forecast or +reserve policy once per forecast."""
     forecasts = [f.strip() for f in args.forecast.split(",") if f.strip()]
     unknown = [f for f in forecasts if f not in FORECASTS]
     if unknown or not forecasts:
-        print(f"whalegen replay: --forecast takes {', '.join(FORECASTS)}", file=sys.stderr)
-        return 2
+        return f"--forecast takes {', '.join(FORECASTS)}"
     runs: list[tuple[str, str]] = []
     for policy in (p.strip() for p in args.policy.split(",") if p.strip()):
         try:
             make_policy(policy.removesuffix(RESERVE_SUFFIX).removesuffix(FORECAST_SUFFIX))
         except ValueError as error:
-            print(f"whalegen replay: {error}", file=sys.stderr)
-            return 2
+            return str(error)
         if policy.endswith((FORECAST_SUFFIX, RESERVE_SUFFIX)):
             runs += [(policy, f) for f in forecasts]
         else:
             runs.append((policy, "none"))
-    # 1. Trace, window, the static mix from the part before the window, forecasts.
+    return forecasts, runs
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """What every run replays: the nodes, the window after the split, the static mix's history (the
+    tasks before the window) and each forecast's predicted run times."""
+
+    nodes: tuple[NodeState, ...]
+    split_s: float
+    window: tuple[TimedTask, ...]
+    history: list[TaskRequest]
+    predictions: dict[str, dict[str, float]]
+
+
+def _load_trace(
+    args: argparse.Namespace,
+    node_path: Path,
+    pod_path: Path,
+    forecasts: list[str],
+    runs: list[tuple[str, str]],
+) -> _Trace:
     nodes = load_nodes(node_path)
     tasks = load_timed_tasks(pod_path)
     split_s = split_time(tasks, args.split_frac)
@@ -98,12 +141,16 @@ def run(args: argparse.Namespace, traces: Path) -> int:
         if any(f == name for _, f in runs):
             print(f"training the duration model ({name}) on the tasks before the window …", file=sys.stderr)
             predictions[name] = model_predictions(pod_path, split_s, window, quantile)
-    # 2. One run per (policy, forecast, seed), sequentially (the runs are cheap on a sampled cluster).
+    return _Trace(nodes, split_s, window, history, predictions)
+
+
+def _replay_runs(args: argparse.Namespace, trace: _Trace, runs: list[tuple[str, str]]) -> list[DynamicResult]:
+    """One run per (policy, forecast, seed), sequentially (the runs are cheap on a sampled cluster)."""
     results: list[DynamicResult] = []
     started = time.perf_counter()
     total = len(runs) * len(args.seeds)
     for seed in args.seeds:
-        cluster = sample_cluster(nodes, args.cluster_frac, seed)
+        cluster = sample_cluster(trace.nodes, args.cluster_frac, seed)
         for policy, forecast in runs:
             label = f"[{len(results) + 1}/{total}] {policy} ({forecast}) seed {seed}"
 
@@ -111,41 +158,49 @@ def run(args: argparse.Namespace, traces: Path) -> int:
                 elapsed = time.perf_counter() - started
                 print(f"{label}: {i}/{n} arrivals, {elapsed:.0f} s", file=sys.stderr, flush=True)
 
-            mix = shape_mix_from_tasks(history, with_memory=policy.startswith("whalegen"))
+            mix = shape_mix_from_tasks(trace.history, with_memory=policy.startswith("whalegen"))
             results.append(
                 run_dynamic(
                     cluster,
-                    window,
+                    trace.window,
                     policy,
                     seed,
                     mix=mix,
-                    predicted_s=predictions[forecast],
+                    predicted_s=trace.predictions[forecast],
                     forecast=forecast,
                     queue_window=args.queue_window,
                     align_slack=args.align_slack,
                     on_progress=progress,
                 )
             )
-    # 3. Report.
-    if args.plot:
-        plot(args.plot, args.workload, results)
-    groups = list(dict.fromkeys((r.policy, r.forecast) for r in results))
-    if args.json:
-        out = {
-            "workload": args.workload,
-            "cluster_frac": args.cluster_frac,
-            "split_s": split_s,
-            "tasks": len(window),
-            "runs": [
-                {k: v for k, v in asdict(r).items() if not k.startswith("series") and k != "start_s"}
-                for r in results
-            ],
-        }
-        print(json.dumps(out, indent=2))
-        return 0
+    return results
+
+
+def _print_json(args: argparse.Namespace, trace: _Trace, results: list[DynamicResult]) -> None:
+    out = {
+        "workload": args.workload,
+        "cluster_frac": args.cluster_frac,
+        "split_s": trace.split_s,
+        "tasks": len(trace.window),
+        "runs": [
+            {k: v for k, v in asdict(r).items() if not k.startswith("series") and k != "start_s"}
+            for r in results
+        ],
+    }
+    print(json.dumps(out, indent=2))
+
+
+def _print_tables(
+    args: argparse.Namespace,
+    trace: _Trace,
+    results: list[DynamicResult],
+    groups: list[tuple[str, str]],
+) -> None:
+    """Two tables of means over the seeds, one row per (policy, forecast): allocation and waits; then
+    large and small tasks, and the start estimates queued tasks were shown."""
     first = results[0]
     print(
-        f"dynamic replay, workload {args.workload}: {len(window)} tasks from t={split_s:.0f} s "
+        f"dynamic replay, workload {args.workload}: {len(trace.window)} tasks from t={trace.split_s:.0f} s "
         f"(split {args.split_frac}), horizon {first.horizon_s / 86400:.2f} days; "
         f"cluster {args.cluster_frac:g} of the nodes "
         f"({first.nodes} nodes, {first.gpus} GPUs for seed {first.seed}); "
@@ -171,7 +226,6 @@ def run(args: argparse.Namespace, traces: Path) -> int:
             f"{mean([r.cpu_seconds for r in rs]):.1f}",
         ]
         print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
-    # 3b. Large and small tasks, and the start estimates queued tasks were shown.
     print()
     print(
         "| policy | forecast | large started | large P95 wait h | small mean wait h | queued | estimated "
@@ -197,7 +251,11 @@ def run(args: argparse.Namespace, traces: Path) -> int:
         ]
         print(f"| {policy} | {forecast} | " + " | ".join(cells) + " |")
     print()
-    # 4. Paired by seed against the first row: the seeds' clusters differ far more than the policies do.
+
+
+def _print_paired(results: list[DynamicResult], groups: list[tuple[str, str]]) -> None:
+    """Each row against the first, paired by seed: the seeds' clusters differ far more than the
+    policies do."""
     base = [r for r in results if (r.policy, r.forecast) == groups[0]]
     for policy, forecast in groups[1:]:
         rs = [r for r in results if (r.policy, r.forecast) == (policy, forecast)]
@@ -217,7 +275,6 @@ def run(args: argparse.Namespace, traces: Path) -> int:
             f"large P95 wait shorter on {large_shorter}, longer on {large_longer}; "
             f"small mean wait shorter on {small_shorter}, longer on {small_longer}"
         )
-    return 0
 
 
 def plot(path: Path, workload: str, results: Sequence[DynamicResult]) -> None:
