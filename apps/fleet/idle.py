@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -186,29 +187,58 @@ def idle_check_pool(
     flagged_before = set(
         Task.objects.filter(pool_id=pool_id, idle_flagged_at__isnull=False).values_list("pk", flat=True)
     )
+    # 2. Clear flags that no longer hold.
+    _unflag(flagged_before - idle, now=now, out=out)
+    # 3. Flag the newly idle.
+    rows = _idle_rows(idle)
+    _flag(rows, idle - flagged_before, pool_id=pool_id, now=now, config=config, out=out)
+    # 4. Decide what to reclaim, oldest flag first.
+    candidates = [r for r in rows.values() if r["idle_flagged_at"] is not None]
+    candidates.sort(key=lambda r: (r["idle_flagged_at"], r["pk"]))
+    holders, wants = _reclaim_inputs(pool_id=pool_id, candidates=candidates, now=now, out=out)
+    # 5. Commit.
+    attempts = {c["pk"]: c["attempts"] for c in candidates}
+    _reclaim_commit(reclaim_decide(holders, wants), attempts=attempts, config=config, now=now, out=out)
+    return out
 
-    # 2. Clear flags that no longer hold: the task got busy, or stopped running (requeued, finished).
-    for task_id in sorted(flagged_before - idle):
+
+def _unflag(task_ids: set[int], *, now: datetime, out: IdleCheck) -> None:
+    """Clear the flags of tasks that got busy or stopped running (requeued, finished), and withdraw
+    their pending reclaim requests."""
+    for task_id in sorted(task_ids):
         if Task.objects.filter(pk=task_id, idle_flagged_at__isnull=False).update(idle_flagged_at=None) == 1:
             out.cleared.append(task_id)
             if Task.objects.filter(pk=task_id, state=Task.State.RUNNING).exists():
                 _note(task_id, "no longer idle: its GPUs are busy again")
-    ReclaimRequest.objects.filter(
-        state=ReclaimRequest.State.PENDING, task_id__in=flagged_before - idle
-    ).update(
+    ReclaimRequest.objects.filter(state=ReclaimRequest.State.PENDING, task_id__in=task_ids).update(
         state=ReclaimRequest.State.WITHDRAWN, decided_at=now, comment="the task got busy or stopped running"
     )
 
-    # 3. Flag the newly idle: one event each, written by whichever check wins the compare-and-set.
-    holders_rows = {
+
+def _idle_rows(idle: set[int]) -> dict[int, dict[str, Any]]:
+    """The idle tasks as the flags and the decision read them, by task id."""
+    return {
         row["pk"]: row
         for row in Task.objects.filter(pk__in=idle).values(
             "pk", "preemptible", "sla_class", "gpu_count", "gpu_milli", "attempts", "idle_flagged_at",
             policy=F("queue__idle_reclaim"),
         )
     }  # fmt: skip
-    for task_id in sorted(idle - flagged_before):
-        row = holders_rows.get(task_id)
+
+
+def _flag(
+    rows: dict[int, dict[str, Any]],
+    task_ids: set[int],
+    *,
+    pool_id: int,
+    now: datetime,
+    config: IdleConfig,
+    out: IdleCheck,
+) -> None:
+    """Flag the newly idle: one event each, written by whichever check wins the compare-and-set. A row
+    flagged here gets its flag time, so the decision sees it."""
+    for task_id in sorted(task_ids):
+        row = rows.get(task_id)
         if row is None:
             continue
         won = Task.objects.filter(pk=task_id, state=Task.State.RUNNING, idle_flagged_at__isnull=True).update(
@@ -224,31 +254,19 @@ def idle_check_pool(
         _note(task_id, f"flagged idle: {config.describe()}; {then}")
         log.info("task %s flagged idle", task_id, extra={"task_id": task_id, "pool": pool_id})
 
-    # 4. Decide what to reclaim, oldest flag first.
-    candidates = [r for r in holders_rows.values() if r["idle_flagged_at"] is not None]
-    candidates.sort(key=lambda r: (r["idle_flagged_at"], r["pk"]))
+
+def _reclaim_inputs(
+    *, pool_id: int, candidates: list[dict[str, Any]], now: datetime, out: IdleCheck
+) -> tuple[list[Holder], list[Want]]:
+    """The flagged tasks (`candidates`, oldest flag first) as holders, and the pending work that could
+    use their GPUs. Online holders already asked about this run are kept, and left out."""
     # Only preemptible tasks of preempting queues can be reclaimed: the reads below are for them alone.
     wanted = [c["pk"] for c in candidates if c["policy"] == Queue.IdleReclaim.PREEMPT and c["preemptible"]]
     models: dict[int, set[str]] = defaultdict(set)
     wants: list[Want] = []
     if wanted:
-        held = held_unit_ids(task_ids=wanted)
-        model_of = dict(
-            ComputeUnit.objects.filter(pk__in=[u for ids in held.values() for u in ids]).values_list(
-                "id", "gpu__model"
-            )
-        )
-        for task_id, unit_ids in held.items():
-            models[task_id].update(model_of[u] for u in unit_ids if u in model_of)
-        wants = [
-            Want(task_id=pk, gpu_count=count, gpu_milli=milli, allowed_models=frozenset(allowed or ()))
-            for pk, count, milli, allowed in Task.objects.filter(
-                pool_id=pool_id, state=Task.State.PENDING, wait__code__in=WANTS_CAPACITY
-            )
-            .filter(Q(not_before_at__isnull=True) | Q(not_before_at__lte=now))
-            .order_by("-priority", "created_at", "pk")
-            .values_list("pk", "gpu_count", "gpu_milli", "allowed_gpu_models")[:1000]
-        ]
+        models = _held_models(wanted)
+        wants = _pending_wants(pool_id=pool_id, now=now)
     holders = [
         Holder(
             task_id=c["pk"],
@@ -262,26 +280,63 @@ def idle_check_pool(
         for c in candidates
     ]
     attempts = {c["pk"]: c["attempts"] for c in candidates}
-    # An online task whose current run has had a request (pending, rejected…) is not asked about again,
-    # and claims no pending work meanwhile.
-    online = [h.task_id for h in holders if h.online and h.task_id in wanted]
-    asked = (
-        {
-            task_id
-            for task_id, attempt in ReclaimRequest.objects.filter(task_id__in=online).values_list(
-                "task_id", "attempt"
-            )
-            if attempts[task_id] == attempt
-        }
-        if online
-        else set()
-    )
+    asked = _asked_this_run([h.task_id for h in holders if h.online and h.task_id in wanted], attempts)
     for task_id in asked:
         out.kept[task_id] = "a reclaim request for this run exists"
-    holders = [h for h in holders if h.task_id not in asked]
+    return [h for h in holders if h.task_id not in asked], wants
 
-    # 5. Commit.
-    for decision in reclaim_decide(holders, wants):
+
+def _held_models(task_ids: list[int]) -> defaultdict[int, set[str]]:
+    """The GPU models each task's compute units are on."""
+    models: defaultdict[int, set[str]] = defaultdict(set)
+    held = held_unit_ids(task_ids=task_ids)
+    model_of = dict(
+        ComputeUnit.objects.filter(pk__in=[u for ids in held.values() for u in ids]).values_list(
+            "id", "gpu__model"
+        )
+    )
+    for task_id, unit_ids in held.items():
+        models[task_id].update(model_of[u] for u in unit_ids if u in model_of)
+    return models
+
+
+def _pending_wants(*, pool_id: int, now: datetime) -> list[Want]:
+    """Pending work the last cycle could not place for lack of capacity, in the cycle's order."""
+    return [
+        Want(task_id=pk, gpu_count=count, gpu_milli=milli, allowed_models=frozenset(allowed or ()))
+        for pk, count, milli, allowed in Task.objects.filter(
+            pool_id=pool_id, state=Task.State.PENDING, wait__code__in=WANTS_CAPACITY
+        )
+        .filter(Q(not_before_at__isnull=True) | Q(not_before_at__lte=now))
+        .order_by("-priority", "created_at", "pk")
+        .values_list("pk", "gpu_count", "gpu_milli", "allowed_gpu_models")[:1000]
+    ]
+
+
+def _asked_this_run(online: list[int], attempts: dict[int, int]) -> set[int]:
+    """An online task whose current run has had a request (pending, rejected…) is not asked about
+    again, and claims no pending work meanwhile."""
+    if not online:
+        return set()
+    return {
+        task_id
+        for task_id, attempt in ReclaimRequest.objects.filter(task_id__in=online).values_list(
+            "task_id", "attempt"
+        )
+        if attempts[task_id] == attempt
+    }
+
+
+def _reclaim_commit(
+    decisions: list[Decision],
+    *,
+    attempts: dict[int, int],
+    config: IdleConfig,
+    now: datetime,
+    out: IdleCheck,
+) -> None:
+    """Keep, preempt through the state machine, or raise a reclaim request for an admin."""
+    for decision in decisions:
         if decision.verdict == Verdict.KEEP:
             out.kept[decision.task_id] = decision.reason
         elif decision.verdict == Verdict.PREEMPT:
@@ -293,7 +348,6 @@ def idle_check_pool(
             task_id=decision.task_id, attempt=attempts[decision.task_id], config=config, why=decision.reason
         ):
             out.requested.append(decision.task_id)
-    return out
 
 
 def _reclaim_request_raise(*, task_id: int, attempt: int, config: IdleConfig, why: str) -> bool:
