@@ -178,6 +178,42 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
     check_node(node, message.node_id)
     check_version(message.protocol_version)
     # 1. Ownership: all or nothing, before anything is written.
+    named, existing, gpus = _check_ownership(node=node, message=message)
+    agent, _ = NodeAgent.objects.get_or_create(node=node)
+    # 2. Store and apply in one transaction; the unique (node, seq) makes a concurrent repeat fail here.
+    try:
+        with transaction.atomic():
+            # The scheduling cycle's lock order: quotas (a report may end a task and give its charge
+            # back), then the node, then tasks. Rows of this node written below (reports, runs) take a
+            # share lock on the node row, which must not be held while waiting for a quota.
+            quotas_lock(sorted(existing))
+            Node.objects.select_for_update().filter(pk=node.pk).values_list("pk").first()
+            if AgentReport.objects.filter(node=node, seq=message.seq).exists():
+                raise _Repeat
+            # The output itself is stored once, in apps.logs (capped there); the report keeps its outline.
+            payload = message.to_dict()
+            payload["logs"] = [{**chunk, "lines": len(chunk["lines"])} for chunk in payload.get("logs", [])]
+            AgentReport.objects.create(node=node, seq=message.seq, payload=payload)
+            _apply_task_reports(node=node, message=message, named=named, existing=existing)
+            _apply_partitions(node=node, message=message, gpus=gpus, now=now)
+            log_chunks_store(node=node, chunks=message.logs)
+    except (_Repeat, IntegrityError):
+        pass
+    # 3. Acknowledge what is stored, and tell the heartbeat paths the node's runs may have moved.
+    stored = AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0
+    NodeAgent.objects.filter(pk=agent.pk).update(stored_seq=stored)
+    # Runs may have changed state: the next heartbeat compares them the full way (apps.fleet.liveness).
+    liveness.forget([node.pk])
+    if message.tasks:
+        # A run that ended leaves the stop list and releases a run held back behind it (no double
+        # occupancy): the node's waiting poll must rebuild.
+        changes.node_changed([node.pk])
+    return p.ReportAck(stored_seq=stored)
+
+
+def _check_ownership(*, node: Node, message: p.Report) -> tuple[set[int], set[int], dict[str, Gpu]]:
+    """Raise NotAllowed unless every task, GPU and output chunk named is this node's. Returns the task
+    ids named, those of them that still exist, and the node's GPUs by UUID."""
     named: set[int] = set()
     for item in message.tasks:
         run = parse_run(item.task_id, item.attempt)
@@ -194,86 +230,68 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
         raise NotAllowed(f"GPUs {sorted(foreign)} are not on node {node.pk}")
     reported = {run for item in message.tasks if (run := parse_run(item.task_id, item.attempt)) is not None}
     log_chunks_check(node=node, chunks=message.logs, reported=reported)
-    agent, _ = NodeAgent.objects.get_or_create(node=node)
-    # 2. Store and apply in one transaction; the unique (node, seq) makes a concurrent repeat fail here.
-    try:
-        with transaction.atomic():
-            # The scheduling cycle's lock order: quotas (a report may end a task and give its charge
-            # back), then the node, then tasks. Rows of this node written below (reports, runs) take a
-            # share lock on the node row, which must not be held while waiting for a quota.
-            quotas_lock(sorted(existing))
-            Node.objects.select_for_update().filter(pk=node.pk).values_list("pk").first()
-            if AgentReport.objects.filter(node=node, seq=message.seq).exists():
-                raise _Repeat
-            # The output itself is stored once, in apps.logs (capped there); the report keeps its outline.
-            payload = message.to_dict()
-            payload["logs"] = [{**chunk, "lines": len(chunk["lines"])} for chunk in payload.get("logs", [])]
-            AgentReport.objects.create(node=node, seq=message.seq, payload=payload)
-            ended_runs = set(
-                TaskRun.objects.filter(node=node, task_id__in=named, state__in=_ENDED_BY_AGENT).values_list(
-                    "task_id", "attempt"
-                )
-            )
-            for item in message.tasks:
-                task_id, attempt = parse_run(item.task_id, item.attempt) or (0, 0)
-                if task_id not in existing:
-                    continue  # deleted since: nothing to move
-                if (task_id, attempt) in ended_runs and item.state in _ALIVE_REPORTS:
-                    # A process that exited does not run again: this report was overtaken by a later one.
-                    continue
-                TaskRun.objects.update_or_create(
-                    node=node,
-                    task_id=task_id,
-                    attempt=attempt,
-                    defaults={
-                        "state": item.state.value,
-                        "pid": item.pid,
-                        "exit_code": item.exit_code,
-                        "device_uuid": item.device_uuid or "",
-                        "reason": item.reason[:500],
-                        "missing_since": None,  # the agent still knows this run
-                    },
-                )
-                task = Task.objects.get(pk=task_id)
-                # Only the current attempt's live assignment here is moved by what the agent says;
-                # a report about an older attempt (an orphan being stopped) only updates its TaskRun.
-                live = (
-                    attempt == task.attempts
-                    and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
-                )
-                _apply_task_report(node=node, task=task, report=item, live=live, attempt=attempt)
-            applied = dict(GpuPartition.objects.filter(gpu__node=node).values_list("gpu__uuid", "generation"))
-            for part in message.partitions:
-                gpu = gpus.get(part.gpu_uuid)
-                if gpu is None:
-                    continue
-                if part.generation < applied.get(part.gpu_uuid, 0):
-                    continue  # an older layout's report, overtaken by a newer generation's
-                GpuPartition.objects.update_or_create(
-                    gpu=gpu,
-                    defaults={
-                        "state": part.state.value,
-                        "generation": part.generation,
-                        "instances": [i.to_dict() for i in part.instances],
-                        "errors": [e.to_dict() for e in part.errors],
-                        "reason": part.reason[:500],
-                        "reported_at": agent_time(part.at_s, now),
-                    },
-                )
-                if part.state is p.PartitionState.GPU_LOST:
-                    gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
-            log_chunks_store(node=node, chunks=message.logs)
-    except (_Repeat, IntegrityError):
-        pass
-    stored = AgentReport.objects.filter(node=node).aggregate(top=Max("seq"))["top"] or 0
-    NodeAgent.objects.filter(pk=agent.pk).update(stored_seq=stored)
-    # Runs may have changed state: the next heartbeat compares them the full way (apps.fleet.liveness).
-    liveness.forget([node.pk])
-    if message.tasks:
-        # A run that ended leaves the stop list and releases a run held back behind it (no double
-        # occupancy): the node's waiting poll must rebuild.
-        changes.node_changed([node.pk])
-    return p.ReportAck(stored_seq=stored)
+    return named, existing, gpus
+
+
+def _apply_task_reports(*, node: Node, message: p.Report, named: set[int], existing: set[int]) -> None:
+    """Each task report updates its run's TaskRun and, for the live run, moves the task."""
+    ended_runs = set(
+        TaskRun.objects.filter(node=node, task_id__in=named, state__in=_ENDED_BY_AGENT).values_list(
+            "task_id", "attempt"
+        )
+    )
+    for item in message.tasks:
+        task_id, attempt = parse_run(item.task_id, item.attempt) or (0, 0)
+        if task_id not in existing:
+            continue  # deleted since: nothing to move
+        if (task_id, attempt) in ended_runs and item.state in _ALIVE_REPORTS:
+            # A process that exited does not run again: this report was overtaken by a later one.
+            continue
+        TaskRun.objects.update_or_create(
+            node=node,
+            task_id=task_id,
+            attempt=attempt,
+            defaults={
+                "state": item.state.value,
+                "pid": item.pid,
+                "exit_code": item.exit_code,
+                "device_uuid": item.device_uuid or "",
+                "reason": item.reason[:500],
+                "missing_since": None,  # the agent still knows this run
+            },
+        )
+        task = Task.objects.get(pk=task_id)
+        # Only the current attempt's live assignment here is moved by what the agent says;
+        # a report about an older attempt (an orphan being stopped) only updates its TaskRun.
+        live = (
+            attempt == task.attempts
+            and Assignment.objects.filter(node=node, task=task, released_at__isnull=True).exists()
+        )
+        _apply_task_report(node=node, task=task, report=item, live=live, attempt=attempt)
+
+
+def _apply_partitions(*, node: Node, message: p.Report, gpus: dict[str, Gpu], now: datetime) -> None:
+    """Each partition report replaces its GPU's layout, unless a newer generation's report came first."""
+    applied = dict(GpuPartition.objects.filter(gpu__node=node).values_list("gpu__uuid", "generation"))
+    for part in message.partitions:
+        gpu = gpus.get(part.gpu_uuid)
+        if gpu is None:
+            continue
+        if part.generation < applied.get(part.gpu_uuid, 0):
+            continue  # an older layout's report, overtaken by a newer generation's
+        GpuPartition.objects.update_or_create(
+            gpu=gpu,
+            defaults={
+                "state": part.state.value,
+                "generation": part.generation,
+                "instances": [i.to_dict() for i in part.instances],
+                "errors": [e.to_dict() for e in part.errors],
+                "reason": part.reason[:500],
+                "reported_at": agent_time(part.at_s, now),
+            },
+        )
+        if part.state is p.PartitionState.GPU_LOST:
+            gpu_unhealthy(gpu=gpu, kind="lost", xid=None, now=now)
 
 
 class _Repeat(Exception):
