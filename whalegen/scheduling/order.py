@@ -29,8 +29,8 @@ def _units(pending: Iterable[TaskRequest]) -> list[list[TaskRequest]]:
 class _Offer(NamedTuple):
     """One unit of work (a task, or a gang's members) with what the ordering reads of it, computed once:
     the loops below compare and add these for every unit offered, ten thousand per cycle. A named tuple,
-    not a frozen dataclass: as immutable, and built in half the time (a frozen dataclass sets each field
-    through `object.__setattr__`), 4-6 ms of a 10,000-task cycle."""
+    not a frozen dataclass: as immutable, and cheaper to build, since a frozen dataclass sets each field
+    through `object.__setattr__` (docs/notes/cycle-speed.md)."""
 
     tasks: list[TaskRequest]
     age: tuple[float, str]  # oldest submission of its tasks, then its first task's id
@@ -73,14 +73,56 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
        between tenants (GPU, CPU, host memory of the pool): the tenant with the smallest share goes next
        with its next unit, recomputed as each unit is offered.
     """
+    totals = _pool_totals(cluster)
+    held, queue_held, weight = _running_use(cluster, queues)
+    # 1. Each tenant's own order.
+    tenant_order = _tenant_orders(cluster.pending, queues, totals, queue_held, weight)
+    # 2. Split each tenant's order into within-guarantee and borrowing.
     guaranteed = {q.tenant: q.guaranteed_milli for q in cluster.quotas}
-    totals = (
+    passes = _guaranteed_then_borrowing(tenant_order, guaranteed, held)
+    # 3. Across tenants.
+    return _across_tenants(passes, totals, held)
+
+
+# GPU milli, CPU milli and host memory MiB, held or offered: the three resources of a dominant share.
+_Use = list[float]
+
+
+def _pool_totals(cluster: ClusterSnapshot) -> tuple[int, int, int]:
+    """The pool's GPU, CPU and host memory: every share's denominators (at least 1, for an empty pool)."""
+    return (
         max(sum(WHOLE_GPU_MILLI * len(n.gpus) for n in cluster.nodes), 1),
         max(sum(n.cpu_total_milli for n in cluster.nodes), 1),
         max(sum(n.mem_total_mib for n in cluster.nodes), 1),
     )
-    held: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # tenant → GPU, CPU, memory
-    queue_held: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+
+
+def _share(use: _Use, totals: tuple[int, int, int]) -> float:
+    """Dominant-resource share: the largest part of the pool's GPU, CPU or memory that `use` holds."""
+    return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
+
+
+def _add(use: _Use, offer: _Offer) -> None:
+    # Offered counts as held for fairness: the engine places most of what it is offered.
+    use[0] += offer.gpu_milli
+    use[1] += offer.cpu_milli
+    use[2] += offer.mem_mib
+
+
+def _add_all(use: _Use, offers: list[_Offer]) -> None:
+    # As `_add` one by one, to the bit: every amount is a whole number and every sum stays far below
+    # 2**53, so the floats hold each partial sum exactly.
+    use[0] += sum(o.gpu_milli for o in offers)
+    use[1] += sum(o.cpu_milli for o in offers)
+    use[2] += sum(o.mem_mib for o in offers)
+
+
+def _running_use(
+    cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]]
+) -> tuple[dict[str, _Use], dict[int, _Use], dict[int, int]]:
+    """What the running tasks hold, per tenant and per queue, and the weights of their queues."""
+    held: dict[str, _Use] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    queue_held: dict[int, _Use] = defaultdict(lambda: [0.0, 0.0, 0.0])
     weight: dict[int, int] = {}
     for task in cluster.running:
         use = (task.gpu_milli * len(task.gpu_indexes), task.cpu_milli, task.mem_mib)
@@ -91,22 +133,18 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
                 queue_held[queue[0]][i] += amount
         if queue is not None:
             weight[queue[0]] = max(queue[1], 1)
+    return held, queue_held, weight
 
-    def share(use: list[float]) -> float:
-        return max(use[0] / totals[0], use[1] / totals[1], use[2] / totals[2])
 
-    def add(use: list[float], offer: _Offer) -> None:
-        # Offered counts as held for fairness: the engine places most of what it is offered.
-        use[0] += offer.gpu_milli
-        use[1] += offer.cpu_milli
-        use[2] += offer.mem_mib
-
-    def add_all(use: list[float], offers: list[_Offer]) -> None:
-        # As `add` one by one, to the bit: every amount is a whole number and every sum stays far below
-        # 2**53, so the floats hold each partial sum exactly.
-        use[0] += sum(o.gpu_milli for o in offers)
-        use[1] += sum(o.cpu_milli for o in offers)
-        use[2] += sum(o.mem_mib for o in offers)
+def _tenant_orders(
+    pending: Iterable[TaskRequest],
+    queues: Mapping[str, tuple[int, int]],
+    totals: tuple[int, int, int],
+    queue_held: dict[int, _Use],
+    weight: dict[int, int],
+) -> dict[str, list[_Offer]]:
+    """Each tenant's own order: priority, then weighted fair share between its queues, then age. A
+    pending task's queue not seen running gets its weight here."""
 
     def queue_of(unit: list[TaskRequest]) -> int:
         queue = queues.get(unit[0].task_id)
@@ -116,33 +154,49 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
             weight[queue[0]] = max(queue[1], 1)
         return queue[0]
 
-    # 1. Each tenant's own order: priority, then weighted fair share between its queues, then age.
     by_tenant: dict[str, dict[int, dict[int, list[_Offer]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list))
     )
-    for unit in _units(cluster.pending):
+    for unit in _units(pending):
         offer = _Offer.of(unit)
         by_tenant[unit[0].tenant][offer.priority][queue_of(unit)].append(offer)
-    tenant_order: dict[str, list[_Offer]] = {}
-    for tenant, levels in by_tenant.items():
-        mine: list[_Offer] = []
-        for level in sorted(levels, reverse=True):
-            lines = {q: sorted(us, key=_age, reverse=True) for q, us in levels[level].items()}
-            while len(lines) > 1:
-                q = min(lines, key=lambda q: (share(queue_held[q]) / weight.get(q, 1), lines[q][-1].age))
-                offer = lines[q].pop()
-                mine.append(offer)
-                add(queue_held[q], offer)
-                if not lines[q]:
-                    del lines[q]
-            # One queue left: its line in age order, no share to compare.
-            for q, line in lines.items():
-                line.reverse()
-                mine += line
-                add_all(queue_held[q], line)
-        tenant_order[tenant] = mine
+    return {
+        tenant: _between_queues(levels, totals, queue_held, weight) for tenant, levels in by_tenant.items()
+    }
 
-    # 2. Split each tenant's order into within-guarantee and borrowing.
+
+def _between_queues(
+    levels: dict[int, dict[int, list[_Offer]]],
+    totals: tuple[int, int, int],
+    queue_held: dict[int, _Use],
+    weight: dict[int, int],
+) -> list[_Offer]:
+    """One tenant's offers (by priority, then queue): highest priority first; within a priority the queue
+    with the smallest weighted share goes next with its oldest unit, recomputed as each is offered."""
+    mine: list[_Offer] = []
+    for level in sorted(levels, reverse=True):
+        lines = {q: sorted(us, key=_age, reverse=True) for q, us in levels[level].items()}
+        while len(lines) > 1:
+            q = min(lines, key=lambda q: (_share(queue_held[q], totals) / weight.get(q, 1), lines[q][-1].age))
+            offer = lines[q].pop()
+            mine.append(offer)
+            _add(queue_held[q], offer)
+            if not lines[q]:
+                del lines[q]
+        # One queue left: its line in age order, no share to compare.
+        for q, line in lines.items():
+            line.reverse()
+            mine += line
+            _add_all(queue_held[q], line)
+    return mine
+
+
+def _guaranteed_then_borrowing(
+    tenant_order: dict[str, list[_Offer]], guaranteed: dict[str, int], held: dict[str, _Use]
+) -> list[dict[int, dict[str, list[_Offer]]]]:
+    """Two passes, each by priority then tenant: the units that fit in what is left of their tenant's
+    guarantee (after what it runs), walking its order; then the rest. A tenant without a quota row is
+    never held back."""
     room = {tenant: guaranteed[tenant] - held[tenant][0] for tenant in guaranteed}
     passes: list[dict[int, dict[str, list[_Offer]]]] = [
         defaultdict(lambda: defaultdict(list)),
@@ -158,13 +212,18 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
             else:
                 which = 1
             passes[which][offer.priority][tenant].append(offer)
+    return passes
 
-    # 3. Across tenants: pass, priority, then fair share (a heap of tenants by share, then oldest unit).
+
+def _across_tenants(
+    passes: list[dict[int, dict[str, list[_Offer]]]], totals: tuple[int, int, int], held: dict[str, _Use]
+) -> list[list[TaskRequest]]:
+    """Pass, priority, then fair share between tenants (a heap of tenants by share, then oldest unit)."""
     ordered: list[list[TaskRequest]] = []
     for buckets in passes:
         for level in sorted(buckets, reverse=True):
             lines_of = {tenant: list(reversed(us)) for tenant, us in buckets[level].items()}
-            heap = [(share(held[t]), q[-1].age, t) for t, q in lines_of.items()]
+            heap = [(_share(held[t], totals), q[-1].age, t) for t, q in lines_of.items()]
             heapq.heapify(heap)
             while heap:
                 # The tenant on top goes next; it goes back with its new share while it has units left
@@ -174,9 +233,9 @@ def order_units(cluster: ClusterSnapshot, queues: Mapping[str, tuple[int, int]])
                 offer = line.pop()
                 ordered.append(offer.tasks)
                 tenant_held = held[tenant]
-                add(tenant_held, offer)
+                _add(tenant_held, offer)
                 if line:
-                    heapq.heapreplace(heap, (share(tenant_held), line[-1].age, tenant))
+                    heapq.heapreplace(heap, (_share(tenant_held, totals), line[-1].age, tenant))
                 else:
                     heapq.heappop(heap)
     return ordered
