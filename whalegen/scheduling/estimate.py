@@ -64,15 +64,41 @@ def estimate_starts(
     placements: Sequence[Bound],
     requests: Mapping[str, TaskRequest],
 ) -> dict[str, Estimate]:
-    cluster = snapshot.cluster
-    node_model = {n.name: n.model for n in cluster.nodes}
+    # 1. What each GPU model has idle after the cycle, and what frees when.
+    idle_by_model, ends_by_model, held_by_model = _capacity_by_model(
+        snapshot, now_s, nodes_after=nodes_after, placements=placements
+    )
+    # 2. Tasks answered without the queue: never by ends, now, by their quota, or never fits.
+    out, queue = _answer_or_queue(snapshot, unplaced, now_s, placements=placements, requests=requests)
+    # 3. The rest walked in the decision's order; a stable sort keeps the given order among equal keys
+    #    (a gang's members).
+    queue.sort(key=lambda t: t.order_key or 0)
+    out.update(
+        queue_starts(
+            queue,
+            idle_by_model,
+            ends_by_model,
+            held_by_model,
+            lambda t: snapshot.expected_runtime_s.get(t),
+            now_s,
+        )
+    )
+    return out
+
+
+def _capacity_by_model(
+    snapshot: Snapshot, now_s: float, *, nodes_after: Sequence[NodeState], placements: Sequence[Bound]
+) -> tuple[dict[str | None, int], dict[str | None, list[tuple[float, int]]], dict[str | None, int]]:
+    """Per GPU model: idle milli on schedulable nodes after the cycle, (expected end, milli) of the
+    running tasks and this cycle's placements, and milli held by tasks whose end is unknown."""
+    node_model = {n.name: n.model for n in snapshot.cluster.nodes}
     idle_by_model: dict[str | None, int] = defaultdict(int)
     for node in nodes_after:
         if node.schedulable:
             idle_by_model[node.model] += sum(g.free_milli for g in node.gpus)
     ends_by_model: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
-    held_by_model: dict[str | None, int] = defaultdict(int)  # milli held by tasks whose end is unknown
-    for task in cluster.running:
+    held_by_model: dict[str | None, int] = defaultdict(int)
+    for task in snapshot.cluster.running:
         milli = task.gpu_milli * len(task.gpu_indexes)
         end = snapshot.expected_end_s.get(task.task_id)
         model = node_model.get(task.node)
@@ -89,31 +115,26 @@ def estimate_starts(
             held_by_model[model] += milli
             continue
         ends_by_model[model].append((now_s + runtime, milli))
+    return idle_by_model, ends_by_model, held_by_model
+
+
+def _answer_or_queue(
+    snapshot: Snapshot,
+    unplaced: Mapping[str, Reason],
+    now_s: float,
+    *,
+    placements: Sequence[Bound],
+    requests: Mapping[str, TaskRequest],
+) -> tuple[dict[str, Estimate], list[TaskRequest]]:
+    """The estimates of the tasks whose reason answers alone, and the tasks left for the queue walk."""
+    cluster = snapshot.cluster
     # Only a task left for its quota reads its tenant's quota use and ends: that view walks the cycle's
     # placements and their requests once more (thousands, cold in memory after the engine's sweep), so
     # it is built only when such a task is left.
     quota_bound = any(r.code == Outcome.QUOTA_EXCEEDED.value for r in unplaced.values())
     tenant_curves, usage = _by_tenant(snapshot, placements, requests, now_s) if quota_bound else ({}, {})
     quota_of = {q.tenant: q for q in cluster.quotas}
-
-    def first_time(curve: _Curve, short: int) -> float | None:
-        if short <= 0:
-            return now_s
-        times, freed = curve
-        k = int(np.searchsorted(freed, short, side="left"))
-        return max(float(times[k]), now_s) if k < len(times) else None
-
-    # Capacity counted across the pool says nothing of a task larger than every node: only a node that
-    # could hold it whole gives it a start. Asked once per shape (a backlog has a few hundred).
-    schedulable = [n for n in cluster.nodes if n.schedulable]
-    fits_of: dict[tuple[int, int, int, frozenset[str]], bool] = {}
-
-    def takeable(request: TaskRequest) -> bool:
-        key = (request.num_gpu, request.cpu_milli, request.mem_mib, request.allowed_models)
-        if key not in fits_of:
-            fits_of[key] = any(n.takes(*key) for n in schedulable)
-        return fits_of[key]
-
+    takeable = _takeable([n for n in cluster.nodes if n.schedulable])
     out: dict[str, Estimate] = {}
     queue: list[TaskRequest] = []
     for task_id, reason in unplaced.items():
@@ -131,7 +152,7 @@ def estimate_starts(
                 - quota.borrow_limit_milli
             )
             curve = tenant_curves.get(request.tenant, (np.array([]), np.array([], np.int64)))
-            start = first_time(curve, short)
+            start = _first_time(curve, short, now_s)
             out[task_id] = Estimate(
                 start,
                 ""
@@ -143,19 +164,31 @@ def estimate_starts(
             out[task_id] = Estimate(None, _never_fits(request))
         else:
             queue.append(request)
-    # The decision's order; a stable sort keeps the given order among equal keys (a gang's members).
-    queue.sort(key=lambda t: t.order_key or 0)
-    out.update(
-        queue_starts(
-            queue,
-            idle_by_model,
-            ends_by_model,
-            held_by_model,
-            lambda t: snapshot.expected_runtime_s.get(t),
-            now_s,
-        )
-    )
-    return out
+    return out, queue
+
+
+def _first_time(curve: _Curve, short: int, now_s: float) -> float | None:
+    """The first time the ends on `curve` have freed `short` milli (now when nothing is short)."""
+    if short <= 0:
+        return now_s
+    times, freed = curve
+    k = int(np.searchsorted(freed, short, side="left"))
+    return max(float(times[k]), now_s) if k < len(times) else None
+
+
+def _takeable(schedulable: list[NodeState]) -> Callable[[TaskRequest], bool]:
+    """Whether some schedulable node could hold the request whole, even empty. Capacity counted across
+    the pool says nothing of a task larger than every node: only such a node gives it a start. Asked once
+    per shape (a backlog has a few hundred)."""
+    fits_of: dict[tuple[int, int, int, frozenset[str]], bool] = {}
+
+    def takeable(request: TaskRequest) -> bool:
+        key = (request.num_gpu, request.cpu_milli, request.mem_mib, request.allowed_models)
+        if key not in fits_of:
+            fits_of[key] = any(n.takes(*key) for n in schedulable)
+        return fits_of[key]
+
+    return takeable
 
 
 def _never_fits(request: TaskRequest) -> str:
