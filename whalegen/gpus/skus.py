@@ -1,7 +1,8 @@
 """Per-SKU fixtures: what a simulated NVML needs to impersonate one GPU model.
 
-A fixture joins the catalogue entry, the MIG GI-profile table (mig.py) and the board facts NVML
-reports (device name string, PCI device ID, clocks, power). Figures come from
+A fixture holds only the board facts NVML reports (device name string, PCI device ID, SMs, clocks,
+power); the model's memory, architecture and MIG table come from the catalogue (catalogue.py, the one
+table a GPU model is described in) and mig.py, so a fixture cannot disagree with them. Figures come from
 reference/gpu-partitioning.md and vendor datasheets; each fixture says where its MIG geometry comes
 from in `provenance`. Replace inferred values with captured ones when `scripts/gpu-check` has run on
 the hardware (§10).
@@ -19,7 +20,8 @@ from whalegen.gpus.mig import CiProfile, MigProfile, ci_profiles, mig_profiles
 
 class MigResetPolicy(StrEnum):
     # Hopper applies a MIG-mode change at once and forgets it on driver reload; Ampere needs a GPU
-    # reset to activate it and keeps it in the InfoROM (§3).
+    # reset to activate it and keeps it in the InfoROM (§3). The values are the catalogue's architecture
+    # names: a MIG-capable model's policy is its architecture's.
     HOPPER = "hopper"
     AMPERE = "ampere"
 
@@ -29,9 +31,6 @@ class SkuFixture:
     key: str  # fixture name used in simulator specs, e.g. "h100-80gb-sxm"
     model: str  # canonical catalogue name
     nvml_name: str  # what nvmlDeviceGetName returns
-    architecture: str
-    total_mem_mib: int
-    mig_reset_policy: MigResetPolicy | None  # None: no MIG on this SKU
     pci_device_id: int
     sm_count: int
     max_sm_clock_mhz: int
@@ -41,12 +40,25 @@ class SkuFixture:
     provenance: str
 
     @property
-    def mig_capable(self) -> bool:
-        return self.mig_reset_policy is not None
-
-    @property
     def catalogue_model(self) -> GpuModel:
         return get_model(self.model)
+
+    @property
+    def architecture(self) -> str:
+        return self.catalogue_model.architecture or ""
+
+    @property
+    def total_mem_mib(self) -> int:
+        return self.catalogue_model.mem_mib or 0
+
+    @property
+    def mig_reset_policy(self) -> MigResetPolicy | None:
+        """None: no MIG on this SKU."""
+        return MigResetPolicy(self.architecture) if self.catalogue_model.mig_capable else None
+
+    @property
+    def mig_capable(self) -> bool:
+        return self.mig_reset_policy is not None
 
     @property
     def gi_profiles(self) -> tuple[MigProfile, ...]:
@@ -101,9 +113,6 @@ SKUS: dict[str, SkuFixture] = {
             "a100-40gb",
             "A100-40GB",
             "NVIDIA A100-SXM4-40GB",
-            "ampere",
-            40_960,
-            MigResetPolicy.AMPERE,
             0x20B0,
             108,
             1410,
@@ -116,9 +125,6 @@ SKUS: dict[str, SkuFixture] = {
             "a100-80gb",
             "A100-80GB",
             "NVIDIA A100-SXM4-80GB",
-            "ampere",
-            81_920,
-            MigResetPolicy.AMPERE,
             0x20B2,
             108,
             1410,
@@ -131,9 +137,6 @@ SKUS: dict[str, SkuFixture] = {
             "h100-80gb-sxm",
             "H100-80GB",
             "NVIDIA H100 80GB HBM3",
-            "hopper",
-            81_559,
-            MigResetPolicy.HOPPER,
             0x2330,
             132,
             1980,
@@ -146,9 +149,6 @@ SKUS: dict[str, SkuFixture] = {
             "h200-141gb",
             "H200-141GB",
             "NVIDIA H200",
-            "hopper",
-            143_771,
-            MigResetPolicy.HOPPER,
             0x2335,
             132,
             1980,
@@ -161,9 +161,6 @@ SKUS: dict[str, SkuFixture] = {
             "l40s",
             "L40S",
             "NVIDIA L40S",
-            "ada",
-            46_068,
-            None,
             0x26B9,
             142,
             2520,

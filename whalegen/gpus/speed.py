@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from whalegen.gpus.catalogue import FP32_TFLOPS, get_model
+from whalegen.gpus.catalogue import get_model
 
 # The exponent used when the measured models cannot tell compute from bandwidth (one model, or models
 # with the same FLOPS-to-bandwidth ratio): an even blend.
@@ -45,7 +45,7 @@ class GpuFigures:
 def gpu_figures(model_name: str) -> GpuFigures:
     """The catalogue's FP32 TFLOPS and bandwidth of a model; ValueError when either is unknown."""
     model = get_model(model_name)
-    tflops = FP32_TFLOPS.get(model.name)
+    tflops = model.fp32_tflops
     if tflops is None or model.mem_bandwidth_gbps is None:
         raise ValueError(f"GPU model {model.name}: no FP32 TFLOPS or bandwidth in the catalogue")
     return GpuFigures(model.name, tflops, float(model.mem_bandwidth_gbps))
