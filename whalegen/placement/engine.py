@@ -214,8 +214,8 @@ class Engine:
 
         A policy answers None only when no node and device can take the request, and binding only takes
         CPU, memory, GPU milli and MIG slices away: a request that found nothing finds nothing again
-        until something is released. A saturated pool sees the same requests fail over and over (the
-        5,000-node bench: a third of its tasks), so they are answered without scoring a node.
+        until something is released. A saturated pool sees the same requests fail over and over
+        (docs/notes/placement-speed.md), so they are answered without scoring a node.
         """
         releases = self.state.releases
         aware = self.policy.task_aware  # its "no" is for one task, not for every equal request
@@ -252,64 +252,19 @@ class Engine:
         preemptions: list[Preemption] = []
         claimed: set[str] = set()
         # 1. Order.
-        ordered = sorted(
-            pending,
-            key=lambda t: (
-                t.order_key is None,
-                t.order_key or 0,
-                -t.priority,
-                t.submitted_at_s,
-                t.task_id,
-            ),
-        )
-        gangs: dict[str, list[TaskRequest]] = defaultdict(list)
-        for task in ordered:
-            if task.gang_id is not None:
-                gangs[task.gang_id].append(task)
-        units: list[list[TaskRequest]] = []
-        seen_gangs: set[str] = set()
-        for task in ordered:
-            if task.gang_id is None:
-                units.append([task])
-            elif task.gang_id not in seen_gangs:
-                seen_gangs.add(task.gang_id)
-                units.append(gangs[task.gang_id])
-        for unit in units:
-            # 2. Gang completeness and quota.
-            head = unit[0]
-            if head.gang_id is not None and len(unit) < head.gang_size:
-                message = f"gang {head.gang_id} has {len(unit)} of {head.gang_size} members pending"
-                unplaced += [Unplaced(t.task_id, Outcome.GANG_INCOMPLETE, message) for t in unit]
-                continue
-            spent = self.budget_check(head.tenant)
-            if spent is not None:
-                unplaced += [Unplaced(t.task_id, Outcome.BUDGET_SPENT, spent) for t in unit]
-                continue
+        for unit in _units_in_order(pending):
+            # 2. Gang completeness, budget, quota and the online reserve.
             need_milli = sum(t.num_gpu * t.gpu_milli for t in unit)
-            quota_problem, borrowed = self.quota_check(head.tenant, need_milli)
-            if quota_problem is not None:
-                unplaced += [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit]
-                continue
             batch = not all(t.sla_online for t in unit)
-            reserve_problem = self._reserve_check(unit, need_milli) if batch else None
-            if reserve_problem is not None:
-                unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, reserve_problem) for t in unit]
+            refused, borrowed = self._admit(unit, need_milli, batch)
+            if refused:
+                unplaced += refused
                 continue
             # 3. Place every member or none.
-            bound: list[tuple[TaskRequest, Binding]] = []
-            failed: TaskRequest | None = None
-            for task in unit:
-                req = Request.of(task)
-                self.policy.begin_task(task, now)
-                pick = self.choose(req)
-                if pick is None:
-                    failed = task
-                    break
-                bound.append((task, self.state.bind(task.task_id, pick[0], pick[1], req)))
+            bound, failed = self._bind_all(unit, now)
             if failed is None and batch and self.state.free_milli_total < self.config.online_reserve_milli:
                 # Whole-mode GPUs and MIG profiles can hold more than was asked: check what was taken.
-                for _, binding in reversed(bound):
-                    self.state.release(binding.task_id)
+                self._unbind(bound)
                 problem = self._reserve_message(unit, need_milli)
                 unplaced += [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, problem) for t in unit]
                 continue
@@ -319,28 +274,75 @@ class Engine:
                 if on_placed is not None:
                     on_placed(made)
                 continue
-            for _, binding in reversed(bound):
-                self.state.release(binding.task_id)
-            # 4. Explain, and propose preemption for single tasks. A co-location the policy refused for an
-            #    SLA is not a shortage: victims by resources would free a unit it refuses again, so only
-            #    the batch neighbours whose leaving honours the SLA are proposed (`_propose_for_sla`).
-            refusal = self.policy.sla_refusal(failed.task_id)
-            if refusal is not None:
-                outcome, message = Outcome.SLA_REFUSED, refusal.message
-            else:
-                outcome, message = self.explain(Request.of(failed))
-            if len(unit) == 1 and self.config.preemption and outcome in _PREEMPTS_FOR:
-                victims, message = self._victims_for(failed, refusal, message, now, claimed)
-                if victims:
-                    preemptions += victims
-                    outcome = Outcome.WAITING_FOR_PREEMPTION
-            for task in unit:
-                if task is failed:
-                    unplaced.append(Unplaced(task.task_id, outcome, message))
-                else:
-                    why = f"gang {task.gang_id}: member {failed.task_id} cannot be placed ({message})"
-                    unplaced.append(Unplaced(task.task_id, Outcome.GANG_UNPLACEABLE, why))
+            self._unbind(bound)
+            # 4. Explain, and propose preemption for single tasks.
+            left, victims = self._left_over(unit, failed, now, claimed)
+            unplaced += left
+            preemptions += victims
         return CycleResult(tuple(placements), tuple(preemptions), tuple(unplaced))
+
+    def _admit(self, unit: list[TaskRequest], need_milli: int, batch: bool) -> tuple[list[Unplaced], bool]:
+        """Why the unit is not tried at all (one entry per member; empty when it is tried), and whether
+        it would borrow above its tenant's guarantee."""
+        head = unit[0]
+        if head.gang_id is not None and len(unit) < head.gang_size:
+            message = f"gang {head.gang_id} has {len(unit)} of {head.gang_size} members pending"
+            return [Unplaced(t.task_id, Outcome.GANG_INCOMPLETE, message) for t in unit], False
+        spent = self.budget_check(head.tenant)
+        if spent is not None:
+            return [Unplaced(t.task_id, Outcome.BUDGET_SPENT, spent) for t in unit], False
+        quota_problem, borrowed = self.quota_check(head.tenant, need_milli)
+        if quota_problem is not None:
+            return [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit], False
+        reserve_problem = self._reserve_check(unit, need_milli) if batch else None
+        if reserve_problem is not None:
+            return [Unplaced(t.task_id, Outcome.ONLINE_RESERVE, reserve_problem) for t in unit], False
+        return [], borrowed
+
+    def _bind_all(
+        self, unit: list[TaskRequest], now: float
+    ) -> tuple[list[tuple[TaskRequest, Binding]], TaskRequest | None]:
+        """Bind the members one by one on the working copy, up to the first that finds no place: the
+        bindings made, and that member (None when all are bound)."""
+        bound: list[tuple[TaskRequest, Binding]] = []
+        for task in unit:
+            req = Request.of(task)
+            self.policy.begin_task(task, now)
+            pick = self.choose(req)
+            if pick is None:
+                return bound, task
+            bound.append((task, self.state.bind(task.task_id, pick[0], pick[1], req)))
+        return bound, None
+
+    def _unbind(self, bound: list[tuple[TaskRequest, Binding]]) -> None:
+        for _, binding in reversed(bound):
+            self.state.release(binding.task_id)
+
+    def _left_over(
+        self, unit: list[TaskRequest], failed: TaskRequest, now: float, claimed: set[str]
+    ) -> tuple[list[Unplaced], list[Preemption]]:
+        """Why each member of a unit that could not be placed is left, and the preemptions proposed for a
+        single task. A co-location the policy refused for an SLA is not a shortage: victims by resources
+        would free a unit it refuses again, so only the batch neighbours whose leaving honours the SLA
+        are proposed (`_propose_for_sla`)."""
+        victims: list[Preemption] = []
+        refusal = self.policy.sla_refusal(failed.task_id)
+        if refusal is not None:
+            outcome, message = Outcome.SLA_REFUSED, refusal.message
+        else:
+            outcome, message = self.explain(Request.of(failed))
+        if len(unit) == 1 and self.config.preemption and outcome in _PREEMPTS_FOR:
+            victims, message = self._victims_for(failed, refusal, message, now, claimed)
+            if victims:
+                outcome = Outcome.WAITING_FOR_PREEMPTION
+        left: list[Unplaced] = []
+        for task in unit:
+            if task is failed:
+                left.append(Unplaced(task.task_id, outcome, message))
+            else:
+                why = f"gang {task.gang_id}: member {failed.task_id} cannot be placed ({message})"
+                left.append(Unplaced(task.task_id, Outcome.GANG_UNPLACEABLE, why))
+        return left, victims
 
     def _commit(self, task: TaskRequest, binding: Binding, borrowed: bool, now: float) -> Placement:
         milli = task.num_gpu * task.gpu_milli
@@ -678,3 +680,31 @@ def _progress_lost(record: _Record, now: float) -> float:
 def solve_cycle(snapshot: ClusterSnapshot, config: EngineConfig, now: float) -> CycleResult:
     """One scheduling cycle over a snapshot (the production entry point)."""
     return Engine(snapshot, config).solve(snapshot.pending, now)
+
+
+def _units_in_order(pending: tuple[TaskRequest, ...]) -> list[list[TaskRequest]]:
+    """The caller's `order_key` first where given (lowest first), then priority, then submission time;
+    a gang goes as one unit at the position of its first member."""
+    ordered = sorted(
+        pending,
+        key=lambda t: (
+            t.order_key is None,
+            t.order_key or 0,
+            -t.priority,
+            t.submitted_at_s,
+            t.task_id,
+        ),
+    )
+    gangs: dict[str, list[TaskRequest]] = defaultdict(list)
+    for task in ordered:
+        if task.gang_id is not None:
+            gangs[task.gang_id].append(task)
+    units: list[list[TaskRequest]] = []
+    seen_gangs: set[str] = set()
+    for task in ordered:
+        if task.gang_id is None:
+            units.append([task])
+        elif task.gang_id not in seen_gangs:
+            seen_gangs.add(task.gang_id)
+            units.append(gangs[task.gang_id])
+    return units
