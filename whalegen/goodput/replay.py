@@ -10,10 +10,11 @@ One run = one fleet, one policy, one seed, one load:
    (the lowest throughput factor they tolerate); half are there at t = 0, the rest arrive over the
    window, and each leaves after an exponential lifetime (`ReplayConfig.service_churn`). A policy name's
    `+headroom` keeps idle the milli the services' arrival forecast asks for (whalegen.goodput.headroom).
-2. **Decisions.** Every `step_s` in which something arrived, ended or was preempted, the waiting tasks
-   (the first `lookahead` by priority, then arrival) go to one session of the production decision
-   (`Decider.step`); placements start, preemption victims lose the work since their last checkpoint and
-   wait again, departures are released from the session.
+2. **Decisions.** On the step clock of `whalegen.sim.loop` (`run_steps`, fixed steps of `step_s`): in
+   every step after something arrived, left or ended, the waiting tasks (the first `lookahead` by
+   priority, then arrival) go to one session of the production decision (`Decider.step`); placements
+   start, preemption victims lose the work since their last checkpoint and wait again, departures are
+   released from the session. The metrics (goodput, allocation, SLA) are the loop's observers.
 3. **Physics** (the truth, which no policy reads): a job's speed is `SpeedModel.throughput` of its type on
    the GPU's model (MIG: the slice's share); on a shared GPU two jobs slow each other by Gavel's pair
    factor (measured, else fitted), a job and a service by the Lucid utilisation rule on the job's SM
@@ -51,6 +52,7 @@ from whalegen.placement.fragmentation import shape_mix_from_tasks
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     ClusterSnapshot,
+    NodeState,
     PartitionMode,
     RunningTask,
     TaskProfile,
@@ -58,6 +60,7 @@ from whalegen.placement.types import (
     UnitKind,
 )
 from whalegen.scheduling import Config, Decider, Snapshot
+from whalegen.sim.loop import Departures, StepClock, StepObserver, run_steps
 from whalegen.sim.stats import mean, nearest_rank_percentile
 
 SERVICE_PRIORITY = 10
@@ -260,18 +263,6 @@ class _Task:
     model: str = ""
 
 
-@dataclass
-class _Tally:
-    work_ref_s: float = 0.0  # reference GPU-seconds done in the window
-    milli_s: float = 0.0
-    busy_s: float = 0.0
-    service_s: float = 0.0
-    violating_s: float = 0.0
-    bins_work: list[float] = field(default_factory=lambda: [0.0] * SERIES_BINS)
-    bins_service: list[float] = field(default_factory=lambda: [0.0] * SERIES_BINS)
-    bins_violating: list[float] = field(default_factory=lambda: [0.0] * SERIES_BINS)
-
-
 def offered_window_s(
     jobs: Sequence[Job], fleet: FleetSpec, world: World, load: float, max_runtime_s: float
 ) -> float:
@@ -350,14 +341,59 @@ def run_goodput(
     config: ReplayConfig = ReplayConfig(),
     on_progress: Callable[[float], None] | None = None,
 ) -> RunResult:
+    """One run (the module docstring): the step clock of `whalegen.sim.loop` with this replay's arrivals,
+    the services' departures, the decisions and the physics; the figures read the observers."""
     started_cpu = time.process_time()
     base_policy, options = split_policy(policy)
+    # 1. The fleet, the work and the production decision over them.
     nodes = fleet_nodes(fleet)
-    names = [n.name for n in nodes]
-    node_model = [n.model or "" for n in nodes]
-    modes = [[g.mode for g in n.gpus] for n in nodes]
-    gpus = sum(len(n.gpus) for n in nodes)
     window_s, scaled = scaled_jobs(jobs, fleet, world, config)
+    tasks = _tasks(services, scaled, window_s, seed, config, options)
+    mix = shape_mix_from_tasks([t.request for t in tasks.values()])
+    snapshot = Snapshot(ClusterSnapshot(nodes, shape_mix=mix), unit_exact=False)
+    decider = Decider(snapshot, Config(policy=base_policy, seed=seed))
+    replay = _GoodputReplay(decider, snapshot, nodes, tasks, world, config, options)
+    # 2. The clock: arrivals by time (ties by id), the services' drawn departures, fixed steps up to the
+    # drain limit; the metrics watch every step.
+    departures = Departures()
+    for task in replay.service_tasks:
+        if task.leave_s is not None:
+            departures.add(task.task_id, task.leave_s)
+    arrivals = [(t.arrival_s, t) for t in sorted(tasks.values(), key=lambda t: (t.arrival_s, t.task_id))]
+    end_s = window_s * config.drain_factor
+    window = _Window(window_s)
+    observers = _Observers(
+        _Allocation(replay, window), _ServiceLevel(replay, window), _Goodput(replay, window)
+    )
+    watching: list[StepObserver] = [observers.allocation, observers.service_level, observers.goodput]
+    if on_progress is not None:
+        watching.append(_Progress(on_progress, end_s))
+    last_s = run_steps(arrivals, replay, departures, StepClock(config.step_s, end_s), watching)
+    # 3. Figures.
+    return _result(
+        fleet=fleet,
+        world=world,
+        config=config,
+        policy=policy,
+        seed=seed,
+        services=len(services),
+        replay=replay,
+        observers=observers,
+        window=window,
+        last_s=last_s,
+        started_cpu=started_cpu,
+    )
+
+
+def _tasks(
+    services: Sequence[Service],
+    scaled: Sequence[tuple[float, Job]],
+    window_s: float,
+    seed: int,
+    config: ReplayConfig,
+    options: frozenset[str],
+) -> dict[str, _Task]:
+    """The services (their arrival and departure drawn for the seed, with churn) and then the jobs."""
     tasks: dict[str, _Task] = {}
     life_rng = random.Random(f"services:{seed}")
     present = math.ceil(config.service_present_share * len(services))
@@ -391,86 +427,166 @@ def run_goodput(
             submitted_at_s=arrival,
         )
         tasks[job.job_id] = _Task(job.job_id, request, arrival, job=job)
-    service_tasks = [t for t in tasks.values() if t.service is not None]
-    mix = shape_mix_from_tasks([t.request for t in tasks.values()])
-    snapshot = Snapshot(ClusterSnapshot(nodes, shape_mix=mix), unit_exact=False)
-    decider = Decider(snapshot, Config(policy=base_policy, seed=seed))
-    book = ProfileBook()
-    future = sorted(tasks.values(), key=lambda t: (t.arrival_s, t.task_id), reverse=True)
-    waiting: dict[str, _Task] = {}
-    running: dict[str, _Task] = {}
-    on_device: dict[tuple[int, int], list[str]] = defaultdict(list)
-    dirty: set[tuple[int, int]] = set()
-    tally = _Tally()
-    preemptions = 0
-    lost_ref_s = 0.0
-    reasons: list[tuple[str, str]] = []
-    refusals = 0
-    end_s = window_s * config.drain_factor
-    bin_s = window_s / SERIES_BINS
-    step = config.step_s
-    now = 0.0
-    changed = True
-    ref_speed = {
-        t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL) for t in tasks.values() if t.job
-    }
-    departures = sorted(
-        ((t.leave_s, t.task_id) for t in service_tasks if t.leave_s is not None), reverse=True
-    )
-    gone: set[str] = set()
-    seen_arrivals: list[float] = []  # services' arrivals after t = 0: the headroom forecast's history
-    headroom_sum = 0.0
-    decisions_made = 0
-    service_preemptions = 0
+    return tasks
 
-    def service_util(task: _Task, at_s: float) -> float:
-        assert task.service is not None
-        series = task.service.profile.util_pct
-        return series[int(at_s // GENAI_STEP_S) % len(series)]
 
-    def util_of(task: _Task, at_s: float) -> float:
-        if task.service is not None:
-            return service_util(task, at_s)
-        assert task.job is not None
-        return world.job_util_pct.get(task.job.job_type, 100.0)
+@dataclass
+class _Decisions:
+    """What the decisions did, counted where they are applied."""
 
-    def refresh(key: tuple[int, int], at_s: float) -> None:
-        """Every occupant's factor and rate on one device, from the truth."""
-        members = [running[t] for t in on_device.get(key, [])]
-        model = node_model[key[0]]
-        shared = modes[key[0]][key[1]] is PartitionMode.SHARED and len(members) > 1
-        utils = {m.task_id: util_of(m, at_s) for m in members}
-        total = sum(utils.values())
-        for m in members:
-            factor = 1.0
-            if shared:
-                for other in members:
-                    if other is m:
-                        continue
-                    if m.job is not None and other.job is not None:
-                        factor *= world.interference.pair(m.job.job_type, other.job.job_type, model).first
-                if m.service is not None or any(o.service is not None for o in members if o is not m):
-                    others = total - utils[m.task_id]
-                    if m.service is not None:
-                        factor *= world.util_rule.factor(utils[m.task_id], others)
-                    else:
-                        svc_util = sum(utils[o.task_id] for o in members if o.service is not None)
-                        factor *= world.util_rule.factor(utils[m.task_id], svc_util)
-            m.factor = factor
-            if m.job is not None:
-                if m.slice_fraction is not None:
-                    alone = world.speed.throughput_on_slice(m.job.job_type, model, *m.slice_fraction)
-                else:
-                    alone = world.speed.throughput(m.job.job_type, model)
-                m.rate = alone * factor
-                if len(members) == 1 and m.slice_fraction is None and m.devices[0] == key:
-                    book.observe(workload_name(m.job.job_type), model, alone, utils[m.task_id])
+    made: int = 0
+    headroom_milli: float = 0.0  # the online headroom kept, summed over decisions
+    preemptions: int = 0
+    service_preemptions: int = 0  # preemptions proposed for an online service
+    lost_ref_s: float = 0.0  # reference GPU-seconds of preempted jobs' work since their last checkpoint
+    reasons: list[tuple[str, str]] = field(default_factory=list)  # a sample (profile-aware policies)
+    refusals: int = 0  # co-locations refused by a profile-aware policy
 
-    def start(task: _Task, at_s: float) -> None:
-        binding = decider.engine.state.bindings[task.task_id]
+
+class _GoodputReplay:
+    """The goodput replay as a configuration of the step clock: arrivals queue; services leave at their
+    drawn times; a decision goes through the production `Decider.step` with the profiles learned so far;
+    the physics (the truth, which no policy reads) moves the running jobs on at their rates."""
+
+    def __init__(
+        self,
+        decider: Decider,
+        snapshot: Snapshot,
+        nodes: Sequence[NodeState],
+        tasks: dict[str, _Task],
+        world: World,
+        config: ReplayConfig,
+        options: frozenset[str],
+    ) -> None:
+        self.decider = decider
+        self.snapshot = snapshot
+        self.names = [n.name for n in nodes]
+        self.node_model = [n.model or "" for n in nodes]
+        self.modes = [[g.mode for g in n.gpus] for n in nodes]
+        self.gpus = sum(len(n.gpus) for n in nodes)
+        self.tasks = tasks
+        self.world = world
+        self.config = config
+        self.options = options
+        self.policy = decider.engine.policy
+        self.aware = self.policy.task_aware
+        self.service_tasks = [t for t in tasks.values() if t.service is not None]
+        self.ref_speed = {
+            t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL)
+            for t in tasks.values()
+            if t.job
+        }
+        self.book = ProfileBook()
+        self.waiting: dict[str, _Task] = {}
+        self.running: dict[str, _Task] = {}
+        self.on_device: dict[tuple[int, int], list[str]] = defaultdict(list)
+        self.dirty: set[tuple[int, int]] = set()  # devices whose occupants changed since their last rates
+        self.gone: set[str] = set()  # services that left
+        self.seen_arrivals: list[
+            float
+        ] = []  # services' arrivals after t = 0: the headroom forecast's history
+        self.pooled_at: dict[float, float | None] = {}
+        self.decisions = _Decisions()
+
+    # -- the loop's configuration ------------------------------------------------------------------------
+
+    def arrive(self, task: _Task, at_s: float) -> None:
+        self.waiting[task.task_id] = task
+        if task.service is not None and task.arrival_s > 0:
+            self.seen_arrivals.append(task.arrival_s)
+
+    def depart(self, task_id: str, at_s: float) -> None:
+        self.gone.add(task_id)
+        self.waiting.pop(task_id, None)
+        if task_id in self.running:
+            self.stop(self.running[task_id])
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def decide(self, now_s: float) -> None:
+        if not self.waiting:
+            return
+        # 1. What the policy reads: the running services' profiles (a profile-aware policy's feed), and the
+        # first `lookahead` waiting tasks by priority, then arrival, with theirs.
+        if self.aware:
+            feed = getattr(self.policy, "profiles", None)
+            if isinstance(feed, dict):
+                for t in self.running.values():
+                    if t.service is not None:
+                        feed[t.task_id] = self.service_profile(t, now_s)
+        ordered = sorted(self.waiting.values(), key=lambda t: (-t.request.priority, t.arrival_s, t.task_id))
+        pending = tuple(
+            replace(
+                t.request,
+                profile=self.job_profile(t) if t.job is not None else self.service_profile(t, now_s),
+            )
+            for t in ordered[: self.config.lookahead]
+        )
+        # 2. The session's snapshot names what runs now: the decision keeps only preemptions of running
+        # tasks (victims placed in this very step are not stoppable).
+        running = tuple(
+            RunningTask(t.task_id, self.names[t.node], (), 0, 0, 0, priority=t.request.priority)
+            for t in self.running.values()
+        )
+        self.decider.snapshot = replace(
+            self.snapshot, cluster=replace(self.snapshot.cluster, running=running)
+        )
+        # 3. With `+headroom`, the idle milli the services' arrival forecast asks for.
+        if "headroom" in self.options:
+            reserve = online_headroom_milli(self.seen_arrivals, now_s, self.config.service_milli)
+            self.decider.engine_config = replace(self.decider.engine_config, online_reserve_milli=reserve)
+            self.decider.engine.config = self.decider.engine_config
+            self.decisions.headroom_milli += reserve
+        self.decisions.made += 1
+        # 4. Decide; stop the victims, then start the placements.
+        decided = self.decider.step(pending, now_s, estimates=False, nodes_after=False)
+        for preemption in decided.preemptions:
+            self.preempt(preemption.victim_task_id, preemption.for_task_id)
+        for bound in decided.placements:
+            self.start(self.waiting.pop(bound.task_id), now_s)
+        if self.aware:
+            chosen = getattr(self.policy, "reasons", {})
+            for bound in decided.placements:
+                if bound.task_id in chosen and len(self.decisions.reasons) < 12:
+                    self.decisions.reasons.append((bound.task_id, chosen[bound.task_id]))
+            self.decisions.refusals = len(getattr(self.policy, "refusals", {}))
+
+    def settle(self, now_s: float) -> None:
+        """Rates from the truth on every device whose occupants changed or that holds a service (whose
+        utilisation moves with time)."""
+        for key in list(self.on_device):
+            if not self.on_device[key]:
+                continue
+            if key in self.dirty or any(self.running[t].service is not None for t in self.on_device[key]):
+                self.refresh(key, now_s)
+        self.dirty.clear()
+
+    def progress(self, now_s: float, step_s: float) -> bool:
+        """Every running job does its step's work; one that finishes stops at its end inside the step."""
+        ended = False
+        for task in list(self.running.values()):
+            if task.job is None:
+                continue
+            remaining = task.job.work_iterations - task.done
+            gain, ran = _step_work(task, step_s)
+            task.done += gain
+            runs = math.floor((now_s + ran - task.run_start_s) / self.config.checkpoint_s)
+            if runs > math.floor((now_s - task.run_start_s) / self.config.checkpoint_s):
+                task.checkpointed = task.done
+            if gain >= remaining:
+                task.finish_s = now_s + ran
+                self.stop(task)
+                ended = True
+        return ended
+
+    # -- its steps -----------------------------------------------------------------------------------------
+
+    def start(self, task: _Task, at_s: float) -> None:
+        binding = self.decider.engine.state.bindings[task.task_id]
         task.node = binding.node
         task.devices = tuple((binding.node, d) for d in binding.gpu_indexes)
-        task.model = node_model[binding.node]
+        task.model = self.node_model[binding.node]
         task.slice_fraction = None
         if binding.unit.kind is UnitKind.MIG and binding.unit.mig_profile:
             profile = profile_by_name(task.model, binding.unit.mig_profile)
@@ -481,218 +597,307 @@ def run_goodput(
         task.run_start_s = at_s
         if task.first_start_s is None:
             task.first_start_s = at_s
-        running[task.task_id] = task
+        self.running[task.task_id] = task
         for key in task.devices:
-            on_device[key].append(task.task_id)
-            dirty.add(key)
+            self.on_device[key].append(task.task_id)
+            self.dirty.add(key)
 
-    def stop(task: _Task) -> None:
-        running.pop(task.task_id, None)
+    def stop(self, task: _Task) -> None:
+        self.running.pop(task.task_id, None)
         for key in task.devices:
-            on_device[key].remove(task.task_id)
-            dirty.add(key)
-        decider.release(task.task_id)
+            self.on_device[key].remove(task.task_id)
+            self.dirty.add(key)
+        self.decider.release(task.task_id)
 
-    def job_profile(task: _Task) -> TaskProfile:
+    def preempt(self, victim_id: str, for_task_id: str) -> None:
+        """A running victim loses its work since its last checkpoint and waits again."""
+        victim = self.running.get(victim_id)
+        if victim is None:
+            return
+        self.decisions.preemptions += 1
+        if self.tasks[for_task_id].service is not None:
+            self.decisions.service_preemptions += 1
+        if victim.job is not None:
+            lost = victim.done - victim.checkpointed
+            self.decisions.lost_ref_s += lost / self.ref_speed[victim.task_id] * victim.job.num_gpus
+            victim.done = victim.checkpointed
+        self.stop(victim)
+        self.waiting[victim.task_id] = victim
+
+    def refresh(self, key: tuple[int, int], at_s: float) -> None:
+        """Every occupant's factor and rate on one device, from the truth; a job alone on a whole GPU (on its
+        first device) is telemetry the profiles learn from."""
+        members = [self.running[t] for t in self.on_device.get(key, [])]
+        model = self.node_model[key[0]]
+        shared = self.modes[key[0]][key[1]] is PartitionMode.SHARED and len(members) > 1
+        utils = {m.task_id: self.util_of(m, at_s) for m in members}
+        total = sum(utils.values())
+        for m in members:
+            m.factor = self.factor(m, members, utils, total, model) if shared else 1.0
+            if m.job is not None:
+                if m.slice_fraction is not None:
+                    alone = self.world.speed.throughput_on_slice(m.job.job_type, model, *m.slice_fraction)
+                else:
+                    alone = self.world.speed.throughput(m.job.job_type, model)
+                m.rate = alone * m.factor
+                if len(members) == 1 and m.slice_fraction is None and m.devices[0] == key:
+                    self.book.observe(workload_name(m.job.job_type), model, alone, utils[m.task_id])
+
+    def factor(
+        self, m: _Task, members: Sequence[_Task], utils: dict[str, float], total: float, model: str
+    ) -> float:
+        """`m`'s throughput factor beside the others on a shared GPU: Gavel's pair factor beside each job,
+        the utilisation rule beside the services (a service: beside everyone)."""
+        factor = 1.0
+        for other in members:
+            if other is m:
+                continue
+            if m.job is not None and other.job is not None:
+                factor *= self.world.interference.pair(m.job.job_type, other.job.job_type, model).first
+        if m.service is not None or any(o.service is not None for o in members if o is not m):
+            others = total - utils[m.task_id]
+            if m.service is not None:
+                factor *= self.world.util_rule.factor(utils[m.task_id], others)
+            else:
+                svc_util = sum(utils[o.task_id] for o in members if o.service is not None)
+                factor *= self.world.util_rule.factor(utils[m.task_id], svc_util)
+        return factor
+
+    def service_util(self, task: _Task, at_s: float) -> float:
+        assert task.service is not None
+        series = task.service.profile.util_pct
+        return series[int(at_s // GENAI_STEP_S) % len(series)]
+
+    def util_of(self, task: _Task, at_s: float) -> float:
+        if task.service is not None:
+            return self.service_util(task, at_s)
         assert task.job is not None
-        if "oracle" in options:
+        return self.world.job_util_pct.get(task.job.job_type, 100.0)
+
+    def job_profile(self, task: _Task) -> TaskProfile:
+        assert task.job is not None
+        if "oracle" in self.options:
             job_type = task.job.job_type
             return TaskProfile(
-                world.speed.compute_exponent(job_type), world.job_util_pct.get(job_type, 100.0)
+                self.world.speed.compute_exponent(job_type), self.world.job_util_pct.get(job_type, 100.0)
             )
-        return book.profile(workload_name(task.job.job_type))
+        return self.book.profile(workload_name(task.job.job_type))
 
-    pooled_at: dict[float, float | None] = {}
-
-    def pooled_service_util(at_s: float) -> float | None:
+    def pooled_service_util(self, at_s: float) -> float | None:
         """The P95 over the running services' last hour: the prior of a service not seen running yet."""
-        if at_s not in pooled_at:
+        if at_s not in self.pooled_at:
             grid = _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)
-            samples = [service_util(o, t) for o in running.values() if o.service is not None for t in grid]
-            pooled_at.clear()
-            pooled_at[at_s] = nearest_rank_percentile(samples, 95) if samples else None
-        return pooled_at[at_s]
+            samples = [
+                self.service_util(o, t) for o in self.running.values() if o.service is not None for t in grid
+            ]
+            self.pooled_at.clear()
+            self.pooled_at[at_s] = nearest_rank_percentile(samples, 95) if samples else None
+        return self.pooled_at[at_s]
 
-    def service_profile(task: _Task, at_s: float) -> TaskProfile:
+    def service_profile(self, task: _Task, at_s: float) -> TaskProfile:
         assert task.service is not None
         if task.first_start_s is not None:
-            samples = [service_util(task, t) for t in _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)]
+            samples = [self.service_util(task, t) for t in _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)]
             util = nearest_rank_percentile(samples, 95) if samples else None
         else:
-            util = pooled_service_util(at_s)
+            util = self.pooled_service_util(at_s)
         return TaskProfile(compute_exponent=0.5, sm_util_pct=util, sla_min_factor=task.service.sla_min_factor)
 
-    policy_object = decider.engine.policy
-    aware = policy_object.task_aware
-    while now < end_s and (future or waiting or running):
-        # 1. Arrivals.
-        while future and future[-1].arrival_s <= now:
-            task = future.pop()
-            waiting[task.task_id] = task
-            if task.service is not None and task.arrival_s > 0:
-                seen_arrivals.append(task.arrival_s)
-            changed = True
-        while departures and departures[-1][0] <= now:
-            _, leaving = departures.pop()
-            gone.add(leaving)
-            waiting.pop(leaving, None)
-            if leaving in running:
-                stop(running[leaving])
-            changed = True
-        # 2. Decide.
-        if changed and waiting:
-            if aware:
-                feed = getattr(policy_object, "profiles", None)
-                if isinstance(feed, dict):
-                    for t in running.values():
-                        if t.service is not None:
-                            feed[t.task_id] = service_profile(t, now)
-            ordered = sorted(waiting.values(), key=lambda t: (-t.request.priority, t.arrival_s, t.task_id))
-            pending = []
-            for t in ordered[: config.lookahead]:
-                profile = job_profile(t) if t.job is not None else service_profile(t, now)
-                pending.append(replace(t.request, profile=profile))
-            # The session's snapshot names what runs now: the decision keeps only preemptions of running
-            # tasks (victims placed in this very step are not stoppable).
-            decider.snapshot = replace(
-                snapshot,
-                cluster=replace(
-                    snapshot.cluster,
-                    running=tuple(
-                        RunningTask(t.task_id, names[t.node], (), 0, 0, 0, priority=t.request.priority)
-                        for t in running.values()
-                    ),
-                ),
-            )
-            if "headroom" in options:
-                reserve = online_headroom_milli(seen_arrivals, now, config.service_milli)
-                decider.engine_config = replace(decider.engine_config, online_reserve_milli=reserve)
-                decider.engine.config = decider.engine_config
-                headroom_sum += reserve
-            decisions_made += 1
-            decisions = decider.step(tuple(pending), now, estimates=False, nodes_after=False)
-            for preemption in decisions.preemptions:
-                victim = running.get(preemption.victim_task_id)
-                if victim is None:
-                    continue
-                preemptions += 1
-                if tasks[preemption.for_task_id].service is not None:
-                    service_preemptions += 1
-                if victim.job is not None:
-                    lost = victim.done - victim.checkpointed
-                    lost_ref_s += lost / ref_speed[victim.task_id] * victim.job.num_gpus
-                    victim.done = victim.checkpointed
-                stop(victim)
-                waiting[victim.task_id] = victim
-            for bound in decisions.placements:
-                task = waiting.pop(bound.task_id)
-                start(task, now)
-            if aware:
-                chosen = getattr(policy_object, "reasons", {})
-                for bound in decisions.placements:
-                    if bound.task_id in chosen and len(reasons) < 12:
-                        reasons.append((bound.task_id, chosen[bound.task_id]))
-                refusals = len(getattr(policy_object, "refusals", {}))
-        changed = False
-        # 3. Physics over [now, now + step).
-        for key in list(on_device):
-            if not on_device[key]:
+
+def _step_work(task: _Task, step_s: float) -> tuple[float, float]:
+    """The iterations a job does over a step at its rate now, and the seconds it runs (less: it ends)."""
+    assert task.job is not None
+    remaining = task.job.work_iterations - task.done
+    gain = task.rate * step_s
+    if gain >= remaining and task.rate > 0:
+        return remaining, remaining / task.rate
+    return gain, step_s
+
+
+# -- the metrics: observers of the step clock --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The measured window (the jobs' arrivals; the drain after it counts for JCT only) and its bins."""
+
+    window_s: float
+
+    @property
+    def bin_s(self) -> float:
+        return self.window_s / SERIES_BINS
+
+    def part(self, now_s: float, step_s: float) -> tuple[float, int]:
+        """The seconds of the step in the window, and the step's series bin (-1: after the window)."""
+        in_window = min(step_s, max(0.0, self.window_s - now_s))
+        b = min(SERIES_BINS - 1, int(now_s // self.bin_s)) if now_s < self.window_s else -1
+        return in_window, b
+
+
+class _Allocation:
+    """Observer: GPU milli held, and GPUs busy (SM utilisation, a MIG slice by its compute share, at most
+    100 % a GPU), × seconds in the window."""
+
+    def __init__(self, replay: _GoodputReplay, window: _Window) -> None:
+        self.replay = replay
+        self.window = window
+        self.milli_s = 0.0
+        self.busy_s = 0.0
+
+    def step(self, now_s: float, step_s: float) -> None:
+        in_window, _ = self.window.part(now_s, step_s)
+        if not in_window:
+            return
+        held = self.replay.decider.engine.state
+        used = sum(WHOLE_GPU_MILLI * len(g) - sum(g) for g in held.gpu_free)
+        self.milli_s += used * in_window
+        for members in self.replay.on_device.values():
+            if not members:
                 continue
-            if key in dirty or any(running[t].service is not None for t in on_device[key]):
-                refresh(key, now)
-        dirty.clear()
-        in_window = min(step, max(0.0, window_s - now))
-        b = min(SERIES_BINS - 1, int(now // bin_s)) if now < window_s else -1
-        if in_window:
-            held = decider.engine.state
-            used = sum(WHOLE_GPU_MILLI * len(g) - sum(g) for g in held.gpu_free)
-            tally.milli_s += used * in_window
-            for members in on_device.values():
-                if not members:
-                    continue
-                util = 0.0
-                for member in members:
-                    occupant = running[member]
-                    share = occupant.slice_fraction[0] if occupant.slice_fraction else 1.0
-                    util += util_of(occupant, now) * share
-                tally.busy_s += min(100.0, util) / 100.0 * in_window
-            for task in service_tasks:
-                assert task.service is not None
-                if task.arrival_s > now or task.task_id in gone:
-                    continue
-                tally.service_s += in_window
-                tally.bins_service[b] += in_window
-                ok = task.task_id in running and task.factor >= task.service.sla_min_factor
-                if not ok:
-                    tally.violating_s += in_window
-                    tally.bins_violating[b] += in_window
-        for task in list(running.values()):
+            util = 0.0
+            for member in members:
+                occupant = self.replay.running[member]
+                share = occupant.slice_fraction[0] if occupant.slice_fraction else 1.0
+                util += self.replay.util_of(occupant, now_s) * share
+            self.busy_s += min(100.0, util) / 100.0 * in_window
+
+
+class _ServiceLevel:
+    """Observer: service-seconds in the window (from arrival to departure), and those below the SLA (not
+    running, or slowed below its factor), in total and per bin."""
+
+    def __init__(self, replay: _GoodputReplay, window: _Window) -> None:
+        self.replay = replay
+        self.window = window
+        self.service_s = 0.0
+        self.violating_s = 0.0
+        self.bins_service = [0.0] * SERIES_BINS
+        self.bins_violating = [0.0] * SERIES_BINS
+
+    def step(self, now_s: float, step_s: float) -> None:
+        in_window, b = self.window.part(now_s, step_s)
+        if not in_window:
+            return
+        for task in self.replay.service_tasks:
+            assert task.service is not None
+            if task.arrival_s > now_s or task.task_id in self.replay.gone:
+                continue
+            self.service_s += in_window
+            self.bins_service[b] += in_window
+            ok = task.task_id in self.replay.running and task.factor >= task.service.sla_min_factor
+            if not ok:
+                self.violating_s += in_window
+                self.bins_violating[b] += in_window
+
+
+class _Goodput:
+    """Observer: the jobs' work done in the window in reference GPU-seconds, in total and per bin."""
+
+    def __init__(self, replay: _GoodputReplay, window: _Window) -> None:
+        self.replay = replay
+        self.window = window
+        self.work_ref_s = 0.0
+        self.bins_work = [0.0] * SERIES_BINS
+
+    def step(self, now_s: float, step_s: float) -> None:
+        in_window, b = self.window.part(now_s, step_s)
+        if not in_window:
+            return
+        for task in self.replay.running.values():
             if task.job is None:
                 continue
-            remaining = task.job.work_iterations - task.done
-            gain = task.rate * step
-            ran = step
-            if gain >= remaining and task.rate > 0:
-                ran = remaining / task.rate
-                gain = remaining
-            if in_window:
-                share = min(ran, in_window) / ran if ran else 0.0
-                work = gain * share / ref_speed[task.task_id] * task.job.num_gpus
-                tally.work_ref_s += work
-                if b >= 0:
-                    tally.bins_work[b] += work
-            task.done += gain
-            runs = math.floor((now + ran - task.run_start_s) / config.checkpoint_s)
-            if runs > math.floor((now - task.run_start_s) / config.checkpoint_s):
-                task.checkpointed = task.done
-            if gain >= remaining:
-                task.finish_s = now + ran
-                stop(task)
-                changed = True
-        now += step
-        if on_progress is not None and int(now / step) % 200 == 0:
-            on_progress(min(1.0, now / end_s))
-    # 4. Figures.
-    job_tasks = [t for t in tasks.values() if t.job is not None]
-    jct = [((t.finish_s if t.finish_s is not None else now) - t.arrival_s) / 3600 for t in job_tasks]
+            gain, ran = _step_work(task, step_s)
+            share = min(ran, in_window) / ran if ran else 0.0
+            work = gain * share / self.replay.ref_speed[task.task_id] * task.job.num_gpus
+            self.work_ref_s += work
+            if b >= 0:
+                self.bins_work[b] += work
+
+
+class _Progress:
+    """Observer: the share of the drain limit reached, every 200 steps."""
+
+    def __init__(self, on_progress: Callable[[float], None], end_s: float) -> None:
+        self.on_progress = on_progress
+        self.end_s = end_s
+
+    def step(self, now_s: float, step_s: float) -> None:
+        after_s = now_s + step_s
+        if int(after_s / step_s) % 200 == 0:
+            self.on_progress(min(1.0, after_s / self.end_s))
+
+
+@dataclass(frozen=True)
+class _Observers:
+    allocation: _Allocation
+    service_level: _ServiceLevel
+    goodput: _Goodput
+
+
+def _result(
+    *,
+    fleet: FleetSpec,
+    world: World,
+    config: ReplayConfig,
+    policy: str,
+    seed: int,
+    services: int,
+    replay: _GoodputReplay,
+    observers: _Observers,
+    window: _Window,
+    last_s: float,
+    started_cpu: float,
+) -> RunResult:
+    """The run's figures; a job not finished (or not started) by the end counts to the end."""
+    job_tasks = [t for t in replay.tasks.values() if t.job is not None]
+    jct = [((t.finish_s if t.finish_s is not None else last_s) - t.arrival_s) / 3600 for t in job_tasks]
     waits = [
-        ((t.first_start_s if t.first_start_s is not None else now) - t.arrival_s) / 3600 for t in job_tasks
+        ((t.first_start_s if t.first_start_s is not None else last_s) - t.arrival_s) / 3600 for t in job_tasks
     ]
+    gpus, window_s = replay.gpus, window.window_s
     capacity_s = gpus * window_s
-    bin_capacity = gpus * bin_s
+    bin_capacity = gpus * window.bin_s
     capacity_ref = sum(world.speedup[p.gpu_model] * p.total_gpus for p in fleet.pools)
     offered_pct = 100 * config.load * capacity_ref / gpus if gpus else 0.0
-    no_queue_s = _no_queue_work_s(job_tasks, world, sorted({m for m in node_model if m}), window_s, ref_speed)
+    models = sorted({m for m in replay.node_model if m})
+    no_queue_s = _no_queue_work_s(job_tasks, world, models, window_s, replay.ref_speed)
+    allocation, service_level, goodput = observers.allocation, observers.service_level, observers.goodput
+    decisions = replay.decisions
     return RunResult(
         policy=policy,
         seed=seed,
         load=config.load,
         gpus=gpus,
         jobs=len(job_tasks),
-        services=len(services),
+        services=services,
         window_h=window_s / 3600,
-        goodput_pct=100 * tally.work_ref_s / capacity_s if capacity_s else 0.0,
-        allocated_pct=100 * tally.milli_s / (WHOLE_GPU_MILLI * capacity_s) if capacity_s else 0.0,
-        busy_pct=100 * tally.busy_s / capacity_s if capacity_s else 0.0,
-        sla_violation_pct=100 * tally.violating_s / tally.service_s if tally.service_s else 0.0,
+        goodput_pct=100 * goodput.work_ref_s / capacity_s if capacity_s else 0.0,
+        allocated_pct=100 * allocation.milli_s / (WHOLE_GPU_MILLI * capacity_s) if capacity_s else 0.0,
+        busy_pct=100 * allocation.busy_s / capacity_s if capacity_s else 0.0,
+        sla_violation_pct=(
+            100 * service_level.violating_s / service_level.service_s if service_level.service_s else 0.0
+        ),
         mean_jct_h=mean(jct),
         p95_jct_h=nearest_rank_percentile(jct, 95),
         mean_wait_h=mean(waits),
         p95_wait_h=nearest_rank_percentile(waits, 95),
-        preemptions=preemptions,
-        work_lost_gpu_h=lost_ref_s / 3600,
+        preemptions=decisions.preemptions,
+        work_lost_gpu_h=decisions.lost_ref_s / 3600,
         finished=sum(1 for t in job_tasks if t.finish_s is not None),
         cpu_s=time.process_time() - started_cpu,
-        series_goodput_pct=tuple(100 * w / bin_capacity for w in tally.bins_work),
+        series_goodput_pct=tuple(100 * w / bin_capacity for w in goodput.bins_work),
         series_sla_violation_pct=tuple(
-            100 * v / s if s else 0.0 for v, s in zip(tally.bins_violating, tally.bins_service, strict=True)
+            100 * v / s if s else 0.0
+            for v, s in zip(service_level.bins_violating, service_level.bins_service, strict=True)
         ),
-        reasons=tuple(reasons),
-        refusals=refusals,
+        reasons=tuple(decisions.reasons),
+        refusals=decisions.refusals,
         offered_pct=offered_pct,
         ceiling_pct=min(100 * no_queue_s / capacity_s, 100 * capacity_ref / gpus) if capacity_s else 0.0,
-        headroom_gpus_mean=headroom_sum / decisions_made / WHOLE_GPU_MILLI if decisions_made else 0.0,
-        service_preemptions=service_preemptions,
+        headroom_gpus_mean=(
+            decisions.headroom_milli / decisions.made / WHOLE_GPU_MILLI if decisions.made else 0.0
+        ),
+        service_preemptions=decisions.service_preemptions,
     )
 
 

@@ -10,13 +10,15 @@ decision through `whalegen.scheduling`), and one of two clocks:
   last is applied, then one cycle. A cycle that changed something may be followed by the very next tick
   (`CycleClock.rerun_after_change`); otherwise the clock jumps to the tick of the next event, since a
   cycle with nothing new decides nothing new (the scenario and MIG-wait replays).
+- `run_steps`: fixed steps of `step_s`. At each, what arrived and what left by then is applied; a
+  decision runs if anything arrived, left or ended since the last; then the running work moves on over
+  the step (the goodput replay: its jobs end inside a step at rates that change with their neighbours,
+  not at times known when they start, so their ends cannot be departures queued in advance).
 
-Metrics are observers: each is told time advances (`advance(to_s)`) before the state changes at that
-time, and integrates what it integrates up to then; the replays' end-of-run figures read them.
-
-The goodput replay (`whalegen.goodput.replay`) still moves its own fixed-step clock: its jobs end inside
-a physics step at rates that change with their neighbours, not at times known when they start; moving it
-onto this loop is what is left of issue 40's item 2.
+Metrics are observers. With the event and cycle clocks each is told time advances (`advance(to_s)`)
+before the state changes at that time, and integrates what it integrates up to then. With the step clock
+the state changes only between steps, so each is told at a step's start that the state it sees holds over
+the step (`step(now_s, step_s)`). The replays' end-of-run figures read them.
 """
 
 from __future__ import annotations
@@ -167,4 +169,70 @@ def run_cycles(
         if not events:
             break  # what is left waiting can never start
         now_s = max(now_s + clock.cycle_s, clock.tick(min(events)))
+    return now_s
+
+
+class StepObserver(Protocol):
+    def step(self, now_s: float, step_s: float) -> None:
+        """The state seen now holds over [now_s, now_s + step_s); what ends in it is applied after it."""
+
+
+class StepReplay(Protocol[T_contra]):
+    def arrive(self, item: T_contra, at_s: float) -> None:
+        """`item` joins the queue; the next decision sees it."""
+
+    def depart(self, task_id: str, at_s: float) -> None:
+        """A task leaves at a time known in advance (applied at the first step at or after it)."""
+
+    def decide(self, now_s: float) -> None:
+        """One decision over what waits (called when something arrived, left or ended since the last)."""
+
+    def settle(self, now_s: float) -> None:
+        """The running work's rates over the step that starts now."""
+
+    def progress(self, now_s: float, step_s: float) -> bool:
+        """The running work moves on over the step; whether any of it ended."""
+
+    def has_work(self) -> bool:
+        """Whether anything is still queued or running."""
+
+
+@dataclass(frozen=True)
+class StepClock:
+    step_s: float
+    end_s: float  # no step starts at or after this (the replay's drain limit)
+    start_s: float = 0.0
+
+
+def run_steps(
+    arrivals: Sequence[tuple[float, T]],
+    replay: StepReplay[T],
+    departures: Departures,
+    clock: StepClock,
+    observers: Sequence[StepObserver] = (),
+) -> float:
+    """Steps until the clock's end or until nothing is left to arrive, wait or run; returns the time after
+    the last step."""
+    now_s = clock.start_s
+    nxt = 0
+    changed = True
+    while now_s < clock.end_s and (nxt < len(arrivals) or replay.has_work()):
+        # 1. What arrived and what left by now. Arrivals first: a task that arrives and leaves within one
+        # step is dropped from the queue, not queued after it left.
+        while nxt < len(arrivals) and arrivals[nxt][0] <= now_s:
+            replay.arrive(arrivals[nxt][1], now_s)
+            nxt += 1
+            changed = True
+        for end_s, task_id in departures.pop_until(now_s):
+            replay.depart(task_id, end_s)
+            changed = True
+        # 2. One decision, if anything changed since the last.
+        if changed:
+            replay.decide(now_s)
+        # 3. The step: the rates now, the observers, then the work done in it.
+        replay.settle(now_s)
+        for observer in observers:
+            observer.step(now_s, clock.step_s)
+        changed = replay.progress(now_s, clock.step_s)
+        now_s += clock.step_s
     return now_s
