@@ -132,28 +132,13 @@ def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]
     """
     n = len(start_s)
     names = [*HISTORY_FEATURES, "key_mean_s", "global_mean_s"]
-    # Identical submissions arriving at one instant are one batch, known together at submission.
-    same_instant = (
-        pd.DataFrame({"k": pd.Series(list(keys), dtype=object).astype(str), "t": start_s})
-        .groupby(["k", "t"], dropna=False)["t"]
-        .transform("size")
-        .to_numpy(np.float64)
-        if n
-        else np.zeros(0)
-    )
+    same_instant = _same_instant(start_s, keys)
     col = {name: j for j, name in enumerate(names)}
-    # 1. One event stream: finishes sort before submissions at the same instant (finished = known),
-    #    except a zero-length task's own finish, which must not precede its own submission.
-    ends = np.where(np.isnan(end_s), np.inf, end_s)
-    times = np.concatenate([ends, start_s])
-    finish_kind = np.where(ends <= start_s, 2, 0).astype(np.int8)
-    kinds = np.concatenate([finish_kind, np.ones(n, dtype=np.int8)])
-    idx = np.concatenate([np.arange(n), np.arange(n)])
-    order = np.lexsort((kinds, times))
+    # 1. One event stream.
+    times, kinds, idx, order = _events(start_s, end_s)
     out = np.full((n, len(names)), np.nan)
     states: dict[Any, _KeyState] = {}
-    g_count, g_sum_log, g_sum_s = 0, 0.0, 0.0
-    g_recent: deque[float] = deque(maxlen=GLOBAL_RECENT_N)
+    plane = _GlobalState()
     # 2. Walk the events; a submission reads the state, a finish updates it.
     for e in order:
         i = int(idx[e])
@@ -161,73 +146,129 @@ def history_features(start_s: np.ndarray, end_s: np.ndarray, keys: Sequence[Any]
             break  # only never-finished tasks remain
         state = states.setdefault(keys[i], _KeyState())
         if kinds[e] != 1:
-            dur_s = max(end_s[i] - start_s[i], 1.0)
-            log_d = math.log(dur_s)
-            state.count += 1
-            state.sum_log += log_d
-            state.sum_sq_log += log_d * log_d
-            state.sum_s += dur_s
-            state.last_log = log_d
-            state.recent.append(log_d)
-            state.running -= 1
-            state.running_starts.pop(i, None)
-            state.ewm_log = (
-                log_d if math.isnan(state.ewm_log) else EWM_ALPHA * log_d + (1 - EWM_ALPHA) * state.ewm_log
-            )
-            state.last_finish_s = end_s[i]
-            state.finishes.append(end_s[i])
-            if start_s[i] >= state.latest_start_s:
-                state.latest_start_s, state.latest_start_log = start_s[i], log_d
-            g_recent.append(log_d)
-            g_count, g_sum_log, g_sum_s = g_count + 1, g_sum_log + log_d, g_sum_s + dur_s
+            _finish(state, plane, i, start_s[i], end_s[i])
             continue
         t = start_s[i]
-        while state.submits and state.submits[0] < t - BURST_WINDOW_S:
-            state.submits.popleft()
         row = out[i]
-        row[col["key_count"]] = state.count
-        if state.count:
-            mean = state.sum_log / state.count
-            row[col["key_mean_log"]] = mean
-            row[col["key_last_log"]] = state.last_log
-            row[col["key_last10_mean_log"]] = float(np.mean(state.recent))
-            row[col["key_last10_median_log"]] = float(np.median(state.recent))
-            row[col["key_last10_std_log"]] = float(np.std(state.recent))
-            row[col["key_last3_mean_log"]] = float(np.mean(list(state.recent)[-3:]))
-            row[col["key_ewm_log"]] = state.ewm_log
-            row[col["key_latest_submitted_log"]] = state.latest_start_log
-            row[col["since_key_finish_s"]] = t - state.last_finish_s
-            row[col["key_std_log"]] = math.sqrt(max(state.sum_sq_log / state.count - mean * mean, 0.0))
-            row[col["key_mean_s"]] = state.sum_s / state.count
-        row[col["key_submitted_last_hour"]] = len(state.submits)
-        row[col["since_key_submit_s"]] = t - state.submits[-1] if state.submits else np.nan
-        recent = np.asarray(state.submits, dtype=np.float64)
-        row[col["key_submitted_last_10s"]] = int(np.sum(recent >= t - 10.0))
-        row[col["key_submitted_last_min"]] = int(np.sum(recent >= t - 60.0))
-        row[col["key_submitted_last_10min"]] = int(np.sum(recent >= t - 600.0))
-        in_burst = bool(state.submits) and t - state.submits[-1] <= BURST_GAP_S
-        state.burst_position = state.burst_position + 1 if in_burst else 0
-        row[col["key_burst_position"]] = state.burst_position
-        while state.finishes and state.finishes[0] < t - BURST_WINDOW_S:
-            state.finishes.popleft()
-        row[col["key_finished_last_hour"]] = len(state.finishes)
+        _submission_row(row, col, state, plane, t)
         row[col["key_same_instant"]] = same_instant[i]
-        if state.running_starts:
-            ages = t - np.fromiter(state.running_starts.values(), dtype=np.float64)
-            row[col["key_oldest_running_age_s"]] = float(ages.max())
-            row[col["key_newest_running_age_s"]] = float(ages.min())
-            row[col["key_running_median_age_log"]] = math.log(max(float(np.median(ages)), 1.0))
-            if state.count:
-                row[col["key_running_over_ewm"]] = int(np.sum(ages > math.exp(state.ewm_log)))
-        if g_count:
-            row[col["global_mean_log"]] = g_sum_log / g_count
-            row[col["global_recent_mean_log"]] = float(np.mean(g_recent))
-            row[col["global_mean_s"]] = g_sum_s / g_count
-        row[col["key_running"]] = state.running
         state.submits.append(t)
         state.running += 1
         state.running_starts[i] = t
     return pd.DataFrame(out, columns=names)
+
+
+@dataclass
+class _GlobalState:
+    """Every key's finishes together: what a task of a key without history falls back on."""
+
+    count: int = 0
+    sum_log: float = 0.0
+    sum_s: float = 0.0
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=GLOBAL_RECENT_N))
+
+
+def _same_instant(start_s: np.ndarray, keys: Sequence[Any]) -> np.ndarray:
+    """Per task, how many tasks of its key were submitted at its instant: identical submissions arriving
+    at one instant are one batch, known together at submission."""
+    if not len(start_s):
+        return np.zeros(0)
+    sizes: np.ndarray = (
+        pd.DataFrame({"k": pd.Series(list(keys), dtype=object).astype(str), "t": start_s})
+        .groupby(["k", "t"], dropna=False)["t"]
+        .transform("size")
+        .to_numpy(np.float64)
+    )
+    return sizes
+
+
+def _events(start_s: np.ndarray, end_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every task's finish and submission as one stream: times, kinds (0 and 2 finish, 1 submits), task
+    indexes, and the order to walk them in. Finishes sort before submissions at the same instant
+    (finished = known), except a zero-length task's own finish, which must not precede its own
+    submission; a task that never finished ends at infinity."""
+    n = len(start_s)
+    ends = np.where(np.isnan(end_s), np.inf, end_s)
+    times = np.concatenate([ends, start_s])
+    finish_kind = np.where(ends <= start_s, 2, 0).astype(np.int8)
+    kinds = np.concatenate([finish_kind, np.ones(n, dtype=np.int8)])
+    idx = np.concatenate([np.arange(n), np.arange(n)])
+    return times, kinds, idx, np.lexsort((kinds, times))
+
+
+def _finish(state: _KeyState, plane: _GlobalState, i: int, start_s: float, end_s: float) -> None:
+    """Task `i` of the key finished: its duration enters the key's and the global history."""
+    dur_s = max(end_s - start_s, 1.0)
+    log_d = math.log(dur_s)
+    state.count += 1
+    state.sum_log += log_d
+    state.sum_sq_log += log_d * log_d
+    state.sum_s += dur_s
+    state.last_log = log_d
+    state.recent.append(log_d)
+    state.running -= 1
+    state.running_starts.pop(i, None)
+    state.ewm_log = (
+        log_d if math.isnan(state.ewm_log) else EWM_ALPHA * log_d + (1 - EWM_ALPHA) * state.ewm_log
+    )
+    state.last_finish_s = end_s
+    state.finishes.append(end_s)
+    if start_s >= state.latest_start_s:
+        state.latest_start_s, state.latest_start_log = start_s, log_d
+    plane.recent.append(log_d)
+    plane.count, plane.sum_log, plane.sum_s = plane.count + 1, plane.sum_log + log_d, plane.sum_s + dur_s
+
+
+def _submission_row(
+    row: np.ndarray, col: dict[str, int], state: _KeyState, plane: _GlobalState, t: float
+) -> None:
+    """A task of the key is submitted at `t`: fill its row from the history as it stands (the task's own
+    submission is added afterwards). Submissions and finishes older than an hour leave the windows."""
+    while state.submits and state.submits[0] < t - BURST_WINDOW_S:
+        state.submits.popleft()
+    row[col["key_count"]] = state.count
+    if state.count:
+        _key_finished_row(row, col, state, t)
+    row[col["key_submitted_last_hour"]] = len(state.submits)
+    row[col["since_key_submit_s"]] = t - state.submits[-1] if state.submits else np.nan
+    recent = np.asarray(state.submits, dtype=np.float64)
+    row[col["key_submitted_last_10s"]] = int(np.sum(recent >= t - 10.0))
+    row[col["key_submitted_last_min"]] = int(np.sum(recent >= t - 60.0))
+    row[col["key_submitted_last_10min"]] = int(np.sum(recent >= t - 600.0))
+    in_burst = bool(state.submits) and t - state.submits[-1] <= BURST_GAP_S
+    state.burst_position = state.burst_position + 1 if in_burst else 0
+    row[col["key_burst_position"]] = state.burst_position
+    while state.finishes and state.finishes[0] < t - BURST_WINDOW_S:
+        state.finishes.popleft()
+    row[col["key_finished_last_hour"]] = len(state.finishes)
+    if state.running_starts:
+        ages = t - np.fromiter(state.running_starts.values(), dtype=np.float64)
+        row[col["key_oldest_running_age_s"]] = float(ages.max())
+        row[col["key_newest_running_age_s"]] = float(ages.min())
+        row[col["key_running_median_age_log"]] = math.log(max(float(np.median(ages)), 1.0))
+        if state.count:
+            row[col["key_running_over_ewm"]] = int(np.sum(ages > math.exp(state.ewm_log)))
+    if plane.count:
+        row[col["global_mean_log"]] = plane.sum_log / plane.count
+        row[col["global_recent_mean_log"]] = float(np.mean(plane.recent))
+        row[col["global_mean_s"]] = plane.sum_s / plane.count
+    row[col["key_running"]] = state.running
+
+
+def _key_finished_row(row: np.ndarray, col: dict[str, int], state: _KeyState, t: float) -> None:
+    """The features of a key with finished tasks: their log-duration statistics and the latest finish."""
+    mean = state.sum_log / state.count
+    row[col["key_mean_log"]] = mean
+    row[col["key_last_log"]] = state.last_log
+    row[col["key_last10_mean_log"]] = float(np.mean(state.recent))
+    row[col["key_last10_median_log"]] = float(np.median(state.recent))
+    row[col["key_last10_std_log"]] = float(np.std(state.recent))
+    row[col["key_last3_mean_log"]] = float(np.mean(list(state.recent)[-3:]))
+    row[col["key_ewm_log"]] = state.ewm_log
+    row[col["key_latest_submitted_log"]] = state.latest_start_log
+    row[col["since_key_finish_s"]] = t - state.last_finish_s
+    row[col["key_std_log"]] = math.sqrt(max(state.sum_sq_log / state.count - mean * mean, 0.0))
+    row[col["key_mean_s"]] = state.sum_s / state.count
 
 
 def _calendar(start_s: np.ndarray) -> pd.DataFrame:
