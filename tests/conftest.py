@@ -54,7 +54,7 @@ def world(db: None) -> World:
     from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
     from apps.tenants.models import Membership
     from apps.tenants.services import membership_set, tenant_create
-    from apps.workloads.services import TaskRequest, queue_create, quota_set, task_submit
+    from apps.workloads.services import TaskSubmission, queue_create, quota_set, task_submit
     from tests.apps.factories import UserFactory
 
     org = tenant_create(slug="acme", name="Acme", kind="org")
@@ -88,8 +88,10 @@ def world(db: None) -> World:
     queue_a = queue_create(tenant=tenant_a, pool=h100, name="train", default_priority=5)
     queue_a_l4 = queue_create(tenant=tenant_a, pool=l4, name="infer")
     queue_b = queue_create(tenant=tenant_b, pool=h100, name="train")
-    task_a, _ = task_submit(tenant=tenant_a, request=TaskRequest(queue="train"), submitted_by=users["alice"])
-    task_b, _ = task_submit(tenant=tenant_b, request=TaskRequest(queue="train"), submitted_by=users["bob"])
+    task_a, _ = task_submit(
+        tenant=tenant_a, request=TaskSubmission(queue="train"), submitted_by=users["alice"]
+    )
+    task_b, _ = task_submit(tenant=tenant_b, request=TaskSubmission(queue="train"), submitted_by=users["bob"])
     quota_a.refresh_from_db()
     quota_b.refresh_from_db()
     return World(

@@ -34,22 +34,17 @@ from django.db.models import Count
 from apps.fleet.nodes import node_token_issue
 from apps.inventory.models import Gpu, Node
 from apps.workloads.models import Queue, Task
-from apps.workloads.services import TaskRequest, task_submit
+from apps.workloads.services import TaskSubmission, task_submit
+from whalegen.gpus.skus import SKUS
 
 log = logging.getLogger("whalegen.demo")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-# Catalogue model → simulator SKU (agents/sim fixtures). The simulator has no L4: the nearest SKU it has,
-# an L40S, stands in (whole GPUs and MPS only, like an L4); the plane keeps its own model name.
-SIM_SKUS = {
-    "H100-80GB": "h100-80gb-sxm",
-    "H200-141GB": "h200-141gb",
-    "A100-80GB": "a100-80gb",
-    "A100-40GB": "a100-40gb",
-    "L40S": "l40s",
-    "L4": "l40s",
-}
+# Catalogue model → simulator SKU (agents/sim fixtures), from the fixtures themselves. The simulator has
+# no L4: the nearest SKU it has, an L40S, stands in (whole GPUs and MPS only, like an L4); the plane keeps
+# its own model name.
+SIM_SKUS = {sku.model: sku.key for sku in SKUS.values()} | {"L4": "l40s"}
 
 # When the trace is missing: (gpu_count, gpu_milli, weight), shaped like openb's mix (mostly single
 # GPUs, many fractions, a few multi-GPU tasks).
@@ -211,9 +206,9 @@ def trace_shapes(traces_dir: Path) -> list[tuple[int, int, float]]:
 IDLE_FIRST, IDLE_EVERY, IDLE_RUNTIME_S = 3, 25, 420
 
 
-def idle_task_request(queue: Queue) -> TaskRequest:
+def idle_task_request(queue: Queue) -> TaskSubmission:
     app = [sys.executable, "-m", "agents.sim.fake_cuda_app"]
-    return TaskRequest(
+    return TaskSubmission(
         queue=queue.name,
         name="gen-idle-notebook",
         gpu_count=1,
@@ -270,7 +265,7 @@ class WorkloadGenerator:
         runtime_s = round(5 + 55 * min(max((math.log10(lifetime_s) - 1) / 6, 0.0), 1.0))
         fails = self.rng.random() < 1 / 12
         command = ["sh", "-c", f"sleep {runtime_s}; exit {3 if fails else 0}"]
-        request = TaskRequest(
+        request = TaskSubmission(
             queue=queue.name,
             name=f"gen-{count}x{milli}",
             gpu_count=count if milli == 1000 else 1,
@@ -282,7 +277,7 @@ class WorkloadGenerator:
         )
         return self._submit(queue, request)
 
-    def _submit(self, queue: Queue, request: TaskRequest) -> Task | None:
+    def _submit(self, queue: Queue, request: TaskSubmission) -> Task | None:
         member = queue.tenant.memberships.select_related("user").first()
         try:
             task, _ = task_submit(

@@ -134,8 +134,10 @@ def quota_set(
 
 
 @dataclass(frozen=True)
-class TaskRequest:
-    """What a submitter asks for (ARCHITECTURE §2). Units: milli-GPUs per GPU, MiB, CPU milli-cores."""
+class TaskSubmission:
+    """What a submitter asks for (ARCHITECTURE §2), in the API's words. Units: milli-GPUs per GPU, MiB,
+    CPU milli-cores. Not the core's `whalegen.placement.types.TaskRequest`: the snapshot reader builds
+    that one from the stored task."""
 
     queue: str
     name: str = ""
@@ -160,7 +162,7 @@ class TaskRequest:
     image: str = ""  # blank: the queue's default image (container pools)
 
 
-_REQUEST_FIELDS = tuple(f.name for f in fields(TaskRequest) if f.name != "queue")
+_REQUEST_FIELDS = tuple(f.name for f in fields(TaskSubmission) if f.name != "queue")
 
 
 class CannotRunHere(ValidationError):
@@ -170,7 +172,7 @@ class CannotRunHere(ValidationError):
     one of these: such a request is accepted and waits (docs/scheduling.md, "Admission")."""
 
 
-def _validate_shape(request: TaskRequest) -> list[str]:
+def _validate_shape(request: TaskSubmission) -> list[str]:
     """Check the rules that need no database; return canonical model names. Raises ValidationError."""
     errors: dict[str, list[str]] = {}
     canonical: list[str] = []
@@ -223,7 +225,7 @@ def image_reference_refusal(image: str) -> str:
     return ""
 
 
-def _runtime_and_image(*, tenant: Tenant, queue: Queue, request: TaskRequest) -> tuple[str, str]:
+def _runtime_and_image(*, tenant: Tenant, queue: Queue, request: TaskSubmission) -> tuple[str, str]:
     """The runtime the task gets (its pool's) and the image it runs (its own, else its queue's default;
     blank for a process run), or a ValidationError on `image` saying what to do."""
     pool = queue.pool
@@ -274,7 +276,7 @@ def _pool_models(pool: Pool) -> dict[str, bool]:
 
 
 def _validate_against_pool(
-    *, pool: Pool, request: TaskRequest, models: list[str], known: dict[int, dict[str, bool]] | None = None
+    *, pool: Pool, request: TaskSubmission, models: list[str], known: dict[int, dict[str, bool]] | None = None
 ) -> None:
     """Check the request against what the pool holds. `known` caches `_pool_models` by pool id (a bulk
     submission reads each pool once)."""
@@ -523,7 +525,7 @@ def _gang_asked_milli(*, tenant: Tenant, task: Task) -> int:
     return (stored or 0) + task.charge_milli
 
 
-def _request_differences(task: Task, request: TaskRequest) -> list[str]:
+def _request_differences(task: Task, request: TaskSubmission) -> list[str]:
     """Fields where `request` asks for something other than what `task` was submitted with.
 
     Values the plane filled in (a priority left to the queue's default) and model names written another
@@ -545,7 +547,7 @@ def _request_differences(task: Task, request: TaskRequest) -> list[str]:
     return differing
 
 
-def _same_request_or_conflict(task: Task, request: TaskRequest, idempotency_key: str) -> Task:
+def _same_request_or_conflict(task: Task, request: TaskSubmission, idempotency_key: str) -> Task:
     differing = _request_differences(task, request)
     if differing:
         raise Conflict(
@@ -559,7 +561,7 @@ def _new_task(
     *,
     tenant: Tenant,
     queue: Queue,
-    request: TaskRequest,
+    request: TaskSubmission,
     models: list[str],
     submitted_by: AbstractBaseUser | None,
     key: str | None,
@@ -585,7 +587,7 @@ def _new_task(
 def _submit_one(
     *,
     tenant: Tenant,
-    request: TaskRequest,
+    request: TaskSubmission,
     submitted_by: AbstractBaseUser | None,
     idempotency_key: str | None,
 ) -> tuple[Task, bool]:
@@ -649,7 +651,7 @@ def _no_forecast_yet(task: Task) -> None:
 def task_submit(
     *,
     tenant: Tenant,
-    request: TaskRequest,
+    request: TaskSubmission,
     submitted_by: AbstractBaseUser | None,
     idempotency_key: str | None = None,
 ) -> tuple[Task, bool]:
@@ -690,7 +692,7 @@ class BulkItemError(ApplicationError):
 def tasks_submit_bulk(
     *,
     tenant: Tenant,
-    items: list[tuple[TaskRequest, str | None]],
+    items: list[tuple[TaskSubmission, str | None]],
     submitted_by: AbstractBaseUser | None,
 ) -> list[Task]:
     """Submit several tasks (e.g. a gang) in one transaction: all are stored or none is.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from apps.workloads.services import TaskRequest, task_submit
+from apps.workloads.services import TaskSubmission, task_submit
 from whalegen.commands import tasks as tasks_command
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +19,7 @@ SECRET = "sekret-123"
 
 @pytest.fixture
 def secret_task(world: Any) -> Any:
-    request = TaskRequest(
+    request = TaskSubmission(
         queue="train", command=["python", "train.py"], env={"HF_TOKEN": SECRET, "MODE": "x"}
     )
     task, _ = task_submit(tenant=world.tenant_a, request=request, submitted_by=world.alice)

@@ -46,7 +46,7 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     from apps.scheduling.models import Assignment
     from apps.tenants.services import tenant_create
     from apps.workloads.models import Task, TaskEvent, TaskProfile
-    from apps.workloads.services import TaskRequest, queue_create, quota_set, task_submit
+    from apps.workloads.services import TaskSubmission, queue_create, quota_set, task_submit
 
     settings.WHALEGEN_AGENT_HEARTBEAT_S = 1.0
     settings.WHALEGEN_TELEMETRY_SAMPLE_S = 1.0  # a sample per heartbeat: a few seconds of run classify a key
@@ -86,7 +86,7 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     first = {
         key: task_submit(
             tenant=tenant,
-            request=TaskRequest(
+            request=TaskSubmission(
                 queue="q", name=f"{key}-1", profile_key=key, command=[*app, "--sm-pct", sm, "--mem-pct", mem]
             ),
             submitted_by=None,
@@ -110,7 +110,7 @@ def test_a_bandwidth_bound_profile_runs_on_the_hbm_rich_model_of_a_mixed_pool(
     for key in ("gemm", "decode"):
         submitted[key], _ = task_submit(
             tenant=tenant,
-            request=TaskRequest(
+            request=TaskSubmission(
                 queue="q", name=key, profile_key=key, command=["python3", "-c", "import time; time.sleep(20)"]
             ),
             submitted_by=None,

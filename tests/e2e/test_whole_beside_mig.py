@@ -24,7 +24,7 @@ def test_a_two_gpu_whole_task_beside_an_idle_mig_gpu_starts_within_two_cycles(
     from apps.scheduling.models import Assignment, Cycle
     from apps.tenants.services import tenant_create
     from apps.workloads.models import Task
-    from apps.workloads.services import TaskRequest, queue_create, quota_set, task_submit
+    from apps.workloads.services import TaskSubmission, queue_create, quota_set, task_submit
 
     settings.WHALEGEN_AGENT_HEARTBEAT_S = 1.0
     speech = tenant_create(slug="speech", name="Speech")
@@ -59,7 +59,7 @@ def test_a_two_gpu_whole_task_beside_an_idle_mig_gpu_starts_within_two_cycles(
     )
     task, _ = task_submit(
         tenant=speech,
-        request=TaskRequest(
+        request=TaskSubmission(
             queue="train",
             name="asr-finetune",
             gpu_count=2,

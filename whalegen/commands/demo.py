@@ -88,24 +88,25 @@ def _seed_tasks() -> None:
     from django.contrib.auth import get_user_model
 
     from apps.tenants.models import Tenant
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     user_model = get_user_model()
     samples = {
         "vision": [
-            TaskRequest(queue="train", name="resnet-ablation", gpu_count=4, kind="training",
-                        command=_work("resnet50 ablation: epoch", 6, 30), profile_key="resnet50"),
-            TaskRequest(queue="train", name="vit-eval", gpu_milli=430, isolation="mig", kind="batch",
-                        command=_work("vit eval: shard", 4, 15), profile_key="vit-eval"),
+            TaskSubmission(queue="train", name="resnet-ablation", gpu_count=4, kind="training",
+                           command=_work("resnet50 ablation: epoch", 6, 30), profile_key="resnet50"),
+            TaskSubmission(queue="train", name="vit-eval", gpu_milli=430, isolation="mig", kind="batch",
+                           command=_work("vit eval: shard", 4, 15), profile_key="vit-eval"),
         ],
         "speech": [
-            TaskRequest(queue="train", name="asr-finetune", gpu_count=2, gpu_mem_mib=120_000, kind="training",
-                        command=_work("whisper fine-tune lr=3e-5: step", 8, 20), profile_key="whisper-ft"),
+            TaskSubmission(queue="train", name="asr-finetune", gpu_count=2, gpu_mem_mib=120_000,
+                           kind="training", command=_work("whisper fine-tune lr=3e-5: step", 8, 20),
+                           profile_key="whisper-ft"),
         ],
         "ranking": [
-            TaskRequest(queue="serve", name="ranker-canary", gpu_milli=250, isolation="mps",
-                        kind="inference", sla_class="online", preemptible=False,
-                        command=_work("ranker canary: served batch", 20, 15), profile_key="ranker"),
+            TaskSubmission(queue="serve", name="ranker-canary", gpu_milli=250, isolation="mps",
+                           kind="inference", sla_class="online", preemptible=False,
+                           command=_work("ranker canary: served batch", 20, 15), profile_key="ranker"),
         ],
     }  # fmt: skip
     for slug, member in TEAMS:

@@ -24,7 +24,7 @@ from apps.workloads.api.fast_input import FastInput
 from apps.workloads.api.fast_output import FastOutput
 from apps.workloads.filters import QueueFilter, QuotaFilter, TaskFilter
 from apps.workloads.models import TaskEvent
-from apps.workloads.services import TaskRequest
+from apps.workloads.services import TaskSubmission
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
@@ -71,9 +71,9 @@ def _bulk_errors_as_list(errors: dict[str, Any], body: Any) -> dict[str, Any]:
     return errors
 
 
-def _task_request(data: dict[str, Any]) -> TaskRequest:
+def _task_request(data: dict[str, Any]) -> TaskSubmission:
     fields = {k: v for k, v in data.items() if k not in {"tenant", "idempotency_key"}}
-    return TaskRequest(**fields)
+    return TaskSubmission(**fields)
 
 
 class TaskListSubmitApi(generics.ListAPIView):

@@ -21,11 +21,11 @@ class Scene:
 def scene(world: Any) -> Scene:
     from apps.scheduling.models import Cycle
     from apps.scheduling.services import cycle_run
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     waiting, _ = task_submit(
         tenant=world.tenant_a,
-        request=TaskRequest(queue="train", name="big-run", gpu_count=2),
+        request=TaskSubmission(queue="train", name="big-run", gpu_count=2),
         submitted_by=world.alice,
     )
     report = cycle_run(pool_id=world.h100.pk)

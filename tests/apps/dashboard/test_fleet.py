@@ -153,14 +153,14 @@ def test_whatif_after_a_new_cycle_shows_the_earlier_decision_while_computing(
     scene: Any, page: Any, whatif_jobs: Any
 ) -> None:
     from apps.scheduling.services import cycle_run
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     w = scene.world
     client = page(w.root)
     path = f"/pools/{w.h100.pk}/whatif/?policy=fgd"
     client.get(path)
     whatif_jobs.run()
-    task_submit(tenant=w.tenant_a, request=TaskRequest(queue="train", name="late-run", gpu_count=2),
+    task_submit(tenant=w.tenant_a, request=TaskSubmission(queue="train", name="late-run", gpu_count=2),
                 submitted_by=w.alice)  # fmt: skip
     assert "late-run" not in text(client.get(path))  # the same cycle: its decision, not recomputed
     assert not whatif_jobs.started

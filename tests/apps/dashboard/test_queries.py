@@ -12,7 +12,7 @@ from apps.approvals.services import override_request
 from apps.fleet.nodes import node_cordon
 from apps.inventory.services import gpu_add, node_register, pool_create
 from apps.scheduling.services import cycle_run
-from apps.workloads.services import TaskRequest, queue_create, quota_set, task_cancel, task_submit
+from apps.workloads.services import TaskSubmission, queue_create, quota_set, task_cancel, task_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -41,18 +41,18 @@ def crowd(request: Any, scene: Any) -> Any:
     for tenant, user in ((w.tenant_a, w.alice), (w.tenant_b, w.bob)):
         quota_set(tenant=tenant, pool=w.h100, guaranteed_milli=200_000)  # room for every request below
         for i in range(n):
-            task_submit(tenant=tenant, request=TaskRequest(queue="train", name=f"t{i}"), submitted_by=user)
+            task_submit(tenant=tenant, request=TaskSubmission(queue="train", name=f"t{i}"), submitted_by=user)
         task_submit(
-            tenant=tenant, request=TaskRequest(queue="train", name="huge", gpu_count=8), submitted_by=user
+            tenant=tenant, request=TaskSubmission(queue="train", name="huge", gpu_count=8), submitted_by=user
         )
         gone, _ = task_submit(
-            tenant=tenant, request=TaskRequest(queue="train", name="gone"), submitted_by=user
+            tenant=tenant, request=TaskSubmission(queue="train", name="gone"), submitted_by=user
         )
         task_cancel(task=gone, by=user, reason="not needed")
         for i in range(n):
             pending, _ = task_submit(
                 tenant=tenant,
-                request=TaskRequest(queue="train", name=f"o{i}", gpu_count=8),
+                request=TaskSubmission(queue="train", name=f"o{i}", gpu_count=8),
                 submitted_by=user,
             )
             override_request(
@@ -68,7 +68,7 @@ def crowd(request: Any, scene: Any) -> Any:
         gpu_add(node=node, index=0, model="L4")
         quota_set(tenant=w.tenant_a, pool=pool, guaranteed_milli=1000)
         queue_create(tenant=w.tenant_a, pool=pool, name=f"q{i}")
-        task_submit(tenant=w.tenant_a, request=TaskRequest(queue=f"q{i}"), submitted_by=w.alice)
+        task_submit(tenant=w.tenant_a, request=TaskSubmission(queue=f"q{i}"), submitted_by=w.alice)
         cycle_run(pool_id=pool.pk)
     cycle_run(pool_id=w.h100.pk)
     return scene

@@ -96,10 +96,10 @@ def test_a_dry_run_shows_the_field_differences_and_keeps_nothing(fleet, admin) -
 
 def test_prune_deletes_what_the_file_no_longer_names_and_refuses_what_is_in_use(fleet, admin) -> None:
     from apps.tenants.models import Tenant
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     speech = Tenant.objects.get(slug="speech")
-    task_submit(tenant=speech, request=TaskRequest(queue="serve", gpu_milli=250), submitted_by=admin)
+    task_submit(tenant=speech, request=TaskSubmission(queue="serve", gpu_milli=250), submitted_by=admin)
     documents, sources = _fleet()
     keep = [
         (d, s)

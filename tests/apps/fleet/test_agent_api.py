@@ -356,10 +356,12 @@ def test_one_check_of_the_long_poll_costs_a_fixed_number_of_queries(
 ) -> None:
     """Pinned: the poll re-checks every 0.25 s per waiting node, so its cost must not grow with tasks."""
     from apps.fleet.agents import desired_state_current
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     assign(fleet.task_a, fleet.node, [fleet.whole_unit])
-    more, _ = task_submit(tenant=fleet.tenant_a, request=TaskRequest(queue="train"), submitted_by=fleet.alice)
+    more, _ = task_submit(
+        tenant=fleet.tenant_a, request=TaskSubmission(queue="train"), submitted_by=fleet.alice
+    )
     assign(more, fleet.node, [fleet.mig_unit])
     desired_state_current(node=fleet.node)
     with django_assert_num_queries(6):
@@ -421,10 +423,10 @@ def test_an_older_layouts_partition_report_does_not_overwrite_a_newer_one(
 
 def test_a_multi_gpu_tasks_running_event_names_every_gpu_it_holds(fleet: Any, agent_client: Any) -> None:
     """Before: the event named only the device the report carried, the first of the task's GPUs."""
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     task, _ = task_submit(
-        tenant=fleet.tenant_a, request=TaskRequest(queue="train", gpu_count=2), submitted_by=fleet.alice
+        tenant=fleet.tenant_a, request=TaskSubmission(queue="train", gpu_count=2), submitted_by=fleet.alice
     )
     assign(task, fleet.node, [fleet.mig_unit, fleet.whole_unit])
     client = agent_client(fleet.token_a)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.forecasting.models import ForecastModel, TaskForecast
 from apps.workloads.models import Task, TaskProfile
-from apps.workloads.services import TaskRequest, task_submit
+from apps.workloads.services import TaskSubmission, task_submit
 from tests.apps.forecasting.runs import make_runs
 
 
@@ -32,7 +32,7 @@ def test_training_forecasting_and_profiles_run_on_a_worker_through_redis(world) 
         # A submission commits, and its forecast is made on the worker (the message goes via Redis).
         task, _ = task_submit(
             tenant=world.tenant_a,
-            request=TaskRequest(queue="train", profile_key="bert"),
+            request=TaskSubmission(queue="train", profile_key="bert"),
             submitted_by=world.alice,
         )
         for _ in range(300):

@@ -43,18 +43,18 @@ def busy_world(world: Any) -> Any:
     from apps.fleet.nodes import nodes_mark_lost
     from apps.inventory.models import Node
     from apps.scheduling.services import cycle_run
-    from apps.workloads.services import TaskRequest, task_cancel, task_submit, task_transition
+    from apps.workloads.services import TaskSubmission, task_cancel, task_submit, task_transition
 
     now = timezone.now()
     extra, _ = task_submit(
-        tenant=world.tenant_a, request=TaskRequest(queue="train"), submitted_by=world.alice
+        tenant=world.tenant_a, request=TaskSubmission(queue="train"), submitted_by=world.alice
     )
     task_cancel(task=extra, by=world.alice, reason="superseded")
     report = cycle_run(pool_id=world.h100.pk, now=now)
     assert report.status == "done" and report.placed == 1
     world.task_a.refresh_from_db()
     task_transition(task=world.task_a, to_state="running", actor="agent:test", reason="started", now=now)
-    task_submit(tenant=world.tenant_a, request=TaskRequest(queue="infer"), submitted_by=world.alice)
+    task_submit(tenant=world.tenant_a, request=TaskSubmission(queue="infer"), submitted_by=world.alice)
     # gpu-001 heartbeated 5 s ago; l4-001 was registered an hour ago and never did, so it goes lost.
     Node.objects.filter(pk=world.node.pk).update(last_heartbeat_at=now - timedelta(seconds=5))
     Node.objects.filter(name="l4-001").update(created_at=now - timedelta(hours=1))
@@ -259,7 +259,7 @@ def test_a_scrape_costs_a_fixed_number_of_queries(
     from apps.inventory.models import Gpu
     from apps.inventory.services import cluster_create, gpu_add, node_register
     from apps.scheduling.services import cycle_run
-    from apps.workloads.services import TaskRequest, task_submit
+    from apps.workloads.services import TaskSubmission, task_submit
 
     headers = {"authorization": f"Bearer {token}"}
     with django_assert_num_queries(13):
@@ -274,7 +274,9 @@ def test_a_scrape_costs_a_fixed_number_of_queries(
         gpu_add(node=node, index=1, model="L4")
     for _ in range(4):  # what A's l4-infer quota (2000) admits beside its pending 1000
         task_submit(
-            tenant=busy_world.tenant_a, request=TaskRequest(queue="infer", gpu_milli=250), submitted_by=None
+            tenant=busy_world.tenant_a,
+            request=TaskSubmission(queue="infer", gpu_milli=250),
+            submitted_by=None,
         )
     cycle_run(pool_id=busy_world.l4.pk)
     cycle_run(pool_id=busy_world.h100.pk)

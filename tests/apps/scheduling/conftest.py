@@ -72,10 +72,10 @@ class Fleet:
         return tenant
 
     def submit(self, slug: str, **request: Any) -> Any:
-        from apps.workloads.services import TaskRequest, task_submit
+        from apps.workloads.services import TaskSubmission, task_submit
 
         task, _ = task_submit(
-            tenant=self.tenants[slug], request=TaskRequest(queue="q", **request), submitted_by=self.user
+            tenant=self.tenants[slug], request=TaskSubmission(queue="q", **request), submitted_by=self.user
         )
         return task
 

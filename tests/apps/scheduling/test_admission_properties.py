@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from apps.scheduling.services import cycle_run
 from apps.workloads.models import Task
-from apps.workloads.services import CannotRunHere, TaskRequest, task_submit, task_transition
+from apps.workloads.services import CannotRunHere, TaskSubmission, task_submit, task_transition
 from tests.apps.factories import held_milli
 from tests.apps.scheduling.conftest import NOW, Fleet
 
@@ -53,7 +53,7 @@ def test_refused_exactly_when_never_runnable_and_admitted_never_above_the_limit(
             never = amount > limit_gpus or amount > max(node_gpus)
             try:
                 task_submit(
-                    tenant=tenant, request=TaskRequest(queue="q", gpu_count=amount), submitted_by=None
+                    tenant=tenant, request=TaskSubmission(queue="q", gpu_count=amount), submitted_by=None
                 )
                 refused = False
             except CannotRunHere:

@@ -13,7 +13,7 @@ from django.db import connection, connections
 
 from apps.scheduling.services import cycle_run
 from apps.workloads.models import Task
-from apps.workloads.services import TaskRequest, task_submit
+from apps.workloads.services import TaskSubmission, task_submit
 from tests.apps.factories import held_milli
 from tests.apps.scheduling.conftest import NOW, Fleet
 from tests.apps.scheduling.invariants import violations
@@ -58,7 +58,7 @@ def test_concurrent_submissions_all_wait_and_concurrent_cycles_admit_no_more_tha
     quota = tenant.quotas.get()
 
     def submit() -> str:
-        task_submit(tenant=tenant, request=TaskRequest(queue="q", gpu_count=1), submitted_by=fleet.user)
+        task_submit(tenant=tenant, request=TaskSubmission(queue="q", gpu_count=1), submitted_by=fleet.user)
         return "accepted"
 
     outcomes = _together([submit] * SUBMITTERS)

@@ -56,14 +56,14 @@ def test_order_is_priority_then_fair_share_then_age(fleet) -> None:
 
 
 def test_a_queue_of_weight_two_gets_twice_the_share_of_its_tenant(fleet) -> None:
-    from apps.workloads.services import TaskRequest, queue_create, task_submit
+    from apps.workloads.services import TaskSubmission, queue_create, task_submit
 
     fleet.node(gpus=3)
     tenant = fleet.tenant("a", guaranteed=3000, borrow=9000)
     queue_create(tenant=tenant, pool=fleet.pool, name="heavy", weight=2)
     light = [fleet.submit("a") for _ in range(6)]  # older: by age alone they would take every GPU
     heavy = [
-        task_submit(tenant=tenant, request=TaskRequest(queue="heavy"), submitted_by=fleet.user)[0]
+        task_submit(tenant=tenant, request=TaskSubmission(queue="heavy"), submitted_by=fleet.user)[0]
         for _ in range(6)
     ]
     run(fleet)

@@ -36,11 +36,11 @@ def seed_history(
     sample and one process sample per instant, stamped alike, as `_store_telemetry` writes them), then
     cancelled so that the cycle under test does not place it. `gpu_samples=False`: only process samples
     (a second task on a GPU whose samples an earlier call wrote)."""
-    from apps.workloads.services import TaskRequest, task_submit, task_transition
+    from apps.workloads.services import TaskSubmission, task_submit, task_transition
 
     task, _ = task_submit(
         tenant=tenant,
-        request=TaskRequest(queue="q", name=f"{key}-history", profile_key=key),
+        request=TaskSubmission(queue="q", name=f"{key}-history", profile_key=key),
         submitted_by=None,
     )
     for i in range(samples):

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 from apps.inventory.models import Pool
 from apps.workloads.models import Task
-from apps.workloads.services import TaskRequest, image_reference_refusal, queue_update, task_submit
+from apps.workloads.services import TaskSubmission, image_reference_refusal, queue_update, task_submit
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +28,7 @@ def containers(world: Any) -> Any:
 
 
 def _submit(world: Any, **fields: Any) -> Task:
-    request = TaskRequest(queue=fields.pop("queue", "train"), command=["python", "train.py"], **fields)
+    request = TaskSubmission(queue=fields.pop("queue", "train"), command=["python", "train.py"], **fields)
     task, _ = task_submit(tenant=world.tenant_a, request=request, submitted_by=world.alice)
     return task
 
