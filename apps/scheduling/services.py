@@ -184,68 +184,125 @@ def _commit(
     order, ids ascending) and compare with the snapshot; 3. drop whole gangs that lost any member; 4. keep
     tenants within their limit; 5. write tasks, units, nodes, assignments and why-pending, then new
     layouts; 6. preempt. `explain` runs once the placements' writes have gone out, while the server works
-    on them (a 10,000-task cycle's writes keep it busy for a fifth of a second), once whichever path
-    writes.
+    on them, once whichever path writes.
     `out.decisions` are the decisions as completed.
     """
     out = _Commit()
     clock = time.perf_counter()
     request_of = {t.task_id: t for t in snapshot.cluster.pending} | dict(snapshot.claimed_requests)
-    done: dict[str, Decisions] = {}
-
-    def decided() -> Decisions:  # `finish`, once, whichever attempt writes
-        if "finished" not in done:
-            done["finished"] = finish()
-        return done["finished"]
-
-    def explained() -> Decisions:  # once, whichever attempt writes
-        if "explained" not in done:
-            done["explained"] = explain(decided()) if explain is not None else decided()
-        return done["explained"]
-
-    measuring: list[Callable[[Decisions], None]] = [measure] if measure is not None else []
-
-    def measured() -> None:  # once, whichever attempt writes
-        while measuring:
-            measuring.pop()(explained())
-
-    attempt = _Attempt(snapshot, request_of, cycle, now, explained, measured, out)
-    lost: dict[str, tuple[str, str]] | None = None
+    once = _Once(finish, explain, measure)
+    attempt = _Attempt(snapshot, request_of, cycle, now, once.explained, once.measured, out)
+    # 1. Unlocked.
+    lost, clock = _try_unlocked(attempt, begin, once.decided, reason_of, clock)
+    decisions = once.decided()
+    placements = [b.placement for b in decisions.placements]
     kept_plans: list[tuple[tuple[int, int], RepartitionPlan]] = []
-    if connection.vendor == "postgresql":
-        try:
-            with transaction.atomic():
-                clock = _write_unlocked(attempt, begin, decided, reason_of, clock)
-            lost = {}
-        except (_Changed, IntegrityError, OperationalError) as changed:
-            # A row moved since the snapshot (a unique index can be the first to say so: a task another
-            # cycle placed meanwhile has its live assignment): the locked path sorts out what is lost.
-            out.unlocked_missed = str(changed).splitlines()[0][:300]
-            clock = out.lap("unlocked_missed", clock)
+    if lost is None:
+        # 2-5. Locked.
+        lost, kept_plans, clock = _write_locked(attempt, decisions, clock)
+        winners = [p for p in placements if p.task_id not in lost]
     else:
+        winners = placements
+    decisions = once.explained()
+    clock = _claims_and_layouts(attempt, decisions, winners, kept_plans, lost, clock)
+    out.placed = len(winners)
+    out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
+    # 6. Preempt.
+    _preempt(snapshot, decisions, now, out)
+    out.lap("preempt", clock)
+    out.held_back = lost
+    return out
+
+
+class _Once:
+    """`finish`, `explain` and `measure` of one commit, each run once, by whichever attempt writes."""
+
+    def __init__(
+        self,
+        finish: Callable[[], Decisions],
+        explain: Callable[[Decisions], Decisions] | None,
+        measure: Callable[[Decisions], None] | None,
+    ) -> None:
+        self._finish, self._explain, self._measure = finish, explain, measure
+        self._decided: Decisions | None = None
+        self._explained: Decisions | None = None
+
+    def decided(self) -> Decisions:
+        if self._decided is None:
+            self._decided = self._finish()
+        return self._decided
+
+    def explained(self) -> Decisions:
+        if self._explained is None:
+            self._explained = self._explain(self.decided()) if self._explain is not None else self.decided()
+        return self._explained
+
+    def measured(self) -> None:
+        if self._measure is not None:
+            measure, self._measure = self._measure, None
+            measure(self.explained())
+
+
+def _try_unlocked(
+    attempt: _Attempt,
+    begin: Callable[[Callable[[list[Bound]], None] | None], Sequence[Placement]],
+    decided: Callable[[], Decisions],
+    reason_of: Callable[[str], str | None],
+    clock: float,
+) -> tuple[dict[str, tuple[str, str]] | None, float]:
+    """Step 1 of `_commit` where the database allows it: nothing lost (`{}`) when the unlocked attempt
+    held, None when the locked path must write (it was rolled back, or not tried: then `decide` is
+    finished here)."""
+    out = attempt.out
+    if connection.vendor != "postgresql":
         begin(None)
         clock = out.lap("decide_begin", clock)
         decided()
-        clock = out.lap("decide_finish", clock)
-    decisions = decided()
+        return None, out.lap("decide_finish", clock)
+    try:
+        with transaction.atomic():
+            clock = _write_unlocked(attempt, begin, decided, reason_of, clock)
+        return {}, clock
+    except (_Changed, IntegrityError, OperationalError) as changed:
+        # A row moved since the snapshot (a unique index can be the first to say so: a task another
+        # cycle placed meanwhile has its live assignment): the locked path sorts out what is lost.
+        out.unlocked_missed = str(changed).splitlines()[0][:300]
+        return None, out.lap("unlocked_missed", clock)
+
+
+def _write_locked(
+    attempt: _Attempt, decisions: Decisions, clock: float
+) -> tuple[dict[str, tuple[str, str]], list[tuple[tuple[int, int], RepartitionPlan]], float]:
+    """Steps 2-5 of `_commit`: lock and compare, then write the winners. Returns what was lost (task →
+    reason) and the new layouts that may go ahead."""
+    snapshot, out = attempt.snapshot, attempt.out
     placements = [b.placement for b in decisions.placements]
-    if lost is None:
-        units_for = {b.task_id: b.unit_ids for b in decisions.placements}
-        plans = [((snapshot.node_ids[lay.gpu[0]], lay.gpu[1]), lay.plan) for lay in decisions.layouts]
-        lost, kept_plans = _lock_and_compare(snapshot, placements, units_for, plans, request_of)
-        clock = out.lap("lock_and_compare", clock)
-        winners = [p for p in placements if p.task_id not in lost]
-        checks: list[Callable[[], None]] = []
-        with pipelined():
-            clock = _send_writes(
-                attempt, decisions, winners, (), (), kept_plans, lost, checks, clock, unlocked=False
-            )
-        for check in checks:
-            check()
-        clock = out.lap("writes_finished", clock)
-    else:
-        winners = placements
-    decisions = explained()
+    units_for = {b.task_id: b.unit_ids for b in decisions.placements}
+    plans = [((snapshot.node_ids[lay.gpu[0]], lay.gpu[1]), lay.plan) for lay in decisions.layouts]
+    lost, kept_plans = _lock_and_compare(snapshot, placements, units_for, plans, attempt.request_of)
+    clock = out.lap("lock_and_compare", clock)
+    winners = [p for p in placements if p.task_id not in lost]
+    checks: list[Callable[[], None]] = []
+    with pipelined():
+        clock = _send_writes(
+            attempt, decisions, winners, (), (), kept_plans, lost, checks, clock, unlocked=False
+        )
+    for check in checks:
+        check()
+    return lost, kept_plans, out.lap("writes_finished", clock)
+
+
+def _claims_and_layouts(
+    attempt: _Attempt,
+    decisions: Decisions,
+    winners: Sequence[Placement],
+    kept_plans: Sequence[tuple[tuple[int, int], RepartitionPlan]],
+    lost: dict[str, tuple[str, str]],
+    clock: float,
+) -> float:
+    """Close the claims the winners no longer need, write the new layouts (their tasks wait for them:
+    added to `lost`), and tell the agents of the nodes that have new work or a new layout."""
+    snapshot, cycle, now, out = attempt.snapshot, attempt.cycle, attempt.now, attempt.out
     # Claims first: a task whose claims were given up may get new ones now (one open claim per task and GPU).
     _close_claims(snapshot, bound={p.task_id for p in winners}, now=now)
     if layouts := _write_layouts(snapshot, kept_plans, cycle, now):
@@ -256,12 +313,12 @@ def _commit(
     out.decisions = decisions
     # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
     node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
-    clock = out.lap("repartitions", clock)
-    out.placed = len(winners)
-    out.conflicts = sum(1 for code, _ in lost.values() if code == LOST_RACE)
+    return out.lap("repartitions", clock)
 
-    # 6. Preempt: the victim returns to pending with its attempt counted; the agent stops it when its
-    # node's desired state no longer lists it.
+
+def _preempt(snapshot: PoolSnapshot, decisions: Decisions, now: datetime, out: _Commit) -> None:
+    """The victim returns to pending with its attempt counted; the agent stops it when its node's desired
+    state no longer lists it. A victim that moved meanwhile is a conflict."""
     for preemption in decisions.preemptions:
         info = snapshot.running[preemption.victim_task_id]
         victim = Task(pk=info.pk, state=info.state, version=info.version, tenant_id=info.tenant_id)
@@ -273,9 +330,6 @@ def _commit(
             out.preempted += 1
         else:
             out.conflicts += 1
-    out.lap("preempt", clock)
-    out.held_back = lost
-    return out
 
 
 def _write_unlocked(
@@ -288,29 +342,76 @@ def _write_unlocked(
     """Step 1 of `_commit`: every write without a lock, each compared and set; `_Changed` when one fails.
 
     The engine's placements go out in chunks as it makes them (`begin`), each already on its units: the
-    task moves, their events and their assignments. The server writes them during the engine's half
-    second, where it had nothing else to do; the nodes' versions are raised once, after `decide`
-    finishes (`decided`). Should `decide` then have bound one of them elsewhere or on other units, taken
-    one back, or planned new layouts (which lock the GPUs' units), the attempt is rolled back: the locked
-    path writes what it decided. A pool whose engine made two passes (and said nothing as it went) gets
-    its task moves and events sent after the engine, and its assignments after `decide`."""
-    out, snapshot = attempt.out, attempt.snapshot
-    said: dict[str, str | None] = {}  # the policy's words for each placement as the engine made it
-    moved: dict[str, Placement] = {}  # task moves and events sent
-    written: dict[str, tuple[int, ...]] = {}  # of those, the assignments sent: task → its units
-    checks: list[Callable[[], None]] = []
+    task moves, their events and their assignments. The server writes them while the engine places,
+    when it had nothing else to do; the nodes' versions are raised once, after `decide` finishes
+    (`decided`). Should `decide` then have bound one of them elsewhere or on other units, taken one back,
+    or planned new layouts (which lock the GPUs' units), the attempt is rolled back: the locked path
+    writes what it decided. A pool whose engine made two passes (and said nothing as it went) gets its
+    task moves and events sent after the engine, and its assignments after `decide`."""
+    out = attempt.out
+    sent = _Streamed(attempt, reason_of)
+    with pipelined():
+        begun = begin(sent.placed)
+        clock = out.lap("decide_begin", clock)
+        if not sent.moved:  # the engine made two passes and said nothing as it went: the moves go now
+            sent.send([Bound(p, ()) for p in begun], units=False)
+        clock = out.lap("write_engine_moves", clock)
+        decisions = decided()
+        clock = out.lap("decide_finish", clock)
+        if decisions.layouts:
+            raise _Changed(f"{len(decisions.layouts)} new layouts to write (the locked way)")
+        if changed := sent.bound_otherwise(decisions):
+            raise _Changed(f"decide bound {changed} of the {len(sent.moved)} placements sent otherwise")
+        clock = _send_writes(
+            attempt,
+            decisions,
+            [b.placement for b in decisions.placements],
+            sent.moved,
+            sent.written,
+            (),
+            {},
+            sent.checks,
+            clock,
+            unlocked=True,
+        )
+    try:
+        for check in sent.checks:
+            check()
+    except Conflict as conflict:
+        raise _Changed(str(conflict)) from conflict
+    # The wait for the server to finish the statements above (their time shows here, not in their phases).
+    return out.lap("writes_finished", clock)
 
-    def send(bounds: list[Bound], *, units: bool) -> None:
-        going = [b for b in bounds if b.task_id not in moved]
+
+@dataclass
+class _Streamed:
+    """What the unlocked attempt has sent of the engine's placements as it made them."""
+
+    attempt: _Attempt
+    reason_of: Callable[[str], str | None]  # the policy's words for a placement as the engine made it
+    said: dict[str, str | None] = field(default_factory=dict)  # those words, for each placement sent
+    moved: dict[str, Placement] = field(default_factory=dict)  # task moves and events sent
+    written: dict[str, tuple[int, ...]] = field(default_factory=dict)  # of those, assignments: task → units
+    checks: list[Callable[[], None]] = field(default_factory=list)  # compare-and-set checks, for after
+
+    def placed(self, bounds: list[Bound]) -> None:  # `STREAM_CHUNK` or more, the last batch fewer
+        self.send(bounds, units=True)
+
+    def send(self, bounds: list[Bound], *, units: bool) -> None:
+        """Send the task moves and events of the placements not sent yet, and with `units` their
+        assignments on their units."""
+        going = [b for b in bounds if b.task_id not in self.moved]
         if not going:
             return
+        attempt, said = self.attempt, self.said
+        snapshot = attempt.snapshot
         placements = [b.placement for b in going]
-        said.update({p.task_id: reason_of(p.task_id) for p in placements})
-        moved.update({p.task_id: p for p in placements})
+        said.update({p.task_id: self.reason_of(p.task_id) for p in placements})
+        self.moved.update({p.task_id: p for p in placements})
         pending = snapshot.pending
         pks = [pending[p.task_id].pk for p in placements]
         move = [(pk, pending[p.task_id].version) for pk, p in zip(pks, placements, strict=True)]
-        checks.append(
+        self.checks.append(
             tasks_move_bulk(tasks=move, from_state=PENDING, path=ADMITTED_ASSIGNED, now=attempt.now)
         )
         task_events_bulk(
@@ -323,7 +424,7 @@ def _write_unlocked(
             ),
         )
         if units:
-            written.update({b.task_id: b.unit_ids for b in going})
+            self.written.update({b.task_id: b.unit_ids for b in going})
             _write_placements(
                 held={pk: b.unit_ids for pk, b in zip(pks, going, strict=True)},
                 nodes={},  # raised once, at the end
@@ -331,56 +432,24 @@ def _write_unlocked(
                     (pk, snapshot.node_ids[p.node], p.borrowed) for pk, p in zip(pks, placements, strict=True)
                 ],
                 cycle=attempt.cycle,
-                deferred=checks,
+                deferred=self.checks,
             )
 
-    def placed(bounds: list[Bound]) -> None:  # `STREAM_CHUNK` or more, the last batch fewer
-        send(bounds, units=True)
-
-    with pipelined():
-        begun = begin(placed)
-        clock = out.lap("decide_begin", clock)
-        if not moved:  # the engine made two passes and said nothing as it went: the moves go now
-            send([Bound(p, ()) for p in begun], units=False)
-        clock = out.lap("write_engine_moves", clock)
-        decisions = decided()
-        clock = out.lap("decide_finish", clock)
-        if decisions.layouts:
-            raise _Changed(f"{len(decisions.layouts)} new layouts to write (the locked way)")
+    def bound_otherwise(self, decisions: Decisions) -> int:
+        """How many of the placements sent `decide` finished otherwise: bound elsewhere, on other units,
+        with other words, or taken back."""
         final = {b.task_id: b for b in decisions.placements}
         words = decisions.placement_reasons.get
         # `finish` hands back the very placements heard (`Decider._bind_units` reuses the early mapping):
-        # identity first, as a dataclass's `==` compares every field even of the same object (~10 ms for
-        # 6,780 placements).
-        changed = sum(
+        # identity first, as a dataclass's `==` compares every field even of the same object.
+        return sum(
             1
-            for task_id, placement in moved.items()
+            for task_id, placement in self.moved.items()
             if (b := final.get(task_id)) is None
             or (b.placement is not placement and b.placement != placement)
-            or words(task_id) != said.get(task_id)
-            or written.get(task_id, b.unit_ids) != b.unit_ids
+            or words(task_id) != self.said.get(task_id)
+            or self.written.get(task_id, b.unit_ids) != b.unit_ids
         )
-        if changed:
-            raise _Changed(f"decide bound {changed} of the {len(moved)} placements sent otherwise")
-        clock = _send_writes(
-            attempt,
-            decisions,
-            [b.placement for b in decisions.placements],
-            moved,
-            written,
-            (),
-            {},
-            checks,
-            clock,
-            unlocked=True,
-        )
-    try:
-        for check in checks:
-            check()
-    except Conflict as conflict:
-        raise _Changed(str(conflict)) from conflict
-    # The wait for the server to finish the statements above (their time shows here, not in their phases).
-    return out.lap("writes_finished", clock)
 
 
 def _lock_and_compare(
@@ -916,8 +985,8 @@ def gc_paused() -> Iterator[None]:
 
     A cycle over a large pool allocates about a million short-lived objects (rows, requests, free units,
     decisions), almost none in reference cycles: refcounting frees them, while the collector's young
-    passes would scan them over and over (measured: about an eighth of snapshot + decide CPU at 10,000
-    pending tasks). Whatever cyclic garbage one cycle makes waits until it ends.
+    passes would scan them over and over (docs/notes/cycle-speed.md). Whatever cyclic garbage one cycle
+    makes waits until it ends.
     """
     was = gc.isenabled()
     gc.disable()
@@ -939,13 +1008,12 @@ def _try_lock(pool_id: int) -> bool:
 def _cycle_settings() -> None:
     """Sort and hash memory, and no JIT, for this cycle's transaction only (`SET LOCAL`).
 
-    The snapshot joins every compute unit of the pool to its holder: at the server's default (4 MB) the
-    hash of the benchmark pool's 62,120 units (4.4 MB) goes to disk in batches, and when the server still
-    sorted them it sorted on disk (an external merge, ~100 ms of the read).
+    The snapshot joins every compute unit of the pool to its holder: at the server's default (4 MB) a
+    large pool's hash of them goes to disk in batches, and a sort of them would sort on disk.
     One cycle per pool runs at a time, so the memory is bounded by the pools, not by the requests.
-    The pending tasks' read is costed above the server's JIT threshold at 10,000 tasks, and compiling it
-    took 30-40 ms of its ~100 (auto_explain: "JIT … Total 34 ms") for a query that runs once per cycle:
-    time the cycle waited on, since this process reads nothing else meanwhile.
+    A large backlog's pending read is costed above the server's JIT threshold, and compiling it is a
+    large part of a query that runs once per cycle: time the cycle waits on, since this process reads
+    nothing else meanwhile. The figures are in docs/notes/cycle-speed.md.
     """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -993,9 +1061,9 @@ def cycle_run(
     if local is not None and not local.acquire(blocking=False):
         return CycleReport(status="busy", pool_id=pool_id)
     try:
-        # The collector comes back only once `_cycle`'s frame is gone: its snapshot and decisions (about
-        # a million objects at 10,000 tasks) are freed by reference counting first. Enabled while they
-        # were alive, its first young pass walked them all: ~150 ms after every large cycle.
+        # The collector comes back only once `_cycle`'s frame is gone: its snapshot and decisions are
+        # freed by reference counting first. Enabled while they were alive, its first young pass would
+        # walk them all (docs/notes/cycle-speed.md).
         with gc_paused():
             return _cycle(pool_id, policy, now, lock)
     finally:
