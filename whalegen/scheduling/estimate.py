@@ -254,8 +254,9 @@ def queue_starts(
     heapq.heapify(events)
     chosen_of: dict[frozenset[str], list[str | None]] = {}
     # What the models a task may use can ever offer it (free + due) and the sentence for a task asking
-    # more change only when a task ahead takes milli for good: kept per allowed models until then. A
-    # 10,000-task cycle had 3,000 unknown tasks, each summing and building the same sentence anew.
+    # more change only when a task ahead takes milli for good: kept per allowed models until then, as a
+    # large backlog has thousands of unknown tasks that would each sum and build the same sentence anew
+    # (docs/notes/cycle-speed.md).
     ceiling_of: dict[frozenset[str], int] = {}
     unknown_of: dict[frozenset[str], Estimate] = {}
     at_s = now_s
