@@ -85,3 +85,15 @@ def test_pure_core_loads_in_a_process_without_django() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == ""
+
+
+def test_apps_common_imports_no_other_app() -> None:
+    # apps/common is the bottom layer every app builds on (errors, the API's error shape, pagination,
+    # parsers): an import of an app from it would tie every app to that one.
+    offences = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in _python_files("apps/common")
+        for line, module in _imported_modules(path)
+        if module.split(".")[0] == "apps" and module.split(".")[1:2] != ["common"]
+    ]
+    assert offences == []

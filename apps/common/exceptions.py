@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from apps.common.errors import ApplicationError
+from apps.common.errors import ApplicationError, BulkItemError, CodedValidationError
 
 API_PREFIX = "/api/"
 
@@ -50,10 +50,6 @@ def _summary(errors: Any) -> str:
     return "invalid input"
 
 
-# The `code` of a 400 for a request that is valid but could never run in its pool (docs/api.md, "Errors").
-CANNOT_RUN_HERE = "cannot_run_here"
-
-
 def validation_body(errors: Any) -> dict[str, Any]:
     """A 400's body: the field-keyed errors plus the `detail` every error carries."""
     if isinstance(errors, list):
@@ -62,22 +58,20 @@ def validation_body(errors: Any) -> dict[str, Any]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    # Late import: the workloads services import apps.common.
-    from apps.workloads.services import BulkItemError, CannotRunHere
-
     if isinstance(exc, BulkItemError):
         # A refusal of the service lines up with the submitted list, exactly like a field error.
         items: list[Any] = [{} for _ in range(exc.count)]
         items[exc.index] = as_serializer_error(exc.error)
         body = {"detail": f"task {exc.index} of the {exc.count} submitted was refused; nothing was stored",
                 "tasks": items}  # fmt: skip
-        if isinstance(exc.error, CannotRunHere):
-            body["code"] = CANNOT_RUN_HERE
+        if isinstance(exc.error, CodedValidationError):
+            body["code"] = exc.error.api_code
         return Response(body, status=status.HTTP_400_BAD_REQUEST)
-    if isinstance(exc, CannotRunHere):
-        # Valid, but the pool could never run it: the code lets a pipeline tell it from a typo.
+    if isinstance(exc, CodedValidationError):
+        # Valid, but refused for good (e.g. a pool that could never run it): the code lets a pipeline tell
+        # it from a typo.
         return Response(
-            {**validation_body(as_serializer_error(exc)), "code": CANNOT_RUN_HERE},
+            {**validation_body(as_serializer_error(exc)), "code": exc.api_code},
             status=status.HTTP_400_BAD_REQUEST,
         )
     if isinstance(exc, DjangoValidationError):

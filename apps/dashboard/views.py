@@ -28,7 +28,6 @@ from apps.accounting.selectors import month_start, previous_month_start, tenant_
 from apps.approvals import selectors as approvals
 from apps.approvals import services as approval_services
 from apps.approvals.models import PriorityOverride
-from apps.common.api import require_platform_admin, require_role
 from apps.common.errors import ApplicationError
 from apps.dashboard import whatif
 from apps.dashboard.forms import (
@@ -67,6 +66,7 @@ from apps.metrics.selectors import fleet_readings
 from apps.scheduling.selectors import cycle_list, quota_usage
 from apps.tenants import selectors as tenant_selectors
 from apps.tenants import services as tenant_services
+from apps.tenants.access import require_platform_admin, require_role
 from apps.tenants.models import ApiToken, Membership
 from apps.tenants.selectors import Access, access_for, tenant_list
 from apps.workloads import selectors as workloads

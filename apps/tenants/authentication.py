@@ -44,7 +44,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
                 ttl_s=settings.WHALEGEN_AUTH_CACHE_S,
                 generation=generation,
             )
-        # apps.common.api.request_access reads it from here instead of resolving it again.
+        # apps.tenants.access.request_access reads it from here instead of resolving it again.
         request._whalegen_access = caller.access  # type: ignore[attr-defined]
         return caller.token.user, caller.token
 

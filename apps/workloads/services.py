@@ -20,7 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, QuerySet, Subquery, Sum
 from django.utils import timezone
 
-from apps.common.errors import ApplicationError, Conflict
+from apps.common.errors import BulkItemError, CodedValidationError, Conflict
 from apps.fleet.changes import node_changed
 from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import Gpu, Node, Pool
@@ -165,11 +165,13 @@ class TaskSubmission:
 _REQUEST_FIELDS = tuple(f.name for f in fields(TaskSubmission) if f.name != "queue")
 
 
-class CannotRunHere(ValidationError):
+class CannotRunHere(CodedValidationError):
     """A valid request the pool could never run, whatever ends or frees: above the tenant's limit, larger
     than any node, no quota. The API answers it 400 with `code: cannot_run_here`, so a pipeline can tell
     "this file can never run there" (exit 66) from "fix a typo" (65); a busy pool or a full quota is not
     one of these: such a request is accepted and waits (docs/scheduling.md, "Admission")."""
+
+    api_code = "cannot_run_here"
 
 
 def _validate_shape(request: TaskSubmission) -> list[str]:
@@ -676,16 +678,6 @@ def task_submit(
             if existing is not None:
                 return _same_request_or_conflict(existing, request, idempotency_key), False
         raise
-
-
-class BulkItemError(ApplicationError):
-    """One item of a bulk submission was refused; nothing of the batch was stored."""
-
-    def __init__(self, *, index: int, count: int, error: ValidationError) -> None:
-        super().__init__(f"task {index} of {count} was refused")
-        self.index = index
-        self.count = count
-        self.error = error
 
 
 @transaction.atomic

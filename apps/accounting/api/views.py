@@ -17,8 +17,8 @@ from rest_framework.views import APIView
 from apps.accounting import selectors, services
 from apps.accounting.api import serializers as s
 from apps.accounting.api.renderers import UsageCsvRenderer
-from apps.common.api import request_access, require_platform_admin
 from apps.inventory.models import Pool
+from apps.tenants.access import request_access, require_platform_admin
 from apps.tenants.selectors import tenant_get_by_slug
 
 

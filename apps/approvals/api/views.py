@@ -16,8 +16,8 @@ from rest_framework.views import APIView
 from apps.approvals import selectors, services
 from apps.approvals.api import serializers as s
 from apps.approvals.filters import OverrideFilter
-from apps.common.api import request_access, require_platform_admin, require_role
 from apps.fleet import idle
+from apps.tenants.access import request_access, require_platform_admin, require_role
 from apps.tenants.models import Membership
 from apps.workloads.selectors import queue_get, task_get
 

@@ -16,11 +16,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounting.selectors import gpu_prices
-from apps.common.api import request_access
 from apps.declarative import selectors, services
 from apps.declarative.api import serializers as s
 from apps.declarative.kinds import KINDS, Kind, MemberKind, kind_named
 from apps.declarative.models import GpuPrice
+from apps.tenants.access import request_access
 from apps.tenants.models import Membership
 
 KIND_NAMES = ", ".join(kind.plural for kind in KINDS)

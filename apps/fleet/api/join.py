@@ -14,12 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.common.api import request_access, require_platform_admin
 from apps.fleet.api.views import NodeStateOutput
 from apps.fleet.join import join_token_create, join_token_revoke, node_approve, node_join
 from apps.fleet.models import JoinToken
 from apps.fleet.selectors import join_token_list, join_token_target
 from apps.inventory.selectors import node_get
+from apps.tenants.access import request_access, require_platform_admin
 from apps.workloads.services import user_actor
 from whalegen import protocol as p
 

@@ -11,7 +11,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.common.api import request_access, require_platform_admin
 from apps.fleet import heartbeat
 from apps.fleet.agents import agent_register, desired_state_wait
 from apps.fleet.authentication import IsNodeAgent, NodeTokenAuthentication
@@ -19,6 +18,7 @@ from apps.fleet.nodes import node_cordon, node_drain, node_uncordon
 from apps.fleet.reports import agent_report
 from apps.inventory.models import Node
 from apps.inventory.selectors import node_get
+from apps.tenants.access import request_access, require_platform_admin
 from apps.workloads.services import user_actor
 from whalegen import protocol as p
 

@@ -7,9 +7,9 @@ from django.db.models.functions import Length
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics
 
-from apps.common.api import request_access
 from apps.forecasting import selectors
 from apps.forecasting.api import serializers as s
+from apps.tenants.access import request_access
 
 
 class ForecastModelListApi(generics.ListAPIView):

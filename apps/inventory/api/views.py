@@ -8,10 +8,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.common.api import request_access
 from apps.inventory import selectors
 from apps.inventory.api import serializers as s
 from apps.inventory.filters import GpuFilter, NodeFilter
+from apps.tenants.access import request_access
 
 
 class PoolListApi(generics.ListAPIView):

@@ -7,9 +7,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.common.api import request_access
 from apps.logs import selectors
 from apps.logs.api import serializers as s
+from apps.tenants.access import request_access
 from apps.workloads.selectors import task_get
 
 

@@ -14,8 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.common.api import request_access, request_token, resolve_tenant
 from apps.tenants import selectors, services
+from apps.tenants.access import request_access, request_token, resolve_tenant
 from apps.tenants.api import serializers as s
 from apps.tenants.models import ApiToken, Membership
 

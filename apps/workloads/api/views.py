@@ -14,8 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.common.api import request_access, require_platform_admin, require_role, resolve_tenant
 from apps.inventory.selectors import pool_get_by_name
+from apps.tenants.access import request_access, require_platform_admin, require_role, resolve_tenant
 from apps.tenants.models import Membership
 from apps.tenants.selectors import tenant_get_by_slug
 from apps.workloads import selectors, services

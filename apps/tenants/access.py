@@ -1,4 +1,5 @@
-"""Small pieces every app's API shares."""
+"""What the caller of a view may do: its access (roles per tenant) resolved once per request, and the
+checks every app's views share. Tenants' own, so `apps.common` imports no app."""
 
 from __future__ import annotations
 
