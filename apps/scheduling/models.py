@@ -101,6 +101,11 @@ class Assignment(models.Model):
             models.Index(
                 fields=["node"], condition=models.Q(released_at__isnull=True), name="assignment_live_by_node"
             ),
+            # Usage in a range (`apps.accounting.selectors._usage`: a pool's budgets, read by every cycle of a
+            # pool with a budget; the usage reports) keeps the assignments released after the range's start
+            # or not released: without it every cycle read the whole assignment history. Its `IS NULL` and
+            # `>` arms are two scans of this one index (tests/apps/accounting/test_usage_index.py).
+            models.Index(fields=["released_at"], name="assignment_released_at"),
         ]
 
     def __str__(self) -> str:
