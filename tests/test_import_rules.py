@@ -97,3 +97,64 @@ def test_apps_common_imports_no_other_app() -> None:
         if module.split(".")[0] == "apps" and module.split(".")[1:2] != ["common"]
     ]
     assert offences == []
+
+
+def _app_imports() -> list[tuple[str, int, str, str]]:
+    """(file, line, importing app, imported app) for every import of one app by another under apps/,
+    at module level or inside a function; migrations aside (they name other apps' migrations by design)."""
+    found = []
+    for path in _python_files("apps"):
+        rel = path.relative_to(ROOT)
+        if len(rel.parts) < 3 or "migrations" in rel.parts:
+            continue  # apps/api_urls.py gathers every app's URLs: it is the project's, not an app's
+        for line, module in _imported_modules(path):
+            parts = module.split(".")
+            if parts[0] == "apps" and len(parts) > 1 and parts[1] != rel.parts[1]:
+                found.append((str(rel), line, rel.parts[1], parts[1]))
+    return found
+
+
+def test_every_app_is_in_the_written_order() -> None:
+    from apps import LAYERS
+
+    on_disk = {p.parent.name for p in (ROOT / "apps").glob("*/__init__.py")}
+    assert sorted(on_disk - set(LAYERS)) == []
+
+
+# Upward imports not broken yet (issue #40 item 4), as "file imports app"; it only shrinks: a new upward
+# import fails the test, and so does an entry here that no longer happens.
+UPWARD_NOT_YET_BROKEN: frozenset[str] = frozenset(
+    {
+        "apps/accounting/selectors.py imports declarative",
+        "apps/approvals/api/views.py imports fleet",
+        "apps/fleet/reports.py imports logs",
+        "apps/forecasting/selectors.py imports fleet",
+        "apps/forecasting/selectors.py imports scheduling",
+        "apps/inventory/admin.py imports scheduling",
+        "apps/inventory/selectors.py imports scheduling",
+        "apps/scheduling/precarve.py imports accounting",
+        "apps/scheduling/precarve.py imports fleet",
+        "apps/scheduling/services.py imports accounting",
+        "apps/scheduling/services.py imports fleet",
+        "apps/scheduling/snapshot/read.py imports accounting",
+        "apps/scheduling/snapshot/read.py imports fleet",
+        "apps/workloads/api/serializers.py imports forecasting",
+        "apps/workloads/services.py imports fleet",
+        "apps/workloads/services.py imports forecasting",
+        "apps/workloads/services.py imports scheduling",
+    }
+)
+
+
+def test_apps_import_only_apps_below_them_in_the_written_order() -> None:
+    # ARCHITECTURE §1 and docs/architecture.md: apps import each other only downward, in apps.LAYERS.
+    from apps import LAYERS
+
+    rank = {app: i for i, app in enumerate(LAYERS)}
+    upward = [
+        (f"{path} imports {imported}", f"{path}:{line} ({importer}) imports {imported}, not below it")
+        for path, line, importer, imported in _app_imports()
+        if rank.get(imported, len(rank)) >= rank.get(importer, -1)
+    ]
+    assert [offence for key, offence in upward if key not in UPWARD_NOT_YET_BROKEN] == []
+    assert sorted(UPWARD_NOT_YET_BROKEN - {key for key, _ in upward}) == []

@@ -1,7 +1,6 @@
 from django.contrib import admin
 
 from apps.accounting.models import Budget, BudgetChange
-from apps.declarative.admin import applied_from_column
 
 
 class ChangeInline(admin.TabularInline):
@@ -18,9 +17,8 @@ class ChangeInline(admin.TabularInline):
 class BudgetAdmin(admin.ModelAdmin):
     """Budgets are set through the API (every change must leave an audit entry); the admin shows them."""
 
-    list_display = ["id", "quota", "period", "gpu_hours", "updated_at", "applied_from"]
-    readonly_fields = [*(f.name for f in Budget._meta.fields), "applied_from"]
-    applied_from = applied_from_column("Budget")
+    list_display = ["id", "quota", "period", "gpu_hours", "updated_at"]
+    readonly_fields = [f.name for f in Budget._meta.fields]
     inlines = [ChangeInline]
 
     def has_add_permission(self, request):

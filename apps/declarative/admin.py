@@ -1,5 +1,9 @@
-"""The admin's view of `apply`: where each applied object came from (a column other apps' admins add with
-`applied_from_column`), and the records and prices themselves, read-only: `whalegen apply` writes them."""
+"""The admin's view of `apply`: where each applied object came from, and the records and prices themselves,
+read-only: `whalegen apply` writes them.
+
+The apps whose objects `apply` writes sit below this one (apps.LAYERS) and do not know it: their admin
+classes show the object; this module registers each again with an "applied from" column added.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,17 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from apps.accounting.admin import BudgetAdmin
+from apps.accounting.models import Budget
 from apps.declarative.kinds import BY_NAME
 from apps.declarative.models import AppliedObject, GpuPrice
 from apps.declarative.selectors import applied_source
+from apps.inventory.admin import ClusterAdmin, NodeAdmin, PoolAdmin
+from apps.inventory.models import Cluster, Node, Pool
+from apps.tenants.admin import MembershipAdmin, TenantAdmin
+from apps.tenants.models import Membership, Tenant
+from apps.workloads.admin import QueueAdmin, QuotaAdmin
+from apps.workloads.models import Queue, Quota
 
 
 def applied_from_column(kind: str) -> Callable[[Any, Any], str]:
@@ -27,6 +39,38 @@ def applied_from_column(kind: str) -> Callable[[Any, Any], str]:
         return applied_source(kind=kind, key=described.key(described.ident_of(obj))) or "-"
 
     return applied_from
+
+
+def _with_applied_from(base: type[admin.ModelAdmin], kind: str) -> type[admin.ModelAdmin]:
+    """`base` with the "applied from" column last in its list and read-only on its page."""
+
+    def get_readonly_fields(self: admin.ModelAdmin, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*base.get_readonly_fields(self, request, obj), "applied_from"]
+
+    attrs = {
+        "__module__": base.__module__,
+        "__doc__": base.__doc__,
+        "list_display": [*base.list_display, "applied_from"],
+        "applied_from": applied_from_column(kind),
+        "get_readonly_fields": get_readonly_fields,
+    }
+    return type(base.__name__, (base,), attrs)
+
+
+# (model, its app's admin class, its kind in `apply`)
+_APPLIED_KINDS: tuple[tuple[type[Any], type[admin.ModelAdmin], str], ...] = (
+    (Tenant, TenantAdmin, "Tenant"),
+    (Membership, MembershipAdmin, "Member"),
+    (Cluster, ClusterAdmin, "Cluster"),
+    (Pool, PoolAdmin, "Pool"),
+    (Node, NodeAdmin, "Node"),
+    (Quota, QuotaAdmin, "Quota"),
+    (Queue, QueueAdmin, "Queue"),
+    (Budget, BudgetAdmin, "Budget"),
+)
+for _model, _base, _kind in _APPLIED_KINDS:
+    admin.site.unregister(_model)
+    admin.site.register(_model, _with_applied_from(_base, _kind))
 
 
 class _ReadOnly(admin.ModelAdmin):

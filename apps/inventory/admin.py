@@ -4,16 +4,13 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.declarative.admin import applied_from_column
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from apps.scheduling.holders import with_holders
 
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["name", "region", "applied_from"]
-    readonly_fields = ["applied_from"]
-    applied_from = applied_from_column("Cluster")
+    list_display = ["name", "region"]
     search_fields = ["name"]
 
 
@@ -22,9 +19,7 @@ class PoolAdmin(admin.ModelAdmin):
     """Platform admins set how the pool's hosts run tasks: a runtime change applies to tasks submitted
     afterwards (each task keeps the runtime it got), an image rule to submissions afterwards."""
 
-    list_display = ["name", "description", "runtime", "image_pull_policy", "applied_from"]
-    readonly_fields = ["applied_from"]
-    applied_from = applied_from_column("Pool")
+    list_display = ["name", "description", "runtime", "image_pull_policy"]
     list_filter = ["runtime"]
     search_fields = ["name"]
 
@@ -53,13 +48,11 @@ class NodeAdmin(admin.ModelAdmin):
         "cpu_milli",
         "mem_mib",
         "last_heartbeat_at",
-        "applied_from",
     ]
     list_filter = ["state", "cluster", "pool"]
     search_fields = ["name"]
-    readonly_fields = ["agent_credential_hash", "last_heartbeat_at", "version", "applied_from"]
+    readonly_fields = ["agent_credential_hash", "last_heartbeat_at", "version"]
     inlines = [GpuInline]
-    applied_from = applied_from_column("Node")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -2,7 +2,6 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.declarative.admin import applied_from_column
 from apps.tenants.models import ApiToken, Membership, Tenant, TokenAudit
 from apps.tenants.services import token_revoke
 
@@ -15,9 +14,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "kind", "parent", "run_uid", "applied_from"]
-    readonly_fields = ["applied_from"]
-    applied_from = applied_from_column("Tenant")
+    list_display = ["slug", "name", "kind", "parent", "run_uid"]
     list_filter = ["kind"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
@@ -25,9 +22,7 @@ class TenantAdmin(admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
-    list_display = ["user", "tenant", "role", "applied_from"]
-    readonly_fields = ["applied_from"]
-    applied_from = applied_from_column("Member")
+    list_display = ["user", "tenant", "role"]
     list_filter = ["role", "tenant"]
     search_fields = ["user__username", "tenant__slug"]
 

@@ -1,6 +1,5 @@
 from django.contrib import admin
 
-from apps.declarative.admin import applied_from_column
 from apps.workloads.models import Queue, Quota, Task, TaskEvent, TaskProfile
 
 
@@ -12,21 +11,17 @@ class QuotaAdmin(admin.ModelAdmin):
         "guaranteed_milli",
         "borrow_limit_milli",
         "gpu_mem_limit_mib",
-        "applied_from",
     ]
     list_filter = ["pool"]
-    applied_from = applied_from_column("Quota")
 
     # Moving a quota to another tenant or pool would move the work admitted under it with it.
     def get_readonly_fields(self, request, obj=None):
-        return ["tenant", "pool", "applied_from"] if obj else ["applied_from"]
+        return ["tenant", "pool"] if obj else []
 
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "pool", "default_priority", "weight", "default_image", "applied_from"]
-    readonly_fields = ["applied_from"]
-    applied_from = applied_from_column("Queue")
+    list_display = ["name", "tenant", "pool", "default_priority", "weight", "default_image"]
     list_filter = ["tenant", "pool"]
     search_fields = ["name"]
 

@@ -52,3 +52,17 @@ def test_applied_objects_show_their_source_and_others_a_dash(world, admin_client
                  "/admin/tenants/membership/", "/admin/accounting/budget/", "/admin/inventory/node/",
                  "/admin/declarative/appliedobject/"):  # fmt: skip
         assert admin_client.get(path).status_code == 200, path
+
+
+def test_every_applied_kind_shows_the_applied_from_column(world, admin_client: Client) -> None:
+    # The apps below declarative do not know it; its admin registers their admin classes again with the
+    # column (apps/declarative/admin.py), so each list and each object's page must still show it.
+    from apps.accounting.models import Budget
+
+    Budget.objects.create(quota=world.quota_a, gpu_hours=10.0)  # an empty list shows no columns
+    for path in ("/admin/tenants/tenant/", "/admin/workloads/queue/", "/admin/workloads/quota/",
+                 "/admin/tenants/membership/", "/admin/accounting/budget/", "/admin/inventory/node/",
+                 "/admin/inventory/cluster/", "/admin/inventory/pool/"):  # fmt: skip
+        assert "applied from" in admin_client.get(path).content.decode().lower(), path
+    page = admin_client.get(f"/admin/workloads/quota/{world.quota_a.pk}/change/").content.decode().lower()
+    assert "applied from" in page and 'name="tenant"' not in page
