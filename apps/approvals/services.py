@@ -1,5 +1,6 @@
-"""Writes for priority overrides. Each decision is a conditional UPDATE on the pending row, so two admins
-deciding at once cannot both win, and every step leaves an audit entry."""
+"""Writes for priority overrides and reclaim requests. Each decision is a conditional UPDATE on the pending
+row, so two admins deciding at once cannot both win, and every step leaves an audit entry (an override's
+audit trail; a reclaim decision's task event). The idle check (apps.fleet.idle) raises reclaim requests."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.approvals.models import OverrideAuditEntry, PriorityOverride
+from apps.approvals.models import OverrideAuditEntry, PriorityOverride, ReclaimRequest
 from apps.common.errors import Conflict
 from apps.tenants.models import Tenant
 from apps.workloads.models import Queue, Task
-from apps.workloads.services import user_actor
+from apps.workloads.services import IDLE_ACTOR, task_note, task_preempt_idle, user_actor
 from apps.workloads.state_machine import FINAL
 
 Action = OverrideAuditEntry.Action
@@ -184,3 +185,59 @@ def overrides_expire(*, now: datetime | None = None) -> int:
         state__in=[PriorityOverride.State.PENDING, PriorityOverride.State.APPROVED], expires_at__lte=now
     ).values_list("pk", flat=True)
     return sum(override_expire(override_id=pk, now=now) for pk in list(due))
+
+
+# ------------------------------------------------------------------------------------ reclaim requests
+
+
+def _reclaim_decided(
+    *, request: ReclaimRequest, to_state: str, by: AbstractBaseUser, comment: str, now: datetime
+) -> None:
+    decided = ReclaimRequest.objects.filter(pk=request.pk, state=ReclaimRequest.State.PENDING).update(
+        state=to_state, decided_by=by, decided_at=now, comment=comment, updated_at=now
+    )
+    if decided != 1:
+        request.refresh_from_db()
+        raise Conflict(
+            f"reclaim request {request.pk} is {request.state}, not pending; it cannot be {to_state} now"
+        )
+
+
+def reclaim_approve(
+    *, request: ReclaimRequest, by: AbstractBaseUser, comment: str = "", now: datetime | None = None
+) -> ReclaimRequest:
+    """Preempt the task the request is about, if it still runs the attempt the request was raised for."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=request.task_id)
+        if task.state != Task.State.RUNNING or task.attempts != request.attempt:
+            raise Conflict(
+                f"task {task.pk} is {task.state} (attempt {task.attempts}); the run this request is about "
+                "has ended, there is nothing to reclaim (reject the request instead)"
+            )
+        _reclaim_decided(
+            request=request, to_state=ReclaimRequest.State.APPROVED, by=by, comment=comment, now=now
+        )
+        note = f": {comment}" if comment else ""
+        reason = f"reclaimed while idle: reclaim request {request.pk} approved by {user_actor(by)}{note}"
+        if not task_preempt_idle(task=task, reason=reason[:500], now=now):
+            raise Conflict(f"task {task.pk} changed while the request was approved; reload and retry")
+    request.refresh_from_db()
+    return request
+
+
+def reclaim_reject(
+    *, request: ReclaimRequest, by: AbstractBaseUser, comment: str, now: datetime | None = None
+) -> ReclaimRequest:
+    """The task keeps its GPUs; this run of it is not asked about again."""
+    if not comment.strip():
+        raise ValidationError({"comment": ["a rejection needs a comment for the task's owner"]})
+    now = now or timezone.now()
+    with transaction.atomic():
+        _reclaim_decided(
+            request=request, to_state=ReclaimRequest.State.REJECTED, by=by, comment=comment, now=now
+        )
+        reason = f"reclaim request {request.pk} rejected by {user_actor(by)}: {comment}"
+        task_note(task_id=request.task_id, actor=IDLE_ACTOR, reason=reason[:500])
+    request.refresh_from_db()
+    return request

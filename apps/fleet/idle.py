@@ -21,23 +21,20 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.approvals.models import ReclaimRequest
-from apps.common.errors import Conflict
 from apps.fleet.selectors import tasks_idle
 from apps.inventory.models import ComputeUnit
 from apps.scheduling.selectors import held_unit_ids
-from apps.workloads.models import Queue, Task, TaskEvent
-from apps.workloads.services import task_preempt, user_actor
+from apps.workloads.models import Queue, Task
+from apps.workloads.services import IDLE_ACTOR, task_note, task_preempt_idle
 
 log = logging.getLogger("whalegen.idle")
 
-ACTOR = "system:idle_check"
+ACTOR = IDLE_ACTOR
 # why_pending_code values of pending work that more GPUs would let in (whalegen.placement.types.Outcome).
 WANTS_CAPACITY = ("no_capacity", "gang_unplaceable")
 
@@ -141,12 +138,7 @@ class IdleCheck:
 
 
 def _note(task_id: int, reason: str) -> None:
-    """An event that records no move: a state's own from/to, so the task's history tells the owner."""
-    state = Task.objects.filter(pk=task_id).values_list("state", flat=True).first()
-    if state is not None:
-        TaskEvent.objects.create(
-            task_id=task_id, from_state=state, to_state=state, actor=ACTOR, reason=reason
-        )
+    task_note(task_id=task_id, actor=ACTOR, reason=reason)
 
 
 def _consequence(policy: str, *, preemptible: bool, online: bool) -> str:
@@ -157,18 +149,6 @@ def _consequence(policy: str, *, preemptible: bool, online: bool) -> str:
     if online:
         return "an online-SLA task: if pending work needs the GPUs, a platform admin decides on reclaiming it"
     return "it will be preempted if pending work needs the GPUs"
-
-
-def _preempt(*, task: Task, reason: str, now: datetime) -> bool:
-    """Preempt and requeue (`task_preempt`); False when it moved meanwhile (finished, cancelled,
-    preempted by a cycle): nothing to reclaim."""
-    if not task_preempt(
-        task=task, actor=ACTOR, reason=reason, requeued="requeued after idle reclaim", now=now
-    ):
-        return False
-    # Back in the queue it holds no GPU to idle on.
-    Task.objects.filter(pk=task.pk).update(idle_flagged_at=None)
-    return True
 
 
 def idle_check_pool(
@@ -342,7 +322,7 @@ def _reclaim_commit(
         elif decision.verdict == Verdict.PREEMPT:
             task = Task.objects.get(pk=decision.task_id)
             reason = f"reclaimed while idle ({config.describe()}): {decision.reason}"
-            if task.state == Task.State.RUNNING and _preempt(task=task, reason=reason, now=now):
+            if task.state == Task.State.RUNNING and task_preempt_idle(task=task, reason=reason, now=now):
                 out.preempted.append(decision.task_id)
         elif _reclaim_request_raise(
             task_id=decision.task_id, attempt=attempts[decision.task_id], config=config, why=decision.reason
@@ -363,51 +343,3 @@ def _reclaim_request_raise(*, task_id: int, attempt: int, config: IdleConfig, wh
         f"reclaim request {request.pk} raised: online SLA, a platform admin decides whether it is preempted",
     )
     return True
-
-
-def _decided(
-    *, request: ReclaimRequest, to_state: str, by: AbstractBaseUser, comment: str, now: datetime
-) -> None:
-    decided = ReclaimRequest.objects.filter(pk=request.pk, state=ReclaimRequest.State.PENDING).update(
-        state=to_state, decided_by=by, decided_at=now, comment=comment, updated_at=now
-    )
-    if decided != 1:
-        request.refresh_from_db()
-        raise Conflict(
-            f"reclaim request {request.pk} is {request.state}, not pending; it cannot be {to_state} now"
-        )
-
-
-def reclaim_approve(
-    *, request: ReclaimRequest, by: AbstractBaseUser, comment: str = "", now: datetime | None = None
-) -> ReclaimRequest:
-    """Preempt the task the request is about, if it still runs the attempt the request was raised for."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        task = Task.objects.select_for_update().get(pk=request.task_id)
-        if task.state != Task.State.RUNNING or task.attempts != request.attempt:
-            raise Conflict(
-                f"task {task.pk} is {task.state} (attempt {task.attempts}); the run this request is about "
-                "has ended, there is nothing to reclaim (reject the request instead)"
-            )
-        _decided(request=request, to_state=ReclaimRequest.State.APPROVED, by=by, comment=comment, now=now)
-        note = f": {comment}" if comment else ""
-        reason = f"reclaimed while idle: reclaim request {request.pk} approved by {user_actor(by)}{note}"
-        if not _preempt(task=task, reason=reason[:500], now=now):
-            raise Conflict(f"task {task.pk} changed while the request was approved; reload and retry")
-    request.refresh_from_db()
-    return request
-
-
-def reclaim_reject(
-    *, request: ReclaimRequest, by: AbstractBaseUser, comment: str, now: datetime | None = None
-) -> ReclaimRequest:
-    """The task keeps its GPUs; this run of it is not asked about again."""
-    if not comment.strip():
-        raise ValidationError({"comment": ["a rejection needs a comment for the task's owner"]})
-    now = now or timezone.now()
-    with transaction.atomic():
-        _decided(request=request, to_state=ReclaimRequest.State.REJECTED, by=by, comment=comment, now=now)
-        _note(request.task_id, f"reclaim request {request.pk} rejected by {user_actor(by)}: {comment}"[:500])
-    request.refresh_from_db()
-    return request

@@ -1068,6 +1068,30 @@ def task_preempt(
     return True
 
 
+IDLE_ACTOR = "system:idle_check"  # the idle check's and idle reclaims' events name it
+
+
+def task_preempt_idle(*, task: Task, reason: str, now: datetime) -> bool:
+    """Preempt and requeue an idle task (`task_preempt`), clearing its idle flag: back in the queue it holds
+    no GPU to idle on. False when it moved meanwhile (finished, cancelled, preempted by a cycle): nothing to
+    reclaim. The idle check (apps.fleet.idle) and an approved reclaim request (apps.approvals) call it."""
+    if not task_preempt(
+        task=task, actor=IDLE_ACTOR, reason=reason, requeued="requeued after idle reclaim", now=now
+    ):
+        return False
+    Task.objects.filter(pk=task.pk).update(idle_flagged_at=None)
+    return True
+
+
+def task_note(*, task_id: int, actor: str, reason: str) -> None:
+    """An event that records no move: a state's own from/to, so the task's history tells the owner."""
+    state = Task.objects.filter(pk=task_id).values_list("state", flat=True).first()
+    if state is not None:
+        TaskEvent.objects.create(
+            task_id=task_id, from_state=state, to_state=state, actor=actor, reason=reason
+        )
+
+
 def task_cancel(*, task: Task, by: AbstractBaseUser | None, reason: str = "") -> Task:
     """Cancel a task, and with it the rest of its gang.
 

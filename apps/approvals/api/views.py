@@ -16,7 +16,6 @@ from rest_framework.views import APIView
 from apps.approvals import selectors, services
 from apps.approvals.api import serializers as s
 from apps.approvals.filters import OverrideFilter
-from apps.fleet import idle
 from apps.tenants.access import request_access, require_platform_admin, require_role
 from apps.tenants.models import Membership
 from apps.workloads.selectors import queue_get, task_get
@@ -151,7 +150,7 @@ class ReclaimApproveApi(APIView):
             read=lambda access: selectors.reclaim_get(access=access, reclaim_id=reclaim_id),
             what="reclaim requests",
             inputs=s.ReclaimDecisionInputSerializer,
-            act=lambda item, by, comment: idle.reclaim_approve(request=item, by=by, comment=comment),
+            act=lambda item, by, comment: services.reclaim_approve(request=item, by=by, comment=comment),
             outputs=s.ReclaimOutputSerializer,
         )
 
@@ -168,6 +167,6 @@ class ReclaimRejectApi(APIView):
             read=lambda access: selectors.reclaim_get(access=access, reclaim_id=reclaim_id),
             what="reclaim requests",
             inputs=s.ReclaimDecisionInputSerializer,
-            act=lambda item, by, comment: idle.reclaim_reject(request=item, by=by, comment=comment),
+            act=lambda item, by, comment: services.reclaim_reject(request=item, by=by, comment=comment),
             outputs=s.ReclaimOutputSerializer,
         )

@@ -226,7 +226,7 @@ def test_an_idle_online_task_goes_to_an_admin_once_and_keeps_running(pool: Pool,
 
 def test_an_approved_reclaim_preempts_the_online_task(pool: Pool, online: Any) -> None:
     from apps.approvals.models import ReclaimRequest
-    from apps.fleet.idle import reclaim_approve
+    from apps.approvals.services import reclaim_approve
 
     admin = UserFactory(username="root", is_staff=True)
     request = reclaim_approve(request=ReclaimRequest.objects.get(task=online), by=admin, comment="ok")
@@ -243,8 +243,8 @@ def test_an_approved_reclaim_preempts_the_online_task(pool: Pool, online: Any) -
 
 def test_a_rejected_reclaim_keeps_the_task_and_is_not_asked_again(pool: Pool, online: Any) -> None:
     from apps.approvals.models import ReclaimRequest
+    from apps.approvals.services import reclaim_approve, reclaim_reject
     from apps.common.errors import Conflict
-    from apps.fleet.idle import reclaim_approve, reclaim_reject
 
     admin = UserFactory(username="root", is_staff=True)
     request = ReclaimRequest.objects.get(task=online)
