@@ -20,9 +20,13 @@ VALIDATION_ERROR_SCHEMA = {
         "Bad input (400). `detail` names the refused fields; each further key is a field of the request "
         "(or `non_field_errors`) with its messages: a list of strings, or for a list or object field an "
         "object keyed by index or key. In a bulk submission `tasks` is a list that lines up with the "
-        "submitted one, `{}` for each task that was fine."
+        "submitted one, `{}` for each task that was fine. `code`, where present, names a kind of refusal a "
+        "client should tell apart from a typo: `cannot_run_here` (the request could never run in that pool)."
     ),
-    "properties": {"detail": {"type": "string"}},
+    "properties": {
+        "detail": {"type": "string"},
+        "code": {"type": "string", "enum": ["cannot_run_here"]},
+    },
     "required": ["detail"],
     "additionalProperties": {"oneOf": [{"type": "array"}, {"type": "object"}]},
 }

@@ -422,3 +422,19 @@ def test_the_first_event_and_an_undecided_override_match_the_committed_schema(wo
     ).json()
     assert override["decided_by"] is None
     assert schemas["OverrideOutput"]["properties"]["decided_by"].get("nullable") is True
+
+
+def test_a_refusal_that_can_never_run_matches_the_committed_error_schema(world, api) -> None:
+    """The 400 for a request that could never run carries `code`; the committed schema must allow it,
+    or a client generated from docs/openapi.yaml would reject the plane's own answer."""
+    import jsonschema
+    import yaml
+
+    from tests.apps.test_schema_and_migrations import SCHEMA
+
+    components = yaml.safe_load(SCHEMA.read_text())["components"]
+    response = _post(api(world.alice), "/api/v1/tasks/", {**GOOD, "gpu_count": 64})
+    assert response.status_code == 400
+    assert response.json()["code"] == "cannot_run_here"
+    schema = {"$ref": "#/components/schemas/ValidationError", "components": components}
+    jsonschema.validate(response.json(), schema)
