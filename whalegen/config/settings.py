@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "apps.accounting",
     "apps.declarative",
     "apps.metrics",
+    "apps.periodic",
     "apps.dashboard",
 ]
 
@@ -193,54 +194,67 @@ if CELERY_BROKER_URL is None:
     # With a host named: kombu warns "No hostname was supplied" at every start-up for a bare memory://.
     CELERY_BROKER_URL = "memory://localhost/"
     CELERY_RESULT_BACKEND = "cache+memory://"
+# Late acks: a message is acknowledged when its task ends, so a worker that dies mid-task hands it back.
+# Redis hands back what is unacknowledged after the broker's visibility timeout even while its task still
+# runs, so every task has a hard time limit and the visibility timeout is set above it, together, in
+# whalegen/config/celery.py (WHALEGEN_TASK_TIME_LIMIT_S; docs/operations.md, "Periodic work").
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
+# Periodic work: `celery beat` on two or more hosts, one sending (the holder of a PostgreSQL lease) and
+# the others standing by; the schedule's state is in PostgreSQL, not in a file (apps/periodic).
+CELERY_BEAT_SCHEDULER = "apps.periodic.scheduler:LeaderScheduler"
+WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
+# The lease's TTL: a leader silent this long (hung, its host gone) loses it; a killed leader's lease is
+# free at once, and a standby tries every quarter lease. Default: 1.5 cycle intervals, at least 5 s, so a
+# vanished leader is replaced within two cycle intervals at the default 5 s.
+WHALEGEN_BEAT_LEASE_S = envfloat("WHALEGEN_BEAT_LEASE_S", max(1.5 * WHALEGEN_CYCLE_INTERVAL_S, 5.0))
+# Cycles have a queue of their own (`cycles`, routed in whalegen/config/celery.py), so a backlog of other
+# work never delays them.
+# A pool's cycle message older than an interval is stale (the next fan-out sent a fresh one): expired.
+CELERY_TASK_ANNOTATIONS = {"apps.scheduling.tasks.cycle_pool": {"expires": WHALEGEN_CYCLE_INTERVAL_S}}
+
+
+def _every(task: str, interval_s: float) -> dict[str, object]:
+    """A beat entry sent every `interval_s`, its message expiring after one interval: a backlog (workers
+    down, the broker back after an outage) runs the next send, never a pile of stale ones."""
+    return {"task": task, "schedule": interval_s, "options": {"expires": interval_s}}
+
+
 CELERY_BEAT_SCHEDULE = {
-    "expire-overrides": {
-        "task": "apps.approvals.tasks.overrides_expire",
-        "schedule": float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60)),
-    },
+    "expire-overrides": _every(
+        "apps.approvals.tasks.overrides_expire", float(envint("WHALEGEN_OVERRIDE_EXPIRY_INTERVAL_S", 60))
+    ),
     # Retrain the forecasters (a candidate is promoted only when it beats the baselines and the active
     # model) and refresh the task profiles from finished runs.
-    "forecasting-train": {
-        "task": "apps.forecasting.tasks.forecasting_train_all",
-        "schedule": float(envint("WHALEGEN_FORECAST_TRAIN_INTERVAL_S", 86_400)),
-    },
-    "forecasting-memory-bounds": {
-        "task": "apps.forecasting.tasks.memory_bounds_refresh",
-        "schedule": float(envint("WHALEGEN_MEMORY_BOUND_INTERVAL_S", 600)),
-    },
-    "forecasting-profiles": {
-        "task": "apps.forecasting.tasks.profiles_refresh",
-        "schedule": float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
-    },
+    "forecasting-train": _every(
+        "apps.forecasting.tasks.forecasting_train_all",
+        float(envint("WHALEGEN_FORECAST_TRAIN_INTERVAL_S", 86_400)),
+    ),
+    "forecasting-memory-bounds": _every(
+        "apps.forecasting.tasks.memory_bounds_refresh", float(envint("WHALEGEN_MEMORY_BOUND_INTERVAL_S", 600))
+    ),
+    "forecasting-profiles": _every(
+        "apps.forecasting.tasks.profiles_refresh",
+        float(envint("WHALEGEN_PROFILES_REFRESH_INTERVAL_S", 3_600)),
+    ),
     # One scheduling cycle per pool every interval; a cycle that finds its pool busy just leaves.
-    "schedule-pools": {
-        "task": "apps.scheduling.tasks.cycles_all_pools",
-        "schedule": envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0),
-    },
+    "schedule-pools": _every("apps.scheduling.tasks.cycles_all_pools", WHALEGEN_CYCLE_INTERVAL_S),
     # Nodes whose agent missed WHALEGEN_NODE_LOST_HEARTBEATS heartbeats are marked lost, tasks requeued.
-    "fleet-node-health": {
-        "task": "apps.fleet.tasks.nodes_check_health",
-        "schedule": envfloat("WHALEGEN_NODE_HEALTH_INTERVAL_S", 5.0),
-    },
+    "fleet-node-health": _every(
+        "apps.fleet.tasks.nodes_check_health", envfloat("WHALEGEN_NODE_HEALTH_INTERVAL_S", 5.0)
+    ),
     # Run output of tasks that ended more than WHALEGEN_LOG_RETENTION_DAYS ago is deleted.
-    "logs-expire": {
-        "task": "apps.logs.tasks.logs_expire",
-        "schedule": envfloat("WHALEGEN_LOG_RETENTION_INTERVAL_S", 3_600.0),
-    },
+    "logs-expire": _every(
+        "apps.logs.tasks.logs_expire", envfloat("WHALEGEN_LOG_RETENTION_INTERVAL_S", 3_600.0)
+    ),
     # Running tasks whose GPUs idle are flagged, their owners told, and reclaimed where the queue says.
-    "idle-reclaim": {
-        "task": "apps.fleet.tasks.idle_check_all_pools",
-        "schedule": envfloat("WHALEGEN_IDLE_CHECK_INTERVAL_S", 60.0),
-    },
+    "idle-reclaim": _every(
+        "apps.fleet.tasks.idle_check_all_pools", envfloat("WHALEGEN_IDLE_CHECK_INTERVAL_S", 60.0)
+    ),
     # A cheap stamp a worker writes for beat; `/readyz` reads its age as "beat seen recently".
-    "plane-tick": {
-        "task": "apps.metrics.tasks.plane_tick",
-        "schedule": envfloat("WHALEGEN_PLANE_TICK_INTERVAL_S", 15.0),
-    },
+    "plane-tick": _every("apps.metrics.tasks.plane_tick", envfloat("WHALEGEN_PLANE_TICK_INTERVAL_S", 15.0)),
 }
 
 # WhaleGen's own knobs.
@@ -269,7 +283,7 @@ WHALEGEN_PROFILE_SAMPLE_ROWS = envint("WHALEGEN_PROFILE_SAMPLE_ROWS", 20_000)
 WHALEGEN_MEMORY_SAMPLE_ROWS = envint("WHALEGEN_MEMORY_SAMPLE_ROWS", 500_000)
 # Placement policy of production cycles: whalegen, fgd, bestfit or k8s-default (whalegen.placement.registry).
 WHALEGEN_CYCLE_POLICY = envstr("WHALEGEN_CYCLE_POLICY", "whalegen") or "whalegen"
-WHALEGEN_CYCLE_INTERVAL_S = envfloat("WHALEGEN_CYCLE_INTERVAL_S", 5.0)
+# WHALEGEN_CYCLE_INTERVAL_S: with the beat schedule above.
 # Milli-GPUs of every pool kept idle for online-SLA tasks: a batch task may not take the last of them.
 WHALEGEN_ONLINE_RESERVE_MILLI = envint("WHALEGEN_ONLINE_RESERVE_MILLI", 0)
 # How the reserve is sized per pool and cycle: `static` (WHALEGEN_ONLINE_RESERVE_MILLI alone) or `forecast`
