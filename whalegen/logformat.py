@@ -8,24 +8,49 @@ agent runs on GPU hosts without Django or Celery (tests/test_import_rules.py).
   `wgn_…` node tokens, `wgj_…` join tokens), and `token=` / `password=` / `secret=` / `SECRET_KEY=`
   style pairs, in `key=value`, `key: value` and JSON/dict (`"key": "value"`) spellings. Both formatters
   redact again what the filter never sees: exception tracebacks and stack text.
-- `JsonFormatter` writes one JSON object per line: `ts` (UTC, ISO 8601, milliseconds), `level`, `logger`,
-  `message`, then whichever context fields the record carries (CONTEXT_FIELDS), then `exc`/`stack`.
+- `JsonFormatter` writes one JSON object per line: `time` (UTC, ISO 8601, milliseconds), `level`,
+  `component` (which process: `web`, `worker`, `beat`, `agent`, …), `logger`, `message`, then whichever
+  context fields the record carries (CONTEXT_FIELDS), then `exc`/`stack` (a traceback as one string field,
+  never as lines of its own).
 - `PlainFormatter` writes the historic `asctime level logger message` line and appends the known context
-  fields as `key=value` pairs.
-- `formatter_for(fmt)` picks one by the `WHALEGEN_LOG_FORMAT` spelling (`json`, else plain).
+  fields as `key=value` pairs: the opt-in for a person's terminal (`whalegen demo`).
+- `formatter_for(fmt)` picks one by the `WHALEGEN_LOG_FORMAT` spelling (`plain`, else JSON: JSON is the
+  default, so a process nobody configured still writes lines a log pipeline can parse).
+- `set_component(name)` names the process once, at its start (gunicorn's logger, Celery's worker and beat
+  classes, the agent's command); until then `WHALEGEN_COMPONENT`, else `plane`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from datetime import UTC, datetime
 from typing import Any
 
-# The context fields a record may carry (`extra={"task_id": …}`), in the order they are written.
-CONTEXT_FIELDS = ("request_id", "task_id", "attempt", "pool", "cycle_id", "node", "celery_task_id")
+# The context fields a record may carry (`extra={"task_id": …}`), in the order they are written: who and
+# what first, then an HTTP request's own fields (gunicorn's access lines).
+CONTEXT_FIELDS = (
+    "request_id", "celery_task_id", "celery_task", "tenant", "node", "task_id", "attempt", "pool", "cycle_id",
+    "method", "path", "status", "duration_ms", "bytes", "remote_addr",
+)  # fmt: skip
 REDACTED = "[redacted]"
+DEFAULT_COMPONENT = "plane"
+
+_component: str | None = None
+
+
+def set_component(name: str) -> None:
+    """Name this process in every line it writes from now on (`web`, `worker`, `beat`, `agent`, …)."""
+    global _component
+    _component = name
+
+
+def component() -> str:
+    """This process's name: the one set, else `WHALEGEN_COMPONENT`, else `plane`."""
+    return _component or os.environ.get("WHALEGEN_COMPONENT") or DEFAULT_COMPONENT
+
 
 _SECRET_KEYS = r"[\w.-]*(?:token|password|passwd|secret|api[_-]?key|credential)[\w.-]*"
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -33,9 +58,12 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(bearer|basic)(\s+)[A-Za-z0-9._~+/=-]+"), rf"\1\2{REDACTED}"),
     # The plane's own credentials, recognisable by their prefix even without a key beside them.
     (re.compile(r"\bwg[nj]?_[A-Za-z0-9_-]{16,}"), REDACTED),
-    # "token": "abc", 'password': 'x', token=abc, SECRET_KEY=abc, secret: abc (value up to a delimiter).
+    # "token": "abc", 'password': 'x', token=abc, SECRET_KEY=abc, secret: abc (value up to a delimiter);
+    # a value already redacted is left alone, so redacting twice (filter, then formatter) changes nothing.
     (
-        re.compile(rf"(?i)(\b{_SECRET_KEYS}[\"']?\s*[=:]\s*)([\"']?)([^\s&\"',;}}\]]+)"),
+        re.compile(
+            rf"(?i)(\b{_SECRET_KEYS}[\"']?\s*[=:]\s*)([\"']?)(?!{re.escape(REDACTED)})([^\s&\"',;}}\]]+)"
+        ),
         rf"\1\2{REDACTED}",
     ),
 )
@@ -78,8 +106,9 @@ class JsonFormatter(_ContextMixin, logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
+            "component": component(),
             "logger": record.name,
             "message": redact(record.getMessage()),
         }
@@ -111,6 +140,11 @@ class PlainFormatter(_ContextMixin, logging.Formatter):
         return redact(line)
 
 
+def is_plain(fmt: str) -> bool:
+    """Whether a `WHALEGEN_LOG_FORMAT` value asks for plain lines (`plain`, any case, spaces ignored)."""
+    return fmt.strip().lower() == "plain"
+
+
 def formatter_for(fmt: str) -> logging.Formatter:
-    """`JsonFormatter` for `json` (any case, spaces ignored), `PlainFormatter` otherwise."""
-    return JsonFormatter() if fmt.strip().lower() == "json" else PlainFormatter()
+    """`PlainFormatter` for `plain` (any case, spaces ignored), `JsonFormatter` otherwise."""
+    return PlainFormatter() if is_plain(fmt) else JsonFormatter()

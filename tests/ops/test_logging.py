@@ -103,10 +103,10 @@ def test_json_lines_carry_the_fields_and_the_context(captured: Captured, client:
         "task %s started on %s", 42, "gpu-001", extra={"task_id": 42, "node": "gpu-001", "pool": "h100"}
     )
     (line,) = captured.json_lines()
-    assert list(line) == ["ts", "level", "logger", "message", "task_id", "pool", "node"]
+    assert list(line) == ["time", "level", "component", "logger", "message", "node", "task_id", "pool"]
     assert line["level"] == "INFO" and line["logger"] == "whalegen.fleet"
     assert line["message"] == "task 42 started on gpu-001" and line["task_id"] == 42
-    assert line["ts"].endswith("+00:00")
+    assert line["time"].endswith("+00:00") and line["component"] == "plane"  # no process named it
 
 
 @pytest.mark.django_db
@@ -133,6 +133,9 @@ def test_records_logged_while_serving_a_request_carry_its_id(captured: Captured,
         ("node_token: wgn_xyz", f"node_token: {REDACTED}"),
         ("issued wg_abcdefghijklmnopqrstuv", f"issued {REDACTED}"),
         ("pool h100 has 3 tokens of advice", "pool h100 has 3 tokens of advice"),
+        # Redacting twice (the filter, then the formatter) leaves the first result alone.
+        (f"GET /x?access_token={REDACTED}&y=2", f"GET /x?access_token={REDACTED}&y=2"),
+        (f"{{'password': '{REDACTED}'}}", f"{{'password': '{REDACTED}'}}"),
     ],
     ids=lambda value: value if isinstance(value, str) and REDACTED not in value else "",
 )
@@ -153,6 +156,8 @@ def test_the_settings_choose_the_format_from_the_environment() -> None:
         logging_config(fmt="plain", level="INFO", access_level="INFO")["handlers"]["console"]["formatter"]
         == "plain"
     )
+    unset = logging_config(fmt="", level="INFO", access_level="INFO")
+    assert unset["handlers"]["console"]["formatter"] == "json"  # JSON unless plain is asked for
     from django.conf import settings
 
     assert settings.LOGGING["handlers"]["console"]["filters"] == ["request", "redact"]

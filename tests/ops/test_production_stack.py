@@ -226,7 +226,7 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
     # The plane's processes wrote JSON lines (WHALEGEN_LOG_FORMAT=json), the worker's included.
     worker_lines = [line for line in stack.log("worker").splitlines() if line.startswith("{")]
     assert worker_lines, stack.log("worker")[-2000:]
-    assert {"ts", "level", "logger", "message"} <= json.loads(worker_lines[-1]).keys()
+    assert {"time", "level", "component", "logger", "message"} <= json.loads(worker_lines[-1]).keys()
 
     # 5. SIGTERM to every process at once; each exits 0 within its grace.
     started = time.monotonic()

@@ -179,11 +179,14 @@ class NodeContextFilter(logging.Filter):
 
 
 def configure_logging(*, fmt: str, level: str, node: str) -> logging.Handler:
-    """One stderr handler: plain lines, or JSON lines for `WHALEGEN_LOG_FORMAT=json`; every record carries
-    the node, task records their task id and attempt, and credentials are redacted in both formats.
-    Only the standard-library formatter module is imported (the agent runs without Django)."""
-    from whalegen.logformat import RedactFilter, formatter_for
+    """One stderr handler: JSON lines, or plain ones for `WHALEGEN_LOG_FORMAT=plain`; every record carries
+    `component` `agent` and the node, task records their task id and attempt, Python's warnings are records
+    too, and credentials are redacted in both formats. Only the standard-library formatter module is
+    imported (the agent runs without Django)."""
+    from whalegen.logformat import RedactFilter, formatter_for, set_component
 
+    set_component("agent")
+    logging.captureWarnings(True)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter_for(fmt))
     handler.addFilter(NodeContextFilter(node))
@@ -254,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
     joined = credential_load(args.state_dir)
     configure_logging(
-        fmt=os.environ.get("WHALEGEN_LOG_FORMAT", "plain"),
+        fmt=os.environ.get("WHALEGEN_LOG_FORMAT", "json"),
         level=str(args.log_level),
         node=args.node_name or (joined.node_name if joined else os.uname().nodename),
     )

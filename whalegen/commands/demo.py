@@ -303,6 +303,9 @@ def _start_loop(args: argparse.Namespace, url: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
+    # A person watches this terminal: plain lines (JSON is the default for every other process; the
+    # simulated agents this starts inherit it too, writing their files under the work directory).
+    os.environ.setdefault("WHALEGEN_LOG_FORMAT", "plain")
     if not args.verbose:
         # Ten agents poll and report every second: their request lines and each cycle's Celery trace
         # would bury the status line a newcomer is watching. Through settings, so that every

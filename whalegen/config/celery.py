@@ -33,6 +33,7 @@ from celery import Celery
 from celery.worker.consumer import Consumer
 from kombu import Exchange, Queue
 
+from whalegen.config import celerylog
 from whalegen.config.env import envint
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
@@ -85,4 +86,6 @@ app.conf.update(
     result_backend_always_retry=True,
     result_backend_max_retries=20,
 )
+# Every line a worker or beat writes in the plane's log format (whalegen/config/celerylog.py).
+celerylog.install(app)
 app.autodiscover_tasks()

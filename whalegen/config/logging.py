@@ -4,8 +4,8 @@ request being served and the Celery task being run.
 
 - `RequestContextFilter` puts the id of the HTTP request being served (`apps.metrics.middleware`) on
   every record logged while serving it.
-- `JsonFormatter` / `PlainFormatter` are `whalegen.logformat`'s, adding `celery_task_id` inside a Celery
-  task.
+- `JsonFormatter` / `PlainFormatter` are `whalegen.logformat`'s, adding `celery_task_id` and `celery_task`
+  inside a Celery task and on Celery's lines about one.
 - `logging_config` builds the `LOGGING` dict of the settings.
 
 Celery is imported only when already loaded: the management commands import this module without it.
@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from whalegen import logformat
-from whalegen.logformat import CONTEXT_FIELDS, REDACTED, RedactFilter, redact
+from whalegen.logformat import CONTEXT_FIELDS, REDACTED, RedactFilter, is_plain, redact
 
 __all__ = [
     "CONTEXT_FIELDS",
@@ -51,8 +51,8 @@ class RequestContextFilter(logging.Filter):
         return True
 
 
-def _celery_task_id() -> str | None:
-    """The id of the Celery task this thread runs, if Celery is loaded and running one."""
+def _celery_task() -> tuple[str, str] | None:
+    """The id and name of the Celery task this thread runs, if Celery is loaded and running one."""
     import sys
 
     if "celery" not in sys.modules:
@@ -65,16 +65,25 @@ def _celery_task_id() -> str | None:
     except Exception:
         return None
     task_id = getattr(request, "id", None)
-    return str(task_id) if task_id else None
+    return (str(task_id), str(task.name)) if task_id else None
 
 
 def context_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The context fields `record` carries, in CONTEXT_FIELDS order, with the Celery task id if any."""
+    """The context fields `record` carries, in CONTEXT_FIELDS order, with the Celery task's id and name if
+    any: the task being run, or the one a worker line is about (Celery's "received" and "succeeded" lines
+    carry it in `record.data`, logged outside the task)."""
     found = logformat.context_of(record)
-    if "celery_task_id" not in found:
-        celery_task_id = _celery_task_id()
-        if celery_task_id is not None:
-            found["celery_task_id"] = celery_task_id
+    if "celery_task_id" in found:
+        return found
+    data = getattr(record, "data", None)
+    if isinstance(data, dict) and data.get("id"):
+        task: tuple[str, str] | None = (str(data["id"]), str(data.get("name", "")))
+    else:
+        task = _celery_task()
+    if task is not None:
+        found["celery_task_id"], found["celery_task"] = task
+        # Back into CONTEXT_FIELDS order, with the Celery fields where they belong.
+        found = {name: found[name] for name in CONTEXT_FIELDS if name in found}
     return found
 
 
@@ -90,7 +99,7 @@ class PlainFormatter(logformat.PlainFormatter):
 
 def logging_config(*, fmt: str, level: str, access_level: str) -> dict[str, Any]:
     """The `LOGGING` dict of the plane's settings: one console handler in the chosen format, both filters
-    on it. `fmt` is `json` or `plain` (anything else is plain)."""
+    on it. `fmt` is `plain` or `json` (anything else is JSON)."""
     return {
         "version": 1,
         "disable_existing_loggers": False,
@@ -105,7 +114,7 @@ def logging_config(*, fmt: str, level: str, access_level: str) -> dict[str, Any]
         "handlers": {
             "console": {
                 "class": "logging.StreamHandler",
-                "formatter": "json" if fmt.strip().lower() == "json" else "plain",
+                "formatter": "plain" if is_plain(fmt) else "json",
                 "filters": ["request", "redact"],
             }
         },

@@ -356,10 +356,11 @@ WHALEGEN_READY_BEAT_MAX_AGE_S = envfloat(
 WHALEGEN_READY_BROKER_TIMEOUT_S = envfloat("WHALEGEN_READY_BROKER_TIMEOUT_S", 1.0)
 WHALEGEN_TRACES_DIR = envstr("WHALEGEN_TRACES_DIR", str(BASE_DIR.parent / "shared" / "traces"))
 
-# Plain lines, or JSON lines with WHALEGEN_LOG_FORMAT=json; request/task/pool/cycle/node context and
-# credentials redacted in both (whalegen/config/logging.py).
+# JSON lines, or plain ones with WHALEGEN_LOG_FORMAT=plain (a person's terminal: `whalegen demo`);
+# request/task/tenant/node context and credentials redacted in both (whalegen/config/logging.py).
+# gunicorn's own lines: docker/gunicorn.conf.py; Celery's: whalegen/config/celerylog.py.
 LOGGING = logging_config(
-    fmt=envstr("WHALEGEN_LOG_FORMAT", "plain") or "plain",
+    fmt=envstr("WHALEGEN_LOG_FORMAT", "json") or "json",
     level=envstr("WHALEGEN_LOG_LEVEL", "INFO") or "INFO",
     access_level=envstr("WHALEGEN_ACCESS_LOG_LEVEL", "INFO") or "INFO",
 )

@@ -1,0 +1,259 @@
+"""Every line every process of the production set writes is one JSON object with the common fields, and no
+credential sent to the plane appears in any of them (issue #42 item 3; docs/operations.md, "Logs").
+
+The process set is the shipped one, each a real process on a PostgreSQL and a Redis of this test's own:
+gunicorn with docker/gunicorn.conf.py, `celery worker`, `celery beat` and `whalegen agent --backend sim`,
+with no log setting in their environment (the defaults are what is under test). Each process's stdout and
+stderr go to files of their own, so a line is judged as the process wrote it. The test drives what makes
+each kind of line: requests carrying an API token, a node token, a join token and a made-up bearer in
+headers and query strings (gunicorn's access lines, Django's 401/403 lines), a task submitted and run on
+the agent (Celery's received/succeeded lines, the agent's task lines), a Celery task sent with arguments
+it does not take (a failure with a traceback), and SIGTERM at the end (each process's stop lines).
+Run it under `flock /var/tmp/faults.lock` (fixed ports, as tests/ops/test_production_stack.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from agents.sim.tools import install_fake_tools
+from tests.faults.services import PostgresServer, RedisServer
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+WEB_PORT = int(os.environ.get("WHALEGEN_LOGS_WEB_PORT", "18640"))
+POSTGRES_PORT = int(os.environ.get("WHALEGEN_LOGS_POSTGRES_PORT", "15474"))
+REDIS_PORT = int(os.environ.get("WHALEGEN_LOGS_REDIS_PORT", "16421"))
+COMMON = ("time", "level", "component", "logger", "message")
+COMPONENT = {"web": "web", "worker": "worker", "beat": "beat", "agent": "agent"}
+FAKE_BEARER = "zq-made-up-bearer-7c1e0b9a5d"
+FAKE_JOIN_TOKEN = "wgj_" + "J" * 40
+
+
+def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@dataclass
+class LoggedStack:
+    work: Path
+    url: str = f"http://127.0.0.1:{WEB_PORT}"
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    world: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pg = PostgresServer(self.work / "pg", port=POSTGRES_PORT)
+        self.redis = RedisServer(self.work / "redis", port=REDIS_PORT)
+        bin_dir = install_fake_tools(self.work / "bin")
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT),
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            DATABASE_URL=self.pg.url("whalegen"),
+            REDIS_URL=self.redis.url,
+            SECRET_KEY="logs-test-only-not-secret",
+            WHALEGEN_CYCLE_INTERVAL_S="1",
+            WHALEGEN_NODE_HEALTH_INTERVAL_S="1",
+            WHALEGEN_PLANE_TICK_INTERVAL_S="1",
+            WHALEGEN_AGENT_HEARTBEAT_S="2",
+            WHALEGEN_NODE_LOST_HEARTBEATS="15",
+            WHALEGEN_WEB_BIND=f"127.0.0.1:{WEB_PORT}",
+            WEB_CONCURRENCY="2",
+            WHALEGEN_WEB_THREADS="4",
+        )
+        # The shipped defaults are under test: no format, level or component chosen here.
+        for name in ("DJANGO_SETTINGS_MODULE", "WHALEGEN_LOG_FORMAT", "WHALEGEN_LOG_LEVEL",
+                     "WHALEGEN_ACCESS_LOG_LEVEL", "WHALEGEN_COMPONENT"):  # fmt: skip
+            self.env.pop(name, None)
+
+    def spawn(self, name: str, *args: str, **env: str) -> None:
+        with (self.work / f"{name}.out").open("ab") as out, (self.work / f"{name}.err").open("ab") as err:
+            self.procs[name] = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=dict(self.env, **env),
+                                                stdout=out, stderr=err)  # fmt: skip
+
+    def outputs(self, name: str) -> dict[str, str]:
+        return {
+            stream: (self.work / f"{name}.{stream}").read_text(errors="replace") for stream in ("out", "err")
+        }
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode == 0, f"{args} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    def answers(self, path: str) -> requests.Response | None:
+        try:
+            return requests.get(f"{self.url}{path}", timeout=10)
+        except requests.RequestException:
+            return None
+
+    def cleanup(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.redis.stop()
+        self.pg.stop("immediate")
+
+
+@pytest.fixture
+def stack() -> Iterator[LoggedStack]:
+    path = Path(tempfile.mkdtemp(prefix="whalegen-log-lines-"))
+    path.chmod(0o755)  # traversable by the `postgres` user the cluster runs as when the suite runs as root
+    made = LoggedStack(path)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+        if not os.environ.get("WHALEGEN_OPS_KEEP"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _start(stack: LoggedStack) -> None:
+    """Servers, schema and seed, then the four processes as the images run them; ready when /readyz is."""
+    stack.pg.init()
+    stack.pg.start()
+    subprocess.run(
+        [str(stack.pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(POSTGRES_PORT), "-U", "postgres",
+         "whalegen"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    stack.redis.start()
+    stack.run("manage.py", "migrate", "--noinput")
+    stack.world = json.loads(stack.run("-m", "tests.ops.plane_scripts"))
+    stack.spawn("web", "-m", "gunicorn", "-c", "docker/gunicorn.conf.py", "whalegen.config.wsgi")
+    stack.spawn("worker", "-m", "celery", "-A", "whalegen.config", "worker", "--loglevel", "info",
+                "--concurrency", "2", "-n", "logs@%h")  # fmt: skip
+    stack.spawn("beat", "-m", "celery", "-A", "whalegen.config", "beat", "--loglevel", "info",
+                "-s", str(stack.work / "beat-schedule"))  # fmt: skip
+    stack.spawn(
+        "agent", "-m", "whalegen", "agent", "--server", stack.url,
+        "--backend", "sim", "--state-dir", str(stack.work / "agent"), "--node-name", "ops-example",
+        "--heartbeat-s", "1", "--poll-wait-s", "1", "--tick-s", "0.2", "--reconcile-s", "2",
+        WHALEGEN_AGENT_TOKEN=stack.world["nodes"]["ops-example"]["token"],
+    )  # fmt: skip
+    _wait(lambda: (answer := stack.answers("/readyz")) is not None and answer.status_code == 200, 90,
+          "/readyz to turn 200")  # fmt: skip
+
+
+def _drive(stack: LoggedStack) -> dict[str, str]:
+    """Requests carrying every kind of credential, a task run to the end, a Celery task that fails.
+    Returns the request id the plane answered each request with, by what it carried."""
+    api_token = stack.world["token"]
+    node_token = stack.world["nodes"]["ops-example"]["token"]
+    sent = {
+        "api token": ("/api/v1/tasks/", {"token": api_token}, api_token),
+        "made-up bearer": ("/api/v1/tasks/", {"access_token": FAKE_BEARER}, FAKE_BEARER),
+        "node token": ("/api/v1/agent/heartbeat/", {"token": node_token}, node_token),
+        "join token": ("/api/v1/tasks/", {"join_token": FAKE_JOIN_TOKEN}, FAKE_JOIN_TOKEN),
+    }
+    request_ids = {}
+    for what, (path, query, secret) in sent.items():
+        answer = requests.get(
+            f"{stack.url}{path}", params=query, headers={"Authorization": f"Bearer {secret}"}, timeout=10
+        )
+        request_ids[what] = answer.headers["X-Request-ID"]
+    body = {"queue": "work", "name": "logged-task", "gpu_count": 1, "command": ["sh", "-c", "echo ran"],
+            "max_runtime_s": 120, "cpu_milli": 1000, "host_mem_mib": 1024}  # fmt: skip
+    headers = {"Authorization": f"Bearer {api_token}"}
+    created = requests.post(f"{stack.url}/api/v1/tasks/?token={api_token}", json=body, headers=headers,
+                            timeout=30)  # fmt: skip
+    assert created.status_code == 201, created.text
+    task_url = f"{stack.url}/api/v1/tasks/{created.json()['id']}/"
+    _wait(lambda: requests.get(task_url, headers=headers, timeout=10).json()["state"] == "succeeded", 90,
+          "the task to succeed on the agent")  # fmt: skip
+    # A message whose task takes no such arguments: the worker logs the failure with its traceback.
+    stack.run("-m", "celery", "-A", "whalegen.config", "call", "apps.metrics.tasks.plane_tick",
+              "--args", '["unexpected"]')  # fmt: skip
+    _wait(lambda: "TypeError" in stack.outputs("worker")["err"], 60, "the worker to log the failure")
+    return request_ids
+
+
+def _stop(stack: LoggedStack) -> None:
+    for proc in stack.procs.values():
+        proc.send_signal(signal.SIGTERM)
+    for proc in stack.procs.values():
+        proc.wait(timeout=30)
+
+
+def _entries(stack: LoggedStack, name: str) -> list[dict[str, Any]]:
+    """Every line `name` wrote on stdout and stderr, each parsed; a line that is not a JSON object fails."""
+    found = []
+    for stream, text in stack.outputs(name).items():
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                raise AssertionError(f"{name} {stream} line {number} is not JSON: {line!r}") from None
+            assert isinstance(entry, dict), (name, stream, line)
+            assert list(entry)[: len(COMMON)] == list(COMMON), (name, stream, line)
+            assert entry["component"] == COMPONENT[name], (name, stream, line)
+            assert datetime.fromisoformat(entry["time"]).utcoffset() is not None, line
+            found.append(entry | {"stream": stream})
+    return found
+
+
+def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_credential(
+    stack: LoggedStack,
+) -> None:
+    _start(stack)
+    request_ids = _drive(stack)
+    _stop(stack)
+    # 1. Every line of every process is one JSON object with the common fields, and no credential.
+    logs = {name: _entries(stack, name) for name in COMPONENT}
+    secrets = [stack.world["token"], FAKE_BEARER, FAKE_JOIN_TOKEN,
+               *(node["token"] for node in stack.world["nodes"].values())]  # fmt: skip
+    for name in COMPONENT:
+        text = "".join(stack.outputs(name).values())
+        assert [secret for secret in secrets if secret in text] == [], name
+    # 2. gunicorn's own lines and its access lines: the request's fields, its id, the query redacted.
+    web = logs["web"]
+    assert any(e["logger"] == "gunicorn.error" and "Booting worker" in e["message"] for e in web)
+    access = {e["request_id"]: e for e in web if e["logger"] == "gunicorn.access" and "request_id" in e}
+    for what, request_id in request_ids.items():
+        line = access[request_id]
+        assert (line["method"], line["stream"]) == ("GET", "out"), line
+        assert line["path"].split("?")[1].split("=")[1] == "[redacted]", (what, line)
+        assert line["message"] == f"GET {line['path']} {line['status']}", line
+    assert access[request_ids["api token"]]["status"] == 200
+    refused = [e for e in web if e["logger"] == "django.request" and e.get("request_id") in access]
+    assert refused, "Django's 401/403 lines carry the request id"
+    # 3. Celery: the worker's lines about a task carry its id and name; a failure carries its traceback.
+    worker = logs["worker"]
+    received = [e for e in worker if e["message"].startswith("Task ") and " received" in e["message"]]
+    assert received and all(e["celery_task_id"] and e["celery_task"] for e in received)
+    assert any(e["logger"] == "celery.app.trace" and "succeeded" in e["message"] for e in worker)
+    (failure,) = [e for e in worker if "TypeError" in e.get("exc", "")]
+    assert (
+        failure["exc"].startswith("Traceback") and failure["celery_task"] == "apps.metrics.tasks.plane_tick"
+    )
+    assert any(" ready." in e["message"] for e in worker)
+    assert any("Sending due task" in e["message"] for e in logs["beat"])
+    # 4. The agent: its node on every line, and the task's lines.
+    agent = logs["agent"]
+    assert {e["node"] for e in agent} == {"ops-example"}
+    assert any(e.get("task_id") and "succeeded" in e["message"] for e in agent)
