@@ -27,11 +27,9 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from apps.accounting.services import held_units_keep
+from apps.common import hooks
 from apps.common.errors import Conflict
 from apps.common.pipeline import pipelined
-from apps.fleet.agents import desired_state_current
-from apps.fleet.changes import node_changed
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
 from apps.scheduling.holders import gpu_units_held, unit_holders
@@ -50,6 +48,7 @@ from apps.workloads.services import (
 from whalegen.placement.fragmentation import ClusterFragmentation, cluster_fragmentation
 from whalegen.placement.repartition import ClaimAction, MigSlot, RepartitionPlan
 from whalegen.placement.types import Outcome, Placement, TaskRequest
+from whalegen.placement.words import quota_mem_wait_text
 from whalegen.scheduling import Bound, Code, Decider, Decisions, nodes_before, repartition_sentence
 
 ACTOR = "scheduler"
@@ -312,7 +311,7 @@ def _claims_and_layouts(
         out.reasons = reasons_now
     out.decisions = decisions
     # The agents of these nodes have new work or a new layout: their waiting polls answer after the commit.
-    node_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
+    hooks.nodes_changed({snapshot.node_ids[p.node] for p in winners} | {key[0] for key, _ in kept_plans})
     return out.lap("repartitions", clock)
 
 
@@ -541,32 +540,26 @@ def _lock_and_compare(
             continue
         usage[info.tenant_id] += info.charge_milli
         if quota["gpu_mem_limit_mib"] is not None:
-            usage_mem[info.tenant_id] += _mem_charge(request_of[task_id])
+            usage_mem[info.tenant_id] += request_of[task_id].gpu_request_mem_mib
     for task_id, gang in gang_of.items():
         if gang is not None and task_id not in lost and any(gang_of.get(t) == gang for t in lost):
             lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")
     return lost, kept_plans
 
 
-def _mem_charge(request: TaskRequest) -> int:
-    return request.num_gpu * request.gpu_mem_mib  # Task.charge_mem_mib
-
-
 def _memory_quota_wait(
     quota: Mapping[str, Any], usage_mem: Mapping[int, int], request: TaskRequest, tenant_id: int
 ) -> str | None:
-    """Why a quota's GPU-memory bound holds the task back this cycle (None: it does not). Checked here
-    only: the engine does not count GPU memory against quotas, so such a task can be placed and then held
-    back; a bound is rare, and this lock is what guarantees it."""
+    """Why a quota's GPU-memory bound holds the task back now (None: it does not). The engine held back
+    what the snapshot's usage did not allow; this re-check under the quota row lock catches what tenants
+    admitted meanwhile, as the milli-GPU check above does."""
     bound = quota["gpu_mem_limit_mib"]
-    asked = _mem_charge(request)
-    if bound is None or usage_mem.get(tenant_id, 0) + asked <= bound:
-        return None
+    asked = request.gpu_request_mem_mib  # Task.charge_mem_mib
     held = usage_mem.get(tenant_id, 0)
-    return (
-        f"quota: tenant {request.tenant}'s admitted tasks state {held} MiB of GPU memory in this pool, its "
-        f"limit is {bound} MiB, and this task asks {asked} MiB; it fits once {held + asked - bound} MiB of "
-        "the tenant's work ends"
+    if bound is None or held + asked <= bound:
+        return None
+    return quota_mem_wait_text(
+        tenant=request.tenant, held_mem_mib=held, asked_mem_mib=asked, limit_mem_mib=bound
     )
 
 
@@ -778,7 +771,7 @@ def _write_layouts(
         gpu = snapshot.gpus[key]
         if gpu_units_held(gpu_id=gpu.pk):
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
-        held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
+        hooks.gpu_units_deleting(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
         _, deleted = ComputeUnit.objects.filter(gpu_id=gpu.pk).delete()
         if deleted.get(ComputeUnit._meta.label, 0) != gpu.unit_count:
             raise Conflict(f"{gpu.view.name} changed during the commit; the cycle is rolled back")
@@ -786,7 +779,7 @@ def _write_layouts(
         made = mig_units_create(gpu_id=gpu.pk, model=gpu.view.model, layout=layout)
         unit_at = {(u.mig_profile, u.mig_start): u for u in made}
         # The new layout is now the desired state: raise the generation the agent will report back.
-        generation = desired_state_current(node=node_of[key[0]], now=now).generation
+        generation = hooks.desired_generation(node=node_of[key[0]], now=now)
         layout = [[slot.mig_profile, slot.mig_start] for slot in plan.layout]
         Repartition.objects.bulk_create(
             Repartition(

@@ -38,7 +38,7 @@ from whalegen.placement.types import (
     TaskRequest,
     Unplaced,
 )
-from whalegen.placement.words import quota_wait_text
+from whalegen.placement.words import quota_mem_wait_text, quota_wait_text
 
 # Class scores kept over all requests (8 bytes each); dropped when exceeded so a long-lived engine stays
 # bounded (about the memory the earlier dict memo of a million entries took).
@@ -74,6 +74,7 @@ class _Record:
     borrowed: bool
     request_milli: int
     online: bool = False  # an online-SLA task (never displaced to honour the online reserve)
+    request_mem_mib: int = 0  # what it counts against a quota's GPU-memory bound
 
 
 class Engine:
@@ -104,6 +105,7 @@ class Engine:
         self.memo_entries = 0
         self.quotas: dict[str, Quota] = {q.tenant: q for q in snapshot.quotas}
         self.usage_milli: dict[str, int] = defaultdict(int)
+        self.usage_mem_mib: dict[str, int] = defaultdict(int)
         self.records: dict[str, _Record] = {}
         # Only preemptible or borrowing tasks can ever be victims; keeping them apart keeps a failure cheap.
         self.victim_pool: dict[str, _Record] = {}
@@ -112,6 +114,7 @@ class Engine:
             # As asked, like a placement made here (below): one measure for quota use, whichever unit.
             milli = task.quota_milli
             self.usage_milli[task.tenant] += milli
+            self.usage_mem_mib[task.tenant] += task.quota_mem_mib
             self._remember(
                 _Record(
                     task.task_id,
@@ -122,6 +125,7 @@ class Engine:
                     task.borrowed,
                     milli,
                     task.sla_online,
+                    task.quota_mem_mib,
                 )
             )
 
@@ -291,7 +295,8 @@ class Engine:
         spent = self.budget_check(head.tenant)
         if spent is not None:
             return [Unplaced(t.task_id, Outcome.BUDGET_SPENT, spent) for t in unit], False
-        quota_problem, borrowed = self.quota_check(head.tenant, need_milli)
+        need_mem_mib = sum(t.gpu_request_mem_mib for t in unit)
+        quota_problem, borrowed = self.quota_check(head.tenant, need_milli, need_mem_mib)
         if quota_problem is not None:
             return [Unplaced(t.task_id, Outcome.QUOTA_EXCEEDED, quota_problem) for t in unit], False
         reserve_problem = self._reserve_check(unit, need_milli) if batch else None
@@ -347,6 +352,7 @@ class Engine:
     def _commit(self, task: TaskRequest, binding: Binding, borrowed: bool, now: float) -> Placement:
         milli = task.num_gpu * task.gpu_milli
         self.usage_milli[task.tenant] += milli
+        self.usage_mem_mib[task.tenant] += task.gpu_request_mem_mib
         self._remember(
             _Record(
                 task.task_id,
@@ -357,6 +363,7 @@ class Engine:
                 borrowed,
                 milli,
                 online=task.sla_online,
+                request_mem_mib=task.gpu_request_mem_mib,
             )
         )
         s = self.state
@@ -373,6 +380,7 @@ class Engine:
         record = self.records.pop(task_id)
         self.victim_pool.pop(task_id, None)
         self.usage_milli[record.tenant] -= record.request_milli
+        self.usage_mem_mib[record.tenant] -= record.request_mem_mib
         self.state.release(task_id)
 
     def budget_check(self, tenant: str) -> str | None:
@@ -382,7 +390,9 @@ class Engine:
             return None
         return quota.budget_spent.message(tenant)
 
-    def quota_check(self, tenant: str, need_milli: int) -> tuple[str | None, bool]:
+    def quota_check(self, tenant: str, need_milli: int, need_mem_mib: int = 0) -> tuple[str | None, bool]:
+        """Why `tenant`'s quota holds back work asking `need_milli` (and `need_mem_mib` of GPU memory), or
+        None; and whether admitting it borrows above the guarantee."""
         quota = self.quotas.get(tenant)
         if quota is None:
             return None, False
@@ -396,6 +406,15 @@ class Engine:
                     asked_milli=need_milli,
                     guaranteed_milli=quota.guaranteed_milli,
                     borrow_milli=quota.borrow_limit_milli,
+                ),
+                False,
+            )
+        bound = quota.gpu_mem_limit_mib
+        if bound is not None and self.usage_mem_mib[tenant] + need_mem_mib > bound:
+            held = self.usage_mem_mib[tenant]
+            return (
+                quota_mem_wait_text(
+                    tenant=tenant, held_mem_mib=held, asked_mem_mib=need_mem_mib, limit_mem_mib=bound
                 ),
                 False,
             )

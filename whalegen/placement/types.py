@@ -153,6 +153,11 @@ class TaskRequest:
     def gpu_request_milli(self) -> int:
         return self.num_gpu * self.gpu_milli
 
+    @property
+    def gpu_request_mem_mib(self) -> int:
+        """The GPU memory it counts against a quota's memory bound once admitted (as `RunningTask`)."""
+        return self.num_gpu * self.gpu_mem_mib
+
 
 _TASK_REQUEST_FIELDS = frozenset(f.name for f in dataclass_fields(TaskRequest))
 
@@ -202,6 +207,11 @@ class RunningTask:
     def quota_milli(self) -> int:
         return self.charge_milli if self.charge_milli is not None else self.gpu_milli * len(self.gpu_indexes)
 
+    @property
+    def quota_mem_mib(self) -> int:
+        """The GPU memory it counts against a quota's memory bound: what it states, on each of its GPUs."""
+        return self.gpu_mem_mib * len(self.gpu_indexes)
+
 
 @dataclass(frozen=True)
 class SlaRemedy:
@@ -247,6 +257,8 @@ class Quota:
     guaranteed_milli: int
     borrow_limit_milli: int = 0  # how far above the guarantee the tenant may borrow
     budget_spent: BudgetSpent | None = None  # set while the period's GPU-hour budget is used up
+    # A bound on the GPU memory the tenant's admitted tasks state (GPUs × gpu_mem_mib), None: unbounded.
+    gpu_mem_limit_mib: int | None = None
 
 
 @dataclass(frozen=True)

@@ -25,3 +25,13 @@ def quota_wait_text(
         f"borrowable), and this task asks {gpus_text(asked_milli)}; it fits once {gpus_text(short)} of "
         "the tenant's work ends"
     )
+
+
+def quota_mem_wait_text(*, tenant: str, held_mem_mib: int, asked_mem_mib: int, limit_mem_mib: int) -> str:
+    """Why a task waits for its team's GPU-memory bound: what the team's admitted tasks state, what the
+    task asks (its GPU memory on each of its GPUs) and how much must end first."""
+    return (
+        f"quota: tenant {tenant}'s admitted tasks state {held_mem_mib} MiB of GPU memory in this pool, its "
+        f"limit is {limit_mem_mib} MiB, and this task asks {asked_mem_mib} MiB; it fits once "
+        f"{held_mem_mib + asked_mem_mib - limit_mem_mib} MiB of the tenant's work ends"
+    )

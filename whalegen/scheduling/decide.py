@@ -436,12 +436,14 @@ class Decider:
                     unplaced[request.task_id] = Reason(Outcome.BUDGET_SPENT.value, spent)
                 continue
             need = sum(request.gpu_request_milli for request, _ in group)
-            problem, borrowed = self.engine.quota_check(first.tenant, need)
+            need_mem_mib = sum(request.gpu_request_mem_mib for request, _ in group)
+            problem, borrowed = self.engine.quota_check(first.tenant, need, need_mem_mib)
             if problem is not None:
                 for request, _ in group:
                     unplaced[request.task_id] = Reason(Outcome.QUOTA_EXCEEDED.value, problem)
                 continue
             self.engine.usage_milli[first.tenant] += need
+            self.engine.usage_mem_mib[first.tenant] += need_mem_mib
             for request, claims in ready:
                 bound.append(_claimed_placement(request, claims, borrowed))
         return bound
@@ -754,6 +756,7 @@ class Decider:
             taken.update(b.unit_ids)
             request = self.requests[b.task_id]
             engine.usage_milli[request.tenant] += request.gpu_request_milli
+            engine.usage_mem_mib[request.tenant] += request.gpu_request_mem_mib
         if stay:
             self._rebuild(dict(self._exact(touched_keys(bound), taken)), [b.placement for b in bound], now_s)
         bound.sort(key=lambda b: position[b.task_id])
@@ -860,6 +863,7 @@ class Decider:
         nodes = with_gpus(self.engine.state.nodes(), change)
         engine = Engine(replace(base, nodes=nodes, pending=(), running=running), self.engine_config)
         engine.usage_milli = defaultdict(int, self.engine.usage_milli)
+        engine.usage_mem_mib = defaultdict(int, self.engine.usage_mem_mib)
         self.engine = engine
 
     # -- 5. re-carve -------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ from django.db.models import F, FilteredRelation, FloatField, Q, QuerySet
 from django.db.models.fields import TextField
 from django.db.models.functions import Cast, Coalesce, Extract
 
-from apps.accounting.selectors import budgets_spent
 from apps.approvals.models import PriorityOverride
+from apps.common import hooks
 from apps.common.pipeline import pipelined
 from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
@@ -863,13 +863,18 @@ def _read_quotas(r: _Reading) -> list[QuotaState]:
     quotas = []
     rows = list(
         Quota.objects.filter(pool_id=r.pool_id).values(
-            "tenant_id", "tenant__slug", "guaranteed_milli", "borrow_limit_milli", "budget__gpu_hours"
+            "tenant_id",
+            "tenant__slug",
+            "guaranteed_milli",
+            "borrow_limit_milli",
+            "gpu_mem_limit_mib",
+            "budget__gpu_hours",
         )
     )
     limits = {
         row["tenant_id"]: row["budget__gpu_hours"] for row in rows if row["budget__gpu_hours"] is not None
     }
-    spent = budgets_spent(pool_id=r.pool_id, limits=limits, now=r.now)
+    spent = hooks.budgets_spent(pool_id=r.pool_id, limits=limits, now=r.now)
     for row in rows:
         r.tenant_ids[row["tenant__slug"]] = row["tenant_id"]
         quotas.append(
@@ -878,6 +883,7 @@ def _read_quotas(r: _Reading) -> list[QuotaState]:
                 row["guaranteed_milli"],
                 row["borrow_limit_milli"],
                 budget_spent=spent.get(row["tenant_id"]),
+                gpu_mem_limit_mib=row["gpu_mem_limit_mib"],
             )
         )
     return quotas

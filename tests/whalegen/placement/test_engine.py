@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.whalegen.placement.builders import node, snapshot, task
+from tests.whalegen.placement.builders import GIB, node, snapshot, task
 from whalegen.placement import engine as engine_module
 from whalegen.placement.engine import Engine, EngineConfig, solve_cycle
 from whalegen.placement.fragmentation import shape_mix_from_tasks
@@ -402,3 +402,41 @@ def test_a_pool_without_a_schedulable_node_says_so_in_words() -> None:
         unplaced.message
         == "no schedulable node with GPUs in the pool (none, or all cordoned, draining or lost)"
     )
+
+
+def test_a_gpu_memory_bound_holds_a_task_back_in_the_engine_and_leaves_its_gpu_to_the_next() -> None:
+    # One GPU free; the tenant's admitted work states 60 GiB of its 100 GiB bound. "big" (60 GiB) waits for
+    # the bound, so "small" (30 GiB), behind it in order, takes the GPU in the same cycle: the engine
+    # counts the bound, so the GPU is not spent on a task the commit would hold back.
+    quotas = [Quota("vision", 8000, gpu_mem_limit_mib=100 * GIB)]
+    running = [RunningTask("old", "a", (0,), 1000, 1000, GIB, gpu_mem_mib=60 * GIB, tenant="vision")]
+    pending = [
+        task("big", gpus=1, tenant="vision", gpu_mem_mib=60 * GIB, submitted_at_s=1),
+        task("small", gpus=1, tenant="vision", gpu_mem_mib=30 * GIB, submitted_at_s=2),
+    ]
+    nodes = [node("a", free=[0, 1000], gpu_mem_mib=80 * GIB)]
+    result = solve_cycle(
+        snapshot(nodes, pending, running=running, quotas=quotas), EngineConfig(policy="fgd"), 1.0
+    )
+    assert [p.task_id for p in result.placements] == ["small"]
+    (waits,) = result.unplaced
+    assert waits.task_id == "big" and waits.outcome is Outcome.QUOTA_EXCEEDED
+    assert "state 61440 MiB of GPU memory" in waits.message and "limit is 102400 MiB" in waits.message
+    assert "fits once 20480 MiB" in waits.message
+
+
+def test_a_gang_counts_every_members_gpu_memory_against_the_bound_and_a_release_gives_it_back() -> None:
+    quotas = [Quota("vision", 8000, gpu_mem_limit_mib=100 * GIB)]
+    gang = [
+        task(f"g{i}", gpus=2, tenant="vision", gpu_mem_mib=20 * GIB, gang_id="j", gang_size=3)
+        for i in range(3)
+    ]
+    nodes = [node("a", gpus=8, gpu_mem_mib=80 * GIB)]
+    result = solve_cycle(snapshot(nodes, gang, quotas=quotas), EngineConfig(policy="fgd"), 1.0)
+    assert result.placements == () and {u.outcome for u in result.unplaced} == {Outcome.QUOTA_EXCEEDED}
+    assert "asks 122880 MiB" in result.unplaced[0].message  # 3 members × 2 GPUs × 20 GiB
+    running = [RunningTask("old", "a", (0, 1), 1000, 1000, GIB, gpu_mem_mib=45 * GIB, tenant="vision")]
+    engine = Engine(snapshot(nodes, [], running=running, quotas=quotas), EngineConfig(policy="fgd"))
+    assert engine.quota_check("vision", 1000, 20 * GIB)[0] is not None  # 90 GiB stated + 20 > 100
+    engine.release("old")
+    assert engine.quota_check("vision", 1000, 20 * GIB) == (None, False)
