@@ -31,6 +31,7 @@ from whalegen.goodput.fleet import load_fleet
 from whalegen.goodput.interference import fit_utilisation, lucid_observations
 from whalegen.goodput.jobs import load_jobs
 from whalegen.goodput.replay import ReplayConfig, World, ceilings, dense_part, fleet_models
+from whalegen.goodput.truth import MeasuredPairs
 
 FLEETS = ("docs/fleets/default.yaml", "docs/fleets/holdout.yaml")
 
@@ -43,17 +44,17 @@ def main() -> None:
     args = parser.parse_args()
     traces = default_traces_dir()
     gavel = load_gavel(traces / GAVEL_FILE)
-    rule = fit_utilisation(
-        lucid_observations(
-            load_lucid_single(traces / LUCID_SINGLE_FILE), load_lucid_colocate(traces / LUCID_COLOCATE_FILE)
-        )
+    observations = lucid_observations(
+        load_lucid_single(traces / LUCID_SINGLE_FILE), load_lucid_colocate(traces / LUCID_COLOCATE_FILE)
     )
+    rule = fit_utilisation(observations)
+    pairs = MeasuredPairs.from_lucid(observations)
     head = f"{'fleet':<14} {'seed':>4} {'load':>5} {'no queue %':>11}"
     print(f"{head} {'best-job cap. %':>16} {'mean cap. %':>12}")
     for path in FLEETS:
         fleet = load_fleet(Path(path))
-        world = World.build(gavel, rule, fleet_models(fleet))
         for seed in (int(s) for s in args.seeds.split(",")):
+            world = World.build(gavel, rule, fleet_models(fleet), pairs, seed)
             jobs = dense_part(load_jobs(traces / "openb" / "openb_pod_list_default.csv", gavel, seed))
             jobs = jobs[: args.max_jobs]
             for load in (float(x) for x in args.load.split(",")):

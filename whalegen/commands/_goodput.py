@@ -39,9 +39,11 @@ from whalegen.goodput.replay import (
     World,
     dense_part,
     fleet_models,
+    refuse_unrunnable,
     run_goodput,
     split_policy,
 )
+from whalegen.goodput.truth import MeasuredPairs
 from whalegen.placement.registry import make_policy
 from whalegen.sim.stats import mean
 
@@ -57,7 +59,15 @@ METRICS = (
     "work_lost_gpu_h",
 )
 # Reported in --json next to METRICS (not in the table's columns).
-EXTRA = ("offered_pct", "ceiling_pct", "headroom_gpus_mean", "service_preemptions")
+EXTRA = (
+    "offered_pct",
+    "ceiling_pct",
+    "headroom_gpus_mean",
+    "service_preemptions",
+    "work_done_ref_gpu_h",
+    "work_retained_ref_gpu_h",
+    "refused_jobs",
+)
 DEFAULT_POLICIES = "k8s-default,volcano-binpack,share-binpack,fgd,whalegen,whalegen-aware"
 
 
@@ -115,13 +125,12 @@ def run(args: argparse.Namespace) -> int:
     source = _job_source(args.jobs, traces)
     try:
         gavel = load_gavel(traces / GAVEL_FILE)
-        rule = fit_utilisation(
-            lucid_observations(
-                load_lucid_single(traces / LUCID_SINGLE_FILE),
-                load_lucid_colocate(traces / LUCID_COLOCATE_FILE),
-            )
+        observations = lucid_observations(
+            load_lucid_single(traces / LUCID_SINGLE_FILE),
+            load_lucid_colocate(traces / LUCID_COLOCATE_FILE),
         )
-        world = World.build(gavel, rule, fleet_models(fleet))
+        rule = fit_utilisation(observations)
+        pairs = MeasuredPairs.from_lucid(observations)
         count = args.services if args.services is not None else max(1, fleet.total_gpus // 9)
         profiles = load_service_profiles(traces) if count > 0 else ()
     except (TraceFileMissing, ValueError) as error:
@@ -139,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if args.max_jobs is not None:
             jobs = jobs[: args.max_jobs]
+        # The truth's drawn speed errors follow the seed (whalegen.goodput.truth).
+        world = World.build(gavel, rule, fleet_models(fleet), pairs, seed)
+        jobs, refused = refuse_unrunnable(jobs, fleet, world)
+        for line in refused:
+            print(f"whalegen replay --goodput: {line}", file=sys.stderr)
         for load in loads:
             for policy in policies:
                 label = f"{policy} seed {seed} load {load:g}"

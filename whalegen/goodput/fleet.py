@@ -246,23 +246,35 @@ _PARTITION = {
 def fleet_nodes(fleet: FleetSpec) -> tuple[NodeState, ...]:
     """The fleet as idle placement nodes, named `<pool>-<n>` (n from 0), GPUs in the groups' order.
 
-    What the snapshot types cannot say yet is lost here, on purpose and visibly: `max_shares` (a SHARED
-    GPU takes any milli up to what is free) and the MIG layout (a MIG GPU starts with no instance and
-    the engine carves the smallest profile that fits each request). The replay reads both from the
-    FleetSpec itself.
+    An MPS or time-sliced GPU of `max_shares` N is cut into N alike shares (1000 // N milli and 1/N of the
+    memory each; GpuState.share_milli): a task holds whole shares, so at most N tasks share the GPU. The
+    MIG layout is lost here, on purpose and visibly: a MIG GPU starts with no instance and the engine
+    carves the smallest profile that fits each request.
     """
     nodes = []
     for pool in fleet.pools:
         memory = get_model(pool.gpu_model).mem_mib or 0
-        modes = [_PARTITION[group.mode] for group in pool.gpus for _ in range(group.count)]
+        groups = [group for group in pool.gpus for _ in range(group.count)]
         for n in range(pool.nodes):
-            gpus = tuple(
-                GpuState(i, pool.gpu_model, WHOLE_GPU_MILLI, memory, memory, mode)
-                for i, mode in enumerate(modes)
-            )
+            gpus = tuple(_gpu_state(i, pool.gpu_model, memory, group) for i, group in enumerate(groups))
             nodes.append(
                 NodeState(
                     f"{pool.name}-{n}", pool.cpu_milli, pool.cpu_milli, pool.mem_mib, pool.mem_mib, gpus
                 )
             )
     return tuple(nodes)
+
+
+def _gpu_state(index: int, model: str, memory_mib: int, group: GpuGroup) -> GpuState:
+    mode = _PARTITION[group.mode]
+    shares = group.max_shares if mode is PartitionMode.SHARED else 1
+    return GpuState(
+        index,
+        model,
+        WHOLE_GPU_MILLI,
+        memory_mib,
+        memory_mib,
+        mode,
+        share_milli=WHOLE_GPU_MILLI // shares if shares > 1 else 0,
+        share_mem_mib=memory_mib // shares if shares > 1 else 0,
+    )

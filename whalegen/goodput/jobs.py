@@ -7,7 +7,9 @@ becomes one job, in creation order:
    task, which may run on an MPS / time-sliced GPU), CPU and host memory;
 3. job type: drawn uniformly (seeded) among the Gavel job types of that GPU count;
 4. work: its lifetime (`deletion_time − creation_time`, clipped to [60 s, 7 days]) run at the job type's
-   reference speed, its measured V100 throughput: `iterations = runtime_s × T(V100)`;
+   reference speed, its measured V100 throughput, on the share of the GPU it asks for:
+   `iterations = runtime_s × T(V100) × gpu_milli / 1000` (a fractional job uses no more than its share;
+   whalegen.goodput.truth);
 5. preemptible: QoS `BE` (best effort) is preemptible; `LS`, `Burstable` and `Guaranteed` are not.
 
 Services: pods of the genai-2026 trace (traces/README.md §3) with at least 200 utilisation samples, their
@@ -56,6 +58,13 @@ class Job:
     def shareable(self) -> bool:
         return self.gpu_milli < 1000
 
+    @property
+    def work_ref_gpu_s(self) -> float:
+        """The job's work in reference (V100) GPU-seconds: its reference runtime × the share of each GPU it
+        uses × its GPUs."""
+        share = self.gpu_milli / 1000 if self.shareable else 1.0
+        return self.reference_runtime_s * share * self.num_gpus
+
 
 def load_jobs(path: Path, gavel: GavelData, seed: int) -> tuple[Job, ...]:
     """The module docstring's recipe over an openb pod list with time columns (default or gpuspec10)."""
@@ -81,17 +90,19 @@ def load_jobs(path: Path, gavel: GavelData, seed: int) -> tuple[Job, ...]:
         job_type = rng.choice(candidates)
         lifetime_s = int(row["deletion_time"]) - int(row["creation_time"])
         runtime_s = float(min(MAX_RUNTIME_S, max(MIN_RUNTIME_S, lifetime_s)))
+        gpu_milli = int(row["gpu_milli"])
+        share = gpu_milli / 1000 if gpu_milli < 1000 else 1.0
         jobs.append(
             Job(
                 job_id=row["name"],
                 arrival_s=int(row["creation_time"]) - start,
                 job_type=job_type,
                 num_gpus=num_gpus,
-                gpu_milli=int(row["gpu_milli"]),
+                gpu_milli=gpu_milli,
                 cpu_milli=int(row["cpu_milli"]),
                 mem_mib=int(row["memory_mib"]),
                 preemptible=row["qos"] in PREEMPTIBLE_QOS,
-                work_iterations=runtime_s * gavel.solo[(REFERENCE_MODEL, job_type)],
+                work_iterations=runtime_s * gavel.solo[(REFERENCE_MODEL, job_type)] * share,
                 reference_runtime_s=runtime_s,
             )
         )

@@ -15,17 +15,24 @@ One run = one fleet, one policy, one seed, one load:
    priority, then arrival) go to one session of the production decision (`Decider.step`); placements
    start, preemption victims lose the work since their last checkpoint and wait again, departures are
    released from the session. The metrics (goodput, allocation, SLA) are the loop's observers.
-3. **Physics** (the truth, which no policy reads): a job's speed is `SpeedModel.throughput` of its type on
-   the GPU's model (MIG: the slice's share); on a shared GPU two jobs slow each other by Gavel's pair
-   factor (measured, else fitted), a job and a service by the Lucid utilisation rule on the job's SM
-   utilisation and the service's utilisation now; more than two: the product over the neighbours.
-   A job type's SM utilisation is derived from Gavel: the mean factor it imposes on its V100 neighbours,
-   inverted through the utilisation rule beside a neighbour at 100 %.
-4. **Telemetry and learning.** What a policy may read is the task's `profile`: for a job, learned from
-   the telemetry of earlier runs of the same workload (its name; never its true exponent): throughput
-   alone per GPU model fitted by the speed rule's power law, SM utilisation; for a service, the P95 of
-   its own utilisation over the last hour. Unseen workloads take the pooled prior (a service not seen
-   running yet: the P95 of the running services' last hour).
+3. **Physics** (the truth, which no policy reads; whalegen.goodput.truth): a job runs at its type's true
+   speed on the GPU's model (Gavel's measurement on K80/P100/V100, else the roofline rule times an error
+   drawn with the seed) times the share it can use (`gpu_milli` / 1000 for a fractional job; on MIG at
+   most the slice's scale); on a shared GPU every occupant runs at a measured Lucid pair's factor near
+   its SM utilisation and its neighbours' (a job's: its type's, derived from Gavel's measured pressure
+   through the utilisation rule, times its demand); a service on a MIG slice is capped by the slice.
+   Requests carry each job type's GPU memory (estimated from Gavel's memory-fit data, so that pairs
+   Gavel could not co-locate never share a GPU) and the fleet models that run it; a job no model of the
+   fleet runs is refused at load. A fleet's `max_shares` cuts a shared GPU into that many shares.
+4. **Telemetry and learning** (whalegen.goodput.telemetry): the policy's side (`PolicySide`: the decision
+   and its `Telemetry`) never holds the truth. A job alone on a GPU reports noisy samples of its
+   throughput and SM utilisation; profiles per workload (its name: job type, GPU count and, for a
+   fractional job, its milli) are learned from them as production does (throughput per model fitted by
+   the speed rule's power law, mean utilisation); a service reports its utilisation every step, and its
+   profile is the P95 of its last hour (a service not seen running yet: the running services' pooled
+   P95). Only the `+oracle` option hands the decision the true profile, by name.
+5. **Counting**: goodput is the retained work: what a preemption throws away (the work since the
+   victim's last checkpoint) is taken back from the work done and reported as `work_lost_gpu_h`.
 
 Deterministic for (fleet, jobs, services, policy, seed, load).
 """
@@ -36,15 +43,24 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from whalegen.goodput.data import GavelData, JobType
 from whalegen.goodput.fleet import FleetSpec, fleet_nodes
 from whalegen.goodput.headroom import online_headroom_milli
-from whalegen.goodput.interference import InterferenceModel, UtilisationFit, gavel_observations
+from whalegen.goodput.interference import UtilisationFit, gavel_observations
 from whalegen.goodput.jobs import GENAI_STEP_S, REFERENCE_MODEL, Job, Service
-from whalegen.goodput.speed import SpeedModel
+from whalegen.goodput.telemetry import PolicySide, Telemetry
+from whalegen.goodput.truth import (
+    MeasuredPairs,
+    TrueSpeed,
+    job_demand,
+    job_memory_mib,
+    job_rate,
+    mig_service_factor,
+    pick_for,
+)
 from whalegen.gpus.catalogue import get_model
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES, profile_by_name
 from whalegen.gpus.speed import fit_power_law, gpu_figures
@@ -65,7 +81,6 @@ from whalegen.sim.stats import mean, nearest_rank_percentile
 
 SERVICE_PRIORITY = 10
 SERIES_BINS = 48
-SERVICE_WINDOW_S = 3600  # the service telemetry a profile is learned from
 # Replay options a policy name may carry after "+" (e.g. "whalegen-aware+headroom+oracle"):
 # `headroom`: keep idle the GPU milli the services' forecast expects to need (whalegen.goodput.headroom);
 # `oracle`: the policy reads every job's true profile (its speed rule exponent and SM utilisation) instead
@@ -107,34 +122,50 @@ class ReplayConfig:
 
 @dataclass(frozen=True)
 class World:
-    """The truth of a replay: speeds, pair factors, the utilisation rule, each job type's SM utilisation."""
+    """The truth of a replay (whalegen.goodput.truth), which no policy reads: true speeds, the measured
+    co-location pairs, each job type's SM utilisation and GPU memory."""
 
-    speed: SpeedModel
-    interference: InterferenceModel
-    util_rule: UtilisationFit
+    truth: TrueSpeed
+    shared_pairs: MeasuredPairs  # the co-location truth on a shared GPU
     job_util_pct: dict[JobType, float]
-    speedup: dict[str, float]  # model → mean throughput over the reference model's, over job types
+    job_mem_mib: Mapping[JobType, int]
+    speedup: dict[str, float]  # model → mean true throughput over the reference model's, over job types
+    seed: int = 0
 
     @staticmethod
-    def build(gavel: GavelData, util_rule: UtilisationFit, models: Sequence[str]) -> World:
-        speed = SpeedModel(gavel)
+    def build(
+        gavel: GavelData,
+        util_rule: UtilisationFit,
+        models: Sequence[str],
+        shared_pairs: MeasuredPairs,
+        seed: int = 0,
+    ) -> World:
+        """`util_rule` only turns Gavel's measured pressure into an SM utilisation per job type (what NVML
+        would show of it); the co-location truth itself is measured pairs (whalegen.goodput.truth, rule 3)."""
+        truth = TrueSpeed(gavel, seed)
         pressure: dict[JobType, list[float]] = defaultdict(list)
         for _, beside, factor in gavel_observations(gavel, REFERENCE_MODEL):
             pressure[beside].append(factor)
         job_util: dict[JobType, float] = {}
         means = {job: sum(v) / len(v) for job, v in pressure.items()}
         fallback = sorted(means.values())[len(means) // 2] if means else 0.7
-        for job in speed.job_types:
+        for job in truth.job_types:
             job_util[job] = util_from_imposed(means.get(job, fallback), util_rule)
         speedup = {}
         for model in models:
             ratios = [
-                speed.throughput(j, model) / speed.throughput(j, REFERENCE_MODEL)
-                for j in speed.job_types
-                if speed.measured(j, REFERENCE_MODEL)
+                truth.speed(j, model) / truth.speed(j, REFERENCE_MODEL)
+                for j in truth.job_types
+                if truth.runs_on(j, REFERENCE_MODEL) and truth.measured(j, REFERENCE_MODEL)
             ]
             speedup[model] = sum(ratios) / len(ratios)
-        return World(speed, InterferenceModel(gavel), util_rule, job_util, speedup)
+        memory = job_memory_mib(gavel).mem_mib
+        return World(truth, shared_pairs, job_util, memory, speedup, seed)
+
+    def runs_on(self, job: Job, model_name: str) -> bool:
+        """Whether the job's type runs on the model at all: a non-zero speed and its memory on the card."""
+        card = get_model(model_name).mem_mib or 0
+        return self.truth.runs_on(job.job_type, model_name) and self.job_mem_mib[job.job_type] <= card
 
 
 def util_from_imposed(mean_factor: float, rule: UtilisationFit) -> float:
@@ -179,49 +210,14 @@ class RunResult:
     ceiling_pct: float = 0.0
     headroom_gpus_mean: float = 0.0  # the online headroom kept, in GPUs, averaged over decisions
     service_preemptions: int = 0  # preemptions proposed for an online service
+    # Work in the window, reference GPU-hours: done (gross), and retained (less what preemptions threw
+    # away, which `goodput_pct` counts); jobs refused at load (no model of the fleet runs their type).
+    work_done_ref_gpu_h: float = 0.0
+    work_retained_ref_gpu_h: float = 0.0
+    refused_jobs: int = 0
 
 
-# -- learning ------------------------------------------------------------------------------------------
-
-
-class ProfileBook:
-    """Profiles learned from telemetry: per workload name, throughput alone per model and SM utilisation."""
-
-    def __init__(self) -> None:
-        self.speeds: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        self.utils: dict[str, list[float]] = defaultdict(list)
-        self._cache: dict[str, TaskProfile] = {}
-
-    def observe(self, workload: str, model: str, throughput: float, util_pct: float) -> None:
-        self.speeds[workload][model].append(throughput)
-        self.utils[workload].append(util_pct)
-        self._cache.pop(workload, None)
-        self._cache.pop("", None)
-
-    def profile(self, workload: str) -> TaskProfile:
-        cached = self._cache.get(workload)
-        if cached is not None:
-            return cached
-        by_model = self.speeds.get(workload, {})
-        exponent: float | None = None
-        if len(by_model) >= 2:
-            points = [(gpu_figures(m), sum(v) / len(v)) for m, v in sorted(by_model.items())]
-            exponent = fit_power_law(points).compute_exponent
-        if exponent is None:
-            exponent = self._prior_exponent()
-        utils = self.utils.get(workload)
-        util = sum(utils) / len(utils) if utils else None
-        profile = TaskProfile(compute_exponent=exponent, sm_util_pct=util)
-        self._cache[workload] = profile
-        return profile
-
-    def _prior_exponent(self) -> float:
-        fitted = [
-            fit_power_law([(gpu_figures(m), sum(v) / len(v)) for m, v in sorted(by.items())]).compute_exponent
-            for by in self.speeds.values()
-            if len(by) >= 2
-        ]
-        return sum(fitted) / len(fitted) if fitted else 0.5
+# -- the work -----------------------------------------------------------------------------------------
 
 
 def dense_part(jobs: Sequence[Job], drop_fraction: float = 0.01) -> tuple[Job, ...]:
@@ -234,9 +230,31 @@ def dense_part(jobs: Sequence[Job], drop_fraction: float = 0.01) -> tuple[Job, .
     return tuple(j for j in jobs if j.arrival_s >= start)
 
 
-def workload_name(job_type: JobType) -> str:
-    """What a fleet sees of a job: its name (the model and batch size it runs, and its GPU count)."""
-    return str(job_type)
+def workload_name(job: Job) -> str:
+    """What a fleet sees of a job: its name (the model and batch size it runs, its GPU count, and the share
+    of a GPU it asks when it asks a fraction: a different profile key)."""
+    return f"{job.job_type} @{job.gpu_milli}m" if job.shareable else str(job.job_type)
+
+
+def refuse_unrunnable(
+    jobs: Sequence[Job], fleet: FleetSpec, world: World
+) -> tuple[tuple[Job, ...], tuple[str, ...]]:
+    """The jobs some model of the fleet runs, and one line per job type refused (its count and why): a
+    job type with zero throughput, or more memory than the card, on every model of the fleet."""
+    models = fleet_models(fleet)
+    kept: list[Job] = []
+    refused: dict[JobType, int] = defaultdict(int)
+    for job in jobs:
+        if any(world.runs_on(job, m) for m in models):
+            kept.append(job)
+        else:
+            refused[job.job_type] += 1
+    lines = tuple(
+        f"{count} job(s) of {job_type} refused: no GPU model of the fleet ({', '.join(models)}) runs it "
+        f"(zero measured throughput or more than the card's memory, {world.job_mem_mib[job_type]} MiB)"
+        for job_type, count in sorted(refused.items())
+    )
+    return tuple(kept), lines
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -251,6 +269,7 @@ class _Task:
     service: Service | None = None
     leave_s: float | None = None  # a service's departure (None: stays to the end)
     done: float = 0.0  # iterations
+    window_done: float = 0.0  # iterations done in the measured window and not thrown away since
     checkpointed: float = 0.0
     run_start_s: float = 0.0
     first_start_s: float | None = None
@@ -267,7 +286,7 @@ def offered_window_s(
     jobs: Sequence[Job], fleet: FleetSpec, world: World, load: float, max_runtime_s: float
 ) -> float:
     """The window over which the jobs' work is `load` × the fleet's capacity in reference GPUs."""
-    offered = sum(min(j.reference_runtime_s, max_runtime_s) * j.num_gpus for j in jobs)
+    offered = sum(j.work_ref_gpu_s * min(1.0, max_runtime_s / j.reference_runtime_s) for j in jobs)
     capacity = sum(world.speedup[p.gpu_model] * p.total_gpus for p in fleet.pools)
     return offered / (load * capacity)
 
@@ -287,6 +306,7 @@ def scaled_jobs(
                 job,
                 work_iterations=job.work_iterations
                 * min(1.0, config.max_runtime_s / job.reference_runtime_s),
+                reference_runtime_s=min(job.reference_runtime_s, config.max_runtime_s),
             ),
         )
         for job in jobs
@@ -311,7 +331,7 @@ def ceilings(fleet: FleetSpec, jobs: Sequence[Job], world: World, config: Replay
     gpus = fleet.total_gpus
     models = sorted({get_model(p.gpu_model).name for p in fleet.pools})
     tasks = [_Task(job.job_id, TaskRequest(job.job_id, 0, 0), arrival, job=job) for arrival, job in scaled]
-    ref = {t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL) for t in tasks if t.job}
+    ref = {t.task_id: world.truth.speed(t.job.job_type, REFERENCE_MODEL) for t in tasks if t.job}
     no_queue = _no_queue_work_s(tasks, world, models, window_s, ref)
     best = {m: _best_speedup(world, m) for m in models}
     capacity_s = gpus * window_s
@@ -323,11 +343,11 @@ def ceilings(fleet: FleetSpec, jobs: Sequence[Job], world: World, config: Replay
 
 
 def _best_speedup(world: World, model: str) -> float:
-    """The fastest job type's speed on `model` over its reference-model speed (measured types only)."""
+    """The fastest job type's true speed on `model` over its reference-model speed."""
     return max(
-        world.speed.throughput(j, model) / world.speed.throughput(j, REFERENCE_MODEL)
-        for j in world.speed.job_types
-        if world.speed.measured(j, REFERENCE_MODEL)
+        world.truth.speed(j, model) / world.truth.speed(j, REFERENCE_MODEL)
+        for j in world.truth.job_types
+        if world.truth.runs_on(j, REFERENCE_MODEL)
     )
 
 
@@ -345,14 +365,16 @@ def run_goodput(
     the services' departures, the decisions and the physics; the figures read the observers."""
     started_cpu = time.process_time()
     base_policy, options = split_policy(policy)
-    # 1. The fleet, the work and the production decision over them.
+    # 1. The fleet, the work (less the jobs no model of the fleet runs) and the production decision over
+    # them; the decision's side gets the telemetry only (whalegen.goodput.telemetry).
     nodes = fleet_nodes(fleet)
-    window_s, scaled = scaled_jobs(jobs, fleet, world, config)
-    tasks = _tasks(services, scaled, window_s, seed, config, options)
+    runnable, _ = refuse_unrunnable(jobs, fleet, world)
+    window_s, scaled = scaled_jobs(runnable, fleet, world, config)
+    tasks = _tasks(services, scaled, window_s, seed, config, options, _RequestTruth(world, fleet))
     mix = shape_mix_from_tasks([t.request for t in tasks.values()])
     snapshot = Snapshot(ClusterSnapshot(nodes, shape_mix=mix), unit_exact=False)
-    decider = Decider(snapshot, Config(policy=base_policy, seed=seed))
-    replay = _GoodputReplay(decider, snapshot, nodes, tasks, world, config, options)
+    side = PolicySide(Decider(snapshot, Config(policy=base_policy, seed=seed)), Telemetry(seed))
+    replay = _GoodputReplay(side, snapshot, nodes, tasks, world, config, options)
     # 2. The clock: arrivals by time (ties by id), the services' drawn departures, fixed steps up to the
     # drain limit; the metrics watch every step.
     departures = Departures()
@@ -382,7 +404,26 @@ def run_goodput(
         window=window,
         last_s=last_s,
         started_cpu=started_cpu,
+        refused_jobs=len(jobs) - len(runnable),
     )
+
+
+@dataclass(frozen=True)
+class _RequestTruth:
+    """What a job's request states about it, as its owner would: its GPU memory and the fleet's models it
+    runs on (both facts a user writes in a request, not the truth's speeds)."""
+
+    world: World
+    fleet: FleetSpec
+
+    def memory_mib(self, job: Job) -> int:
+        return int(self.world.job_mem_mib[job.job_type])
+
+    def allowed_models(self, job: Job) -> frozenset[str]:
+        """Empty (any model) where every model runs it; else the models that do."""
+        models = fleet_models(self.fleet)
+        runs = frozenset(m for m in models if self.world.runs_on(job, m))
+        return frozenset() if len(runs) == len(models) else runs
 
 
 def _tasks(
@@ -392,6 +433,7 @@ def _tasks(
     seed: int,
     config: ReplayConfig,
     options: frozenset[str],
+    stated: _RequestTruth,
 ) -> dict[str, _Task]:
     """The services (their arrival and departure drawn for the seed, with churn) and then the jobs."""
     tasks: dict[str, _Task] = {}
@@ -422,6 +464,8 @@ def _tasks(
             job.mem_mib,
             job.num_gpus,
             job.gpu_milli if job.shareable else WHOLE_GPU_MILLI,
+            gpu_mem_mib=stated.memory_mib(job),
+            allowed_models=stated.allowed_models(job),
             priority=0 if job.preemptible else 1,
             preemptible=job.preemptible,
             submitted_at_s=arrival,
@@ -446,11 +490,15 @@ class _Decisions:
 class _GoodputReplay:
     """The goodput replay as a configuration of the step clock: arrivals queue; services leave at their
     drawn times; a decision goes through the production `Decider.step` with the profiles learned so far;
-    the physics (the truth, which no policy reads) moves the running jobs on at their rates."""
+    the physics (the truth, which no policy reads) moves the running jobs on at their rates.
+
+    The policy's side is `self.side` (the decision and its telemetry): every figure a decision reads
+    comes from it or from the tasks' requests. The truth (`self.world`) reaches it only as telemetry
+    samples (`_report`), and as the true profiles of the explicit `+oracle` option."""
 
     def __init__(
         self,
-        decider: Decider,
+        side: PolicySide,
         snapshot: Snapshot,
         nodes: Sequence[NodeState],
         tasks: dict[str, _Task],
@@ -458,7 +506,8 @@ class _GoodputReplay:
         config: ReplayConfig,
         options: frozenset[str],
     ) -> None:
-        self.decider = decider
+        self.side = side
+        self.decider = side.decider
         self.snapshot = snapshot
         self.names = [n.name for n in nodes]
         self.node_model = [n.model or "" for n in nodes]
@@ -468,15 +517,13 @@ class _GoodputReplay:
         self.world = world
         self.config = config
         self.options = options
-        self.policy = decider.engine.policy
+        self.policy = side.decider.engine.policy
         self.aware = self.policy.task_aware
         self.service_tasks = [t for t in tasks.values() if t.service is not None]
         self.ref_speed = {
-            t.task_id: world.speed.throughput(t.job.job_type, REFERENCE_MODEL)
-            for t in tasks.values()
-            if t.job
+            t.task_id: world.truth.speed(t.job.job_type, REFERENCE_MODEL) for t in tasks.values() if t.job
         }
-        self.book = ProfileBook()
+        self.pick = {t: pick_for(world.seed, t) for t in tasks}
         self.waiting: dict[str, _Task] = {}
         self.running: dict[str, _Task] = {}
         self.on_device: dict[tuple[int, int], list[str]] = defaultdict(list)
@@ -485,7 +532,6 @@ class _GoodputReplay:
         self.seen_arrivals: list[
             float
         ] = []  # services' arrivals after t = 0: the headroom forecast's history
-        self.pooled_at: dict[float, float | None] = {}
         self.decisions = _Decisions()
 
     # -- the loop's configuration ------------------------------------------------------------------------
@@ -508,7 +554,7 @@ class _GoodputReplay:
         if not self.waiting:
             return
         # 1. What the policy reads: the running services' profiles (a profile-aware policy's feed), and the
-        # first `lookahead` waiting tasks by priority, then arrival, with theirs.
+        # first `lookahead` waiting tasks by priority, then arrival, with theirs; all from the telemetry.
         if self.aware:
             feed = getattr(self.policy, "profiles", None)
             if isinstance(feed, dict):
@@ -554,7 +600,10 @@ class _GoodputReplay:
 
     def settle(self, now_s: float) -> None:
         """Rates from the truth on every device whose occupants changed or that holds a service (whose
-        utilisation moves with time)."""
+        utilisation moves with time); every running service reports its utilisation now."""
+        for task in self.running.values():
+            if task.service is not None:
+                self.side.telemetry.service_sample(task.task_id, now_s, self.service_util(task, now_s))
         for key in list(self.on_device):
             if not self.on_device[key]:
                 continue
@@ -610,7 +659,8 @@ class _GoodputReplay:
         self.decider.release(task.task_id)
 
     def preempt(self, victim_id: str, for_task_id: str) -> None:
-        """A running victim loses its work since its last checkpoint and waits again."""
+        """A running victim loses its work since its last checkpoint and waits again: the work thrown away
+        leaves the retained count (`window_done`) too."""
         victim = self.running.get(victim_id)
         if victim is None:
             return
@@ -621,47 +671,43 @@ class _GoodputReplay:
             lost = victim.done - victim.checkpointed
             self.decisions.lost_ref_s += lost / self.ref_speed[victim.task_id] * victim.job.num_gpus
             victim.done = victim.checkpointed
+            victim.window_done = min(victim.window_done, victim.checkpointed)
         self.stop(victim)
         self.waiting[victim.task_id] = victim
 
     def refresh(self, key: tuple[int, int], at_s: float) -> None:
-        """Every occupant's factor and rate on one device, from the truth; a job alone on a whole GPU (on its
-        first device) is telemetry the profiles learn from."""
+        """Every occupant's factor and rate on one device, from the truth; a job alone on a GPU (on its
+        first device, not a MIG slice) reports a telemetry sample."""
         members = [self.running[t] for t in self.on_device.get(key, [])]
         model = self.node_model[key[0]]
         shared = self.modes[key[0]][key[1]] is PartitionMode.SHARED and len(members) > 1
         utils = {m.task_id: self.util_of(m, at_s) for m in members}
-        total = sum(utils.values())
         for m in members:
-            m.factor = self.factor(m, members, utils, total, model) if shared else 1.0
+            if shared:
+                m.factor = self.factor(m, members, utils)
+            elif m.service is not None and m.slice_fraction is not None:
+                m.factor = mig_service_factor(utils[m.task_id], m.slice_fraction[0])
+            else:
+                m.factor = 1.0
             if m.job is not None:
+                capacity = 1.0
                 if m.slice_fraction is not None:
-                    alone = self.world.speed.throughput_on_slice(m.job.job_type, model, *m.slice_fraction)
-                else:
-                    alone = self.world.speed.throughput(m.job.job_type, model)
+                    capacity = self.world.truth.slice_scale(m.job.job_type, *m.slice_fraction)
+                alone = job_rate(self.world.truth, m.job, model, capacity)
                 m.rate = alone * m.factor
                 if len(members) == 1 and m.slice_fraction is None and m.devices[0] == key:
-                    self.book.observe(workload_name(m.job.job_type), model, alone, utils[m.task_id])
+                    self._report(m, model, alone, utils[m.task_id])
 
-    def factor(
-        self, m: _Task, members: Sequence[_Task], utils: dict[str, float], total: float, model: str
-    ) -> float:
-        """`m`'s throughput factor beside the others on a shared GPU: Gavel's pair factor beside each job,
-        the utilisation rule beside the services (a service: beside everyone)."""
-        factor = 1.0
-        for other in members:
-            if other is m:
-                continue
-            if m.job is not None and other.job is not None:
-                factor *= self.world.interference.pair(m.job.job_type, other.job.job_type, model).first
-        if m.service is not None or any(o.service is not None for o in members if o is not m):
-            others = total - utils[m.task_id]
-            if m.service is not None:
-                factor *= self.world.util_rule.factor(utils[m.task_id], others)
-            else:
-                svc_util = sum(utils[o.task_id] for o in members if o.service is not None)
-                factor *= self.world.util_rule.factor(utils[m.task_id], svc_util)
-        return factor
+    def _report(self, task: _Task, model: str, throughput: float, util_pct: float) -> None:
+        """The only way the truth reaches the policy's side: one telemetry sample (the side adds noise)."""
+        assert task.job is not None
+        self.side.telemetry.job_sample(workload_name(task.job), model, throughput, util_pct)
+
+    def factor(self, m: _Task, members: Sequence[_Task], utils: dict[str, float]) -> float:
+        """`m`'s throughput factor beside the others on a shared GPU (whalegen.goodput.truth, rule 3): a
+        measured Lucid pair near its utilisation and its neighbours' sum, picked per task."""
+        others = sum(utils[o.task_id] for o in members if o is not m)
+        return self.world.shared_pairs.factor(utils[m.task_id], others, self.pick[m.task_id])
 
     def service_util(self, task: _Task, at_s: float) -> float:
         assert task.service is not None
@@ -669,39 +715,31 @@ class _GoodputReplay:
         return series[int(at_s // GENAI_STEP_S) % len(series)]
 
     def util_of(self, task: _Task, at_s: float) -> float:
+        """SM utilisation now, % of a whole GPU: a service's trace; a job type's, times its demand."""
         if task.service is not None:
             return self.service_util(task, at_s)
         assert task.job is not None
-        return self.world.job_util_pct.get(task.job.job_type, 100.0)
+        return self.world.job_util_pct.get(task.job.job_type, 100.0) * job_demand(task.job)
 
     def job_profile(self, task: _Task) -> TaskProfile:
         assert task.job is not None
         if "oracle" in self.options:
-            job_type = task.job.job_type
-            return TaskProfile(
-                self.world.speed.compute_exponent(job_type), self.world.job_util_pct.get(job_type, 100.0)
-            )
-        return self.book.profile(workload_name(task.job.job_type))
+            return self._oracle_profile(task.job)
+        return self.side.telemetry.job_profile(workload_name(task.job))
 
-    def pooled_service_util(self, at_s: float) -> float | None:
-        """The P95 over the running services' last hour: the prior of a service not seen running yet."""
-        if at_s not in self.pooled_at:
-            grid = _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)
-            samples = [
-                self.service_util(o, t) for o in self.running.values() if o.service is not None for t in grid
-            ]
-            self.pooled_at.clear()
-            self.pooled_at[at_s] = nearest_rank_percentile(samples, 95) if samples else None
-        return self.pooled_at[at_s]
+    def _oracle_profile(self, job: Job) -> TaskProfile:
+        """`+oracle` only, by name: the power law through the job's true speeds on the fleet's models and
+        its true utilisation — the one place the truth reaches a decision, as the named upper bound."""
+        models = sorted({m for m in self.node_model if m and self.world.runs_on(job, m)})
+        points = [(gpu_figures(m), self.world.truth.speed(job.job_type, m)) for m in models]
+        exponent = fit_power_law(points).compute_exponent if len(points) >= 2 else 0.5
+        util = self.world.job_util_pct.get(job.job_type, 100.0) * job_demand(job)
+        return TaskProfile(exponent, util)
 
     def service_profile(self, task: _Task, at_s: float) -> TaskProfile:
         assert task.service is not None
-        if task.first_start_s is not None:
-            samples = [self.service_util(task, t) for t in _grid(max(0.0, at_s - SERVICE_WINDOW_S), at_s)]
-            util = nearest_rank_percentile(samples, 95) if samples else None
-        else:
-            util = self.pooled_service_util(at_s)
-        return TaskProfile(compute_exponent=0.5, sm_util_pct=util, sla_min_factor=task.service.sla_min_factor)
+        running = [t.task_id for t in self.running.values() if t.service is not None]
+        return self.side.telemetry.service_profile(task.task_id, at_s, task.service.sla_min_factor, running)
 
 
 def _step_work(task: _Task, step_s: float) -> tuple[float, float]:
@@ -791,7 +829,9 @@ class _ServiceLevel:
 
 
 class _Goodput:
-    """Observer: the jobs' work done in the window in reference GPU-seconds, in total and per bin."""
+    """Observer: the jobs' work done in the window in reference GPU-seconds, in total and per bin (gross);
+    each task's iterations in the window (`window_done`), from which preemptions take back what they throw
+    away: the retained work."""
 
     def __init__(self, replay: _GoodputReplay, window: _Window) -> None:
         self.replay = replay
@@ -808,10 +848,18 @@ class _Goodput:
                 continue
             gain, ran = _step_work(task, step_s)
             share = min(ran, in_window) / ran if ran else 0.0
+            task.window_done += gain * share
             work = gain * share / self.replay.ref_speed[task.task_id] * task.job.num_gpus
             self.work_ref_s += work
             if b >= 0:
                 self.bins_work[b] += work
+
+    def retained_ref_s(self) -> float:
+        return sum(
+            t.window_done / self.replay.ref_speed[t.task_id] * t.job.num_gpus
+            for t in self.replay.tasks.values()
+            if t.job is not None
+        )
 
 
 class _Progress:
@@ -847,8 +895,10 @@ def _result(
     window: _Window,
     last_s: float,
     started_cpu: float,
+    refused_jobs: int,
 ) -> RunResult:
-    """The run's figures; a job not finished (or not started) by the end counts to the end."""
+    """The run's figures; a job not finished (or not started) by the end counts to the end. Goodput counts
+    the retained work only (what preemptions threw away is not work done)."""
     job_tasks = [t for t in replay.tasks.values() if t.job is not None]
     jct = [((t.finish_s if t.finish_s is not None else last_s) - t.arrival_s) / 3600 for t in job_tasks]
     waits = [
@@ -863,6 +913,7 @@ def _result(
     no_queue_s = _no_queue_work_s(job_tasks, world, models, window_s, replay.ref_speed)
     allocation, service_level, goodput = observers.allocation, observers.service_level, observers.goodput
     decisions = replay.decisions
+    retained_s = goodput.retained_ref_s()
     return RunResult(
         policy=policy,
         seed=seed,
@@ -871,7 +922,7 @@ def _result(
         jobs=len(job_tasks),
         services=services,
         window_h=window_s / 3600,
-        goodput_pct=100 * goodput.work_ref_s / capacity_s if capacity_s else 0.0,
+        goodput_pct=100 * retained_s / capacity_s if capacity_s else 0.0,
         allocated_pct=100 * allocation.milli_s / (WHOLE_GPU_MILLI * capacity_s) if capacity_s else 0.0,
         busy_pct=100 * allocation.busy_s / capacity_s if capacity_s else 0.0,
         sla_violation_pct=(
@@ -898,6 +949,9 @@ def _result(
             decisions.headroom_milli / decisions.made / WHOLE_GPU_MILLI if decisions.made else 0.0
         ),
         service_preemptions=decisions.service_preemptions,
+        work_done_ref_gpu_h=goodput.work_ref_s / 3600,
+        work_retained_ref_gpu_h=retained_s / 3600,
+        refused_jobs=refused_jobs,
     )
 
 
@@ -915,17 +969,11 @@ def _no_queue_work_s(
         assert task.job is not None
         job_type = task.job.job_type
         if job_type not in best:
-            best[job_type] = max(world.speed.throughput(job_type, m) for m in models)
-        done = min(task.job.work_iterations, best[job_type] * max(0.0, window_s - task.arrival_s))
+            best[job_type] = max(world.truth.speed(job_type, m) for m in models)
+        rate = best[job_type] * job_demand(task.job)
+        done = min(task.job.work_iterations, rate * max(0.0, window_s - task.arrival_s))
         total += done / ref_speed[task.task_id] * task.job.num_gpus
     return total
-
-
-def _grid(lo_s: float, hi_s: float) -> list[float]:
-    """The service trace's sample times in [lo, hi)."""
-    first = math.ceil(lo_s / GENAI_STEP_S)
-    last = math.ceil(hi_s / GENAI_STEP_S)
-    return [k * GENAI_STEP_S for k in range(first, last)]
 
 
 def fleet_models(fleet: FleetSpec) -> list[str]:

@@ -371,6 +371,12 @@ class ClusterState:
             return req.gpu_milli, req.gpu_mem_mib
         milli, mem = size
         count = max(-(-req.gpu_milli // milli), -(-req.gpu_mem_mib // mem) if mem else 0, 1)
+        # N shares of 1000 // N milli add up to a little under 1000 (3 × 333): a task asking the whole GPU
+        # holds every share, not one more than there are.
+        shares = WHOLE_GPU_MILLI // milli
+        fits = not mem or req.gpu_mem_mib <= shares * mem
+        if count > shares and req.gpu_milli <= WHOLE_GPU_MILLI and fits:
+            count = shares
         return count * milli, count * mem
 
     def bind(self, task_id: str, n: int, devices: tuple[int, ...], req: Request) -> Binding:

@@ -46,9 +46,12 @@ def test_every_gpu_task_becomes_a_job_with_its_trace_size_and_qos(
         assert job.preemptible == (row["qos"] == "BE")
         lifetime = int(row["deletion_time"]) - int(row["creation_time"])
         assert job.reference_runtime_s == min(MAX_RUNTIME_S, max(MIN_RUNTIME_S, lifetime))
+        # A fractional job's work is its runtime at its share of the GPU (issue #41: it cannot use more).
+        share = int(row["gpu_milli"]) / 1000 if int(row["gpu_milli"]) < 1000 else 1.0
         assert job.work_iterations == pytest.approx(
-            job.reference_runtime_s * gavel.solo[(REFERENCE_MODEL, job.job_type)]
+            job.reference_runtime_s * gavel.solo[(REFERENCE_MODEL, job.job_type)] * share
         )
+        assert job.work_ref_gpu_s == pytest.approx(job.reference_runtime_s * share * job.num_gpus)
     assert [j.arrival_s for j in jobs] == sorted(j.arrival_s for j in jobs)
     assert jobs[0].arrival_s == 0
     assert sum(j.shareable for j in jobs) == 3078

@@ -12,13 +12,14 @@ from whalegen.goodput.fleet import parse_fleet
 from whalegen.goodput.interference import UtilisationFit
 from whalegen.goodput.jobs import Job, Service, ServiceProfile
 from whalegen.goodput.replay import (
-    ProfileBook,
     ReplayConfig,
     World,
     dense_part,
     run_goodput,
     util_from_imposed,
 )
+from whalegen.goodput.telemetry import ProfileBook
+from whalegen.goodput.truth import MeasuredPairs
 from whalegen.gpus.speed import gpu_figures
 from whalegen.sim.stats import nearest_rank_percentile
 
@@ -26,6 +27,14 @@ V100 = "V100M16"
 A = JobType("ResNet-18 (batch size 32)", 1)
 B = JobType("LM (batch size 5)", 1)
 RULE = UtilisationFit(contention=0.0, exponent=0.6)
+
+
+def measured_pairs(low: float = 0.9, high: float = 0.5) -> MeasuredPairs:
+    """A hand-made co-location truth on the 5 % grid: `low` while the two utilisations add up to 100 % or
+    less, `high` past it (the nearest measured pairs of any cell are all of one kind)."""
+    grid = range(0, 101, 5)
+    points = tuple((float(u), float(o), low if u + o <= 100 else high) for u in grid for o in grid)
+    return MeasuredPairs(points, k=1)
 
 
 def _gavel() -> GavelData:
@@ -63,13 +72,14 @@ def _fleet(mode: str = "whole", gpus: int = 1, model: str = V100) -> object:
 
 
 def _job(job_id: str, job_type: JobType, runtime_s: float, arrival_s: int = 0, milli: int = 1000) -> Job:
-    throughput = _gavel().solo[(V100, job_type)]
+    """A one-GPU job whose work is `runtime_s` at its share of a V100 (jobs.load_jobs' recipe)."""
+    throughput = _gavel().solo[(V100, job_type)] * min(1.0, milli / 1000)
     return Job(job_id, arrival_s, job_type, 1, milli, 1000, 1024, False, runtime_s * throughput, runtime_s)
 
 
 @pytest.fixture(scope="module")
 def world() -> World:
-    return World.build(_gavel(), RULE, [V100])
+    return World.build(_gavel(), RULE, [V100], measured_pairs())
 
 
 def test_two_one_hour_jobs_on_one_gpu_by_hand(world: World) -> None:
@@ -96,13 +106,14 @@ def test_half_load_leaves_half_the_capacity_idle(world: World) -> None:
     assert result.mean_jct_h == pytest.approx(1.0, abs=1e-6)
 
 
-def test_two_shares_on_one_mps_gpu_run_at_the_measured_pair_factors(world: World) -> None:
-    # A beside B runs at 5/10 = 0.5, B beside A at 3/4 = 0.75 (the V100 pair). Each has 1 h of work alone, so
-    # B finishes at 1/0.75 = 1.33 h; A has done 1.33 × 0.5 = 0.67 h of work then and ends 0.33 h later alone.
+def test_two_shares_on_one_mps_gpu_run_at_the_measured_pair_factor(world: World) -> None:
+    # Two 400-milli jobs of 1 h at their share (0.4 GPU-h of work each) pack on one MPS GPU; their
+    # utilisations (type's × 0.4) add to 100 % or less, so the measured pair factor is 0.9: each runs at
+    # 0.4 × 0.9 of the GPU and ends after 1 / 0.9 h.
     fleet = _fleet("mps")
     jobs = [_job("a", A, 3600, milli=400), _job("b", B, 3600, milli=400)]
     result = run_goodput(fleet, jobs, [], world, "share-binpack", 0, ReplayConfig(load=1.0, step_s=1.0))  # type: ignore[arg-type]
-    assert result.mean_jct_h == pytest.approx((4 / 3 + 5 / 3) / 2, abs=0.01)
+    assert result.mean_jct_h == pytest.approx(1 / 0.9, abs=0.01)
     assert result.finished == 2
 
 
