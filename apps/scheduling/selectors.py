@@ -33,34 +33,25 @@ def cycle_list(*, pool_id: int | None = None) -> QuerySet[Cycle]:
     return queryset if pool_id is None else queryset.filter(pool_id=pool_id)
 
 
-def live_usage_milli(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
-    """What each tenant's live tasks in the pool hold against its quota, as asked (count × milli)."""
-    usage: dict[int, int] = defaultdict(int)
+def live_usage(*, pool_id: int, tenant_ids: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+    """What each tenant's live tasks in the pool hold against its quota: milli-GPUs as asked (count ×
+    milli) and the GPU memory they state (count × gpu_mem_mib, for quotas that bound it)."""
+    milli: dict[int, int] = defaultdict(int)
+    mem_mib: dict[int, int] = defaultdict(int)
     # Summed by the database: a busy pool has thousands of live tasks, and the commit asks under its locks.
     rows = (
         Task.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids, state__in=LIVE_STATES)
         .values("tenant_id")
-        .annotate(milli=Sum(F("gpu_count") * F("gpu_milli")))
-        .values_list("tenant_id", "milli")
+        .annotate(
+            milli=Sum(F("gpu_count") * F("gpu_milli")),
+            mem=Sum(F("gpu_count") * Coalesce(F("gpu_mem_mib"), 0)),
+        )
+        .values_list("tenant_id", "milli", "mem")
     )
-    for tenant_id, milli in rows:
-        usage[tenant_id] += milli or 0
-    return usage
-
-
-def live_usage_mem_mib(*, pool_id: int, tenant_ids: list[int]) -> dict[int, int]:
-    """The GPU memory each tenant's live tasks in the pool state (count × gpu_mem_mib), for quotas that
-    bound it."""
-    usage: dict[int, int] = defaultdict(int)
-    rows = (
-        Task.objects.filter(pool_id=pool_id, tenant_id__in=tenant_ids, state__in=LIVE_STATES)
-        .values("tenant_id")
-        .annotate(mem=Sum(F("gpu_count") * Coalesce(F("gpu_mem_mib"), 0)))
-        .values_list("tenant_id", "mem")
-    )
-    for tenant_id, mem in rows:
-        usage[tenant_id] += mem or 0
-    return usage
+    for tenant_id, held_milli, held_mem_mib in rows:
+        milli[tenant_id] += held_milli or 0
+        mem_mib[tenant_id] += held_mem_mib or 0
+    return milli, mem_mib
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from apps.inventory.services import mig_units_create
 from apps.scheduling.holders import gpu_units_held, unit_holders
 from apps.scheduling.models import Assignment, Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.precarve import precarves_commit
-from apps.scheduling.selectors import LIVE_STATES, live_usage_mem_mib, live_usage_milli
+from apps.scheduling.selectors import LIVE_STATES, live_usage
 from apps.scheduling.snapshot import CycleInput, PoolSnapshot, cycle_input
 from apps.workloads.models import Quota, Task, TaskWait
 from apps.workloads.services import (
@@ -519,10 +519,8 @@ def _lock_and_compare(
 
     # 5. Admission: quota limits against what tenants hold now (not what the snapshot saw), under the quota
     #    row lock. This is where a task starts to hold quota; pending, it held none.
-    usage = live_usage_milli(pool_id=snapshot.pool_id, tenant_ids=list(tenants))
+    usage, usage_mem = live_usage(pool_id=snapshot.pool_id, tenant_ids=list(tenants))
     limits = {row["tenant_id"]: row for row in quota_rows.values()}
-    bounded = [t for t, row in limits.items() if row["gpu_mem_limit_mib"] is not None]
-    usage_mem = live_usage_mem_mib(pool_id=snapshot.pool_id, tenant_ids=bounded) if bounded else {}
     for placement in placements:
         task_id = placement.task_id
         if task_id in lost:
@@ -539,8 +537,7 @@ def _lock_and_compare(
             lost[task_id] = (Outcome.QUOTA_EXCEEDED.value, refusal)
             continue
         usage[info.tenant_id] += info.charge_milli
-        if quota["gpu_mem_limit_mib"] is not None:
-            usage_mem[info.tenant_id] += request_of[task_id].gpu_request_mem_mib
+        usage_mem[info.tenant_id] += request_of[task_id].gpu_request_mem_mib
     for task_id, gang in gang_of.items():
         if gang is not None and task_id not in lost and any(gang_of.get(t) == gang for t in lost):
             lost[task_id] = (LOST_RACE, f"gang {gang.split(':', 1)[1]}: another member could not be bound")

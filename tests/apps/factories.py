@@ -179,6 +179,6 @@ def hold(task: Task, units: list[ComputeUnit]) -> Assignment:
 def held_milli(quota: Quota) -> int:
     """What the quota's tenant holds in its pool now: its admitted, assigned and running tasks' asks (what
     admission counts against the limit; pending tasks hold nothing)."""
-    from apps.scheduling.selectors import live_usage_milli
+    from apps.scheduling.selectors import live_usage
 
-    return live_usage_milli(pool_id=quota.pool_id, tenant_ids=[quota.tenant_id])[quota.tenant_id]
+    return live_usage(pool_id=quota.pool_id, tenant_ids=[quota.tenant_id])[0][quota.tenant_id]
