@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 from apps.accounting.models import Budget, HeldUnit
-from apps.declarative.models import GpuPrice
+from apps.common import hooks
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.fields import unit_ids_sql
 from apps.scheduling.models import Assignment
@@ -117,9 +117,9 @@ class Filters:
 
 def gpu_prices() -> dict[str, float]:
     """Price per GPU-hour by catalogue model: WHALEGEN_GPU_PRICES (parsed in settings), and over it every
-    price applied as a GpuPrice document (`whalegen apply`; apps.declarative)."""
+    price applied as a GpuPrice document (`whalegen apply`; apps.declarative, through its hook)."""
     prices = dict(getattr(settings, "WHALEGEN_GPU_PRICES", {}))
-    prices.update(dict(GpuPrice.objects.values_list("model", "per_gpu_hour")))
+    prices.update(hooks.gpu_prices_applied())
     return prices
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from django.http import Http404
 
 from apps.declarative.kinds import Kind
-from apps.declarative.models import AppliedObject
+from apps.declarative.models import AppliedObject, GpuPrice
 from apps.declarative.services import API_VERSION
 from apps.tenants.selectors import Access
 
@@ -57,3 +57,9 @@ def document_get(*, kind: Kind, access: Access, name: str) -> dict[str, Any]:
 def applied_source(*, kind: str, key: str) -> str:
     """Where the object was last applied from ("" when no file applied it), for the admin's column."""
     return AppliedObject.objects.filter(kind=kind, key=key).values_list("source", flat=True).first() or ""
+
+
+def gpu_prices_applied() -> dict[str, float]:
+    """GPU model → price per GPU-hour of every GpuPrice document applied; accounting reads it through
+    apps.common.hooks.gpu_prices_applied, with these winning over WHALEGEN_GPU_PRICES."""
+    return dict(GpuPrice.objects.values_list("model", "per_gpu_hour"))

@@ -168,6 +168,12 @@ def run_lease_s() -> float:
 # ------------------------------------------------------------------------------------- desired state
 
 
+def desired_generation(*, node: Node, now: datetime) -> int:
+    """The node's desired-state generation once a writer below fleet changed what it must run (a cycle's
+    re-carve; apps.common.hooks.desired_generation): raised when the content changed since last served."""
+    return desired_state_current(node=node, now=now).generation
+
+
 def desired_state_current(
     *,
     node: Node,

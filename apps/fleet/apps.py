@@ -22,6 +22,12 @@ class FleetConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete
 
+        from apps.common import hooks
+        from apps.fleet.agents import desired_generation
+        from apps.fleet.changes import node_changed
         from apps.inventory.models import Node
+
+        hooks.nodes_changed.register(node_changed)
+        hooks.desired_generation.register(desired_generation)
 
         post_delete.connect(_node_deleted, sender=Node, dispatch_uid="fleet-forget-deleted-node")

@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from apps.common import hooks
 from apps.common.errors import NotAllowed
 from apps.fleet import changes, liveness
 from apps.fleet.agents import agent_time, check_node, check_version, gpu_unhealthy
@@ -18,7 +19,6 @@ from apps.fleet.models import AgentReport, GpuPartition, NodeAgent, TaskRun
 from apps.fleet.runs import LIVE_TASK_STATES, quotas_lock, task_move, task_requeue
 from apps.fleet.selectors import parse_run
 from apps.inventory.models import ComputeUnit, Gpu, Node
-from apps.logs.services import log_chunks_check, log_chunks_store
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Task
 from whalegen import protocol as p
@@ -196,7 +196,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
             AgentReport.objects.create(node=node, seq=message.seq, payload=payload)
             _apply_task_reports(node=node, message=message, named=named, existing=existing)
             _apply_partitions(node=node, message=message, gpus=gpus, now=now)
-            log_chunks_store(node=node, chunks=message.logs)
+            hooks.agent_logs_store(node=node, chunks=message.logs)
     except (_Repeat, IntegrityError):
         pass
     # 3. Acknowledge what is stored, and tell the heartbeat paths the node's runs may have moved.
@@ -229,7 +229,7 @@ def _check_ownership(*, node: Node, message: p.Report) -> tuple[set[int], set[in
     if foreign & set(Gpu.objects.filter(uuid__in=foreign).values_list("uuid", flat=True)):
         raise NotAllowed(f"GPUs {sorted(foreign)} are not on node {node.pk}")
     reported = {run for item in message.tasks if (run := parse_run(item.task_id, item.attempt)) is not None}
-    log_chunks_check(node=node, chunks=message.logs, reported=reported)
+    hooks.agent_logs_check(node=node, chunks=message.logs, reported=reported)
     return named, existing, gpus
 
 

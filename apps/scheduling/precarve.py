@@ -16,9 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from apps.accounting.services import held_units_keep
-from apps.fleet.agents import desired_state_current
-from apps.fleet.changes import node_changed
+from apps.common import hooks
 from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
@@ -71,7 +69,8 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
                 if claimed or count != gpu.unit_count or gpu_units_held(gpu_id=gpu.pk):
                     logger.info("scheduling: %s changed since the snapshot; not pre-carved", gpu.view.name)
                     continue
-                held_units_keep(gpu_id=gpu.pk)  # the units' history, which the delete would take with it
+                # The units' history, which the delete would take with it.
+                hooks.gpu_units_deleting(gpu_id=gpu.pk)
                 ComputeUnit.objects.filter(gpu_id=gpu.pk).delete()
                 mig_units_create(
                     gpu_id=gpu.pk,
@@ -80,8 +79,9 @@ def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle,
                 )
                 # A cycle that read the old units must lose its race on them: raise the node's version.
                 Node.objects.filter(pk=node_id).update(version=F("version") + 1)
-                generation = desired_state_current(node=node, now=now).generation
-                node_changed([node_id])  # the agent applies the new layout: its poll or heartbeat hears
+                generation = hooks.desired_generation(node=node, now=now)
+                # The agent applies the new layout: its poll or heartbeat hears.
+                hooks.nodes_changed([node_id])
                 Repartition.objects.create(
                     pool_id=snapshot.pool_id,
                     gpu_id=gpu.pk,

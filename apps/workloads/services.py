@@ -20,9 +20,8 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, QuerySet, Subquery, Sum
 from django.utils import timezone
 
+from apps.common import hooks
 from apps.common.errors import BulkItemError, CodedValidationError, Conflict
-from apps.fleet.changes import node_changed
-from apps.forecasting.services import tasks_forecast_attach_on_commit
 from apps.inventory.models import Gpu, Node, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant, run_uid_refusal
@@ -669,7 +668,7 @@ def task_submit(
             )
             if created:
                 # Predictions are attached once the task is committed.
-                tasks_forecast_attach_on_commit(task_ids=[task.pk])
+                hooks.tasks_submitted(task_ids=[task.pk])
             return task, created
     except IntegrityError:
         # Two retries with one key raced past step 1: the unique constraint kept one; hand that one back.
@@ -779,7 +778,7 @@ def tasks_submit_bulk(
     for task in new_tasks:
         _no_forecast_yet(task)
     # One forecast job for the whole batch, after it is committed (a refused batch gets none).
-    tasks_forecast_attach_on_commit(task_ids=[task.pk for task in new_tasks])
+    hooks.tasks_submitted(task_ids=[task.pk for task in new_tasks])
     return tasks
 
 
@@ -1020,7 +1019,7 @@ def _transition(
             # Releasing the assignment frees its units: a unit's holder is the live assignment listing it.
             live = Assignment.objects.filter(task=task, released_at__isnull=True)
             # The nodes that held it list it no more (or list it to stop): their agents must hear of it.
-            node_changed(live.values_list("node_id", flat=True))
+            hooks.nodes_changed(live.values_list("node_id", flat=True))
             live.update(released_at=now, release_reason=reason[:200])
     task.refresh_from_db()
     return task
