@@ -533,6 +533,7 @@ class _GoodputReplay:
             float
         ] = []  # services' arrivals after t = 0: the headroom forecast's history
         self.decisions = _Decisions()
+        self.decide_again = False  # the last decision stopped victims: decide at the next step
 
     # -- the loop's configuration ------------------------------------------------------------------------
 
@@ -589,6 +590,9 @@ class _GoodputReplay:
         decided = self.decider.step(pending, now_s, estimates=False, nodes_after=False)
         for preemption in decided.preemptions:
             self.preempt(preemption.victim_task_id, preemption.for_task_id)
+        # The victims' units are free only now: the task they were stopped for is placed by the next
+        # decision, at the next step (as production's next cycle does), not at the next arrival.
+        self.decide_again = bool(decided.preemptions)
         for bound in decided.placements:
             self.start(self.waiting.pop(bound.task_id), now_s)
         if self.aware:
@@ -612,8 +616,9 @@ class _GoodputReplay:
         self.dirty.clear()
 
     def progress(self, now_s: float, step_s: float) -> bool:
-        """Every running job does its step's work; one that finishes stops at its end inside the step."""
-        ended = False
+        """Every running job does its step's work; one that finishes stops at its end inside the step.
+        True: a new decision is due (a job ended, or the last decision stopped victims)."""
+        ended, self.decide_again = self.decide_again, False
         for task in list(self.running.values()):
             if task.job is None:
                 continue

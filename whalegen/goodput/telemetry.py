@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from whalegen.gpus.speed import fit_power_law, gpu_figures
@@ -73,7 +73,8 @@ class Telemetry:
     def __init__(self, seed: int) -> None:
         self.book = ProfileBook()
         self._rng = random.Random(f"telemetry:{seed}")
-        self.service_samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # Each service's samples of the last `SERVICE_WINDOW_S` (older ones are dropped as new ones come).
+        self.service_samples: dict[str, deque[tuple[float, float]]] = defaultdict(deque)
         self._pooled: tuple[float, float | None] | None = None
 
     def job_sample(self, workload: str, model: str, throughput: float, util_pct: float) -> None:
@@ -85,7 +86,10 @@ class Telemetry:
         self.book.observe(workload, model, noisy, util)
 
     def service_sample(self, service_id: str, at_s: float, util_pct: float) -> None:
-        self.service_samples[service_id].append((at_s, util_pct))
+        samples = self.service_samples[service_id]
+        samples.append((at_s, util_pct))
+        while samples[0][0] <= at_s - SERVICE_WINDOW_S:
+            samples.popleft()
 
     def job_profile(self, workload: str) -> TaskProfile:
         return self.book.profile(workload)

@@ -188,7 +188,8 @@ def test_a_guaranteed_job_preempts_a_best_effort_one_which_loses_its_work_since_
     # preempts it at once: no checkpoint yet (every 30 min), so the victim loses what it ran, then reruns.
     best_effort = replace(_job("be", A, 7200), preemptible=True)
     urgent = _job("ls", B, 600, arrival_s=600)
-    late = _job("x", B, 60, arrival_s=100_000)  # stretches the scaled arrivals: "ls" comes at ~47 s
+    # Stretches the scaled arrivals ("ls" comes at ~47 s); best effort, so that it preempts nothing itself.
+    late = replace(_job("x", B, 60, arrival_s=100_000), preemptible=True)
     result = run_goodput(_fleet(), [best_effort, urgent, late], [], world, "fgd", 0, ReplayConfig(load=1.0))  # type: ignore[arg-type]
     assert result.preemptions == 1
     assert 0 < result.work_lost_gpu_h <= 120 / 3600
