@@ -1,5 +1,9 @@
 """A job type's throughput on a GPU model: measured where Gavel measured it, a fitted rule elsewhere.
 
+This is the *rule* (the estimate `whalegen-aware` shares, through whalegen.gpus.speed); the goodput
+replay's truth (whalegen.goodput.truth.TrueSpeed) is the measurement where measured and this rule times a
+per-(job type, model) error drawn with the run's seed elsewhere.
+
 The rule is `whalegen.gpus.speed` (docs/goodput.md §2): per job type, throughput = k × FP32 TFLOPS^a ×
 HBM bandwidth^(1 − a), fitted on the models Gavel measured the job on; two parameters on three measured
 models leave one degree of freedom, which is what the hold-one-model-out check uses.
