@@ -5,11 +5,12 @@ gunicorn writes its error lines (`Booting worker`, `Worker timeout`, a worker's 
 lines through loggers of its own (`gunicorn.error` on stderr, `gunicorn.access` on stdout) that do not
 propagate to the root logger, so the settings' `LOGGING` never reaches them. `PlaneLogger` gives them the
 plane's formatter (`WHALEGEN_LOG_FORMAT`: JSON unless `plain`) and the redaction filter, names the process
-`web`, and writes each access line as a record with the request's fields — `method`, `path` (the raw URI,
-query string included, redacted), `status`, `duration_ms`, `bytes`, `remote_addr` and the `request_id` the
-plane answered with (`X-Request-ID`) — instead of gunicorn's `access_log_format` text. The master, which
-runs no Django, gets the same handler on its root logger, so a warning or a library's line there is a JSON
-line too.
+`web`, and writes each access line as a record with the request's fields instead of gunicorn's
+`access_log_format` text: `method`, `path` (the raw URI, query string included, redacted), `status`,
+`duration_ms`, `bytes`, `remote_addr`, the `request_id` the plane answered with (`X-Request-ID`) and the
+`tenant` or `node` its credential belongs to (left in the WSGI environ by the plane's authentication).
+The master, which runs no Django, gets the same handler on its root logger, so a warning or a library's
+line there is a JSON line too.
 
 Imports gunicorn and the standard-library `whalegen.logformat` only: the master loads this before any
 worker imports Django or the Celery app.
@@ -25,7 +26,7 @@ from typing import Any
 
 from gunicorn import glogging
 
-from whalegen.logformat import RedactFilter, formatter_for, set_component
+from whalegen.logformat import ENVIRON_FIELDS_KEY, RedactFilter, formatter_for, set_component
 
 REQUEST_ID_HEADER = "x-request-id"
 
@@ -71,6 +72,8 @@ class PlaneLogger(glogging.Logger):  # type: ignore[misc]
         }
         if headers.get(REQUEST_ID_HEADER):
             fields["request_id"] = headers[REQUEST_ID_HEADER]
+        # The tenant or node the request's credential belongs to, as authentication found it.
+        fields.update(environ.get(ENVIRON_FIELDS_KEY) or {})
         try:
             self.access_log.info("%s %s %s", method, path, status, extra=fields)
         except Exception:

@@ -37,6 +37,8 @@ CONTEXT_FIELDS = (
 )  # fmt: skip
 REDACTED = "[redacted]"
 DEFAULT_COMPONENT = "plane"
+# Where the plane leaves a request's `tenant` / `node` in the WSGI environ for gunicorn's access line.
+ENVIRON_FIELDS_KEY = "whalegen.log_fields"
 
 _component: str | None = None
 

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 
 from apps.fleet.selectors import node_for_token
 from apps.inventory.models import Node
+from whalegen.config.logging import log_context_add
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
@@ -30,6 +31,7 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         node = node_for_token(raw=raw)
         if node is None:
             raise exceptions.AuthenticationFailed("unknown node token")
+        log_context_add(request, node=node.name)  # on this request's log lines
         return AnonymousUser(), node
 
     def authenticate_header(self, request: Request) -> str:

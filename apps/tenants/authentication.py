@@ -12,6 +12,7 @@ from rest_framework.request import Request
 from apps.tenants.callers import callers
 from apps.tenants.selectors import access_for
 from apps.tenants.services import token_authenticate, token_hash
+from whalegen.config.logging import log_context_add
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -46,6 +47,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             )
         # apps.tenants.access.request_access reads it from here instead of resolving it again.
         request._whalegen_access = caller.access  # type: ignore[attr-defined]
+        log_context_add(request, tenant=caller.token.tenant.slug)  # on this request's log lines
         return caller.token.user, caller.token
 
     def authenticate_header(self, request: Request) -> str:

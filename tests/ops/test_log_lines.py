@@ -6,9 +6,10 @@ gunicorn with docker/gunicorn.conf.py, `celery worker`, `celery beat` and `whale
 with no log setting in their environment (the defaults are what is under test). Each process's stdout and
 stderr go to files of their own, so a line is judged as the process wrote it. The test drives what makes
 each kind of line: requests carrying an API token, a node token, a join token and a made-up bearer in
-headers and query strings (gunicorn's access lines, Django's 401/403 lines), a task submitted and run on
-the agent (Celery's received/succeeded lines, the agent's task lines), a Celery task sent with arguments
-it does not take (a failure with a traceback), and SIGTERM at the end (each process's stop lines).
+headers and query strings (gunicorn's access lines, with the tenant or node the credential names; Django's
+401/403 lines), a task submitted and run on the agent (Celery's received/succeeded lines, the agent's task
+lines), a Celery task sent with arguments it does not take (a failure with a traceback), and SIGTERM at
+the end (each process's stop lines).
 Run it under `flock /var/tmp/faults.lock` (fixed ports, as tests/ops/test_production_stack.py).
 """
 
@@ -240,6 +241,11 @@ def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_cred
         assert line["path"].split("?")[1].split("=")[1] == "[redacted]", (what, line)
         assert line["message"] == f"GET {line['path']} {line['status']}", line
     assert access[request_ids["api token"]]["status"] == 200
+    # Who sent it, where the credential says: the API token's tenant, the agent's node on its fetches.
+    assert access[request_ids["api token"]]["tenant"] == "ops"
+    assert "tenant" not in access[request_ids["made-up bearer"]]
+    fetches = [e for e in web if e["logger"] == "gunicorn.access" and "/agent/desired-state/" in e["path"]]
+    assert fetches and {e["node"] for e in fetches} == {"ops-example"}
     refused = [e for e in web if e["logger"] == "django.request" and e.get("request_id") in access]
     assert refused, "Django's 401/403 lines carry the request id"
     # 3. Celery: the worker's lines about a task carry its id and name; a failure carries its traceback.

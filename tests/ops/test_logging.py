@@ -162,3 +162,36 @@ def test_the_settings_choose_the_format_from_the_environment() -> None:
 
     assert settings.LOGGING["handlers"]["console"]["filters"] == ["request", "redact"]
     assert settings.MIDDLEWARE[0] == "apps.metrics.middleware.RequestIdMiddleware"
+
+
+def test_a_requests_tenant_and_node_are_on_its_lines_and_not_on_the_next_requests(
+    captured: Captured,
+    fleet: Any,  # noqa: F811
+    client: Client,
+) -> None:
+    from apps.tenants.services import token_create
+
+    _, api_token = token_create(user=fleet.alice, tenant=fleet.tenant_a, name="logs")
+    # 1. A tenant's token on a task that does not exist, a node's credential with a bad generation, and
+    #    then a request with no credential at all, served after them.
+    tenant = {"Authorization": f"Bearer {api_token}", "X-Request-ID": "req-tenant"}
+    assert client.get("/api/v1/tasks/999999/", headers=tenant).status_code == 404
+    node = {"Authorization": f"Bearer {fleet.token_a}", "X-Request-ID": "req-node"}
+    agent = client.get("/api/v1/agent/desired-state/?generation=x", headers=node)
+    assert agent.status_code == 400, agent.content
+    assert client.get("/api/v1/tasks/", headers={"X-Request-ID": "req-anonymous"}).status_code == 401
+    logging.getLogger("apps.fleet.services").info("between requests")
+    # 2. Django's line about each request names who sent it; the anonymous one and the one between none.
+    if isinstance(captured.handler.formatter, PlainFormatter):
+        text = captured.text()
+        assert "request_id=req-tenant tenant=vision]" in text and "request_id=req-node node=gpu-001]" in text
+        assert "tenant=vision" not in text.split("req-node")[1] and text.rstrip().endswith("between requests")
+        return
+    lines = {line.get("request_id", "none"): line for line in captured.json_lines()}
+    assert (lines["req-tenant"]["tenant"], lines["req-tenant"]["message"]) == (
+        "vision",
+        "Not Found: /api/v1/tasks/999999/",
+    )
+    assert lines["req-node"]["node"] == "gpu-001" and "tenant" not in lines["req-node"]
+    assert "tenant" not in lines["req-anonymous"] and "node" not in lines["req-anonymous"]
+    assert lines["none"]["message"] == "between requests" and "tenant" not in lines["none"]

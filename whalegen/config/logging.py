@@ -3,7 +3,8 @@ of `whalegen.logformat` (which the agent shares), plus what only the plane knows
 request being served and the Celery task being run.
 
 - `RequestContextFilter` puts the id of the HTTP request being served (`apps.metrics.middleware`) on
-  every record logged while serving it.
+  every record logged while serving it, and the tenant or node its credential belongs to once
+  authentication named them (`log_context_add`).
 - `JsonFormatter` / `PlainFormatter` are `whalegen.logformat`'s, adding `celery_task_id` and `celery_task`
   inside a Celery task and on Celery's lines about one.
 - `logging_config` builds the `LOGGING` dict of the settings.
@@ -17,6 +18,8 @@ import contextvars
 import logging
 from typing import Any
 
+from django.core.signals import request_started
+
 from whalegen import logformat
 from whalegen.logformat import CONTEXT_FIELDS, REDACTED, RedactFilter, is_plain, redact
 
@@ -28,6 +31,7 @@ __all__ = [
     "RedactFilter",
     "RequestContextFilter",
     "context_of",
+    "log_context_add",
     "logging_config",
     "redact",
     "request_id_var",
@@ -36,18 +40,48 @@ __all__ = [
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "whalegen_request_id", default=None
 )
+# What authentication learned about the request being served (`tenant`, `node`). Emptied when the next
+# request starts (Django's `request_started`, in the thread that serves it), so a thread's next request
+# never inherits the last one's tenant.
+request_fields_var: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "whalegen_request_fields", default=None
+)
+# The same fields in the WSGI environ (Django's `request.META` is it), where gunicorn's access line,
+# written after Django is done, reads them (whalegen/gunicornlog.py).
+ENVIRON_KEY = logformat.ENVIRON_FIELDS_KEY
+
+
+def log_context_add(request: Any, **fields: Any) -> None:
+    """Put `fields` (`tenant=slug`, `node=name`) on every log line about `request` from now on: the plane's
+    own, Django's 4xx/5xx line and gunicorn's access line. Authentication calls it once it knows them."""
+    held = request.META.setdefault(ENVIRON_KEY, {})
+    held.update({name: value for name, value in fields.items() if value is not None})
+    request_fields_var.set(held)
+
+
+def _forget_request_fields(**_: Any) -> None:
+    request_fields_var.set(None)
+
+
+request_started.connect(_forget_request_fields, dispatch_uid="whalegen.config.logging.request_fields")
 
 
 class RequestContextFilter(logging.Filter):
-    """Stamp `request_id` on records logged while an HTTP request is served (unless one is already set)."""
+    """Stamp `request_id` on records logged while an HTTP request is served, and what authentication
+    learned about it (`log_context_add`), unless the record already carries them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        request = getattr(record, "request", None)
         if getattr(record, "request_id", None) is None:
             # Django logs a 4xx/5xx answer ("Unauthorized: /api/…") after the middleware returned, with
             # the request itself in `extra`: its id is read from there.
-            request_id = request_id_var.get() or getattr(getattr(record, "request", None), "request_id", None)
+            request_id = request_id_var.get() or getattr(request, "request_id", None)
             if request_id is not None:
                 record.request_id = request_id
+        fields = request_fields_var.get() or getattr(request, "META", {}).get(ENVIRON_KEY) or {}
+        for name, value in fields.items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
         return True
 
 
