@@ -200,3 +200,8 @@ def test_the_agent_joins_first_when_it_holds_no_credential_but_a_join_token(
         join_plane.heartbeats.clear()
     assert len(join_plane.joins) == 1
     assert stat.S_IMODE((state / CREDENTIAL_FILE).stat().st_mode) == 0o600
+    # Its output, the join's lines included, is log lines (JSON by default) without the join token.
+    lines = [json.loads(line) for line in (tmp_path / "agent.log").read_text().splitlines()]
+    assert any(line["message"].startswith("whalegen agent join: joined as") for line in lines)
+    assert {line["component"] for line in lines} == {"agent"}
+    assert JOIN_TOKEN not in (tmp_path / "agent.log").read_text()

@@ -199,9 +199,18 @@ def configure_logging(*, fmt: str, level: str, node: str) -> logging.Handler:
     return handler
 
 
-def _join(args: argparse.Namespace) -> int:
+def _join(args: argparse.Namespace, *, to_log: bool = False) -> int:
     """`whalegen agent join`: 0 when this host holds a credential afterwards (joined now, or before);
-    otherwise the plane's reason, one line, with the exit status a provisioning script acts on."""
+    otherwise the plane's reason, one line, with the exit status a provisioning script acts on. Printed for
+    a person running `join`; `to_log`: log records, like every other line of an agent that joins by itself
+    before it runs (JSON by default: docs/operations.md, "Logs")."""
+
+    def tell(message: str, *, error: bool = False) -> None:
+        if to_log:
+            logging.getLogger("whalegen.agent").log(logging.ERROR if error else logging.INFO, message)
+        else:
+            print(message, file=sys.stderr if error else sys.stdout)
+
     from agents.backend import BackendError
     from agents.client import PlaneRejected, PlaneUnavailable
     from agents.join import credential_load, credential_path, join
@@ -209,15 +218,15 @@ def _join(args: argparse.Namespace) -> int:
 
     held = credential_load(args.state_dir)
     if held is not None and not args.force:
-        print(f"whalegen agent join: this host already joined as {held.describe()}; nothing to do "
-              f"(its credential: {credential_path(args.state_dir)}; --force joins again)")  # fmt: skip
+        tell(f"whalegen agent join: this host already joined as {held.describe()}; nothing to do "
+             f"(its credential: {credential_path(args.state_dir)}; --force joins again)")  # fmt: skip
         return 0
     join_token = _join_token(args)
     missing = [flag for flag, value in (("--server", args.server), ("--join-token", join_token),
                                         ("--pool", args.pool)) if not value]  # fmt: skip
     if missing:
-        print(f"whalegen agent join: {', '.join(missing)} required (or WHALEGEN_AGENT_SERVER, "
-              "WHALEGEN_AGENT_JOIN_TOKEN[_FILE], WHALEGEN_AGENT_POOL)", file=sys.stderr)  # fmt: skip
+        tell(f"whalegen agent join: {', '.join(missing)} required (or WHALEGEN_AGENT_SERVER, "
+             "WHALEGEN_AGENT_JOIN_TOKEN[_FILE], WHALEGEN_AGENT_POOL)", error=True)  # fmt: skip
         return 2
     assert join_token is not None
     args.state_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +234,7 @@ def _join(args: argparse.Namespace) -> int:
     try:
         backend.open()
     except BackendError as error:
-        print(f"whalegen agent join: cannot read this host's GPUs: {error}", file=sys.stderr)
+        tell(f"whalegen agent join: cannot read this host's GPUs: {error}", error=True)
         return 1
     try:
         node = join(
@@ -237,18 +246,18 @@ def _join(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
         )
     except PlaneUnavailable as error:
-        print(f"whalegen agent join: the plane did not answer ({error}); try again", file=sys.stderr)
+        tell(f"whalegen agent join: the plane did not answer ({error}); try again", error=True)
         return EXIT_UNREACHABLE
     except PlaneRejected as error:
-        print(f"whalegen agent join: refused: {error.detail}", file=sys.stderr)
+        tell(f"whalegen agent join: refused: {error.detail}", error=True)
         return {400: EXIT_INVALID, 401: EXIT_AUTH, 403: EXIT_AUTH}.get(error.status, 1)
     finally:
         backend.close()
-    print(f"whalegen agent join: joined as {node.describe()}; credential kept in "
-          f"{credential_path(args.state_dir)} (mode 0600)")  # fmt: skip
+    tell(f"whalegen agent join: joined as {node.describe()}; credential kept in "
+         f"{credential_path(args.state_dir)} (mode 0600)")  # fmt: skip
     if node.pending_approval:
-        print("whalegen agent join: the pool needs a platform admin's approval of this node; it heartbeats "
-              "but takes no work until then")  # fmt: skip
+        tell("whalegen agent join: the pool needs a platform admin's approval of this node; it heartbeats "
+             "but takes no work until then")  # fmt: skip
     return 0
 
 
@@ -268,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     token = _token(args)
     if token is None and joined is None and _join_token(args):
         # Join if needed, then run: what a container or unit that starts from nothing does.
-        code = _join(args)
+        code = _join(args, to_log=True)
         if code != 0:
             return code
         joined = credential_load(args.state_dir)
