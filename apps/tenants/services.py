@@ -105,14 +105,23 @@ def _expiry(
             {field: [f"at most {TOKEN_MAX_TTL_DAYS} days ahead (until {_iso(limit)}); make a new token then"]}
         )
     ceiling = via_token.expires_at if via_token is not None else None
-    if ceiling is not None and (expiry is None or expiry > ceiling):
-        if ttl_days is None and expires_at is None:
-            return ceiling
-        raise ValidationError(
-            {field: [f"a token cannot outlive the token that makes it ({via_token.prefix}… expires "  # type: ignore[union-attr]
-                     f"{_iso(ceiling)})"]}
-        )  # fmt: skip
-    return expiry
+    if via_token is None or ceiling is None or (expiry is not None and expiry <= ceiling):
+        return expiry
+    if ttl_days is None and expires_at is None:
+        return ceiling
+    raise ValidationError({field: [_outlives_text(via_token, ceiling, now, field)]})
+
+
+def _outlives_text(via_token: ApiToken, ceiling: datetime, now: datetime, field: str) -> str:
+    """The refusal of an expiry past the maker's, with what would be accepted: a caller who asked for the
+    default 90 days from a 90-day token made minutes earlier must learn the number that works."""
+    head = f"a token cannot outlive the token that makes it ({via_token.prefix}… expires {_iso(ceiling)})"
+    days_left = (ceiling - now).days
+    if field == "expires_at":
+        return f"{head}; name a time up to then, or leave the expiry out to get that one"
+    if days_left < 1:
+        return f"{head}; leave ttl_days out to get that expiry"
+    return f"{head}; ask for at most {days_left} days, or leave ttl_days out to get that expiry"
 
 
 def _role_for(

@@ -188,6 +188,22 @@ def test_a_token_cannot_make_one_that_outlives_it(world: Any) -> None:
     assert ApiToken.objects.get(pk=made.json()["id"]).expires_at == parent.expires_at
 
 
+def test_asking_a_token_for_its_own_lifetime_again_says_how_many_days_it_may_give(world: Any) -> None:
+    # docs/ci.md's first step: a member's 90-day token (the default, as `whalegen demo` prints them) asks
+    # for a 90-day CI token minutes later. It cannot give that; the refusal names the number it can.
+    parent, raw = token_create(user=world.alice, tenant=world.tenant_a, name="demo")
+    client = _bearer(raw)
+    refused = client.post("/api/v1/tokens/", {"name": "ci", "ttl_days": 90}, format="json")
+    assert refused.status_code == 400
+    message = refused.json()["ttl_days"][0]
+    assert message.endswith("; ask for at most 89 days, or leave ttl_days out to get that expiry"), message
+    assert client.post("/api/v1/tokens/", {"name": "ci", "ttl_days": 89}, format="json").status_code == 201
+    late = (parent.expires_at + timedelta(hours=1)).isoformat()
+    by_time = client.post("/api/v1/tokens/", {"name": "ci-at", "expires_at": late}, format="json")
+    said = by_time.json()["expires_at"][0]
+    assert said.endswith("; name a time up to then, or leave the expiry out to get that one"), said
+
+
 # ----------------------------------------------------------------------------------- reading
 
 
