@@ -197,7 +197,7 @@ if CELERY_BROKER_URL is None:
 # Late acks: a message is acknowledged when its task ends, so a worker that dies mid-task hands it back.
 # Redis hands back what is unacknowledged after the broker's visibility timeout even while its task still
 # runs, so every task has a hard time limit and the visibility timeout is set above it, together, in
-# whalegen/config/celery.py (WHALEGEN_TASK_TIME_LIMIT_S; docs/operations.md, "Periodic work").
+# whalegen/config/celery.py (WHALEGEN_TASK_TIME_LIMIT_S; docs/operations.md, "Scaling workers").
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
