@@ -1,18 +1,19 @@
-"""The slowdown of each side when two jobs share a GPU (MPS or time slice); MIG isolates.
+"""Co-location interference fits: the slowdown of each side when two jobs share a GPU (MPS or time slice).
 
 A *factor* is a job's throughput while sharing over its throughput alone (1.0: no slowdown), capped at 1
-(values above it in the measurements are noise; traces/README.md §4.2). Three sources, best first:
+(values above it in the measurements are noise; traces/README.md §4.2). Two fits, with their held-out
+errors (docs/goodput.md §3):
 
-1. Measured (Gavel): the pair's two throughputs over their solo ones on that GPU model. Models Gavel did
-   not measure take the pair factor measured on V100, the newest measured card (an assumption; stated in
-   docs/goodput.md).
-2. Fitted from per-job features (Gavel), for Gavel job types in a pair Gavel did not measure (different
-   GPU counts, or a pair that did not fit in 16 GB and fits on a larger card):
-   log factor(a beside b) = sensitivity[a] + pressure[b], one sensitivity and one pressure per model and
-   batch size, fitted by least squares (backfitting) on the measured pairs of the GPU model.
-3. Fitted from utilisation (Lucid), for work known only by its profile (an online service, a job whose
-   type is unknown): factor = (1 − c) / max(1, (u_a + u_b) / 100) ** k with u the SM utilisation alone;
-   the GPU is oversubscribed when the two demands add past 100 %, and `c` is the contention left below it.
+1. Per-job effects (Gavel): log factor(a beside b) = sensitivity[a] + pressure[b], one sensitivity and
+   one pressure per model and batch size, fitted by least squares (backfitting) on the measured pairs of
+   a GPU model (`fit_additive_log`, `gavel_holdout`).
+2. Utilisation (Lucid), for work known only by its profile: factor = (1 − c) / max(1, (u_a + u_b) / 100)
+   ** k with u the SM utilisation alone; the GPU is oversubscribed when the two demands add past 100 %,
+   and `c` is the contention left below it (`fit_utilisation`, `lucid_holdout`). The goodput replay
+   derives a job type's SM utilisation through it; the policies' SLA predictor is the same rule.
+
+Since issue #41 item 1 the replay's co-location *truth* is neither fit but the measured Lucid pairs
+themselves (whalegen.goodput.truth.MeasuredPairs).
 """
 
 from __future__ import annotations
@@ -21,30 +22,10 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from whalegen.goodput.data import GavelData, JobType, LucidPair, LucidSolo
-from whalegen.gpus.catalogue import get_model
-from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES, MigProfile
 
-# The measured model whose pair factors stand in for models Gavel did not measure.
-PROXY_MODEL = "V100M16"
 _BACKFIT_ROUNDS = 60
-
-
-class Source(StrEnum):
-    MEASURED = "measured"
-    FITTED = "fitted"
-
-
-@dataclass(frozen=True)
-class PairFactor:
-    first: float  # the first job's throughput factor beside the second
-    second: float
-    source: Source
-
-    def swapped(self) -> PairFactor:
-        return PairFactor(self.second, self.first, self.source)
 
 
 def _cap(value: float) -> float:
@@ -97,34 +78,6 @@ def gavel_observations(gavel: GavelData, model: str) -> list[tuple[JobType, JobT
     ]
 
 
-class InterferenceModel:
-    """Pair factors for Gavel job types on any GPU model: measured, else fitted (module docstring)."""
-
-    def __init__(self, gavel: GavelData) -> None:
-        self._gavel = gavel
-        self._fits = {
-            model: fit_additive_log([(a.model, b.model, f) for a, b, f in gavel_observations(gavel, model)])
-            for model in gavel.gpu_models
-        }
-
-    def _basis(self, model_name: str) -> str:
-        model = get_model(model_name).name
-        return model if model in self._fits else PROXY_MODEL
-
-    def pair(self, a: JobType, b: JobType, model_name: str) -> PairFactor:
-        """Both sides' factors when `a` and `b` share one GPU of `model_name`; symmetric by swapping."""
-        basis = self._basis(model_name)
-        measured = self._gavel.pairs.get((basis, a, b))
-        if measured is not None:
-            return PairFactor(
-                _cap(measured[0] / self._gavel.solo[(basis, a)]),
-                _cap(measured[1] / self._gavel.solo[(basis, b)]),
-                Source.MEASURED,
-            )
-        fit = self._fits[basis]
-        return PairFactor(fit.factor(a.model, b.model), fit.factor(b.model, a.model), Source.FITTED)
-
-
 @dataclass(frozen=True)
 class UtilisationFit:
     """factor = (1 − contention) / max(1, (u_self + u_other) / 100) ** exponent (module docstring, 3)."""
@@ -135,11 +88,6 @@ class UtilisationFit:
     def factor(self, util_pct: float, other_util_pct: float) -> float:
         demand = (util_pct + other_util_pct) / 100.0
         return _cap((1.0 - self.contention) / max(1.0, demand) ** self.exponent)
-
-    def pair(self, util_a_pct: float, util_b_pct: float) -> PairFactor:
-        return PairFactor(
-            self.factor(util_a_pct, util_b_pct), self.factor(util_b_pct, util_a_pct), Source.FITTED
-        )
 
 
 def lucid_observations(
@@ -268,22 +216,3 @@ def lucid_holdout(single: Sequence[LucidSolo], pairs: Sequence[LucidPair]) -> In
                 constant.append(abs(median - f))
                 none.append(abs(1.0 - f))
     return _summary("Lucid, leave one model out", errors, constant, none)
-
-
-# --- MIG -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MigShare:
-    """What a MIG instance gives a job: no interference, only its slice of the GPU."""
-
-    compute_fraction: float  # compute slices / 7
-    bandwidth_fraction: float  # memory slices / 8: each memory slice carries its share of the L2 and DRAM
-
-    @property
-    def interference_factor(self) -> float:
-        return 1.0
-
-
-def mig_share(profile: MigProfile) -> MigShare:
-    return MigShare(profile.compute_slices / COMPUTE_SLICES, profile.memory_slices / MEMORY_SLICES)

