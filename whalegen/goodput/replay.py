@@ -215,6 +215,9 @@ class RunResult:
     work_done_ref_gpu_h: float = 0.0
     work_retained_ref_gpu_h: float = 0.0
     refused_jobs: int = 0
+    # When the last job finished, hours from the window's start; None if a job was still unfinished at the
+    # drain limit (ReplayConfig.drain_factor). × the fleet's GPUs: the GPU-hours bought to finish the work.
+    last_finish_h: float | None = None
 
 
 # -- the work -----------------------------------------------------------------------------------------
@@ -327,7 +330,9 @@ class Ceilings:
 
 
 def ceilings(fleet: FleetSpec, jobs: Sequence[Job], world: World, config: ReplayConfig) -> Ceilings:
-    window_s, scaled = scaled_jobs(jobs, fleet, world, config)
+    """The bounds over the jobs a run keeps (those some model of the fleet runs), on the same window."""
+    runnable, _ = refuse_unrunnable(jobs, fleet, world)
+    window_s, scaled = scaled_jobs(runnable, fleet, world, config)
     gpus = fleet.total_gpus
     models = sorted({get_model(p.gpu_model).name for p in fleet.pools})
     tasks = [_Task(job.job_id, TaskRequest(job.job_id, 0, 0), arrival, job=job) for arrival, job in scaled]
@@ -957,6 +962,11 @@ def _result(
         work_done_ref_gpu_h=goodput.work_ref_s / 3600,
         work_retained_ref_gpu_h=retained_s / 3600,
         refused_jobs=refused_jobs,
+        last_finish_h=(
+            max((t.finish_s or 0.0 for t in job_tasks), default=0.0) / 3600
+            if all(t.finish_s is not None for t in job_tasks)
+            else None
+        ),
     )
 
 
