@@ -257,6 +257,17 @@ class RunView:
     tail: list[dict[str, Any]]
     next_offset: int
     complete: bool
+    from_first_line: bool = False  # the tail starts at the run's first line: it is all the output
+
+    @property
+    def tail_note(self) -> str:
+        """What the output box holds, in words: all of it ("1 line", not "the last 1 lines"), or its end."""
+        count = len(self.tail)
+        if not count:
+            return "No output yet"
+        if self.from_first_line:
+            return "All of the output (1 line)" if count == 1 else f"All of the output ({count} lines)"
+        return "The last line" if count == 1 else f"The last {count} lines"
 
 
 def run_view(
@@ -272,6 +283,7 @@ def run_view(
         tail=page.lines,
         next_offset=page.next_offset,
         complete=page.complete,
+        from_first_line=page.offset == 0,
     )
 
 
