@@ -35,16 +35,18 @@ from whalegen.logformat import RedactFilter, formatter_for, set_component
 log = logging.getLogger("whalegen.celery")
 
 
-def keep_plane_logging(**_: Any) -> None:
+def keep_plane_logging(loglevel: int | str | None = None, **_: Any) -> None:
     """Celery's `setup_logging` signal: any receiver stops Celery's own set-up. The settings' `LOGGING` is
     applied when nothing configured the root logger yet (a prefork child inherits its parent's handlers,
-    whose stream is the real stderr even once the parent's `sys.stderr` is redirected)."""
+    whose stream is the real stderr even once the parent's `sys.stderr` is redirected); the command's
+    `--loglevel` sets the root level, as Celery's own set-up would."""
     logging.captureWarnings(True)
-    if logging.getLogger().handlers:
-        return
-    from django.conf import settings
+    if not logging.getLogger().handlers:
+        from django.conf import settings
 
-    logging.config.dictConfig(settings.LOGGING)
+        logging.config.dictConfig(settings.LOGGING)
+    if loglevel:
+        logging.getLogger().setLevel(loglevel)
 
 
 def say_in_json(msg: str, f: TextIO = sys.__stderr__) -> None:  # type: ignore[assignment]
