@@ -1,10 +1,10 @@
 """The production process set without containers (issue #15 part 4): what docker/compose.yaml runs, each
-as a real process on a PostgreSQL and a Redis of its own — gunicorn, `celery worker`, `celery beat` and
-two `whalegen agent --backend sim` (one on the example host, given no `--sim-spec`). `/readyz` turns 200
-once migrations ran and beat ticked; a task submitted through the API and one through
-`whalegen submit --wait` run to `succeeded`; then every process gets SIGTERM and must exit 0 within its
-grace. The servers, ports and work directory are this test's own (WHALEGEN_OPS_*_PORT), so it runs in
-the same session as the fault suite.
+as a real process on a PostgreSQL and a Redis of its own — gunicorn, `celery worker`, two `celery beat`
+(one sends, the other stands by: issue #42) and two `whalegen agent --backend sim` (one on the example
+host, given no `--sim-spec`). `/readyz` turns 200 once migrations ran and beat ticked; a task submitted
+through the API and one through `whalegen submit --wait` run to `succeeded`; then every process gets
+SIGTERM and must exit 0 within its grace. The servers, ports and work directory are this test's own
+(WHALEGEN_OPS_*_PORT), so it runs in the same session as the fault suite.
 """
 
 from __future__ import annotations
@@ -37,9 +37,18 @@ WEB_PORT = int(os.environ.get("WHALEGEN_OPS_WEB_PORT", "18620"))
 POSTGRES_PORT = int(os.environ.get("WHALEGEN_OPS_POSTGRES_PORT", "15464"))
 REDIS_PORT = int(os.environ.get("WHALEGEN_OPS_REDIS_PORT", "16411"))
 # Seconds each process may take to stop after SIGTERM: gunicorn's --graceful-timeout plus slack, Celery's
-# warm shutdown of an idle worker, beat's schedule sync, the agent's clean exit (it leaves runs running).
+# warm shutdown of an idle worker, a beat giving up its lease, the agent's clean exit (it leaves runs
+# running). Beat keeps no schedule file (its state is in PostgreSQL): the shelve that could be closed under
+# a tick at shutdown ("invalid operation on closed shelf", exit 1) is gone.
 FINAL = {"succeeded", "failed", "cancelled"}
-GRACE_S = {"web": 15.0, "worker": 20.0, "beat": 10.0, "agent-example": 10.0, "agent-l40s": 10.0}
+GRACE_S = {
+    "web": 15.0,
+    "worker": 20.0,
+    "beat": 10.0,
+    "beat-standby": 10.0,
+    "agent-example": 10.0,
+    "agent-l40s": 10.0,
+}
 
 
 def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -185,11 +194,12 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
     assert early.json()["failing"] == ["beat"], early.json()
     assert early.json()["checks"]["broker"] == {"ok": True, "detail": "redis answers PING"}
 
-    # 3. Beat and the agents; readyz turns 200 once a worker ran beat's plane-tick.
-    stack.spawn(
-        "beat", "-m", "celery", "-A", "whalegen.config", "beat", "--loglevel", "INFO",
-        "-s", str(stack.work / "beat-schedule"), "--pidfile", str(stack.work / "beat.pid"),
-    )  # fmt: skip
+    # 3. Two beats and the agents; readyz turns 200 once a worker ran the leading beat's plane-tick.
+    for name in ("beat", "beat-standby"):
+        stack.spawn(
+            name, "-m", "celery", "-A", "whalegen.config", "beat", "--loglevel", "INFO",
+            "--pidfile", str(stack.work / f"{name}.pid"),
+        )  # fmt: skip
     l40s_spec = stack.work / "l40s.yaml"
     l40s_spec.write_text("nodes:\n  - name: ops-l40s\n    gpus:\n      - sku: l40s\n        count: 2\n")
     stack.start_agent("agent-example", "ops-example")  # the example host: no --sim-spec
