@@ -393,14 +393,23 @@ def join_token_target(*, pool_name: str, cluster_name: str | None) -> tuple[Pool
         if cluster is None:
             raise ValidationError({"cluster": [f"there is no cluster {cluster_name!r}"]})
         return pool, cluster
-    candidates = list(Cluster.objects.filter(nodes__pool=pool).distinct()[:2])
-    if len(candidates) != 1:
-        candidates = list(Cluster.objects.all()[:2])
-    if len(candidates) != 1:
-        raise ValidationError(
-            {"cluster": ["name the cluster the new nodes join: there is more than one (or none)"]}
-        )
-    return pool, candidates[0]
+    spanned = sorted(Cluster.objects.filter(nodes__pool=pool).distinct().values_list("name", flat=True))
+    if len(spanned) == 1:
+        return pool, Cluster.objects.get(name=spanned[0])
+    every = sorted(Cluster.objects.values_list("name", flat=True))
+    if len(every) == 1 and not spanned:
+        return pool, Cluster.objects.get(name=every[0])
+    raise ValidationError({"cluster": [_which_cluster_text(pool_name, spanned, every)]})
+
+
+def _which_cluster_text(pool_name: str, spanned: list[str], every: list[str]) -> str:
+    """Why the cluster must be named, with the names to choose from (the demo's H100 pool spans two sites,
+    and 'there is more than one (or none)' left an operator guessing)."""
+    if not every:
+        return "there is no cluster yet; make one first (whalegen apply -f with a Cluster document)"
+    if spanned:
+        return f"pool {pool_name!r} has nodes in {', '.join(spanned)}: name the one the new nodes join"
+    return f"pool {pool_name!r} has no nodes yet: name the cluster the new nodes join ({', '.join(every)})"
 
 
 def node_find(*, ref: str) -> Node | None:

@@ -531,6 +531,28 @@ def test_a_join_token_needs_a_pool_that_exists_and_a_lifetime(world: Any, api: A
     assert client.post(TOKENS, {"pool": "h100-train", "max_uses": 0}, format="json").status_code == 400
 
 
+def test_a_pool_spanning_clusters_asks_which_one_and_names_them(world: Any, api: Any) -> None:
+    # The demo's h100-train has nodes in eu-west-1 and us-east-1: docs/operations.md's
+    # `whalegen create join-token --pool h100-train` must say which clusters to choose from.
+    from apps.inventory.services import cluster_create, node_register, pool_create
+
+    us = cluster_create(name="us-1", region="us-east")
+    node_register(cluster=us, pool=world.h100, name="gpu-us-001", cpu_milli=96_000, mem_mib=1_048_576)
+    client = api(world.root)
+    asked = client.post(TOKENS, {"pool": "h100-train"}, format="json")
+    assert asked.status_code == 400
+    assert asked.json()["cluster"] == [
+        "pool 'h100-train' has nodes in eu-1, us-1: name the one the new nodes join"
+    ]
+    made = client.post(TOKENS, {"pool": "h100-train", "cluster": "us-1"}, format="json")
+    assert made.status_code == 201 and made.json()["cluster"] == "us-1"
+    pool_create(name="empty")
+    bare = client.post(TOKENS, {"pool": "empty"}, format="json").json()["cluster"]
+    assert bare == ["pool 'empty' has no nodes yet: name the cluster the new nodes join (eu-1, us-1)"]
+    # One cluster among the pool's nodes is taken without asking, as before.
+    assert client.post(TOKENS, {"pool": "l4-infer"}, format="json").json()["cluster"] == "eu-1"
+
+
 # ---- the stack's bootstrap token ----------------------------------------------------------------------
 
 
