@@ -8,6 +8,12 @@ A policy name may carry replay options after "+": `whalegen-aware+headroom` (the
 from the services' forecast), `whalegen-aware+oracle` (true job profiles instead of learned ones).
 
 Progress on stderr; a table (or `--json`) on stdout. Figures are means over the seeds.
+
+`--ceiling` also solves the strict fluid ceiling per seed and load (whalegen.goodput.ceiling; printed
+beside the no-queue bound) and adds the headline fields per policy and load (whalegen.goodput.headline:
+`gap_closed` from k8s-default to the ceiling, with its prices), and their table (stderr under `--json`).
+`--drain-factor` lets the replay run on after the window until every job finished (for
+`gpu_hours_to_finish`), up to that many windows.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from whalegen.goodput.ceiling import DEFAULT_MAX_INTERVALS, FleetCeiling, fleet_ceiling
 from whalegen.goodput.data import (
     GAVEL_FILE,
     LUCID_COLOCATE_FILE,
@@ -30,9 +37,10 @@ from whalegen.goodput.data import (
     load_lucid_colocate,
     load_lucid_single,
 )
-from whalegen.goodput.fleet import FleetError, load_fleet
+from whalegen.goodput.fleet import FleetError, FleetSpec, load_fleet
+from whalegen.goodput.headline import Headline, headline_table, headlines
 from whalegen.goodput.interference import fit_utilisation, lucid_observations
-from whalegen.goodput.jobs import draw_services, load_jobs, load_service_profiles
+from whalegen.goodput.jobs import Job, draw_services, load_jobs, load_service_profiles
 from whalegen.goodput.replay import (
     ReplayConfig,
     RunResult,
@@ -88,6 +96,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="every service from t = 0 to the end (default: they arrive and leave over the window)",
     )
+    group.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="solve the strict fluid ceiling and report the headline (gap closed and its prices)",
+    )
+    group.add_argument(
+        "--ceiling-intervals",
+        type=int,
+        default=DEFAULT_MAX_INTERVALS,
+        help=f"time cuts of the ceiling's LP (default {DEFAULT_MAX_INTERVALS}; more: tighter and slower)",
+    )
+    group.add_argument(
+        "--drain-factor",
+        type=float,
+        default=ReplayConfig.drain_factor,
+        help="run on after the window up to this many windows (default 2; larger lets every job finish)",
+    )
 
 
 def _loads(text: str) -> list[float]:
@@ -112,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         loads = _loads(args.load)
+        if args.ceiling_intervals < 1 or args.drain_factor < 1:
+            raise ValueError("--ceiling-intervals and --drain-factor: at least 1")
         if not 0 < args.service_milli <= 1000:
             raise ValueError(f"--service-milli: 1 … 1000 (one GPU), got {args.service_milli}")
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
@@ -137,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"whalegen replay --goodput: {error}", file=sys.stderr)
         return 2
     results: list[RunResult] = []
+    bounds: dict[tuple[int, float], FleetCeiling] = {}
     runs = len(loads) * len(args.seeds) * len(policies)
     done = 0
     for seed in args.seeds:
@@ -153,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         jobs, refused = refuse_unrunnable(jobs, fleet, world)
         for line in refused:
             print(f"whalegen replay --goodput: {line}", file=sys.stderr)
+        if args.ceiling:
+            bounds.update(_ceilings(fleet, jobs, world, seed, loads, args.ceiling_intervals))
         for load in loads:
             for policy in policies:
                 label = f"{policy} seed {seed} load {load:g}"
@@ -177,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
                             load=load,
                             service_churn=not args.static_services,
                             service_milli=args.service_milli,
+                            drain_factor=args.drain_factor,
                         ),
                         show,
                     )
@@ -186,11 +217,47 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(args.plot, fleet.name, results, policies, loads)
     document = as_json(fleet.name, fleet.total_gpus, results, policies, loads, args.seeds)
-    if args.json:
-        print(json.dumps(document, indent=2))
-    else:
-        print(table(document))
+    by_load = add_headline(document, results, bounds, loads) if args.ceiling else None
+    print(json.dumps(document, indent=2) if args.json else table(document))
+    if by_load is not None:
+        print(headline_table(by_load), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _ceilings(
+    fleet: FleetSpec, jobs: Sequence[Job], world: World, seed: int, loads: Sequence[float], intervals: int
+) -> dict[tuple[int, float], FleetCeiling]:
+    out = {}
+    for load in loads:
+        print(f"  strict ceiling, seed {seed} load {load:g}", file=sys.stderr)
+        out[(seed, load)] = fleet_ceiling(fleet, jobs, world, ReplayConfig(load=load), intervals)
+    return out
+
+
+def add_headline(
+    document: dict[str, Any],
+    results: Sequence[RunResult],
+    bounds: dict[tuple[int, float], FleetCeiling],
+    loads: Sequence[float],
+) -> dict[str, dict[str, Headline]]:
+    """Per load: the ceiling (strict, and the no-queue bound beside it; means over the seeds) and each
+    policy's headline fields, added to the document's entries; returns the headlines for the table."""
+    entries = document.get("loads") or {f"{loads[0]:g}": document}
+    by_load = {}
+    for load in loads:
+        entry = entries[f"{load:g}"]
+        mine = [b for (_, at), b in bounds.items() if at == load]
+        strict = mean([b.strict_pct for b in mine])
+        entry["ceiling"] = {
+            "strict_pct": round(strict, 3),
+            "no_queue_pct": round(mean([b.earlier.no_queue_pct for b in mine]), 3),
+            "intervals": mine[0].strict.intervals if mine else 0,
+            "lp_variables": round(mean([b.strict.variables for b in mine])),
+        }
+        by_load[f"{load:g}"] = headlines([r for r in results if r.load == load], strict)
+        for policy, figures in by_load[f"{load:g}"].items():
+            entry["policies"][policy].update(figures.as_json())
+    return by_load
 
 
 def summary(results: Sequence[RunResult]) -> dict[str, Any]:
