@@ -26,9 +26,9 @@ Prints, per run: heartbeat p50/p99/max and failures, desired-state fetch p50/p99
 the plane asks for them), API call p50/p99 and failures, the longest silence of any agent between two
 heartbeats (the generator's own lag shows there first), nodes lost by the end of the window (a false loss:
 every agent kept running), the plane's CPU seconds (web, db, Redis, worker + beat, from /proc) per agent
-per minute, and the generators' own CPU share of the machine and their sends late against schedule, which
-say whether the load generator kept up. With a baseline, the ratios of the two runs. Figures only: nothing
-here fails on timing.
+per minute, the generators' own CPU, and the whole machine's busy cores in the window (what is left is
+other work on a shared machine), which say whether the load generator and the machine kept up. With a
+baseline, the ratios of the two runs. Figures only: nothing here fails on timing.
 """
 
 from __future__ import annotations
@@ -310,6 +310,13 @@ def _writer(plane: Plane, per_s: float) -> Any:
     return Writer(plane, nodes, per_s)  # type: ignore[arg-type]
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every process, ours and others'), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _stats(values: list[float]) -> dict[str, float | int]:
     return {"count": len(values), "p50_ms": round(quantile(values, 0.5) * 1000, 1),
             "p99_ms": round(quantile(values, 0.99) * 1000, 1),
@@ -377,10 +384,12 @@ def run_fleet(
         cpu = Window(plane)
         cpu.start()
         generator_cpu = {g.pid: cpu_of(g.pid) or 0.0 for g in generators}
+        busy_at_start = machine_busy_s()
         writer.start()
         progress("window open")
         time.sleep(max(0.0, window[1] - time.time()))
         cpu.stop()
+        machine_cores = (machine_busy_s() - busy_at_start) / cpu.wall_s
         generator_cpu = {pid: (cpu_of(pid) or 0.0) - used for pid, used in generator_cpu.items()}
         writer.stop()
         lost = plane.lost_nodes()
@@ -410,6 +419,9 @@ def run_fleet(
         | {"all": round(cpu.cores(), 3)},
         "plane_cpu_s_per_agent_per_minute": round(cpu.cores() * cpu.wall_s / agents / minutes, 4),
         "generator_cores": round(sum(generator_cpu.values()) / cpu.wall_s, 3),
+        # Every process on the machine: what is left after the plane and the generators is others' work.
+        "machine_busy_cores": round(machine_cores, 3),
+        "machine_cores": os.cpu_count(),
         "machine_load_average": os.getloadavg(),
     }  # fmt: skip
 

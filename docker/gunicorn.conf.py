@@ -1,12 +1,13 @@
 """gunicorn settings of the plane image (`gunicorn -c docker/gunicorn.conf.py whalegen.config.wsgi`), each
 overridable from the environment. Why these (docs/fleet.md, "Heartbeat load"; figures there):
 
-- **Threads, not sync workers.** An agent's long poll (`WHALEGEN_AGENT_POLL_WAIT_S`, 20 s) holds the thread
-  that serves it; a sync worker is a single thread, so four polling agents held all four sync workers the
-  image ran before.
-  Each process serves `WHALEGEN_WEB_THREADS` requests at once, long polls included: size it for the
-  agents (about agents ÷ workers, plus room for API calls). Each thread keeps its own PostgreSQL
-  connection (`CONN_MAX_AGE`): workers × threads connections in all.
+- **Threads, not sync workers.** Each process serves `WHALEGEN_WEB_THREADS` requests at once: 4 × 8 = 32 a
+  host. With the plane's default `WHALEGEN_AGENT_POLL_WAIT_S=0` an agent holds a thread only while one of
+  its requests is served, and these 32 serve a fleet's heartbeats and fetches with the API beside them
+  (docs/notes/agent-fleet.md). A long poll (a wait above 0) holds its thread for the whole wait: 100
+  agents polling 20 s held all 32 and heartbeats and API calls timed out behind them; size workers ×
+  threads above the agents before setting one. Each thread keeps its own PostgreSQL connection
+  (`CONN_MAX_AGE`): workers × threads connections a host (docs/operations.md, "Scaling workers").
 - **Keep-alive above the heartbeat interval.** The agent's client (`requests.Session`) reuses its
   connection when the server kept it open, so a heartbeat costs no TCP connect, accept and close.
   gunicorn's own default (2 s) closes it long before the next beat (10 s), and a keep-alive *equal* to

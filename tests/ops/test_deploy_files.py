@@ -4,6 +4,7 @@ simulated backend runs with no spec given."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -124,3 +126,93 @@ def test_the_plane_image_carries_every_file_the_demo_reads_from_the_source_tree(
     copied = re.findall(r"^COPY\s+(?!--from)(\S+)\s", dockerfile, flags=re.MULTILINE)
     assert any(FLEET_FILE.as_posix().startswith(source.rstrip("/")) for source in copied), copied
     assert (ROOT / FLEET_FILE).is_file()
+
+
+# ---- the shipped defaults for a fleet (issue #42 item 2): code, compose, .env.example and docs agree ----
+def _defaults_of(code: str) -> dict[str, Any]:
+    """What `code` prints (JSON) in a process whose environment sets none of the plane's variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHALEGEN_") and k != "WEB_CONCURRENCY"}
+    env.update(PYTHONPATH=str(ROOT), SECRET_KEY="test-only-not-secret")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def plane_defaults() -> dict[str, Any]:
+    return _defaults_of(
+        "import json, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'whalegen.config.settings'\n"
+        "import django; django.setup(); from django.conf import settings as s\n"
+        "print(json.dumps({n: getattr(s, n) for n in ('WHALEGEN_AGENT_HEARTBEAT_S', "
+        "'WHALEGEN_AGENT_POLL_WAIT_S', 'WHALEGEN_NODE_LOST_HEARTBEATS')}))"
+    )
+
+
+def gunicorn_defaults() -> dict[str, Any]:
+    return _defaults_of(
+        "import json, runpy; c = runpy.run_path('docker/gunicorn.conf.py')\n"
+        "print(json.dumps({n: c[n] for n in ('workers', 'threads', 'keepalive', 'worker_connections')}))"
+    )
+
+
+def env_example() -> dict[str, str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    return {
+        m.group(1): m.group(2) for line in lines if (m := re.match(r"^#?\s*([A-Z][A-Z0-9_]+)=(.*)$", line))
+    }
+
+
+def test_the_shipped_fleet_pace_is_one_value_everywhere() -> None:
+    """The plane's defaults, compose's, .env.example's and the docs' tables name the same heartbeat and
+    long-poll wait; the default holds no long poll (a web thread per agent: docs/notes/agent-fleet.md)."""
+    plane = plane_defaults()
+    assert plane["WHALEGEN_AGENT_POLL_WAIT_S"] == 0.0
+    compose_env = yaml.safe_load(COMPOSE.read_text())["x-plane-env"]
+    listed = env_example()
+    fleet_doc = (ROOT / "docs" / "fleet.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for name in ("WHALEGEN_AGENT_HEARTBEAT_S", "WHALEGEN_AGENT_POLL_WAIT_S"):
+        default = f"{plane[name]:g}"
+        assert compose_env[name] == f"${{{name}:-{default}}}", name
+        assert listed[name] == default, name
+        for doc in (fleet_doc, readme):
+            (row,) = [line for line in doc.splitlines() if line.startswith(f"| `{name}` |")]
+            assert row.split("|")[2].strip().strip("`") == default, row
+    assert listed["WHALEGEN_NODE_LOST_HEARTBEATS"] == str(plane["WHALEGEN_NODE_LOST_HEARTBEATS"])
+
+
+def test_the_agent_follows_the_plane_pace_it_ships_with() -> None:
+    """The agent's own defaults (library and CLI) are the plane's heartbeat and a cap on the poll wait at
+    least the plane's, so an agent left at its defaults keeps exactly the pace the plane asks for."""
+    from agents.agent import AgentConfig, _replace_intervals
+    from whalegen.commands.agent import add_arguments
+
+    plane = plane_defaults()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cli = parser.parse_args([])
+    library = AgentConfig(server="http://plane", token="t", state_dir=Path("/nonexistent"))
+    assert cli.heartbeat_s == library.heartbeat_s == plane["WHALEGEN_AGENT_HEARTBEAT_S"]
+    assert cli.poll_wait_s == library.poll_wait_s
+    paced = _replace_intervals(
+        library, plane["WHALEGEN_AGENT_HEARTBEAT_S"], plane["WHALEGEN_AGENT_POLL_WAIT_S"]
+    )
+    assert (paced.heartbeat_s, paced.poll_wait_s) == (10.0, 0.0)
+
+
+def test_the_web_sizing_in_the_docs_is_the_gunicorn_file() -> None:
+    """docs/operations.md's thread and connection figures are what docker/gunicorn.conf.py opens, and
+    .env.example lists the same defaults; the systemd web unit runs gunicorn from that file."""
+    web = gunicorn_defaults()
+    listed = env_example()
+    assert int(listed["WEB_CONCURRENCY"]) == web["workers"]
+    assert int(listed["WHALEGEN_WEB_THREADS"]) == web["threads"]
+    assert int(listed["WHALEGEN_WEB_KEEPALIVE_S"]) == web["keepalive"]
+    assert int(listed["WHALEGEN_WEB_CONNECTIONS"]) == web["worker_connections"]
+    operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    assert f"`WEB_CONCURRENCY` ({web['workers']}) × `WHALEGEN_WEB_THREADS` ({web['threads']})" in operations
+    assert f"{web['workers'] * web['threads']} PostgreSQL connections per web host" in operations
+    assert (
+        "ExecStart=/opt/whalegen/bin/gunicorn -c docker/gunicorn.conf.py whalegen.config.wsgi" in operations
+    )

@@ -314,6 +314,9 @@ def run(args: argparse.Namespace) -> int:
     # A newcomer should see an idle GPU flagged within minutes, not after the production half hour.
     os.environ.setdefault("WHALEGEN_IDLE_AFTER_S", "120")
     os.environ.setdefault("WHALEGEN_IDLE_CHECK_INTERVAL_S", "20")
+    # Ten agents: each may hold a long poll (a change reaches its agent within a second, not with its next
+    # heartbeat); the plane's default (0) is sized for fleets of thousands (docs/fleet.md, "Change marks").
+    os.environ.setdefault("WHALEGEN_AGENT_POLL_WAIT_S", "20")
     if args.host not in {"127.0.0.1", "localhost", "::1"} and "ALLOWED_HOSTS" not in os.environ:
         # Reached by another name or address than loopback: accept whatever Host the browser sends.
         os.environ["ALLOWED_HOSTS"] = "*"

@@ -308,7 +308,11 @@ WHALEGEN_PRECARVE_MAX_GPUS = envint("WHALEGEN_PRECARVE_MAX_GPUS", 2)
 WHALEGEN_PRECARVE_MIN_CONFIDENCE = envfloat("WHALEGEN_PRECARVE_MIN_CONFIDENCE", 0.5)
 # Agents (apps.fleet): the pace the plane sets, when a silent node counts as lost, stop grace.
 WHALEGEN_AGENT_HEARTBEAT_S = envfloat("WHALEGEN_AGENT_HEARTBEAT_S", 10.0)
-WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 20.0)
+# 0: agents hold no long poll; they fetch their desired state once after registering and when a heartbeat's
+# answer names a newer generation. A long poll holds a gunicorn thread per agent for its wait, so with the
+# image's 4 workers x 8 threads a few dozen polling agents queue heartbeats and API calls behind them
+# (measured with real agents: docs/notes/agent-fleet.md). The demo sets 20 for itself (start latency).
+WHALEGEN_AGENT_POLL_WAIT_S = envfloat("WHALEGEN_AGENT_POLL_WAIT_S", 0.0)
 WHALEGEN_NODE_LOST_HEARTBEATS = envint("WHALEGEN_NODE_LOST_HEARTBEATS", 3)
 WHALEGEN_AGENT_STOP_GRACE_S = envfloat("WHALEGEN_AGENT_STOP_GRACE_S", 10.0)
 # Isolation on GPU hosts (docs/isolation.md, docs/api.md "Runtimes and images"): every tenant's runs take
