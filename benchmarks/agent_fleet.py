@@ -23,7 +23,8 @@ What runs (issue #42 item 2):
   the agents fetch and apply (partition reports through the API) as they would any change.
 
 Prints, per run: heartbeat p50/p99/max and failures, desired-state fetch p50/p99 (and long polls, when
-the plane asks for them), API call p50/p99 and failures, the longest silence of any agent between two
+the plane asks for them), API call p50/p99 and failures, the plane's own time per request by path (gunicorn's
+access lines: the agents' latency less this is queueing), the longest silence of any agent between two
 heartbeats (the generator's own lag shows there first), nodes lost by the end of the window (a false loss:
 every agent kept running), the plane's CPU seconds (web, db, Redis, worker + beat, from /proc) per agent
 per minute, the generators' own CPU, and the whole machine's busy cores in the window (what is left is
@@ -317,6 +318,26 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def served_ms(log: Path, window: tuple[float, float]) -> dict[str, dict[str, float | int]]:
+    """The plane's own time per request, by path, inside the window: gunicorn's JSON access lines
+    (`duration_ms`: from the thread taking the request to its answer, without the wait for a free thread
+    or for the client's own process). The agents' latency less this is queueing, here or in the generator."""
+    import datetime
+
+    durations: dict[str, list[float]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if '"gunicorn.access"' not in line:
+            continue
+        try:
+            entry = json.loads(line)
+            at = datetime.datetime.fromisoformat(entry["time"]).timestamp()
+        except (ValueError, KeyError):
+            continue
+        if window[0] <= at < window[1]:
+            durations.setdefault(entry["path"].split("?", 1)[0], []).append(entry["duration_ms"] / 1000)
+    return {path: _stats(values) for path, values in sorted(durations.items())}
+
+
 def _stats(values: list[float]) -> dict[str, float | int]:
     return {"count": len(values), "p50_ms": round(quantile(values, 0.5) * 1000, 1),
             "p99_ms": round(quantile(values, 0.99) * 1000, 1),
@@ -399,6 +420,7 @@ def run_fleet(
                     f"generator {i} failed:\n{(work / f'generator-{i}.log').read_text()[-3000:]}"
                 )
         probe.thread.join(60)
+        served = served_ms(plane.work / "gunicorn.log", window)
         figures = _merge(
             [json.loads((work / f"generator-{i}.json").read_text()) for i in range(procs)], window
         )
@@ -414,6 +436,7 @@ def run_fleet(
         **figures,
         "api": {**_stats(probe.latencies), "failed": len(probe.failed), "failures": probe.failed[:5]},
         "desired_state_changes": writer.changes,
+        "served_by_the_plane": served,
         "nodes_falsely_lost": lost,
         "plane_cores": {part: round(cpu.cpu[part] / cpu.wall_s, 3) for part in cpu.cpu}
         | {"all": round(cpu.cores(), 3)},
