@@ -17,7 +17,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +26,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.approvals.models import ReclaimRequest
-from apps.fleet.selectors import tasks_idle
+from apps.fleet.selectors import tasks_busy, tasks_idle
 from apps.inventory.models import ComputeUnit
 from apps.scheduling.selectors import held_unit_ids
 from apps.workloads.models import Queue, Task
@@ -167,8 +167,16 @@ def idle_check_pool(
     flagged_before = set(
         Task.objects.filter(pool_id=pool_id, idle_flagged_at__isnull=False).values_list("pk", flat=True)
     )
-    # 2. Clear flags that no longer hold.
-    _unflag(flagged_before - idle, now=now, out=out)
+    # 2. Clear flags that no longer hold: the task stopped running, or a sample shows its GPUs busy. A
+    # flagged task that is merely not judged idle now (its samples stopped or do not cover the window)
+    # keeps its flag: no evidence either way is no verdict, not "busy again".
+    not_idle = flagged_before - idle
+    still_running = set(
+        Task.objects.filter(pk__in=not_idle, state=Task.State.RUNNING).values_list("pk", flat=True)
+    )
+    since = now - timedelta(seconds=config.after_s)
+    busy = tasks_busy(task_ids=still_running, since=since, util_pct=config.util_pct)
+    _unflag((not_idle - still_running) | busy, now=now, out=out)
     # 3. Flag the newly idle.
     rows = _idle_rows(idle)
     _flag(rows, idle - flagged_before, pool_id=pool_id, now=now, config=config, out=out)

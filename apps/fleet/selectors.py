@@ -360,6 +360,28 @@ def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sa
     return idle
 
 
+def tasks_busy(*, task_ids: set[int], since: datetime, util_pct: int) -> set[int]:
+    """Of `task_ids`, those with a sample at or above `util_pct` SM utilisation on a GPU they hold, at or
+    after `since`: the evidence that clears an idle flag. A task whose samples merely stopped (a node
+    that went quiet, a demo restarted) has none and keeps its flag (docs/operations.md, "Idle reclaim")."""
+    held = dict(
+        Assignment.objects.filter(released_at__isnull=True, task_id__in=task_ids).values_list(
+            "task_id", "unit_ids"
+        )
+    )
+    gpu_of = dict(
+        ComputeUnit.objects.filter(pk__in={u for ids in held.values() for u in ids}).values_list(
+            "pk", "gpu_id"
+        )
+    )
+    busy_gpus = set(
+        GpuSample.objects.filter(at__gte=since, gpu_id__in=set(gpu_of.values()), util_gpu_pct__gte=util_pct)
+        .values_list("gpu_id", flat=True)
+        .distinct()
+    )
+    return {task_id for task_id, ids in held.items() if {gpu_of.get(u) for u in ids} & busy_gpus}
+
+
 # ---------------------------------------------------------------------------------------------- joining
 
 

@@ -128,6 +128,22 @@ def test_a_flagged_task_whose_gpu_gets_busy_is_unflagged_and_told(pool: Pool) ->
     assert idle_events(task)[-1] == "no longer idle: its GPUs are busy again"
 
 
+def test_a_flagged_task_whose_telemetry_stops_keeps_its_flag_and_is_not_called_busy(pool: Pool) -> None:
+    # The demo restarted: its agents sent nothing for a while, and the check said "no longer idle: its
+    # GPUs are busy again" of a task at 0 % throughout, then flagged it again. No samples is no verdict.
+    task = running(pool)
+    telemetry(pool)
+    check(pool)
+    quiet = check(pool, later_s=300)  # five minutes without a sample: the window's end is not covered
+    assert quiet.cleared == [] and quiet.flagged == []
+    GpuSampleFactory(gpu=pool.gpus[0], at=pool.now + timedelta(seconds=310), util_gpu_pct=0)
+    back = check(pool, later_s=320)  # samples again, still idle: nothing to say
+    assert back.cleared == [] and back.flagged == []
+    task.refresh_from_db()
+    assert task.idle_flagged_at == pool.now
+    assert len(idle_events(task)) == 1 and idle_events(task)[0].startswith("flagged idle")
+
+
 def test_a_queue_with_reclaim_off_is_not_watched(pool: Pool) -> None:
     task = running(pool, policy="off")
     telemetry(pool)
