@@ -133,7 +133,13 @@ class BeatLease:
         return claimed
 
     def release(self) -> None:
-        """Give the lease up now (closing the session frees the lock); a standby takes it at its next try."""
+        """Give the lease up now; a standby takes it at its next try. The lock is let go by a statement
+        before the session closes: a closed socket frees it only once the server's backend has exited."""
+        if self._leading and self._conn is not None:
+            try:
+                self._one(self._conn, "SELECT pg_advisory_unlock(%(lock_class)s, %(lock_object)s)")
+            except psycopg.Error:
+                logger.debug("unlocking the beat lease failed; closing its session frees it", exc_info=True)
         self._drop("")
 
     # -- the session -----------------------------------------------------------------------------------
