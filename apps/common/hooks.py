@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from django.db.models import QuerySet
+
 from whalegen.placement.types import BudgetSpent
+from whalegen.scheduling.precarve import ShapeForecast
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,6 +88,25 @@ tasks_submitted: Hook[..., None] = Hook("tasks_submitted", "forecasting")
 agent_logs_check: Hook[..., None] = Hook("agent_logs_check", "logs")
 agent_logs_store: Hook[..., int] = Hook("agent_logs_store", "logs")
 
+# Called by the scheduling snapshot (keywords pool_id, now): a query of the unit ids of assignments released
+# lately whose task's process on that node may still run, whose GPUs are never re-carved under it.
+# Registered: apps.fleet.selectors.stopping_unit_rows.
+stopping_unit_rows: Hook[..., QuerySet[Any]] = Hook("stopping_unit_rows", "fleet")
+
+# Called by inventory's GPU list and compute-unit admin: the units queryset annotated with `holder_id` and
+# `holder_tenant_id` (the task whose live assignment lists the unit). Registered:
+# apps.scheduling.holders.with_holders.
+units_with_holders: Hook[..., QuerySet[Any]] = Hook("units_with_holders", "scheduling")
+
+# Called by the scheduling cycle's input (keywords pool_id, now): the shape mix placement weighs
+# fragmentation with (an apps.scheduling.snapshot.pool.PoolShapeMix), from the pool's active arrivals
+# model when it has one. Registered: apps.forecasting.selectors.pool_shape_mix.
+pool_shape_mix: Hook[..., Any] = Hook("pool_shape_mix", "forecasting")
+
+# Called by the scheduling cycle's input when pre-carving is on (keywords pool_id, now): the pool's
+# arrivals forecast by shape, or None. Registered: apps.forecasting.selectors.pool_shape_forecast.
+pool_shape_forecast: Hook[..., ShapeForecast | None] = Hook("pool_shape_forecast", "forecasting")
+
 ALL: tuple[Hook[..., Any], ...] = (
     nodes_changed,
     desired_generation,
@@ -94,4 +116,8 @@ ALL: tuple[Hook[..., Any], ...] = (
     tasks_submitted,
     agent_logs_check,
     agent_logs_store,
+    stopping_unit_rows,
+    units_with_holders,
+    pool_shape_mix,
+    pool_shape_forecast,
 )

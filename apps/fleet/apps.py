@@ -25,9 +25,11 @@ class FleetConfig(AppConfig):
         from apps.common import hooks
         from apps.fleet.agents import desired_generation
         from apps.fleet.changes import node_changed
+        from apps.fleet.selectors import stopping_unit_rows
         from apps.inventory.models import Node
 
         hooks.nodes_changed.register(node_changed)
         hooks.desired_generation.register(desired_generation)
+        hooks.stopping_unit_rows.register(stopping_unit_rows)
 
         post_delete.connect(_node_deleted, sender=Node, dispatch_uid="fleet-forget-deleted-node")

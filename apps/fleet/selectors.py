@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db.models import Max, Min, QuerySet, Value, prefetch_related_objects
+from django.db.models import F, Max, Min, QuerySet, Value, prefetch_related_objects
 from django.db.models.functions import Coalesce
 
 from apps.fleet.models import GpuPartition, GpuSample, JoinToken, NodeJoin, TaskRun
@@ -441,3 +441,16 @@ def node_find(*, ref: str) -> Node | None:
         return nodes.filter(pk=int(ref)).first()
     cluster, slash, name = ref.partition("/")
     return nodes.filter(cluster__name=cluster, name=name).first() if slash else None
+
+
+def stopping_unit_rows(*, pool_id: int, now: datetime) -> QuerySet[Any]:
+    """The unit ids of the pool's assignments released lately whose task's process on that node may still
+    run (the agent was told to stop it and has not said it ended): the scheduling snapshot's read, through
+    apps.common.hooks.stopping_unit_rows."""
+    horizon = now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
+    return Assignment.objects.filter(
+        node__pool_id=pool_id,
+        released_at__gte=horizon,
+        task__runs__state__in=TaskRun.ALIVE,
+        task__runs__node_id=F("node_id"),
+    ).values_list("unit_ids")

@@ -7,6 +7,9 @@ class ForecastingConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.common import hooks
+        from apps.forecasting.selectors import pool_shape_forecast, pool_shape_mix
         from apps.forecasting.services import tasks_forecast_attach_on_commit
 
         hooks.tasks_submitted.register(tasks_forecast_attach_on_commit)
+        hooks.pool_shape_mix.register(pool_shape_mix)
+        hooks.pool_shape_forecast.register(pool_shape_forecast)

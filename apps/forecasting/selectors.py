@@ -18,7 +18,6 @@ from django.db.models import (
     IntegerField,
     Max,
     OuterRef,
-    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -30,6 +29,7 @@ from apps.fleet.models import GpuSample, TaskSample
 from apps.forecasting.models import ForecastModel
 from apps.inventory.models import Gpu, Pool
 from apps.scheduling.models import Cycle
+from apps.scheduling.snapshot.pool import PoolShapeMix
 from apps.tenants.models import Tenant
 from apps.tenants.selectors import Access
 from apps.workloads.models import Task, TaskProfile
@@ -343,17 +343,6 @@ _MIX_HISTORY = timedelta(days=8)
 _MIX_CACHE: dict[tuple[int, int, float], tuple[ShapeMix | None, str]] = {}
 
 
-@dataclass(frozen=True)
-class PoolShapeMix:
-    """The shape mix placement weighs fragmentation with. `mix` None: use the history mix (pending and
-    running tasks); `reason` says why when the forecast was not used."""
-
-    mix: ShapeMix | None
-    source: str  # "forecast" or "history"
-    reason: str
-    model_version: int | None = None
-
-
 def _forecast_mix(pool_id: int, model: ArrivalModel, now: datetime) -> tuple[ShapeMix | None, str]:
     rows = list(
         Task.objects.filter(pool_id=pool_id, created_at__gte=now - _MIX_HISTORY, created_at__lt=now)
@@ -471,33 +460,6 @@ def profile_sla_class(*, tenant: Tenant, profile_key: str, since: datetime) -> s
         .first()
     )
     return "" if top is None else str(top["sla_class"])
-
-
-@dataclass(frozen=True)
-class OnlineDemand:
-    """A pool's online tasks, as its online reserve is sized from them (whalegen.forecast.online_reserve)."""
-
-    arrival_milli: tuple[int, ...]  # what each online task submitted in the window asks, all GPUs together
-    holding: frozenset[str]  # online tasks assigned or running now (engine task ids)
-
-
-def pool_online_demand(*, pool_id: int, since: datetime, until: datetime) -> OnlineDemand:
-    """The pool's online tasks submitted in (since, until], and those holding units now: one query."""
-    holding_states = (Task.State.ASSIGNED, Task.State.RUNNING)
-    rows = (
-        Task.objects.filter(pool_id=pool_id, sla_class=Task.SlaClass.ONLINE)
-        .filter(Q(created_at__gt=since, created_at__lte=until) | Q(state__in=holding_states))
-        .order_by()
-        .values_list("id", "created_at", "state", "gpu_count", "gpu_milli")
-    )
-    arrivals: list[int] = []
-    holding: set[str] = set()
-    for pk, created_at, state, gpu_count, gpu_milli in rows:
-        if since < created_at <= until:
-            arrivals.append(gpu_count * gpu_milli)
-        if state in holding_states:
-            holding.add(str(pk))
-    return OnlineDemand(tuple(arrivals), frozenset(holding))
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.common import hooks
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
-from apps.scheduling.holders import with_holders
 
 
 @admin.register(Cluster)
@@ -91,7 +91,7 @@ class ComputeUnitInline(admin.TabularInline):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ComputeUnit]:
-        return with_holders(super().get_queryset(request))
+        return hooks.units_with_holders(super().get_queryset(request))
 
     @admin.display(description="held by task")
     def held_by(self, unit: ComputeUnit) -> int | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db.models import Count, Prefetch, QuerySet
 from django.http import Http404
 
+from apps.common import hooks
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
-from apps.scheduling.holders import with_holders
 from apps.tenants.selectors import Access
 
 
@@ -42,7 +42,7 @@ def gpu_list(*, access: Access) -> QuerySet[Gpu]:
     # Each unit carries its holder and the holder's tenant (same prefetch query, two subqueries over the
     # live assignments of the unit's node): the API shows a task id only to whoever may see the task, and
     # "in use" to everyone else.
-    units = Prefetch("units", queryset=with_holders(ComputeUnit.objects.all()))
+    units = Prefetch("units", queryset=hooks.units_with_holders(ComputeUnit.objects.all()))
     queryset = Gpu.objects.select_related("node", "node__cluster", "node__pool").prefetch_related(units)
     if not access.platform_admin:
         queryset = queryset.filter(node__pool__in=_pool_ids(access))

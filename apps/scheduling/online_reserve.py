@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from apps.forecasting.selectors import pool_online_demand
+from apps.workloads.selectors import pool_online_demand
 from whalegen.forecast.online_reserve import DEFAULT_LOOKBACK_S, OnlineReserve, size_online_reserve
 from whalegen.placement.types import WHOLE_GPU_MILLI
 from whalegen.scheduling import Config

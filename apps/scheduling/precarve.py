@@ -17,7 +17,6 @@ from django.db import transaction
 from django.db.models import F
 
 from apps.common import hooks
-from apps.forecasting.selectors import pool_shape_forecast
 from apps.inventory.models import ComputeUnit, Node
 from apps.inventory.services import mig_units_create
 from apps.scheduling.holders import gpu_units_held
@@ -46,7 +45,7 @@ def with_forecast(pure: Snapshot, *, pool_id: int, now: datetime, config: Precar
     idle MIG GPU could be re-carved at all."""
     if config is None or not pure.idle_mig:
         return pure
-    return replace(pure, forecast=pool_shape_forecast(pool_id=pool_id, now=now))
+    return replace(pure, forecast=hooks.pool_shape_forecast(pool_id=pool_id, now=now))
 
 
 def precarves_commit(snapshot: PoolSnapshot, decisions: Decisions, cycle: Cycle, now: datetime) -> int:

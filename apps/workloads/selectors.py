@@ -6,6 +6,9 @@ so nobody learns that another tenant's task 1234 exists.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.db.models import Count, F, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.http import Http404
@@ -90,3 +93,30 @@ def queue_list_with_counts(*, access: Access) -> QuerySet[Queue]:
         tasks_running=Count("tasks", filter=Q(tasks__state=Task.State.RUNNING)),
         oldest_pending_at=Min("tasks__created_at", filter=Q(tasks__state=Task.State.PENDING)),
     )
+
+
+@dataclass(frozen=True)
+class OnlineDemand:
+    """A pool's online tasks, as its online reserve is sized from them (whalegen.forecast.online_reserve)."""
+
+    arrival_milli: tuple[int, ...]  # what each online task submitted in the window asks, all GPUs together
+    holding: frozenset[str]  # online tasks assigned or running now (engine task ids)
+
+
+def pool_online_demand(*, pool_id: int, since: datetime, until: datetime) -> OnlineDemand:
+    """The pool's online tasks submitted in (since, until], and those holding units now: one query."""
+    holding_states = (Task.State.ASSIGNED, Task.State.RUNNING)
+    rows = (
+        Task.objects.filter(pool_id=pool_id, sla_class=Task.SlaClass.ONLINE)
+        .filter(Q(created_at__gt=since, created_at__lte=until) | Q(state__in=holding_states))
+        .order_by()
+        .values_list("id", "created_at", "state", "gpu_count", "gpu_milli")
+    )
+    arrivals: list[int] = []
+    holding: set[str] = set()
+    for pk, created_at, state, gpu_count, gpu_milli in rows:
+        if since < created_at <= until:
+            arrivals.append(gpu_count * gpu_milli)
+        if state in holding_states:
+            holding.add(str(pk))
+    return OnlineDemand(tuple(arrivals), frozenset(holding))

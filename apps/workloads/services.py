@@ -23,7 +23,6 @@ from django.utils import timezone
 from apps.common import hooks
 from apps.common.errors import BulkItemError, CodedValidationError, Conflict
 from apps.inventory.models import Gpu, Node, Pool
-from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant, run_uid_refusal
 from apps.workloads.models import Queue, Quota, Task, TaskEvent, TaskWait
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
@@ -1017,7 +1016,8 @@ def _transition(
             task_waits_write([TaskWait(task_id=task.pk, why=(why_pending or "")[:500], code=code)])
         if to_state in FINAL or to_state in RETRY_FROM:
             # Releasing the assignment frees its units: a unit's holder is the live assignment listing it.
-            live = Assignment.objects.filter(task=task, released_at__isnull=True)
+            # `assignments` is the relation scheduling's Assignment declares to Task (apps.LAYERS: no import).
+            live = task.assignments.filter(released_at__isnull=True)
             # The nodes that held it list it no more (or list it to stop): their agents must hear of it.
             hooks.nodes_changed(live.values_list("node_id", flat=True))
             live.update(released_at=now, release_reason=reason[:200])
@@ -1045,9 +1045,7 @@ def task_preempt(
     or another preemption won): theirs stands.
     """
     if node_ids is None:
-        node_ids = list(
-            Assignment.objects.filter(task=task, released_at__isnull=True).values_list("node_id", flat=True)
-        )
+        node_ids = list(task.assignments.filter(released_at__isnull=True).values_list("node_id", flat=True))
     try:
         with transaction.atomic():
             moved = task_transition(

@@ -6,24 +6,9 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.forecasting.models import ForecastModel, TaskForecast
+from apps.forecasting.models import ForecastModel
 from apps.workloads.models import TaskProfile
 from whalegen.forecast.profiles import MemoryPattern, right_size
-
-
-class TaskForecastOutputSerializer(serializers.ModelSerializer):
-    """A task's forecast and where it came from: `source` is `model` (with `model_version`),
-    `baseline` (with `baseline` = key_history | global_median and `history_count`) or `none`.
-    `mem_bound_mib`: while the task runs, the memory-peak model's bound on its next hour (per GPU)."""
-
-    class Meta:
-        model = TaskForecast
-        fields = [
-            "duration_p50_s", "duration_p90_s", "gpu_mem_peak_mib", "source", "model_version", "baseline",
-            "history_count", "mem_source", "mem_bound_mib", "mem_bound_at", "mem_bound_model_version",
-            "created_at",
-        ]  # fmt: skip
-        read_only_fields = fields
 
 
 class ForecastModelOutputSerializer(serializers.ModelSerializer):

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from apps.forecasting.selectors import PoolShapeMix, pool_shape_mix
+from apps.common import hooks
 from apps.scheduling.online_reserve import cycle_config
 from apps.scheduling.precarve import precarve_config, with_forecast
 from apps.scheduling.profiles import snapshot_with_profiles
-from apps.scheduling.snapshot.pool import PoolSnapshot
+from apps.scheduling.snapshot.pool import PoolShapeMix, PoolSnapshot
 from apps.scheduling.snapshot.read import snapshot_for_pool
 from whalegen.placement.aware import reads_profiles
 from whalegen.placement.fragmentation import shape_mix_from_tasks, takeable_mix
@@ -65,7 +65,7 @@ def _shape_mix(snapshot: PoolSnapshot, now: datetime) -> tuple[PoolShapeMix, Sha
     """The forecast shape mix of the pool's next hour (active arrivals model), else the mix of the tasks
     the snapshot knows, less the shapes no node of the pool could ever take; the engine's policy and the
     fragmentation figures use it."""
-    steer = pool_shape_mix(pool_id=snapshot.pool_id, now=now)
+    steer = hooks.pool_shape_mix(pool_id=snapshot.pool_id, now=now)
     mix = steer.mix or shape_mix_from_tasks(
         list(snapshot.cluster.pending)
         + [

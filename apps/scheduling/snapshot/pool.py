@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from whalegen.placement.recarve import IdleMigGpu
 from whalegen.placement.repartition import ClaimVerdict, GpuView, MigSlot
-from whalegen.placement.types import ClusterSnapshot, TaskRequest
+from whalegen.placement.types import ClusterSnapshot, ShapeMix, TaskRequest
 from whalegen.scheduling.types import Snapshot
 
 
@@ -93,3 +93,14 @@ class PoolSnapshot:
     idle_mig: MappingProxyType[tuple[str, int], IdleMigGpu] = field(default_factory=_empty)
     # What `decide` reads: the engine's view plus every free unit, claims, queues and expected ends.
     pure: Snapshot = field(default_factory=lambda: Snapshot(ClusterSnapshot(())))
+
+
+@dataclass(frozen=True)
+class PoolShapeMix:
+    """The shape mix placement weighs fragmentation with. `mix` None: use the history mix (pending and
+    running tasks); `reason` says why when the forecast was not used."""
+
+    mix: ShapeMix | None
+    source: str  # "forecast" or "history"
+    reason: str
+    model_version: int | None = None

@@ -13,7 +13,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import repeat
 from operator import itemgetter
 from types import MappingProxyType
@@ -28,7 +28,6 @@ from django.db.models.functions import Cast, Coalesce, Extract
 from apps.approvals.models import PriorityOverride
 from apps.common import hooks
 from apps.common.pipeline import pipelined
-from apps.fleet.models import TaskRun
 from apps.inventory.models import ComputeUnit, Gpu, Node
 from apps.scheduling.holders import live_holders_sql
 from apps.scheduling.models import Assignment, Repartition
@@ -258,13 +257,7 @@ def _gpu_rows(r: _Reading) -> QuerySet[Any]:
 def _stopping_rows(r: _Reading) -> QuerySet[Any]:
     """Step 2's second read: the unit ids of assignments released lately whose task's process on that node
     may still run (the agent was told to stop it and has not said it ended)."""
-    horizon = r.now - timedelta(seconds=settings.WHALEGEN_AGENT_STOP_LIST_S)
-    return Assignment.objects.filter(
-        node__pool_id=r.pool_id,
-        released_at__gte=horizon,
-        task__runs__state__in=TaskRun.ALIVE,
-        task__runs__node_id=F("node_id"),
-    ).values_list("unit_ids")
+    return hooks.stopping_unit_rows(pool_id=r.pool_id, now=r.now)  # fleet knows which runs may be alive
 
 
 def _read_gpus(r: _Reading, rows: Iterable[tuple[Any, ...]], stopping: Iterable[tuple[Any, ...]]) -> None:

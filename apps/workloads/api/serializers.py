@@ -13,7 +13,6 @@ from apps.common.fields import (
     StrictIntegerField,
     StrictSlugField,
 )
-from apps.forecasting.api.serializers import TaskForecastOutputSerializer
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
 
 
@@ -92,6 +91,23 @@ class BulkTaskItemSerializer(TaskInputSerializer):
 class BulkSubmitInputSerializer(StrictInputSerializer):
     tenant = StrictSlugField(required=False)
     tasks = BulkTaskItemSerializer(many=True, allow_empty=False, max_length=1000)
+
+
+class TaskForecastOutputSerializer(serializers.ModelSerializer):
+    """A task's forecast and where it came from: `source` is `model` (with `model_version`),
+    `baseline` (with `baseline` = key_history | global_median and `history_count`) or `none`.
+    `mem_bound_mib`: while the task runs, the memory-peak model's bound on its next hour (per GPU)."""
+
+    class Meta:
+        # TaskForecast is forecasting's, above this app (apps.LAYERS); its one-to-one relation to Task
+        # (`task.forecast`) names it, so workloads need not import forecasting.
+        model = Task._meta.get_field("forecast").related_model
+        fields = [
+            "duration_p50_s", "duration_p90_s", "gpu_mem_peak_mib", "source", "model_version", "baseline",
+            "history_count", "mem_source", "mem_bound_mib", "mem_bound_at", "mem_bound_model_version",
+            "created_at",
+        ]  # fmt: skip
+        read_only_fields = fields
 
 
 class TaskOutputSerializer(serializers.ModelSerializer):

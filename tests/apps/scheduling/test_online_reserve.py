@@ -1,5 +1,5 @@
 """The online-service reserve sized from the pool's forecast of online arrivals, in the production cycle
-(apps.scheduling.online_reserve, apps.forecasting.selectors.pool_online_demand; docs/goodput.md §10)."""
+(apps.scheduling.online_reserve, apps.workloads.selectors.pool_online_demand; docs/goodput.md §10)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from apps.forecasting.selectors import pool_online_demand
 from apps.workloads.models import Queue, Task
+from apps.workloads.selectors import pool_online_demand
 from tests.apps.factories import QueueFactory, TaskFactory
 from tests.apps.scheduling.conftest import NOW, Fleet, run, start
 from tests.apps.scheduling.invariants import violations
