@@ -154,6 +154,9 @@ def logging_config(*, fmt: str, level: str, access_level: str) -> dict[str, Any]
         },
         "root": {"handlers": ["console"], "level": level},
         # One line per HTTP request (the development server) and per Celery task run: INFO logs them all;
-        # `whalegen demo` sets WARNING so ten polling agents do not bury its status line.
-        "loggers": {name: {"level": access_level} for name in ("django.server", "celery.app.trace")},
+        # `whalegen demo` sets WARNING so ten polling agents do not bury its status line. `propagate` undoes
+        # Django's default for django.server (its own handler, not propagated), or its lines go nowhere.
+        "loggers": {
+            name: {"level": access_level, "propagate": True} for name in ("django.server", "celery.app.trace")
+        },
     }
