@@ -169,8 +169,10 @@ def wait_for(
                 _say_change(client, task, seen)
             follower = followers.get(task_id)
             if follower is not None:
-                # One task: the output long poll paces the loop; several: a quick look at each.
-                waited |= _stream(client, follower, task, wait_s=interval_s if len(task_ids) == 1 else 0)
+                # One task: the output long poll paces the loop; several: a quick look at each. Neither
+                # the poll nor the sleep below outlasts the deadline (`--timeout 1` waited 6 s).
+                pace_s = _left(deadline, interval_s) if len(task_ids) == 1 else 0
+                waited |= _stream(client, follower, task, wait_s=pace_s)
             if final:
                 _say_change(client, task, seen)
         if len(last) == len(task_ids) and all(state in FINAL for state, _ in seen.values()):
@@ -183,7 +185,12 @@ def wait_for(
                 return EXIT_UNREACHABLE
             return EXIT_TIMEOUT
         if not waited:
-            time.sleep(interval_s)
+            time.sleep(_left(deadline, interval_s))
+
+
+def _left(deadline: float, most_s: float) -> float:
+    """Seconds to wait now: `most_s`, or what is left before `deadline` if that is less (never below 0)."""
+    return max(0.0, min(most_s, deadline - time.monotonic()))
 
 
 class _Outage:
