@@ -179,6 +179,7 @@ def test_a_requests_tenant_and_node_are_on_its_lines_and_not_on_the_next_request
     node = {"Authorization": f"Bearer {fleet.token_a}", "X-Request-ID": "req-node"}
     agent = client.get("/api/v1/agent/desired-state/?generation=x", headers=node)
     assert agent.status_code == 400, agent.content
+    logging.getLogger("apps.fleet.services").info("after them")
     assert client.get("/api/v1/tasks/", headers={"X-Request-ID": "req-anonymous"}).status_code == 401
     logging.getLogger("apps.fleet.services").info("between requests")
     # 2. Django's line about each request names who sent it; the anonymous one and the one between none.
@@ -186,6 +187,7 @@ def test_a_requests_tenant_and_node_are_on_its_lines_and_not_on_the_next_request
         text = captured.text()
         assert "request_id=req-tenant tenant=vision]" in text and "request_id=req-node node=gpu-001]" in text
         assert "tenant=vision" not in text.split("req-node")[1] and text.rstrip().endswith("between requests")
+        assert "after them\n" in text  # no bracket of fields: the request it followed is over
         return
     lines = {line.get("request_id", "none"): line for line in captured.json_lines()}
     assert (lines["req-tenant"]["tenant"], lines["req-tenant"]["message"]) == (
@@ -194,4 +196,8 @@ def test_a_requests_tenant_and_node_are_on_its_lines_and_not_on_the_next_request
     )
     assert lines["req-node"]["node"] == "gpu-001" and "tenant" not in lines["req-node"]
     assert "tenant" not in lines["req-anonymous"] and "node" not in lines["req-anonymous"]
-    assert lines["none"]["message"] == "between requests" and "tenant" not in lines["none"]
+    outside = [line for line in captured.json_lines() if line["logger"] == "apps.fleet.services"]
+    assert [(line["message"], {"request_id", "tenant", "node"} & line.keys()) for line in outside] == [
+        ("after them", set()),
+        ("between requests", set()),
+    ]

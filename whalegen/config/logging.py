@@ -40,10 +40,11 @@ __all__ = [
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "whalegen_request_id", default=None
 )
-# What authentication learned about the request being served (`tenant`, `node`). Emptied when the next
-# request starts (Django's `request_started`, in the thread that serves it), so a thread's next request
-# never inherits the last one's tenant.
-request_fields_var: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+# What authentication learned about the request being served (`tenant`, `node`), with that request's id:
+# read only while the same request id is being served (the middleware unsets it when the request ends),
+# and emptied when the next request starts (Django's `request_started`, in the thread that serves it), so
+# neither a line logged after the request nor the thread's next request inherits the last one's tenant.
+request_fields_var: contextvars.ContextVar[tuple[str | None, dict[str, Any]] | None] = contextvars.ContextVar(
     "whalegen_request_fields", default=None
 )
 # The same fields in the WSGI environ (Django's `request.META` is it), where gunicorn's access line,
@@ -56,7 +57,7 @@ def log_context_add(request: Any, **fields: Any) -> None:
     own, Django's 4xx/5xx line and gunicorn's access line. Authentication calls it once it knows them."""
     held = request.META.setdefault(ENVIRON_KEY, {})
     held.update({name: value for name, value in fields.items() if value is not None})
-    request_fields_var.set(held)
+    request_fields_var.set((request_id_var.get(), held))
 
 
 def _forget_request_fields(**_: Any) -> None:
@@ -64,6 +65,16 @@ def _forget_request_fields(**_: Any) -> None:
 
 
 request_started.connect(_forget_request_fields, dispatch_uid="whalegen.config.logging.request_fields")
+
+
+def _request_fields(request: Any) -> dict[str, Any]:
+    """The fields `log_context_add` set for the request being served, or for the one a record names."""
+    held = request_fields_var.get()
+    serving = request_id_var.get()
+    if held is not None and serving is not None and held[0] == serving:
+        return held[1]
+    fields = getattr(request, "META", {}).get(ENVIRON_KEY)
+    return fields if isinstance(fields, dict) else {}
 
 
 class RequestContextFilter(logging.Filter):
@@ -78,8 +89,7 @@ class RequestContextFilter(logging.Filter):
             request_id = request_id_var.get() or getattr(request, "request_id", None)
             if request_id is not None:
                 record.request_id = request_id
-        fields = request_fields_var.get() or getattr(request, "META", {}).get(ENVIRON_KEY) or {}
-        for name, value in fields.items():
+        for name, value in _request_fields(request).items():
             if getattr(record, name, None) is None:
                 setattr(record, name, value)
         return True
