@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.approvals.models import OverrideAuditEntry, PriorityOverride
 from apps.approvals.services import override_request
+from apps.dashboard.templatetags.dashboard import gpus
 from apps.workloads.models import Task, TaskEvent, TaskWait
 from tests.apps.factories import held_milli
 
@@ -174,6 +175,15 @@ def test_task_detail_shows_events_and_forecast(scene: Any, page: Any) -> None:
     assert "user:alice" in body  # the submit event's actor
     assert 'id="cancel-task"' in body
     assert ">requeues</dt><dd>0</dd>" in body  # the CLI's word; "attempts 0" read as "never ran"
+
+
+def test_task_detail_says_what_each_gpu_share_is_as_the_task_list_does(scene: Any, page: Any) -> None:
+    # The page said "GPUs 2 × 1" and the list "2 × 1 GPU": a share reads "1 × 0.25 GPU" on both.
+    task = scene.waiting
+    body = text(page(scene.world.alice).get(f"/tasks/{task.pk}/"))
+    share = f"{task.gpu_count} × {gpus(task.gpu_milli)} GPU"
+    assert f'<dd id="task-gpus">{share}' in body
+    assert share in text(page(scene.world.alice).get("/tasks/"))
 
 
 def test_task_detail_shows_the_working_directory_only_when_there_is_one(scene: Any, page: Any) -> None:
