@@ -169,14 +169,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(as_json(args.workload, len(_NODES), gpus, summaries), indent=2))
     else:
-        seeds = f"{min(args.seeds)}–{max(args.seeds)}" if len(args.seeds) > 1 else str(args.seeds[0])
-        runs = len(args.seeds)
-        print(f"workload {args.workload}: {len(_NODES)} nodes, {gpus} GPUs; seeds {seeds} ({runs} runs)")
+        print(f"workload {args.workload}: {len(_NODES)} nodes, {gpus} GPUs; {seeds_text(args.seeds)}")
         print(
             "unallocated GPU % and fragmentation (amount, % of capacity): mean ± sd over seeds; s/run = CPU s"
         )
         print(table(summaries))
     return 0
+
+
+def seeds_text(seeds: list[int]) -> str:
+    """`seed 42 (1 run)` or `seeds 42–51 (10 runs)`: the runs per policy behind each mean."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]} (1 run)"
+    return f"seeds {min(seeds)}–{max(seeds)} ({len(seeds)} runs)"
 
 
 def plot(path: Path, workload: str, summaries: Sequence[PolicySummary]) -> None:
