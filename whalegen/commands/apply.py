@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -130,10 +129,9 @@ def _refused_documents(problems: list[Any]) -> int:
 def _apply_local(body: dict[str, Any]) -> dict[str, Any] | int:
     """The operator's path: the service the API calls, as the system with a platform admin's access (as
     `whalegen demo` seeds itself); recorded as applied by `system`."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
-    import django
+    from whalegen.commands._plane import plane_setup
 
-    django.setup()
+    plane_setup()
     from django.core.exceptions import ValidationError
 
     from apps.declarative.services import objects_apply

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 
 
@@ -16,10 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
-    import django
+    from whalegen.commands._plane import plane_setup
 
-    django.setup()
+    plane_setup()
     from apps.common.errors import ApplicationError
     from apps.fleet.join import node_approve
     from apps.fleet.selectors import node_find

@@ -59,10 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _setup() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
-    import django
+    from whalegen.commands._plane import plane_setup
 
-    django.setup()
+    plane_setup()
 
 
 def _refusal(exc: Exception) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 
 
@@ -26,10 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
-    import django
+    from whalegen.commands._plane import plane_setup
 
-    django.setup()
+    plane_setup()
     from apps.fleet.join import join_token_revoke, node_credential_revoke
     from apps.fleet.selectors import join_token_find, node_find
 

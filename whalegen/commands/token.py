@@ -16,7 +16,6 @@ the API only: on the plane itself, the Django admin lists and revokes every toke
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -141,10 +140,9 @@ def _create_local(args: argparse.Namespace) -> int:
         except ValueError:
             message = f"--expires-at {args.expires_at!r} is not an ISO 8601 time (e.g. 2027-03-31T18:00:00Z)"
             return CliError(message, EXIT_INVALID).report()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "whalegen.config.settings")
-    import django
+    from whalegen.commands._plane import plane_setup
 
-    django.setup()
+    plane_setup()
     from django.contrib.auth import get_user_model
     from django.core.exceptions import ValidationError
     from django.utils import timezone
