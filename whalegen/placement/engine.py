@@ -109,6 +109,15 @@ class Engine:
         self.records: dict[str, _Record] = {}
         # Only preemptible or borrowing tasks can ever be victims; keeping them apart keeps a failure cheap.
         self.victim_pool: dict[str, _Record] = {}
+        # Node name → the task victims were proposed for there, in the decision under way (`hold`). Until
+        # the victims stop, what is idle on that node is part of the room the preemptor was promised:
+        # another task placed there would leave it short at the next cycle, which would stop more work
+        # for it, and so on (issue #41's ping-pong). Each `solve` is a decision of its own and starts with
+        # none, unless `decision_spans_solves` (a `Decider` solves several times per decision and clears
+        # it when a decision begins).
+        self.held: dict[str, str] = {}
+        self.decision_spans_solves = False
+        self.choosing: str | None = None  # the task `choose` is asked for (its own held node stays open)
         for task in snapshot.running:
             self.policy.know_running(task)
             # As asked, like a placement made here (below): one measure for quota use, whichever unit.
@@ -226,9 +235,28 @@ class Engine:
         if not aware and self.failed_at.get(req) == releases:
             return None
         pick = self.policy.select(req, lambda: self._cache_for(req))
+        if pick is not None and self.held.get(self.state.names[pick[0]], self.choosing) != self.choosing:
+            # The policy's choice is a node held for a preemptor: its best node that is not held instead
+            # (a "no" here is not remembered in `failed_at`, since the hold ends without a release).
+            return self._unheld_pick(req)
         if pick is None and not aware:
             self.failed_at[req] = releases
         return pick
+
+    def _unheld_pick(self, req: Request) -> tuple[int, tuple[int, ...]] | None:
+        """The highest-scored node for `req` outside the nodes held for preemptors, or None."""
+        cache = self._cache_for(req)
+        scores = cache.scores.copy()
+        held = [self.state.index[name] for name, task_id in self.held.items() if task_id != self.choosing]
+        scores[held] = NEG_INF
+        n = int(np.argmax(scores))
+        if scores[n] == NEG_INF:
+            return None
+        return n, cache.devices_of(n)
+
+    def hold(self, node: str, task_id: str) -> None:
+        """Keep `node` for `task_id` for the rest of this decision: victims were proposed for it there."""
+        self.held[node] = task_id
 
     # -- the cycle ---------------------------------------------------------------------------------
 
@@ -255,6 +283,8 @@ class Engine:
         unplaced: list[Unplaced] = []
         preemptions: list[Preemption] = []
         claimed: set[str] = set()
+        if not self.decision_spans_solves:
+            self.held = {}
         # 1. Order.
         for unit in _units_in_order(pending):
             # 2. Gang completeness, budget, quota and the online reserve.
@@ -313,7 +343,9 @@ class Engine:
         for task in unit:
             req = Request.of(task)
             self.policy.begin_task(task, now)
+            self.choosing = task.task_id
             pick = self.choose(req)
+            self.choosing = None
             if pick is None:
                 return bound, task
             bound.append((task, self.state.bind(task.task_id, pick[0], pick[1], req)))
@@ -541,6 +573,20 @@ class Engine:
         guaranteed = quota.guaranteed_milli if quota is not None else 0
         return self.usage_milli[tenant] > guaranteed
 
+    def _fits(self, n: int, req: Request) -> bool:
+        """Whether node `n` takes `req` as the working copy stands, in all that placing it asks:
+        schedulable, allowed model, CPU, host memory, and enough GPUs whose mode, free milli, GPU memory
+        and MIG geometry take one GPU of it each, at the least free milli the policy scores a device
+        with. A victim set is only proposed when this holds with the victims gone: a preemption that
+        leaves its task short in any resource stops work for nothing (issue #41)."""
+        devices = self.state.eligible_devices(n, req)
+        if devices is None:
+            return False
+        if not req.num_gpu or not self.state.plain[n]:
+            return True
+        threshold = self.policy.device_threshold(req)
+        return sum(self.state.gpu_free[n][d] >= threshold for d in devices) >= req.num_gpu
+
     def _propose_preemption(
         self, task: TaskRequest, now: float, claimed: set[str], skip: frozenset[int] = frozenset()
     ) -> list[Preemption]:
@@ -581,7 +627,7 @@ class Engine:
                 taken[record.tenant] += record.request_milli
                 released.append(self.state.release(record.task_id))
                 chosen.append(record)
-                if self.state.eligible_devices(n, req) is not None:
+                if self._fits(n, req):
                     fits = True
                     break
             for binding in reversed(released):
@@ -624,15 +670,33 @@ class Engine:
         if refusal is not None:
             victims = self._propose_for_sla(task, refusal, now, claimed)
             if victims:
+                self.hold(victims[0].node, task.task_id)
                 return victims, f"{message}; waiting for {victims[0].reason}"
             skip = frozenset(i for i, name in enumerate(self.state.names) if name in refusal.refused_nodes)
         else:
             skip = frozenset()
-        victims = self._propose_preemption(task, now, claimed, skip)
+        victims = self._propose_preemption(task, now, claimed, skip | self._held_for_others(task.task_id))
         if victims:
             names = ", ".join(v.victim_task_id for v in victims)
             message = f"{message}; waiting for {names} to be preempted on {victims[0].node}"
+            self.hold(victims[0].node, task.task_id)
+        elif self.held:
+            message += self._held_words(task.task_id)
         return victims, message
+
+    def _held_for_others(self, task_id: str) -> frozenset[int]:
+        index = self.state.index
+        return frozenset(index[name] for name, held_for in self.held.items() if held_for != task_id)
+
+    def _held_words(self, task_id: str) -> str:
+        """Why nodes held for other preemptors were not looked at for victims (the why-pending sentence)."""
+        others = sorted(name for name, held_for in self.held.items() if held_for != task_id)
+        if not others:
+            return ""
+        return (
+            f"; not preempted for on {', '.join(others)}: held this cycle for "
+            f"{', '.join(sorted({self.held[name] for name in others}))}, whose victims are stopping there"
+        )
 
     def _propose_for_sla(
         self, task: TaskRequest, refusal: SlaRefusal, now: float, claimed: set[str]
@@ -647,9 +711,11 @@ class Engine:
             ids = remedy.task_ids
             if not ids or any(t not in candidates or t in claimed for t in ids):
                 continue
+            if self.held.get(remedy.node, task.task_id) != task.task_id:
+                continue  # held for another preemptor this cycle
             released = [self.state.release(t) for t in ids]
             n = released[0].node
-            fits = self.state.eligible_devices(n, req) is not None
+            fits = self._fits(n, req)
             for binding in reversed(released):
                 self.state.restore(binding)
             if not fits:

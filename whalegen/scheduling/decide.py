@@ -141,6 +141,8 @@ class Decider:
         self.config = config
         self.engine_config = config.engine()
         self.engine = Engine(snapshot.cluster, self.engine_config)
+        # Nodes held for preemptors stay held through every solve of a decision (`Engine.held`).
+        self.engine.decision_spans_solves = True
         self.has_mig = any(g.mode is PartitionMode.MIG for n in snapshot.cluster.nodes for g in n.gpus)
         # A pool of MIG GPUs only has no whole GPU to move a whole-GPU task to (`_whole_off_mig`).
         self.has_other = any(g.mode is not PartitionMode.MIG for n in snapshot.cluster.nodes for g in n.gpus)
@@ -200,6 +202,7 @@ class Decider:
         self._before_recarve = {}
         self._diverged = set()
         self._early = None
+        self.engine.held = {}  # nodes held for the last decision's preemptors: their victims have stopped
         # 1. Claims.
         bound += self._claims(unplaced)
         # 2. Order: each task carries its place.
@@ -864,6 +867,7 @@ class Decider:
         engine = Engine(replace(base, nodes=nodes, pending=(), running=running), self.engine_config)
         engine.usage_milli = defaultdict(int, self.engine.usage_milli)
         engine.usage_mem_mib = defaultdict(int, self.engine.usage_mem_mib)
+        engine.held, engine.decision_spans_solves = self.engine.held, True
         self.engine = engine
 
     # -- 5. re-carve -------------------------------------------------------------------------------
