@@ -141,11 +141,13 @@ def seed() -> bool:
 
 def logins() -> tuple[str, str, list[tuple[str, str, str]]]:
     """A fresh admin password, a fresh password shared by the team members (for the dashboard; the demo
-    only) and one fresh token per team member (tokens are shown once, so each start makes new ones)."""
+    only) and one fresh token per team member (tokens are shown once, so each start makes new ones). The
+    tokens an earlier start printed are revoked, as its passwords are replaced: a demo's old terminal
+    output must not keep opening the plane for 90 days."""
     from django.contrib.auth import get_user_model
 
-    from apps.tenants.models import Tenant
-    from apps.tenants.services import token_create
+    from apps.tenants.models import ApiToken, Tenant
+    from apps.tenants.services import token_create, token_revoke
 
     user_model = get_user_model()
     password = secrets.token_urlsafe(12)
@@ -161,7 +163,10 @@ def logins() -> tuple[str, str, list[tuple[str, str, str]]]:
         user = user_model.objects.get(username=member)
         user.set_password(member_password)
         user.save(update_fields=["password"])
-        _, raw = token_create(user=user, tenant=Tenant.objects.get(slug=slug), name="demo")
+        tenant = Tenant.objects.get(slug=slug)
+        for old in ApiToken.objects.filter(user=user, tenant=tenant, name="demo", revoked_at__isnull=True):
+            token_revoke(token=old)
+        _, raw = token_create(user=user, tenant=tenant, name="demo")
         tokens.append((slug, member, raw))
     return password, member_password, tokens
 
