@@ -57,3 +57,25 @@ def test_nothing_is_stopped_for_a_task_the_victims_room_would_not_hold(policy: s
     decisions = pool.step(1.0)
     assert decisions.preemptions == ()
     assert "CPU (12 cores)" in decisions.unplaced["p"].message
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_second_task_does_not_preempt_on_a_node_held_for_the_first_and_says_so(policy: str) -> None:
+    # p1 stops a on n1 and counts on n1's idle cores; p2 could stop b there, but n1 is held for p1 this
+    # cycle: p2 waits, and its reason names the hold. At the next cycle p1 runs and p2 may preempt.
+    pool = Cycles([node("n1", gpus=2, cpu=8)], [_best_effort("a"), _best_effort("b")], Config(policy=policy))
+    pool.step(0.0)
+    pool.pending += [
+        task("p1", gpus=1, cpu=6, priority=1, submitted_at_s=1.0),
+        task("p2", gpus=1, cpu=1, priority=1, submitted_at_s=2.0),
+    ]
+    first = pool.step(1.0)
+    assert [(v.victim_task_id, v.for_task_id) for v in first.preemptions] == [("a", "p1")]
+    assert "not preempted for on n1: held this cycle for p1" in first.unplaced["p2"].message
+    second = pool.step(2.0)
+    assert "p1" in {b.task_id for b in second.placements}
+    assert [(v.victim_task_id, v.for_task_id) for v in second.preemptions] == [("b", "p2")]
+    third = pool.step(3.0)
+    assert "p2" in {b.task_id for b in third.placements}
+    pool.step(4.0)
+    assert pool.stopped == {"a": 1, "b": 1} and {"p1", "p2"} <= set(pool.running)
