@@ -323,24 +323,36 @@ class FlushResult:
     # False when PostgreSQL refused a batch: beats held in Redis did not all arrive, so silence must not
     # be judged this time (the batch's nodes are marked dirty again for the next flush).
     complete: bool = True
+    # Nodes whose row another transaction held (a report, a full-way heartbeat): their beat stays in
+    # Redis, dirty for the next flush. They were heard since the last flush, so the node-health check
+    # must not judge their silence on the row this time.
+    held: frozenset[int] = frozenset()
 
 
 def _flush_sql() -> tuple[str, str]:
     node, agent = Node._meta.db_table, NodeAgent._meta.db_table
+    # SKIP LOCKED: a row another transaction holds (a report, a full-way heartbeat, a node being lost)
+    # is left out, never waited on. NO KEY UPDATE, the lock the UPDATE takes anyway: a transaction that
+    # only inserts rows naming the node (its key share lock) does not hold the beat back. `moved` says
+    # which beats landed and `present` which nodes exist (read from the statement's snapshot, without a
+    # lock), so a held node is told from a deleted one.
     nodes_sql = f"""
 WITH beat AS (SELECT * FROM unnest(%(ids)s::bigint[], %(at)s::timestamptz[]) AS b(id, at)),
-locked AS (SELECT n.id FROM {node} n JOIN beat ON beat.id = n.id ORDER BY n.id FOR UPDATE OF n)
-UPDATE {node} AS n SET last_heartbeat_at = GREATEST(n.last_heartbeat_at, beat.at)
-FROM beat, locked WHERE n.id = beat.id AND locked.id = n.id
-RETURNING n.id, n.state
+locked AS (SELECT n.id FROM {node} n JOIN beat ON beat.id = n.id
+           ORDER BY n.id FOR NO KEY UPDATE OF n SKIP LOCKED),
+moved AS (UPDATE {node} AS n SET last_heartbeat_at = GREATEST(n.last_heartbeat_at, beat.at)
+          FROM beat, locked WHERE n.id = beat.id AND locked.id = n.id
+          RETURNING n.id, n.state)
+SELECT beat.id, moved.state, moved.id IS NOT NULL, EXISTS (SELECT 1 FROM {node} x WHERE x.id = beat.id)
+FROM beat LEFT JOIN moved ON moved.id = beat.id
 """
     agents_sql = f"""
 WITH beat AS (SELECT * FROM unnest(%(ids)s::bigint[], %(sent)s::float8[], %(gap)s::float8[],
                                    %(raw)s::float8[], %(applied)s::bigint[])
               AS b(id, sent, gap, raw, applied)),
 locked AS (SELECT a.node_id FROM {agent} a JOIN beat ON beat.id = a.node_id
-           ORDER BY a.node_id FOR UPDATE OF a)
-UPDATE {agent} AS a SET
+           ORDER BY a.node_id FOR NO KEY UPDATE OF a SKIP LOCKED),
+moved AS (UPDATE {agent} AS a SET
     generation_applied = beat.applied,
     last_sent_s = CASE WHEN a.last_sent_s IS NULL OR a.last_sent_s < beat.sent THEN beat.sent
                        ELSE a.last_sent_s END,
@@ -352,7 +364,10 @@ UPDATE {agent} AS a SET
                           ELSE a.clock_offset_s + %(creep)s * (beat.raw - a.clock_offset_s) END,
     heartbeat_lag_s = CASE WHEN a.clock_offset_s IS NULL OR a.clock_offset_s >= beat.raw THEN 0.0
                            ELSE (1 - %(creep)s) * (beat.raw - a.clock_offset_s) END
-FROM beat, locked WHERE a.node_id = beat.id AND locked.node_id = a.node_id
+          FROM beat, locked WHERE a.node_id = beat.id AND locked.node_id = a.node_id
+          RETURNING a.node_id)
+SELECT beat.id, moved.node_id IS NOT NULL, EXISTS (SELECT 1 FROM {agent} x WHERE x.node_id = beat.id)
+FROM beat LEFT JOIN moved ON moved.node_id = beat.id
 """
     return nodes_sql, agents_sql
 
@@ -364,27 +379,37 @@ def _num(value: bytes | None) -> float | None:
 def flush() -> FlushResult:
     """Move every beat stored in Redis to PostgreSQL; none when the plane has no Redis. Each batch is
     two statements (node rows, agent rows, each locking its rows in id order: the order every other
-    writer takes them in) and one telemetry INSERT."""
+    writer takes them in) and one telemetry INSERT.
+
+    No statement waits on a row lock: a node whose row a request holds (a report's transaction, whose
+    web thread may be starved of CPU for seconds) is skipped, and its beat stays in Redis, dirty, for
+    the next flush (`FlushResult.held`). Waiting there held every lower-id node's row already locked,
+    so every report on those nodes queued behind the flush, each holding a web thread (the convoy of
+    docs/notes/agent-fleet.md, run 3)."""
     client = _redis.client()
     if client is None:
         return FlushResult(0, 0, 0)
     nodes = telemetry = forgotten = 0
+    held: set[int] = set()
     try:
         while True:
             ids = [int(raw) for raw in client.spop(dirty_key(), FLUSH_BATCH) or []]
             if not ids:
                 break
             try:
-                moved, lost = _flush_beats(client, ids)
+                moved, lost, skipped = _flush_beats(client, ids)
             except DatabaseError:
                 log.exception("heartbeat flush to PostgreSQL failed; %d nodes kept for the next", len(ids))
-                client.sadd(dirty_key(), *ids)
-                return FlushResult(nodes, telemetry, forgotten, complete=False)
+                client.sadd(dirty_key(), *ids, *held)
+                return FlushResult(nodes, telemetry, forgotten, complete=False, held=frozenset(held))
             nodes += moved
+            held.update(skipped)
             forget(lost)
             forgotten += len(lost)
             if len(ids) < FLUSH_BATCH:
                 break
+        if held:  # after the loop, so that this flush does not pop them again
+            client.sadd(dirty_key(), *held)
         while True:
             entries = client.lpop(telemetry_key(), FLUSH_BATCH) or []
             if not entries:
@@ -401,36 +426,48 @@ def flush() -> FlushResult:
         # Complete enough: while Redis fails, every heartbeat takes the full way (PostgreSQL), so what
         # PostgreSQL lacks is at most the beats since the last flush, each node's next beat making up.
         log.warning("heartbeat flush from Redis failed (%s); next check retries", error.__class__.__name__)
-    return FlushResult(nodes, telemetry, forgotten)
+    return FlushResult(nodes, telemetry, forgotten, held=frozenset(held))
 
 
-def _flush_beats(client: redis.Redis, ids: list[int]) -> tuple[int, list[int]]:
+def _flush_beats(client: redis.Redis, ids: list[int]) -> tuple[int, list[int], list[int]]:
+    """One batch: (nodes whose beat landed, lost or deleted nodes to forget, nodes held by another
+    transaction and left dirty). The agent rows are written only for the nodes whose row landed, so a
+    held node's beat is written whole by a later flush and none of it twice (the offset's creep is not
+    idempotent; the node's GREATEST is)."""
     with client.pipeline(transaction=False) as pipe:
         for node_id in ids:
             pipe.hmget(node_key(node_id), "at", "sent", "gap", "raw", "applied")
         rows = pipe.execute()
     beats = [(node_id, row) for node_id, row in zip(ids, rows, strict=True) if row[0] is not None]
     if not beats:
-        return 0, []
-    params: dict[str, Any] = {
+        return 0, [], []
+    node_sql, agent_sql = _flush_sql()
+    with connection.cursor() as cursor:  # autocommit: each statement its own short transaction
+        cursor.execute(node_sql, _beat_params(beats))
+        nodes = cursor.fetchall()
+        landed = {node_id for node_id, _, moved, _ in nodes if moved}
+        agents: list[tuple[int, bool, bool]] = []
+        if landed:
+            cursor.execute(agent_sql, _beat_params([beat for beat in beats if beat[0] in landed]))
+            agents = cursor.fetchall()
+    lost = [node_id for node_id, state, moved, _ in nodes if moved and state == Node.State.LOST]
+    # A node deleted since its fingerprint was made (the delete forgets it too): no shortcut for it.
+    gone = [node_id for node_id, _, _, present in nodes if not present]
+    held = [node_id for node_id, _, moved, present in nodes if present and not moved]
+    held += [node_id for node_id, moved, present in agents if present and not moved]
+    return len(landed), lost + gone, held
+
+
+def _beat_params(beats: list[tuple[int, list[bytes | None]]]) -> dict[str, Any]:
+    return {
         "ids": [node_id for node_id, _ in beats],
-        "at": [datetime.fromtimestamp(float(row[0]), tz=UTC) for _, row in beats],
+        "at": [datetime.fromtimestamp(float(row[0] or 0), tz=UTC) for _, row in beats],
         "sent": [_num(row[1]) for _, row in beats],
         "gap": [_num(row[2]) for _, row in beats],
         "raw": [_num(row[3]) for _, row in beats],
         "applied": [int(row[4] or 0) for _, row in beats],
         "creep": OFFSET_CREEP,
     }
-    node_sql, agent_sql = _flush_sql()
-    with connection.cursor() as cursor:  # autocommit: each statement its own short transaction
-        cursor.execute(node_sql, params)
-        states = cursor.fetchall()
-        cursor.execute(agent_sql, params)
-    lost = [node_id for node_id, state in states if state == Node.State.LOST]
-    # A node deleted since its fingerprint was made (the delete forgets it too): no shortcut for it.
-    found = {node_id for node_id, _ in states}
-    gone = [node_id for node_id, _ in beats if node_id not in found]
-    return len(states), lost + gone
 
 
 def _store_telemetry(entries: list[dict[str, Any]]) -> int:

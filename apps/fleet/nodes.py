@@ -150,6 +150,8 @@ def nodes_mark_lost(*, now: datetime | None = None) -> list[int]:
     candidates = Node.objects.exclude(state=Node.State.LOST).filter(
         Q(last_heartbeat_at__lt=deadline) | Q(last_heartbeat_at__isnull=True, created_at__lt=deadline)
     )
+    # A node whose row a request held during the flush beat since the last one: its beat waits in Redis.
+    candidates = candidates.exclude(pk__in=flushed.held)
     lost: list[int] = []
     for node in candidates.order_by("pk"):
         seen = node.last_heartbeat_at.isoformat(timespec="seconds") if node.last_heartbeat_at else "never"

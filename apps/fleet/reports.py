@@ -187,7 +187,7 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
             # back), then the node, then tasks. Rows of this node written below (reports, runs) take a
             # share lock on the node row, which must not be held while waiting for a quota.
             quotas_lock(sorted(existing))
-            Node.objects.select_for_update().filter(pk=node.pk).values_list("pk").first()
+            node_lock(node)
             if AgentReport.objects.filter(node=node, seq=message.seq).exists():
                 raise _Repeat
             # The output itself is stored once, in apps.logs (capped there); the report keeps its outline.
@@ -209,6 +209,21 @@ def agent_report(*, node: Node, message: p.Report, now: datetime | None = None) 
         # occupancy): the node's waiting poll must rebuild.
         changes.node_changed([node.pk])
     return p.ReportAck(stored_seq=stored)
+
+
+def node_lock(node: Node) -> None:
+    """Lock the node's own row for the report's transaction, and nothing else. Without `of` and with
+    the model's ordering (cluster name, then name) the statement joined the cluster and locked its row
+    too, so every report of a cluster waited for every other one there, and for a report whose web
+    thread was starved of CPU (docs/notes/agent-fleet.md, run 5).
+
+    What remains must be held until the transaction ends: the report moves tasks on what this node
+    holds (its live assignments, its runs), which the node-health check (marking the node lost and
+    requeueing its tasks) and the cycle (placing on it) change under the same lock; taken later, a
+    report could end a task that a concurrent loss had just requeued from this node. It is taken after
+    the quota rows (the cycle's order) and before the first write naming the node. The heartbeat flush
+    never waits on it (`apps.fleet.liveness.flush` skips a held node)."""
+    Node.objects.select_for_update(of=("self",)).filter(pk=node.pk).order_by().values_list("pk").first()
 
 
 def _check_ownership(*, node: Node, message: p.Report) -> tuple[set[int], set[int], dict[str, Gpu]]:
