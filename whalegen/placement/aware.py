@@ -10,13 +10,17 @@
      `a`: `FP32_TFLOPS^a × HBM_GBps^(1−a)` (the speed rule of whalegen/gpus/speed.py), times the
      MIG slice's share where the unit is a slice. Nodes are ranked by it; fragmentation breaks ties
      (equal speed, e.g. two nodes of one model).
-  2. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
+  2. **A service on a MIG slice.** A slice isolates an online service from its neighbours but caps it by
+     its SMs: its factor is predicted as the slice's share of the GPU's compute over the service's
+     observed SM utilisation (`predicted_slice_factor`, its profile's P95); a slice predicted below the
+     service's SLA is refused with that sentence, and a bigger unit is taken where one has room.
+  3. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
      from the SM utilisations (the Lucid-fitted rule of whalegen/goodput/interference.py, summed over
      the neighbours); a GPU where a predicted factor falls below an online task's SLA, or below
      `floor` for batch work, is refused. Among admissible GPUs a co-location that keeps every factor
      above the floor goes before an idle GPU of the same model (two tasks at 0.7 each do 1.4 GPUs of
      work on one), and a slower model is taken only when nothing faster has room.
-  3. **Reasons.** Every choice says why (`reasons[task_id]`): "H100-80GB chosen: 3.7× this task's
+  4. **Reasons.** Every choice says why (`reasons[task_id]`): "H100-80GB chosen: 3.7× this task's
      V100M16 speed (bandwidth-bound, a = 0.08)"; every refusal too (`refusals[task_id]`).
   A task without a profile is placed as `whalegen` places it.
 """
@@ -32,10 +36,10 @@ import numpy as np
 
 from whalegen.forecast.interference import utilisation_factor
 from whalegen.forecast.profiles import BoundClass, BoundProfile, bound_class
-from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES
+from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES, MigProfile
 from whalegen.gpus.speed import GpuFigures, gpu_figures
 from whalegen.placement.policies import NEG_INF, Choice, Policy, ScoreCache
-from whalegen.placement.state import ClusterState, Request, mig_profile_for
+from whalegen.placement.state import ClusterState, Request
 from whalegen.placement.types import (
     WHOLE_GPU_MILLI,
     PartitionMode,
@@ -87,6 +91,18 @@ class ShareBinpackPolicy(Policy):
 def predicted_factor(util_pct: float, others_util_pct: float) -> float:
     """The Lucid-fitted utilisation rule with the neighbours' utilisations summed."""
     return utilisation_factor(util_pct, others_util_pct)
+
+
+def predicted_slice_factor(util_pct: float, compute_share: float) -> float:
+    """A service's predicted throughput factor on a MIG slice with `compute_share` of the GPU's SMs, from
+    its observed SM utilisation (% of a whole GPU): a slice cannot give it more SMs than it has, so a
+    service that keeps 60 % of a GPU busy gets 3/7 ÷ 0.60 = 0.71 of its throughput on a 3g slice.
+
+    Only what production observes: the unit's size (the placement binds it) and the service's telemetry.
+    No interference term: a MIG slice is isolated from its neighbours."""
+    if util_pct <= 0.0:
+        return 1.0
+    return min(1.0, 100.0 * compute_share / util_pct)
 
 
 def relative_speed(figures: GpuFigures, reference: GpuFigures, exponent: float) -> float:
@@ -316,19 +332,8 @@ class AwarePolicy(WhalegenPolicy):
     ) -> _Option | None:
         s = self.state
         mode = s.modes[n][d]
-        model = s.models[n] or "?"
         if mode is PartitionMode.MIG:
-            mig = mig_profile_for(model, req.gpu_milli, req.gpu_mem_mib)
-            if mig is None:
-                return None
-            speed = self._speed(
-                n, profile, (mig.compute_slices / COMPUTE_SLICES, mig.memory_slices / MEMORY_SLICES)
-            )
-            return (
-                None
-                if speed is None
-                else _Option(speed, speed, False, frag, n, (d,), f"MIG {mig.name}", True)
-            )
+            return self._mig_option(n, d, req, task_id, profile, frag, refused)
         speed = self._speed(n, profile)
         if speed is None:
             return None
@@ -369,6 +374,47 @@ class AwarePolicy(WhalegenPolicy):
             (d,),
             f"shares GPU {s.gpu_index[n][d]}: predicted {factors[0][1]:.2f}× for it, {shown}",
         )
+
+    def _mig_option(
+        self,
+        n: int,
+        d: int,
+        req: Request,
+        task_id: str,
+        profile: TaskProfile,
+        frag: float,
+        refused: list[str],
+    ) -> _Option | None:
+        """The MIG instance device d would give the task; for an online service, refused (with the reason in
+        `refused`) where its observed utilisation predicts a factor below its SLA on that slice."""
+        s = self.state
+        mig = self._mig_unit(n, d, req)
+        if mig is None:
+            return None
+        share = mig.compute_slices / COMPUTE_SLICES
+        why = f"MIG {mig.name}"
+        sla = profile.sla_min_factor
+        if sla is not None:
+            util = profile.sm_util_pct if profile.sm_util_pct is not None else UNKNOWN_UTIL_PCT
+            f = predicted_slice_factor(util, share)
+            if f < sla:
+                refused.append(
+                    f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: a MIG {mig.name} gives "
+                    f"{100 * share:.0f} % of the GPU's SMs and {task_id} is observed at {util:.0f} %: "
+                    f"predicted {f:.2f}×, below its SLA {sla:.2f}"
+                )
+                self._sla_hit = True
+                return None
+            why = f"MIG {mig.name}: predicted {f:.2f}× at its observed {util:.0f} % SM utilisation"
+        speed = self._speed(n, profile, (share, mig.memory_slices / MEMORY_SLICES))
+        return None if speed is None else _Option(speed, speed, False, frag, n, (d,), why, True)
+
+    def _mig_unit(self, n: int, d: int, req: Request) -> MigProfile | None:
+        """The MIG instance the task would be bound to on device d, as the state binds it (the smallest free
+        carved instance that covers it): the slice judged is the slice bound, not the smallest profile
+        that would cover the request (a 500-milli service on a GPU carved 4g + 3g gets the 4g)."""
+        found = self.state._mig_unit(n, d, req)
+        return None if found is None else found[0]
 
     def _remedy(self, n: int, d: int, members: list[tuple[str, TaskProfile]], why: str) -> None:
         """Note the GPU's batch neighbours as a remedy when the co-location is admissible without them
