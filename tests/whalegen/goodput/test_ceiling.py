@@ -206,7 +206,14 @@ K80_FLEET = {
 
 
 @pytest.mark.parametrize(
-    "source", ["docs/fleets/default.yaml", "docs/fleets/holdout.yaml", "k80 and t4", "k80 only"]
+    "source",
+    [
+        "docs/fleets/default.yaml",
+        "docs/fleets/holdout.yaml",
+        "docs/fleets/older-mig.yaml",
+        "k80 and t4",
+        "k80 only",
+    ],
 )
 def test_any_fleet_file_gets_a_ceiling_under_the_earlier_bounds(
     source: str, gavel: GavelData, traces_dir: Path, truth_inputs: tuple[object, MeasuredPairs]

@@ -51,6 +51,15 @@ def test_the_holdout_fleet_differs_from_the_default() -> None:
     assert "P100" in holdout.gpus_by_model()
 
 
+def test_the_older_mig_fleet_is_older_cards_with_most_a100s_carved() -> None:
+    fleet = load_fleet(FLEETS / "older-mig.yaml")
+    assert fleet.total_gpus == 144
+    assert fleet.gpus_by_model() == {"A100-40GB": 64, "V100M32": 32, "P100": 16, "T4": 16, "K80": 16}
+    mig = [gpu for node in fleet_nodes(fleet) for gpu in node.gpus if gpu.mode is PartitionMode.MIG]
+    assert len(mig) == 48  # every GPU of the six a100-40-mig nodes
+    assert not {"H100-80GB", "H200-141GB", "L4"} & set(fleet.gpus_by_model())
+
+
 def test_gpus_not_listed_are_whole_and_shares_default_to_two() -> None:
     fleet = parse_fleet({"pools": [_pool(gpus=[{"mode": "mps", "count": 3}])]})
     assert fleet.pools[0].gpus == (GpuGroup(GpuMode.MPS, 3, max_shares=2), GpuGroup(GpuMode.WHOLE, 5))
