@@ -57,6 +57,6 @@ worker_connections = envint("WHALEGEN_WEB_CONNECTIONS", 2_000)
 graceful_timeout = 20
 accesslog = "-"
 # gunicorn's error and access lines in the plane's format (JSON unless WHALEGEN_LOG_FORMAT=plain), with the
-# request's fields and credentials redacted (whalegen/gunicornlog.py; docs/operations.md, "Logs").
+# request's fields and credentials redacted (whalegen/gunicornlog.py; docs/logs-and-metrics.md, "Logs").
 # `access_log_format` is not read: each access line is a record with its fields instead.
 logger_class = "whalegen.gunicornlog.PlaneLogger"

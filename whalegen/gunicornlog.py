@@ -1,4 +1,4 @@
-"""gunicorn's own lines in the plane's log format (docs/operations.md, "Logs"): `PlaneLogger` is the
+"""gunicorn's own lines in the plane's log format (docs/logs-and-metrics.md, "Logs"): `PlaneLogger` is the
 `logger_class` of docker/gunicorn.conf.py.
 
 gunicorn writes its error lines (`Booting worker`, `Worker timeout`, a worker's traceback) and its access

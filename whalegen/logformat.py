@@ -1,6 +1,6 @@
 """Log lines for operators, in the standard library only: plain lines or JSON lines, context fields, and
-no credentials in either (docs/operations.md, "Logs"). The plane (`whalegen.config.logging`) and the agent
-(`agents.agent`) both format with these, so the module imports nothing but the standard library — the
+no credentials in either (docs/logs-and-metrics.md, "Logs"). The plane (`whalegen.config.logging`) and the
+agent (`agents.agent`) both format with these, so the module imports nothing but the standard library — the
 agent runs on GPU hosts without Django or Celery (tests/test_import_rules.py).
 
 - `redact` / `RedactFilter` rewrite a message with its arguments merged in and every credential replaced

@@ -83,7 +83,7 @@ class ReclaimRequest(TimestampedModel):
     """An idle online-SLA task the idle check would have preempted: a platform admin decides.
 
     One request per (task, attempt): a rejected request keeps that run of the task where it is, and the
-    check does not ask again until the task runs anew (docs/operations.md, "Idle reclaim").
+    check does not ask again until the task runs anew (docs/idle-reclaim.md).
     """
 
     class State(models.TextChoices):

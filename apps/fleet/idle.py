@@ -1,4 +1,4 @@
-"""Idle reclaim (docs/operations.md, "Idle reclaim"): running tasks that hold GPUs and leave them idle are
+"""Idle reclaim (docs/idle-reclaim.md): running tasks that hold GPUs and leave them idle are
 flagged, their owners told once in the task's events, and — where the queue's `idle_reclaim` policy is
 `preempt` — preempted so that pending work the pool could not place gets the GPUs.
 

@@ -313,7 +313,7 @@ def gpu_partition_applied(*, gpu: Gpu, generation: int) -> bool:
 
 def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sample_s: float) -> set[int]:
     """Ids of the pool's running tasks whose every GPU stayed below `util_pct` SM utilisation in every
-    telemetry sample of the last `after_s` seconds (docs/operations.md, "Idle reclaim").
+    telemetry sample of the last `after_s` seconds (docs/idle-reclaim.md).
 
     One grouped query over the GPU samples of the GPUs the tasks' compute units sit on (the units their
     live assignments list), per GPU, then per task over its GPUs. A task counts
@@ -363,7 +363,7 @@ def tasks_idle(*, pool_id: int, now: datetime, after_s: float, util_pct: int, sa
 def tasks_busy(*, task_ids: set[int], since: datetime, util_pct: int) -> set[int]:
     """Of `task_ids`, those with a sample at or above `util_pct` SM utilisation on a GPU they hold, at or
     after `since`: the evidence that clears an idle flag. A task whose samples merely stopped (a node
-    that went quiet, a demo restarted) has none and keeps its flag (docs/operations.md, "Idle reclaim")."""
+    that went quiet, a demo restarted) has none and keeps its flag (docs/idle-reclaim.md)."""
     held = dict(
         Assignment.objects.filter(released_at__isnull=True, task_id__in=task_ids).values_list(
             "task_id", "unit_ids"

@@ -1,5 +1,5 @@
 """`GET /metrics`: the Prometheus text exposition format (0.0.4), outside the versioned API; `GET /healthz`
-and `GET /readyz`: liveness and readiness for a supervisor or a load balancer (docs/operations.md).
+and `GET /readyz`: liveness and readiness for a supervisor or a load balancer (docs/logs-and-metrics.md).
 
 Access (decision, docs/metrics.md): with `WHALEGEN_METRICS_TOKEN` set, a scraper must send
 `Authorization: Bearer <that token>` and nothing else gets in; unset, only platform admins do (a signed-in

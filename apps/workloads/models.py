@@ -47,7 +47,7 @@ class Queue(TimestampedModel):
 
     class IdleReclaim(models.TextChoices):
         """What the idle check does with this queue's tasks that hold GPUs and leave them idle
-        (docs/operations.md, "Idle reclaim")."""
+        (docs/idle-reclaim.md)."""
 
         OFF = "off", "off: not watched"
         NOTIFY = "notify", "notify: flag the task and tell its owner"

@@ -1,5 +1,6 @@
 """The agent's log lines: JSON under WHALEGEN_LOG_FORMAT=json with the node, task id and attempt, plain
-otherwise, never a credential, and no Django or Celery loaded to write them (docs/operations.md, "Logs")."""
+otherwise, never a credential, and no Django or Celery loaded to write them (docs/logs-and-metrics.md,
+"Logs")."""
 
 from __future__ import annotations
 

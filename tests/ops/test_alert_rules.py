@@ -1,6 +1,6 @@
 """docker/alerts.yml stays true to the plane: it parses as Prometheus rule groups, every `whalegen_*`
 series an expression names is one the `/metrics` collector exports, and every runbook it points at is a
-section of docs/operations.md."""
+section of docs/runbooks.md (or another docs page)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every line every process of the production set writes is one JSON object with the common fields, and no
-credential sent to the plane appears in any of them (issue #42 item 3; docs/operations.md, "Logs").
+credential sent to the plane appears in any of them (issue #42 item 3; docs/logs-and-metrics.md, "Logs").
 
 The process set is the shipped one, each a real process on a PostgreSQL and a Redis of this test's own:
 gunicorn with docker/gunicorn.conf.py, `celery worker`, `celery beat` and `whalegen agent --backend sim`,

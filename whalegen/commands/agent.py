@@ -166,7 +166,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 class NodeContextFilter(logging.Filter):
-    """Stamp this host's node name on every record (the plane's log fields: docs/operations.md, "Logs")."""
+    """Stamp this host's node name on every record (the plane's log fields: docs/logs-and-metrics.md,
+    "Logs")."""
 
     def __init__(self, node: str) -> None:
         super().__init__()
@@ -203,7 +204,7 @@ def _join(args: argparse.Namespace, *, to_log: bool = False) -> int:
     """`whalegen agent join`: 0 when this host holds a credential afterwards (joined now, or before);
     otherwise the plane's reason, one line, with the exit status a provisioning script acts on. Printed for
     a person running `join`; `to_log`: log records, like every other line of an agent that joins by itself
-    before it runs (JSON by default: docs/operations.md, "Logs")."""
+    before it runs (JSON by default: docs/logs-and-metrics.md, "Logs")."""
 
     def tell(message: str, *, error: bool = False) -> None:
         if to_log:

@@ -1,6 +1,6 @@
 """`whalegen apply -f FILE|DIR [--dry-run] [--prune]`: make the plane hold what the files describe.
 
-Each YAML document is one object (whalegen/commands/_objects.py lists the kinds; docs/operations.md,
+Each YAML document is one object (whalegen/commands/_objects.py lists the kinds; docs/apply.md,
 "Describing the fleet: apply", their fields). The plane answers one line per object, kubectl's way:
 `pool/h100-train created`, `queue/vision/train configured` with the fields that changed (old → new),
 `unchanged`, `pruned`, or `refused` with the reason. Applying the same files again changes nothing.

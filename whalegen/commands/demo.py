@@ -56,7 +56,7 @@ def _progress(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
-# The demo's fleet is the example fleet file a new operator starts from (docs/operations.md): two clusters;
+# The demo's fleet is the example fleet file a new operator starts from (docs/apply.md): two clusters;
 # pools of H100 and H200 with MIG, A100 and L4 with MPS; three teams with members, queues, quotas, a
 # budget and GPU prices. Its nodes carry their GPUs because the demo's simulated hosts exist only once
 # registered; a real host joins with the GPUs it has.
@@ -120,7 +120,7 @@ def _work(what: str, steps: int, step_s: int) -> list[str]:
     """A seeded task's command. The demo's hosts are this machine and the agents really run what a task
     names, so the samples run the simulator's stand-in CUDA program, which prints progress and declares
     1 GiB and 60 % of its GPU's SMs to the simulated NVML (a GPU nothing declares reads 0 %, and the
-    idle check would flag the task: docs/operations.md, "Idle reclaim")."""
+    idle check would flag the task: docs/idle-reclaim.md)."""
     app = [sys.executable, "-m", "agents.sim.fake_cuda_app", "--alloc-mib", "1024", "--sm-pct", "60"]
     return [*app, "--steps", str(steps), "--step-s", str(step_s), "--say", what]
 

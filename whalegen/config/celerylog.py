@@ -1,5 +1,5 @@
-"""Celery's own output in the plane's log format (docs/operations.md, "Logs"): every line a worker or beat
-writes goes through the handler of the settings' `LOGGING`, so it is JSON (or plain, by choice), carries
+"""Celery's own output in the plane's log format (docs/logs-and-metrics.md, "Logs"): every line a worker or
+beat writes goes through the handler of the settings' `LOGGING`, so it is JSON (or plain, by choice), carries
 `component` (`worker` / `beat`) and the Celery task's id, and is redacted.
 
 What Celery does on its own, and what replaces it here:

@@ -1,6 +1,6 @@
-"""The plane's logging settings (docs/operations.md "Logs"): the standard-library formatters and redaction
-of `whalegen.logformat` (which the agent shares), plus what only the plane knows about a record — the HTTP
-request being served and the Celery task being run.
+"""The plane's logging settings (docs/logs-and-metrics.md "Logs"): the standard-library formatters and
+redaction of `whalegen.logformat` (which the agent shares), plus what only the plane knows about a record —
+the HTTP request being served and the Celery task being run.
 
 - `RequestContextFilter` puts the id of the HTTP request being served (`apps.metrics.middleware`) on
   every record logged while serving it, and the tenant or node its credential belongs to once

@@ -301,8 +301,9 @@ WHALEGEN_REPARTITION_TIMEOUT_S = envfloat("WHALEGEN_REPARTITION_TIMEOUT_S", 300.
 WHALEGEN_REPARTITION_OTHER_LAYOUT_S = envfloat("WHALEGEN_REPARTITION_OTHER_LAYOUT_S", 60.0)
 # Re-carve idle MIG GPUs ahead of the arrivals forecast (whalegen.scheduling.precarve): on/off, GPUs per
 # cycle, and the least confidence in the forecast mix (1 - its held-out total-variation distance).
-# Off by default: in the MIG-layout replay (docs/goodput.md §9a) only a perfect forecast helped; one
-# barely better than persistence (the arrivals model's held-out mix distance, 0.41 vs 0.43) did harm.
+# Off by default: in the MIG-layout replay (docs/notes/goodput-design.md §9a) only a perfect forecast
+# helped; one barely better than persistence (the arrivals model's held-out mix distance, 0.41 vs 0.43)
+# did harm.
 WHALEGEN_PRECARVE = envbool("WHALEGEN_PRECARVE", False)
 WHALEGEN_PRECARVE_MAX_GPUS = envint("WHALEGEN_PRECARVE_MAX_GPUS", 2)
 WHALEGEN_PRECARVE_MIN_CONFIDENCE = envfloat("WHALEGEN_PRECARVE_MIN_CONFIDENCE", 0.5)
@@ -341,7 +342,7 @@ WHALEGEN_TELEMETRY_SAMPLE_S = envfloat("WHALEGEN_TELEMETRY_SAMPLE_S", 30.0)
 # Heartbeats that change nothing are recorded in Redis and moved to PostgreSQL in batches by the
 # node-health check (apps.fleet.liveness); needs REDIS_URL. false: every heartbeat is a transaction.
 WHALEGEN_HEARTBEAT_REDIS = envbool("WHALEGEN_HEARTBEAT_REDIS", True)
-# Idle reclaim (docs/operations.md, "Idle reclaim"): a running task whose every GPU reported SM utilisation
+# Idle reclaim (docs/idle-reclaim.md): a running task whose every GPU reported SM utilisation
 # below WHALEGEN_IDLE_UTIL_PCT in every sample of the last WHALEGEN_IDLE_AFTER_S is flagged idle.
 WHALEGEN_IDLE_AFTER_S = envfloat("WHALEGEN_IDLE_AFTER_S", 1_800.0)
 WHALEGEN_IDLE_UTIL_PCT = envint("WHALEGEN_IDLE_UTIL_PCT", 5)

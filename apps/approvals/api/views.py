@@ -123,7 +123,7 @@ class OverrideRejectApi(APIView):
 
 
 class ReclaimListApi(generics.ListAPIView):
-    """Reclaim requests the idle check raised for idle online-SLA tasks (docs/operations.md)."""
+    """Reclaim requests the idle check raised for idle online-SLA tasks (docs/idle-reclaim.md)."""
 
     serializer_class = s.ReclaimOutputSerializer
 

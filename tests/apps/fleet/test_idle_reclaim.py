@@ -1,4 +1,4 @@
-"""Idle reclaim on real PostgreSQL (docs/operations.md, "Idle reclaim"): running tasks whose GPUs stayed
+"""Idle reclaim on real PostgreSQL (docs/idle-reclaim.md): running tasks whose GPUs stayed
 near 0 % SM for the window are flagged once, told in their events, and — where the queue says `preempt`
 — preempted for pending work that could use the GPU; online-SLA tasks go to a platform admin first.
 
