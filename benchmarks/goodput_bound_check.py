@@ -2,12 +2,13 @@
 
 1. Compute exponent from telemetry (Lucid's solo SM and memory-controller utilisation, RTX 3090) against
    the exponent fitted on measured speeds (Gavel's K80/P100/V100 throughputs, the speed rule of
-   docs/goodput.md §2), per model family both sources measured (a mean over batch sizes and precisions;
-   one-GPU Gavel jobs). Spearman rank correlation; the families are few, so it is a sanity check only.
+   docs/notes/goodput-design.md §2), per model family both sources measured (a mean over batch sizes and
+   precisions; one-GPU Gavel jobs). Spearman rank correlation; the families are few, so it is a sanity
+   check only.
 2. Interference sensitivity from telemetry against Lucid's own hand-assigned sharing-sensitivity label
    (0 least … 2 most), over all 66 configurations.
 
-    .venv/bin/python benchmarks/goodput_bound_check.py      # figures in docs/goodput.md §10
+    .venv/bin/python benchmarks/goodput_bound_check.py      # figures in docs/notes/goodput-design.md §10
 """
 
 from __future__ import annotations

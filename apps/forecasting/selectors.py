@@ -251,7 +251,7 @@ def bound_telemetry(
     GPU, for `whalegen.forecast.profiles.classify_bound`: one aggregate over the key's process samples of
     the GPU sample taken at the same instant on the same GPU (the agent stamps both with one instant).
     Instants at which the GPU also ran another task are left out: NVML reports the GPU's utilisation,
-    not a process's, so a shared GPU's reading belongs to no one task (docs/goodput.md §10)."""
+    not a process's, so a shared GPU's reading belongs to no one task (docs/notes/goodput-design.md §10)."""
 
     def at_instant(field: str) -> Subquery:
         return Subquery(

@@ -1,4 +1,4 @@
-"""The pool's online-service reserve in a cycle's configuration (docs/goodput.md §10, item 7).
+"""The pool's online-service reserve in a cycle's configuration (docs/notes/goodput-design.md §10, item 7).
 
 `WHALEGEN_ONLINE_RESERVE=static` keeps `WHALEGEN_ONLINE_RESERVE_MILLI` idle in every pool, as before;
 `forecast` sizes it per pool and cycle from the pool's own online arrivals (whalegen.forecast.online_reserve),

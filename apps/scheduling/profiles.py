@@ -1,4 +1,4 @@
-"""Task profiles in a profile-aware cycle's snapshot (docs/goodput.md §10).
+"""Task profiles in a profile-aware cycle's snapshot (docs/notes/goodput-design.md §10).
 
 The compute/bandwidth class is learned by the periodic profile refresh and stored on
 `workloads.TaskProfile` (apps.forecasting.services.task_profiles_refresh); a cycle only reads it, for its

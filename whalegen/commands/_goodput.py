@@ -1,4 +1,4 @@
-"""`whalegen replay --goodput`: policies compared on work done, on a fleet file (docs/goodput.md §6).
+"""`whalegen replay --goodput`: policies compared on work done, on a fleet file (docs/goodput.md).
 
     whalegen replay --goodput --fleet docs/fleets/default.yaml \\
         --policy k8s-default,volcano-binpack,share-binpack,fgd,whalegen,whalegen-aware \\

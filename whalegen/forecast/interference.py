@@ -92,9 +92,9 @@ def evaluate_interference(
 
 # -- the utilisation rule of the goodput replay and the profile-aware placement -----------------------
 
-# Fitted on all of Lucid's pairs (docs/goodput.md §3): factor = (1 − c) / max(1, summed demand)^k, with the
-# demand each side's SM utilisation alone. It needs only what NVML reports, so the production plane can
-# apply it to any profile key with telemetry.
+# Fitted on all of Lucid's pairs (docs/notes/goodput-design.md §3):
+# factor = (1 − c) / max(1, summed demand)^k, with the demand each side's SM utilisation alone. It needs
+# only what NVML reports, so the production plane can apply it to any profile key with telemetry.
 LUCID_CONTENTION = 0.005
 LUCID_EXPONENT = 0.6
 

@@ -1,4 +1,5 @@
-"""A pool's online-service reserve sized from the forecast of its online arrivals (pure; docs/goodput.md §10).
+"""A pool's online-service reserve sized from the forecast of its online arrivals (pure;
+docs/notes/goodput-design.md §10).
 
 The reserve is idle GPU milli a batch task may not take (`EngineConfig.online_reserve_milli`). Sized from
 the pool's own history: online tasks submitted in the last `lookback_s` give a rate; times `horizon_s`

@@ -239,7 +239,7 @@ def right_size(
 
 
 class BoundClass(StrEnum):
-    """Which ceiling a task's speed follows (the speed rule of docs/goodput.md §2)."""
+    """Which ceiling a task's speed follows (the speed rule of docs/notes/goodput-design.md §2)."""
 
     COMPUTE = "compute-bound"  # speed follows FP32 TFLOPS
     BANDWIDTH = "bandwidth-bound"  # speed follows HBM bandwidth
@@ -290,8 +290,8 @@ def classify_bound(samples: int, sm_util_pct: float | None, mem_ctrl_util_pct: f
     DRAM was being read or written, its GPU utilisation the share of time a kernel ran; their ratio is
     the share of kernel time spent moving memory, so a task whose DRAM is busy whenever its kernels run
     is bandwidth-bound (a → 0), one whose kernels run with the DRAM mostly quiet is compute-bound (a → 1).
-    A roofline reading of two duty cycles, not a measurement of arithmetic intensity (docs/goodput.md §10
-    states what it misses). The sensitivity is the Lucid utilisation rule of
+    A roofline reading of two duty cycles, not a measurement of arithmetic intensity
+    (docs/notes/goodput-design.md §10 states what it misses). The sensitivity is the Lucid utilisation rule of
     `whalegen.forecast.interference.utilisation_factor` beside a copy of itself.
     """
     if samples < MIN_BOUND_SAMPLES or sm_util_pct is None or mem_ctrl_util_pct is None:

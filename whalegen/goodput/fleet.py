@@ -1,4 +1,4 @@
-"""The fleet of a goodput replay, from a YAML file (`--fleet FILE`; docs/goodput.md §4).
+"""The fleet of a goodput replay, from a YAML file (`--fleet FILE`; docs/notes/goodput-design.md §4).
 
 ```yaml
 name: default-mixed

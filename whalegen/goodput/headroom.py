@@ -1,5 +1,5 @@
 """The online headroom of the goodput replay: idle GPU milli kept for the online services the forecast
-expects in the next hour (docs/goodput.md §6, step 3b).
+expects in the next hour (docs/notes/goodput-design.md §6, step 3b).
 
 The forecast is the services' own arrival history: their rate over the last `lookback_s`, times the
 horizon, is the mean of a Poisson count of arrivals; the headroom is that count's `quantile` (0.9: one

@@ -2,7 +2,7 @@
 
 A *factor* is a job's throughput while sharing over its throughput alone (1.0: no slowdown), capped at 1
 (values above it in the measurements are noise; traces/README.md §4.2). Two fits, with their held-out
-errors (docs/goodput.md §3):
+errors (docs/notes/goodput-design.md §3):
 
 1. Per-job effects (Gavel): log factor(a beside b) = sensitivity[a] + pressure[b], one sensitivity and
    one pressure per model and batch size, fitted by least squares (backfitting) on the measured pairs of

@@ -1,4 +1,5 @@
-"""The work a goodput replay offers: training and batch jobs, and online services (docs/goodput.md §5).
+"""The work a goodput replay offers: training and batch jobs, and online services
+(docs/notes/goodput-design.md §5).
 
 Jobs (recipe, deterministic per seed): every GPU task of an openb task list (traces/README.md §1.2)
 becomes one job, in creation order:

@@ -318,7 +318,8 @@ def scaled_jobs(
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Bounds on a run's goodput, in % of the fleet's GPU-hours of the window (docs/goodput.md §8)."""
+    """Bounds on a run's goodput, in % of the fleet's GPU-hours of the window
+    (docs/notes/goodput-design.md §8)."""
 
     no_queue_pct: float  # every job on arrival on its fastest model, alone: strict
     mean_capacity_pct: float  # every GPU busy at its model's mean speed over the job types: not strict

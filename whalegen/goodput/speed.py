@@ -4,9 +4,10 @@ This is the *rule* (the estimate `whalegen-aware` shares, through whalegen.gpus.
 replay's truth (whalegen.goodput.truth.TrueSpeed) is the measurement where measured and this rule times a
 per-(job type, model) error drawn with the run's seed elsewhere.
 
-The rule is `whalegen.gpus.speed` (docs/goodput.md §2): per job type, throughput = k × FP32 TFLOPS^a ×
-HBM bandwidth^(1 − a), fitted on the models Gavel measured the job on; two parameters on three measured
-models leave one degree of freedom, which is what the hold-one-model-out check uses.
+The rule is `whalegen.gpus.speed` (docs/notes/goodput-design.md §2): per job type,
+throughput = k × FP32 TFLOPS^a × HBM bandwidth^(1 − a), fitted on the models Gavel measured the job on;
+two parameters on three measured models leave one degree of freedom, which is what the hold-one-model-out
+check uses.
 
 An unmeasured model's throughput is anchored: the newest measured card's (V100's) measurement times the
 rule's ratio between the two cards, so only the shape `a` comes from the fit and the speed-up stays

@@ -8,7 +8,7 @@ and, where it does not, a rule the policies do not share (or share only with a d
    measurement on K80, P100 and V100 (V100M32: the V100M16 chip); on every other model it is the
    anchored roofline rule (whalegen.goodput.speed) times a per-(job type, model) error exp(σ·z),
    z ~ N(0, 1) drawn from the run's seed, σ = `SPEED_ERROR_SIGMA` (the rule's own hold-out error on
-   the measured cards is 0.3–0.5 median relative, docs/goodput.md §2; σ = 0.4 is that size).
+   the measured cards is 0.3–0.5 median relative, docs/notes/goodput-design.md §2; σ = 0.4 is that size).
    A job type Gavel found does not fit a model's memory runs there at 0: it is never placed there, and a
    job no model of the fleet runs is refused when the replay loads it.
 2. **Fractional demand** (`job_demand`, `job_rate`): an openb job asking `gpu_milli` < 1000 can use that

@@ -1,6 +1,6 @@
 """The speed rule: how fast a job runs on a GPU model, from the model's FP32 TFLOPS and HBM bandwidth.
 
-Per job type (docs/goodput.md §2),
+Per job type (docs/notes/goodput-design.md §2),
 
     throughput(model) = k × fp32_tflops(model) ** a × mem_bandwidth_gbps(model) ** (1 − a)
 

@@ -1,4 +1,5 @@
-"""Policies of the goodput comparison (docs/goodput.md §6): two baselines, and profile-aware `whalegen-aware`.
+"""Policies of the goodput comparison (docs/notes/goodput-design.md §6): two baselines, and profile-aware
+`whalegen-aware`.
 
 - `volcano-binpack`: whole GPUs only (the stock device plugin), the most-allocated node first (Volcano's
   binpack plugin: GPU weighted over CPU); a multi-GPU task is one task on one node, so it is its own gang.

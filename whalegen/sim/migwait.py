@@ -1,7 +1,7 @@
 """MIG layout replay: what re-carving ahead of the forecast saves the tasks that need a layout.
 
 The goodput and dynamic replays carve MIG instances on demand, instantly, so no task ever waits for a
-layout and pre-carving cannot show (docs/goodput.md §9). This replay keeps what they leave out:
+layout and pre-carving cannot show (docs/notes/goodput-design.md §9). This replay keeps what they leave out:
 
 - **Layouts.** Every GPU is in MIG mode with a carved layout (`initial`); a task binds only to a free
   carved instance, exactly as production: each cycle builds the unit-exact snapshot production's reader

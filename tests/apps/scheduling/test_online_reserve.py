@@ -1,5 +1,6 @@
 """The online-service reserve sized from the pool's forecast of online arrivals, in the production cycle
-(apps.scheduling.online_reserve, apps.workloads.selectors.pool_online_demand; docs/goodput.md §10)."""
+(apps.scheduling.online_reserve, apps.workloads.selectors.pool_online_demand;
+docs/notes/goodput-design.md §10)."""
 
 from __future__ import annotations
 

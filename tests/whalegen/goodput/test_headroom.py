@@ -1,5 +1,5 @@
 """The online headroom sized from the services' forecast, services that arrive and leave, the oracle
-profiles and the goodput ceiling of the replay (docs/goodput.md §6 steps 3 and 3b)."""
+profiles and the goodput ceiling of the replay (docs/notes/goodput-design.md §6 steps 3 and 3b)."""
 
 from __future__ import annotations
 

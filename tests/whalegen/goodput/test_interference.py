@@ -46,7 +46,7 @@ def test_the_utilisation_fit_finds_the_rule_that_made_the_data(lucid_single: tup
 def test_held_out_interference_error_beats_the_constant_baseline(
     gavel: GavelData, lucid_single: tuple[LucidSolo, ...], lucid_pairs: tuple[LucidPair, ...]
 ) -> None:
-    # Loose regression guards (docs/goodput.md has the measured figures).
+    # Loose regression guards (docs/notes/goodput-design.md has the measured figures).
     for model in gavel.gpu_models:
         holdout = gavel_holdout(gavel, model)
         assert holdout.median_abs_error < holdout.median_abs_error_constant

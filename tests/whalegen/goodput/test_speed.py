@@ -87,7 +87,7 @@ def test_unmeasured_models_stay_within_the_hardware_ratios_to_the_anchor(gavel: 
 
 
 def test_held_out_error_stays_bounded_and_beats_the_model_blind_baseline(gavel: GavelData) -> None:
-    # A regression guard, loose on purpose: measured medians are 0.31-0.51 (docs/goodput.md).
+    # A regression guard, loose on purpose: measured medians are 0.31-0.51 (docs/notes/goodput-design.md).
     rows = {(r.rule, r.held_out_model): r for r in holdout_errors(gavel)}
     for held in ("K80", "P100", "V100M16"):
         assert rows[("fitted a", held)].jobs == 80
