@@ -323,10 +323,10 @@ class TaskProfile(models.Model):
     telemetry_tasks = models.PositiveIntegerField(default=0)  # tasks those samples came from
     last_sample_at = models.DateTimeField(null=True, blank=True)
     util_curve = models.JSONField(default=list, blank=True)
-    # whalegen.forecast.profiles.classify_bound over the key's unshared busy NVML samples (docs/goodput.md
-    # §10), written by the profile refresh: a BoundClass value ("compute-bound", "bandwidth-bound",
-    # "balanced", "unknown"), the speed rule's exponent 0 (bandwidth) … 1 (FLOPS), the samples' mean SM %,
-    # how many, and the share of speed lost beside a copy of itself (0 … 1).
+    # whalegen.forecast.profiles.classify_bound over the key's unshared busy NVML samples
+    # (docs/notes/goodput-design.md §10), written by the profile refresh: a BoundClass value ("compute-bound",
+    # "bandwidth-bound", "balanced", "unknown"), the speed rule's exponent 0 (bandwidth) … 1 (FLOPS), the
+    # samples' mean SM %, how many, and the share of speed lost beside a copy of itself (0 … 1).
     bound_class = models.CharField(max_length=16, blank=True)
     compute_exponent = models.FloatField(null=True, blank=True)
     bound_sm_util_pct = models.FloatField(null=True, blank=True)
