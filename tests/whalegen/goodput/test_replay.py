@@ -52,7 +52,13 @@ def _gavel() -> GavelData:
 
 
 def _fleet(mode: str = "whole", gpus: int = 1, model: str = V100) -> object:
-    group = [] if mode == "whole" else [{"mode": mode, "count": gpus, "max_shares": 2}]
+    """One pool of one node with `gpus` GPUs of `model`, all in `mode` (shared two ways under mps and
+    time-slice; under mig the fleet's layout, of which the replay's engine carves what each request needs)."""
+    group: list[dict[str, object]] = [] if mode == "whole" else [{"mode": mode, "count": gpus}]
+    if mode in ("mps", "time-slice"):
+        group[0]["max_shares"] = 2
+    if mode == "mig":
+        group[0]["layout"] = ["4g.20gb", "2g.10gb", "1g.5gb"]
     return parse_fleet(
         {
             "name": "tiny",

@@ -9,10 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from tests.whalegen.goodput.test_replay import RULE, V100, _gavel, measured_pairs
+from tests.whalegen.goodput.test_replay import RULE, V100, A, B, _fleet, _gavel, _job, measured_pairs
 from whalegen.goodput.data import GavelData, JobType
-from whalegen.goodput.fleet import parse_fleet
-from whalegen.goodput.jobs import Job, Service, ServiceProfile
+from whalegen.goodput.jobs import Service, ServiceProfile
 from whalegen.goodput.replay import ReplayConfig, World, run_goodput
 from whalegen.goodput.speed import SpeedModel
 from whalegen.goodput.truth import (
@@ -24,38 +23,6 @@ from whalegen.goodput.truth import (
     mig_service_factor,
 )
 from whalegen.gpus.catalogue import get_model
-
-A = JobType("ResNet-18 (batch size 32)", 1)
-B = JobType("LM (batch size 5)", 1)
-
-
-def _fleet(model: str, mode: str = "whole", max_shares: int = 2) -> object:
-    group: list[dict[str, object]] = [] if mode == "whole" else [{"mode": mode, "count": 1}]
-    if mode in ("mps", "time-slice"):
-        group[0]["max_shares"] = max_shares
-    if mode == "mig":  # the layout is the fleet's; the replay's engine carves what each request needs
-        group[0]["layout"] = ["4g.20gb", "2g.10gb", "1g.5gb"]
-    return parse_fleet(
-        {
-            "name": "tiny",
-            "pools": [
-                {
-                    "name": "p",
-                    "gpu_model": model,
-                    "nodes": 1,
-                    "gpus_per_node": 1,
-                    "cpu_cores": 8,
-                    "mem_gib": 64,
-                    "gpus": group,
-                }
-            ],
-        }
-    )
-
-
-def _job(job_id: str, job_type: JobType, runtime_s: float, milli: int = 1000, arrival_s: int = 0) -> Job:
-    throughput = _gavel().solo[(V100, job_type)] * min(1.0, milli / 1000)
-    return Job(job_id, arrival_s, job_type, 1, milli, 1000, 1024, False, runtime_s * throughput, runtime_s)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +86,7 @@ def test_a_fractional_job_alone_uses_no_more_than_its_share(world: World) -> Non
     # at its share: it takes 1 h, not 0.5 h. A whole job of 1 h waits for it and runs 1–2 h. Offered 1.5
     # GPU-h at load 1: a 1.5 h window, in which 0.5 + 0.5 GPU-h are done: goodput 2/3.
     jobs = [_job("half", A, 3600, milli=500), _job("whole", B, 3600)]
-    result = run_goodput(_fleet(V100), jobs, [], world, "k8s-default", 0, ReplayConfig(load=1.0))  # type: ignore[arg-type]
+    result = run_goodput(_fleet(), jobs, [], world, "k8s-default", 0, ReplayConfig(load=1.0))  # type: ignore[arg-type]
     assert job_rate(world.truth, jobs[0], V100) == pytest.approx(5.0)  # 10 it/s × 0.5
     assert result.window_h == pytest.approx(1.5, abs=1e-3)
     assert result.mean_jct_h == pytest.approx((1.0 + 2.0) / 2, abs=0.02)
@@ -134,9 +101,8 @@ def test_a_fractional_job_on_a_mig_slice_at_least_its_size_runs_at_full_speed(wo
     # bandwidth) gets min(0.57, the slice's scale) of the GPU. (Before issue #41 both ran at the slice's
     # scale of a whole-GPU job: 3.5–4× longer.)
     small, large = _job("small", A, 3600, milli=250), _job("large", A, 3600, milli=570)
-    result = run_goodput(
-        _fleet("A100-40GB", "mig"), [small, large], [], world, "fgd", 0, ReplayConfig(load=0.2, step_s=10.0)
-    )  # type: ignore[arg-type]
+    fleet = _fleet("mig", model="A100-40GB")
+    result = run_goodput(fleet, [small, large], [], world, "fgd", 0, ReplayConfig(load=0.2, step_s=10.0))  # type: ignore[arg-type]
     a100 = world.truth.speed(A, "A100-40GB")
     scale = world.truth.slice_scale(A, 4 / 7, 4 / 8)
     assert 0.5 <= scale <= 4 / 7
@@ -158,12 +124,12 @@ def test_a_pair_within_memory_shares_and_a_pair_beyond_it_waits(world: World) ->
     truth = World.build(gavel, RULE, [V100], measured_pairs())
     memory = get_model(V100).mem_mib or 0
     assert truth.job_mem_mib[A] + truth.job_mem_mib[B] > memory >= 2 * truth.job_mem_mib[A]
-    fleet = _fleet(V100, "mps")
+    fleet = _fleet("mps")
     config = ReplayConfig(load=0.5, step_s=10.0)  # a 1.6 h window, the replay runs on to 3.2 h
-    pair = [_job("a1", A, 3600, 400), _job("a2", A, 3600, 400)]
+    pair = [_job("a1", A, 3600, milli=400), _job("a2", A, 3600, milli=400)]
     within = run_goodput(fleet, pair, [], truth, "share-binpack", 0, config)  # type: ignore[arg-type]
     assert within.mean_jct_h == pytest.approx(1 / 0.9, abs=0.01)
-    pair = [_job("a", A, 3600, 400), _job("b", B, 3600, 400)]
+    pair = [_job("a", A, 3600, milli=400), _job("b", B, 3600, milli=400)]
     beyond = run_goodput(fleet, pair, [], truth, "share-binpack", 0, config)  # type: ignore[arg-type]
     assert beyond.mean_jct_h == pytest.approx((1.0 + 2.0) / 2, abs=0.01)
 
@@ -175,7 +141,7 @@ def test_a_service_on_a_mig_slice_is_capped_by_its_slice(world: World) -> None:
     assert mig_service_factor(90.0, 4 / 7) == pytest.approx(0.635, abs=1e-3)
     assert mig_service_factor(40.0, 4 / 7) == 1.0
     static = ReplayConfig(load=1.0, service_churn=False, step_s=60.0)
-    fleet = _fleet("A100-40GB", "mig")
+    fleet = _fleet("mig", model="A100-40GB")
     jobs = [_job("j", A, 600)]  # the window: a tenth of an hour of a whole A100's work
     for util, violating in ((90.0, 100.0), (40.0, 0.0)):
         service = Service("svc-000", ServiceProfile("pod", (util,) * 10, ()), 0.9)
