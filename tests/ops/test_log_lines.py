@@ -17,14 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -32,12 +26,10 @@ from typing import Any
 import pytest
 import requests
 
-from agents.sim.tools import install_fake_tools
-from tests.faults.services import PostgresServer, RedisServer
+from tests.ops.stack import OpsStack, stack_in_temp_dir, wait
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 WEB_PORT = int(os.environ.get("WHALEGEN_LOGS_WEB_PORT", "18640"))
 POSTGRES_PORT = int(os.environ.get("WHALEGEN_LOGS_POSTGRES_PORT", "15474"))
 REDIS_PORT = int(os.environ.get("WHALEGEN_LOGS_REDIS_PORT", "16421"))
@@ -47,105 +39,41 @@ FAKE_BEARER = "zq-made-up-bearer-7c1e0b9a5d"
 FAKE_JOIN_TOKEN = "wgj_" + "J" * 40
 
 
-def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-@dataclass
-class LoggedStack:
-    work: Path
-    url: str = f"http://127.0.0.1:{WEB_PORT}"
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    world: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.pg = PostgresServer(self.work / "pg", port=POSTGRES_PORT)
-        self.redis = RedisServer(self.work / "redis", port=REDIS_PORT)
-        bin_dir = install_fake_tools(self.work / "bin")
-        self.env = dict(
-            os.environ,
-            PYTHONPATH=str(ROOT),
-            PATH=f"{bin_dir}:{os.environ['PATH']}",
-            DATABASE_URL=self.pg.url("whalegen"),
-            REDIS_URL=self.redis.url,
-            SECRET_KEY="logs-test-only-not-secret",
-            WHALEGEN_CYCLE_INTERVAL_S="1",
-            WHALEGEN_NODE_HEALTH_INTERVAL_S="1",
-            WHALEGEN_PLANE_TICK_INTERVAL_S="1",
-            WHALEGEN_AGENT_HEARTBEAT_S="2",
-            WHALEGEN_NODE_LOST_HEARTBEATS="15",
-            WHALEGEN_WEB_BIND=f"127.0.0.1:{WEB_PORT}",
-            WEB_CONCURRENCY="2",
-            WHALEGEN_WEB_THREADS="4",
-        )
+def _make_stack(work: Path) -> OpsStack:
+    return OpsStack(
+        work,
+        web_port=WEB_PORT,
+        postgres_port=POSTGRES_PORT,
+        redis_port=REDIS_PORT,
+        secret_key="logs-test-only-not-secret",
+        env_set={
+            "WHALEGEN_WEB_BIND": f"127.0.0.1:{WEB_PORT}",
+            "WEB_CONCURRENCY": "2",
+            "WHALEGEN_WEB_THREADS": "4",
+        },
         # The shipped defaults are under test: no format, level or component chosen here.
-        for name in ("DJANGO_SETTINGS_MODULE", "WHALEGEN_LOG_FORMAT", "WHALEGEN_LOG_LEVEL",
-                     "WHALEGEN_ACCESS_LOG_LEVEL", "WHALEGEN_COMPONENT"):  # fmt: skip
-            self.env.pop(name, None)
-
-    def spawn(self, name: str, *args: str, **env: str) -> None:
-        with (self.work / f"{name}.out").open("ab") as out, (self.work / f"{name}.err").open("ab") as err:
-            self.procs[name] = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=dict(self.env, **env),
-                                                stdout=out, stderr=err)  # fmt: skip
-
-    def outputs(self, name: str) -> dict[str, str]:
-        return {
-            stream: (self.work / f"{name}.{stream}").read_text(errors="replace") for stream in ("out", "err")
-        }
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=180
-        )
-        assert done.returncode == 0, f"{args} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-        return done.stdout
-
-    def answers(self, path: str) -> requests.Response | None:
-        try:
-            return requests.get(f"{self.url}{path}", timeout=10)
-        except requests.RequestException:
-            return None
-
-    def cleanup(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        self.redis.stop()
-        self.pg.stop("immediate")
+        env_unset=(
+            "DJANGO_SETTINGS_MODULE",
+            "WHALEGEN_LOG_FORMAT",
+            "WHALEGEN_LOG_LEVEL",
+            "WHALEGEN_ACCESS_LOG_LEVEL",
+            "WHALEGEN_COMPONENT",
+        ),
+        # Each stream to a file of its own, so a line is judged as the process wrote it.
+        separate_streams=True,
+    )
 
 
 @pytest.fixture
-def stack() -> Iterator[LoggedStack]:
-    path = Path(tempfile.mkdtemp(prefix="whalegen-log-lines-"))
-    path.chmod(0o755)  # traversable by the `postgres` user the cluster runs as when the suite runs as root
-    made = LoggedStack(path)
-    try:
+def stack() -> Iterator[OpsStack]:
+    with stack_in_temp_dir("whalegen-log-lines-", _make_stack) as made:
         yield made
-    finally:
-        made.cleanup()
-        if not os.environ.get("WHALEGEN_OPS_KEEP"):
-            shutil.rmtree(path, ignore_errors=True)
 
 
-def _start(stack: LoggedStack) -> None:
+def _start(stack: OpsStack) -> None:
     """Servers, schema and seed, then the four processes as the images run them; ready when /readyz is."""
-    stack.pg.init()
-    stack.pg.start()
-    subprocess.run(
-        [str(stack.pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(POSTGRES_PORT), "-U", "postgres",
-         "whalegen"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    stack.redis.start()
-    stack.run("manage.py", "migrate", "--noinput")
-    stack.world = json.loads(stack.run("-m", "tests.ops.plane_scripts"))
+    stack.start_servers()
+    stack.migrate_and_seed()
     stack.spawn("web", "-m", "gunicorn", "-c", "docker/gunicorn.conf.py", "whalegen.config.wsgi")
     stack.spawn("worker", "-m", "celery", "-A", "whalegen.config", "worker", "--loglevel", "info",
                 "--concurrency", "2", "-n", "logs@%h")  # fmt: skip
@@ -157,11 +85,11 @@ def _start(stack: LoggedStack) -> None:
         "--heartbeat-s", "1", "--poll-wait-s", "1", "--tick-s", "0.2", "--reconcile-s", "2",
         WHALEGEN_AGENT_TOKEN=stack.world["nodes"]["ops-example"]["token"],
     )  # fmt: skip
-    _wait(lambda: (answer := stack.answers("/readyz")) is not None and answer.status_code == 200, 90,
+    wait(lambda: (answer := stack.answers("/readyz")) is not None and answer.status_code == 200, 90,
           "/readyz to turn 200")  # fmt: skip
 
 
-def _drive(stack: LoggedStack) -> dict[str, str]:
+def _drive(stack: OpsStack) -> dict[str, str]:
     """Requests carrying every kind of credential, a task run to the end, a Celery task that fails.
     Returns the request id the plane answered each request with, by what it carried."""
     api_token = stack.world["token"]
@@ -185,23 +113,23 @@ def _drive(stack: LoggedStack) -> dict[str, str]:
                             timeout=30)  # fmt: skip
     assert created.status_code == 201, created.text
     task_url = f"{stack.url}/api/v1/tasks/{created.json()['id']}/"
-    _wait(lambda: requests.get(task_url, headers=headers, timeout=10).json()["state"] == "succeeded", 90,
+    wait(lambda: requests.get(task_url, headers=headers, timeout=10).json()["state"] == "succeeded", 90,
           "the task to succeed on the agent")  # fmt: skip
     # A message whose task takes no such arguments: the worker logs the failure with its traceback.
     stack.run("-m", "celery", "-A", "whalegen.config", "call", "apps.metrics.tasks.plane_tick",
               "--args", '["unexpected"]')  # fmt: skip
-    _wait(lambda: "TypeError" in stack.outputs("worker")["err"], 60, "the worker to log the failure")
+    wait(lambda: "TypeError" in stack.outputs("worker")["err"], 60, "the worker to log the failure")
     return request_ids
 
 
-def _stop(stack: LoggedStack) -> None:
+def _stop(stack: OpsStack) -> None:
     for proc in stack.procs.values():
         proc.send_signal(signal.SIGTERM)
     for proc in stack.procs.values():
         proc.wait(timeout=30)
 
 
-def _entries(stack: LoggedStack, name: str) -> list[dict[str, Any]]:
+def _entries(stack: OpsStack, name: str) -> list[dict[str, Any]]:
     """Every line `name` wrote on stdout and stderr, each parsed; a line that is not a JSON object fails."""
     found = []
     for stream, text in stack.outputs(name).items():
@@ -219,7 +147,7 @@ def _entries(stack: LoggedStack, name: str) -> list[dict[str, Any]]:
 
 
 def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_credential(
-    stack: LoggedStack,
+    stack: OpsStack,
 ) -> None:
     _start(stack)
     request_ids = _drive(stack)

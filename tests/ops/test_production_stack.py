@@ -12,26 +12,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
-from agents.sim.tools import install_fake_tools
-from tests.faults.services import PostgresServer, RedisServer
+from tests.ops.stack import ROOT, OpsStack, stack_in_temp_dir, wait
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 # Below Linux's ephemeral range, as the fault suite's (tests/faults/services.py says why).
 WEB_PORT = int(os.environ.get("WHALEGEN_OPS_WEB_PORT", "18620"))
 POSTGRES_PORT = int(os.environ.get("WHALEGEN_OPS_POSTGRES_PORT", "15464"))
@@ -51,104 +45,31 @@ GRACE_S = {
 }
 
 
-def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-@dataclass
-class ProductionStack:
-    work: Path
-    url: str = f"http://127.0.0.1:{WEB_PORT}"
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    world: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.pg = PostgresServer(self.work / "pg", port=POSTGRES_PORT)
-        self.redis = RedisServer(self.work / "redis", port=REDIS_PORT)
-        self.bin_dir = install_fake_tools(self.work / "bin")
-        self.env = dict(
-            os.environ,
-            PYTHONPATH=str(ROOT),
-            PATH=f"{self.bin_dir}:{os.environ['PATH']}",
-            DATABASE_URL=self.pg.url("whalegen"),
-            REDIS_URL=self.redis.url,
-            SECRET_KEY="ops-test-only-not-secret",
-            WHALEGEN_CYCLE_INTERVAL_S="1",
-            WHALEGEN_NODE_HEALTH_INTERVAL_S="1",
-            WHALEGEN_PLANE_TICK_INTERVAL_S="1",
-            WHALEGEN_AGENT_HEARTBEAT_S="2",
-            WHALEGEN_NODE_LOST_HEARTBEATS="15",
-            WHALEGEN_LOG_FORMAT="json",
-            WHALEGEN_ACCESS_LOG_LEVEL="WARNING",
-        )
-        self.env.pop("DJANGO_SETTINGS_MODULE", None)
-
-    def log(self, name: str) -> str:
-        path = self.work / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def spawn(self, name: str, *args: str) -> None:
-        with (self.work / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, *args], cwd=ROOT, env=self.env, stdout=log, stderr=log
-            )
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=180
-        )
-        assert done.returncode == 0, f"{args} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-        return done.stdout
-
-    def get(self, path: str, **kwargs: Any) -> requests.Response:
-        return requests.get(f"{self.url}{path}", timeout=10, **kwargs)
-
-    def answers(self, path: str) -> requests.Response | None:
-        try:
-            return self.get(path)
-        except requests.RequestException:
-            return None
-
-    def api(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        headers = {"Authorization": f"Bearer {self.world['token']}"}
-        return requests.request(method, f"{self.url}{path}", headers=headers, timeout=30, **kwargs)
-
-    def start_agent(self, name: str, node: str, *spec: str) -> None:
-        token = self.world["nodes"][node]["token"]
-        self.spawn(
-            name, "-m", "whalegen", "agent", "--server", self.url, "--token", token,
-            "--backend", "sim", *spec,
-            "--state-dir", str(self.work / name), "--node-name", node,
-            "--heartbeat-s", "1", "--poll-wait-s", "1", "--tick-s", "0.2", "--reconcile-s", "2",
-        )  # fmt: skip
-
-    def cleanup(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        self.redis.stop()
-        self.pg.stop("immediate")
+def _make_stack(work: Path) -> OpsStack:
+    return OpsStack(
+        work,
+        web_port=WEB_PORT,
+        postgres_port=POSTGRES_PORT,
+        redis_port=REDIS_PORT,
+        secret_key="ops-test-only-not-secret",
+        env_set={"WHALEGEN_LOG_FORMAT": "json", "WHALEGEN_ACCESS_LOG_LEVEL": "WARNING"},
+    )
 
 
 @pytest.fixture
-def stack() -> Iterator[ProductionStack]:
-    # Traversable by the `postgres` user the cluster runs as when the suite runs as root.
-    path = Path(tempfile.mkdtemp(prefix="whalegen-ops-stack-"))
-    path.chmod(0o755)
-    made = ProductionStack(path)
-    try:
+def stack() -> Iterator[OpsStack]:
+    with stack_in_temp_dir("whalegen-ops-stack-", _make_stack) as made:
         yield made
-    finally:
-        made.cleanup()
-        if not os.environ.get("WHALEGEN_OPS_KEEP"):  # set it to read the processes' logs afterwards
-            shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_agent(stack: OpsStack, name: str, node: str, *spec: str) -> None:
+    token = stack.world["nodes"][node]["token"]
+    stack.spawn(
+        name, "-m", "whalegen", "agent", "--server", stack.url, "--token", token,
+        "--backend", "sim", *spec,
+        "--state-dir", str(stack.work / name), "--node-name", node,
+        "--heartbeat-s", "1", "--poll-wait-s", "1", "--tick-s", "0.2", "--reconcile-s", "2",
+    )  # fmt: skip
 
 
 def _task_body(name: str) -> dict[str, Any]:
@@ -164,17 +85,10 @@ def _task_body(name: str) -> dict[str, Any]:
 
 
 def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
-    stack: ProductionStack, tmp_path: Path
+    stack: OpsStack, tmp_path: Path
 ) -> None:
     # 1. Servers of our own, the database migrated and seeded; gunicorn and the worker import meanwhile.
-    stack.pg.init()
-    stack.pg.start()
-    subprocess.run(
-        [str(stack.pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(POSTGRES_PORT), "-U", "postgres",
-         "whalegen"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    stack.redis.start()
+    stack.start_servers()
     stack.spawn(
         "web", "-m", "gunicorn", "whalegen.config.wsgi", "--bind", f"127.0.0.1:{WEB_PORT}",
         "--workers", "2", "--threads", "4", "--timeout", "60", "--graceful-timeout", "5",
@@ -183,11 +97,10 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
         "worker", "-m", "celery", "-A", "whalegen.config", "worker", "--loglevel", "INFO",
         "--concurrency", "2", "-n", "ops@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
     )  # fmt: skip
-    stack.run("manage.py", "migrate", "--noinput")
-    stack.world = json.loads(stack.run("-m", "tests.ops.plane_scripts"))
+    stack.migrate_and_seed()
 
     # 2. Up but not ready: healthz answers, readyz names beat (never started) as its failing check.
-    health = _wait(lambda: stack.answers("/healthz"), 60, "gunicorn to answer /healthz")
+    health = wait(lambda: stack.answers("/healthz"), 60, "gunicorn to answer /healthz")
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     early = stack.get("/readyz")
     assert early.status_code == 503, early.text
@@ -202,9 +115,9 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
         )  # fmt: skip
     l40s_spec = stack.work / "l40s.yaml"
     l40s_spec.write_text("nodes:\n  - name: ops-l40s\n    gpus:\n      - sku: l40s\n        count: 2\n")
-    stack.start_agent("agent-example", "ops-example")  # the example host: no --sim-spec
-    stack.start_agent("agent-l40s", "ops-l40s", "--sim-spec", str(l40s_spec))
-    ready = _wait(
+    _start_agent(stack, "agent-example", "ops-example")  # the example host: no --sim-spec
+    _start_agent(stack, "agent-l40s", "ops-l40s", "--sim-spec", str(l40s_spec))
+    ready = wait(
         lambda: (answer := stack.answers("/readyz")) is not None and answer.status_code == 200 and answer,
         60,
         "/readyz to turn 200",
@@ -226,7 +139,7 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
     )  # fmt: skip
     assert cli.returncode == 0, f"{cli.stdout}\n{cli.stderr}\n{stack.log('agent-example')[-2000:]}"
     assert "succeeded" in cli.stdout
-    state = _wait(
+    state = wait(
         lambda: (s := stack.api("get", f"/api/v1/tasks/{task_id}/").json()["state"]) in FINAL and s,
         60,
         "the API task to end",
