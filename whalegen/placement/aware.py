@@ -13,8 +13,10 @@
      (equal speed, e.g. two nodes of one model).
   2. **A service on a MIG slice.** A slice isolates an online service from its neighbours but caps it by
      its SMs: its factor is predicted as the slice's share of the GPU's compute over the service's
-     observed SM utilisation (`predicted_slice_factor`, its profile's P95); a slice predicted below the
-     service's SLA is refused with that sentence, and a bigger unit is taken where one has room.
+     observed SM utilisation (`predicted_slice_factor`, its profile's P95). A slice predicted below the
+     service's SLA is avoided: a unit that keeps the SLA is taken where one has room, the slice only where
+     none has (waiting breaks the SLA too: docs/notes/goodput-runs.md measured refusing it outright, the
+     `slice_sla=refuse` option, where the service then waits with that sentence as its reason).
   3. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
      from the SM utilisations (the Lucid-fitted rule of whalegen/goodput/interference.py, summed over
      the neighbours); a GPU where a predicted factor falls below an online task's SLA, or below
@@ -140,6 +142,7 @@ class _Option:
     devices: tuple[int, ...]
     why: str
     isolated: bool = False  # a MIG instance
+    below_sla: bool = False  # a MIG slice predicted below the online task's SLA (taken only as a last resort)
 
 
 class AwarePolicy(WhalegenPolicy):
@@ -152,17 +155,23 @@ class AwarePolicy(WhalegenPolicy):
         defer = options.pop("defer_s", str(DEFAULT_DEFER_S))
         # `preempt_deferred=1` restores the first version, where a deferred task proposed victims.
         preempt_deferred = options.pop("preempt_deferred", "0")
+        # What a slice predicted below a service's SLA gets: `avoid` (the default) takes it only where no
+        # other unit has room, `refuse` never takes it (the service waits, with the reason).
+        slice_sla = options.pop("slice_sla", "avoid")
         super().__init__(**{k: v for k, v in options.items() if k in OPTIONS})
         unknown = set(options) - set(OPTIONS)
         if unknown:
             raise ValueError(
-                "whalegen-aware options are floor, advantage, defer_s, preempt_deferred and "
+                "whalegen-aware options are floor, advantage, defer_s, preempt_deferred, slice_sla and "
                 f"{', '.join(OPTIONS)}, got {sorted(unknown)}"
             )
         self.floor = float(floor)
         self.advantage = float(advantage)
         self.defer_s = float(defer)
         self.preempt_deferred = preempt_deferred not in ("0", "false", "no")
+        if slice_sla not in ("avoid", "refuse"):
+            raise ValueError(f"whalegen-aware slice_sla is avoid or refuse, got {slice_sla!r}")
+        self.refuse_slices = slice_sla == "refuse"
         self.now_s = 0.0
         self._fleet_mean: dict[float, float] = {}
         self.task: TaskRequest | None = None
@@ -269,6 +278,8 @@ class AwarePolicy(WhalegenPolicy):
             self.refusals[task.task_id] = "; ".join(refused[:3]) or "no GPU model with known figures has room"
             return None
         if profile.sla_min_factor is not None:
+            # A slice predicted below the SLA only where nothing else has room (waiting breaks it too).
+            options = [o for o in options if not o.below_sla] or options
             # An online service: a MIG instance first (isolated: no neighbour can break its SLA), then
             # the slowest model (the fast ones are worth more to batch work); it needs no speed.
             best = max(
@@ -386,29 +397,36 @@ class AwarePolicy(WhalegenPolicy):
         frag: float,
         refused: list[str],
     ) -> _Option | None:
-        """The MIG instance device d would give the task; for an online service, refused (with the reason in
-        `refused`) where its observed utilisation predicts a factor below its SLA on that slice."""
+        """The MIG instance device d would give the task. For an online service whose observed utilisation
+        predicts a factor below its SLA on that slice: marked `below_sla` (taken only where no other unit
+        has room), or under `slice_sla=refuse` refused, with the reason in `refused`."""
         s = self.state
         mig = self._mig_unit(n, d, req)
         if mig is None:
             return None
         share = mig.compute_slices / COMPUTE_SLICES
         why = f"MIG {mig.name}"
+        below_sla = False
         sla = profile.sla_min_factor
         if sla is not None:
             util = profile.sm_util_pct if profile.sm_util_pct is not None else UNKNOWN_UTIL_PCT
             f = predicted_slice_factor(util, share)
-            if f < sla:
-                refused.append(
-                    f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: a MIG {mig.name} gives "
-                    f"{100 * share:.0f} % of the GPU's SMs and {task_id} is observed at {util:.0f} %: "
-                    f"predicted {f:.2f}×, below its SLA {sla:.2f}"
-                )
+            below = (
+                f"a MIG {mig.name} gives {100 * share:.0f} % of the GPU's SMs and {task_id} is observed at "
+                f"{util:.0f} %: predicted {f:.2f}×, below its SLA {sla:.2f}"
+            )
+            below_sla = f < sla
+            if below_sla and self.refuse_slices:
+                refused.append(f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: {below}")
                 self._sla_hit = True
                 return None
-            why = f"MIG {mig.name}: predicted {f:.2f}× at its observed {util:.0f} % SM utilisation"
+            why = (
+                f"{below}; no unit that keeps its SLA has room"
+                if below_sla
+                else f"MIG {mig.name}: predicted {f:.2f}× at its observed {util:.0f} % SM utilisation"
+            )
         speed = self._speed(n, profile, (share, mig.memory_slices / MEMORY_SLICES))
-        return None if speed is None else _Option(speed, speed, False, frag, n, (d,), why, True)
+        return None if speed is None else _Option(speed, speed, False, frag, n, (d,), why, True, below_sla)
 
     def _mig_unit(self, n: int, d: int, req: Request) -> MigProfile | None:
         """The MIG instance the task would be bound to on device d, as the state binds it (the smallest free

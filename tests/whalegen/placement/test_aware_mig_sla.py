@@ -38,8 +38,13 @@ def _service(util_pct: float | None, sla: float = 0.9, milli: int = 400) -> Task
     return task("svc", gpus=1, milli=milli, priority=10, sla_online=True, profile=profile)
 
 
-def _solve(nodes: tuple[NodeState, ...], util_pct: float | None) -> tuple[Engine, CycleResult]:
-    engine = Engine(snapshot(nodes), EngineConfig(policy="whalegen-aware"))
+REFUSE = "whalegen-aware:slice_sla=refuse"
+
+
+def _solve(
+    nodes: tuple[NodeState, ...], util_pct: float | None, policy: str = "whalegen-aware"
+) -> tuple[Engine, CycleResult]:
+    engine = Engine(snapshot(nodes), EngineConfig(policy=policy))
     return engine, engine.solve((_service(util_pct),), 0.0)
 
 
@@ -58,12 +63,13 @@ def test_predicted_slice_factor_is_the_slice_share_over_the_observed_utilisation
     assert predicted_slice_factor(util_pct, share) == pytest.approx(want)
 
 
-def test_a_service_whose_observed_demand_exceeds_the_slice_takes_a_bigger_unit() -> None:
+@pytest.mark.parametrize("policy", ["whalegen-aware", REFUSE])
+def test_a_service_whose_observed_demand_exceeds_the_slice_takes_a_bigger_unit(policy: str) -> None:
     # A 3g.20gb slice is 3/7 = 43 % of the SMs; the service is observed at 70 %: 0.61× < its SLA 0.90.
     # The policy ranks an isolated MIG instance first for a service, so without the prediction it would
     # take the slice.
     mig = _mig_node("mig", (("3g.20gb", 0), ("4g.20gb", 4)))
-    engine, result = _solve((mig, _whole_node("whole")), 70.0)
+    engine, result = _solve((mig, _whole_node("whole")), 70.0, policy)
     [placement] = result.placements
     assert placement.node == "whole"
     policy = engine.policy
@@ -91,9 +97,9 @@ def test_the_slice_judged_is_the_one_bound_not_the_smallest_that_covers_the_requ
     assert placement.node == "mig"
 
 
-def test_a_service_no_slice_can_hold_waits_and_its_why_pending_says_so() -> None:
+def test_with_refuse_a_service_no_slice_can_hold_waits_and_its_why_pending_says_so() -> None:
     mig = _mig_node("mig", (("3g.20gb", 0), ("4g.20gb", 4)))
-    _, result = _solve((mig,), 90.0)
+    _, result = _solve((mig,), 90.0, REFUSE)
     assert result.placements == ()
     assert result.preemptions == ()
     [unplaced] = result.unplaced
@@ -102,9 +108,27 @@ def test_a_service_no_slice_can_hold_waits_and_its_why_pending_says_so() -> None
     assert "svc is observed at 90 %: predicted 0.48×, below its SLA 0.90" in unplaced.message
 
 
+def test_by_default_a_service_no_slice_can_hold_takes_one_and_its_reason_says_so() -> None:
+    # Waiting breaks its SLA too (a waiting service serves nothing), so the default takes the slice when
+    # no unit that keeps the SLA has room, and says so.
+    mig = _mig_node("mig", (("3g.20gb", 0), ("4g.20gb", 4)))
+    engine, result = _solve((mig,), 90.0)
+    [placement] = result.placements
+    assert placement.node == "mig"
+    policy = engine.policy
+    assert isinstance(policy, AwarePolicy)
+    assert "svc is observed at 90 %: predicted 0.48×, below its SLA 0.90" in policy.reasons["svc"]
+    assert "no unit that keeps its SLA has room" in policy.reasons["svc"]
+
+
+def test_the_policy_option_is_avoid_or_refuse() -> None:
+    with pytest.raises(ValueError, match="slice_sla is avoid or refuse"):
+        AwarePolicy(slice_sla="sometimes")
+
+
 def test_a_service_never_observed_counts_as_saturating_and_stays_off_a_small_slice() -> None:
     mig = _mig_node("mig", (("3g.20gb", 0), ("4g.20gb", 4)))
-    _, result = _solve((mig,), None)
+    _, result = _solve((mig,), None, REFUSE)
     [unplaced] = result.unplaced
     assert unplaced.outcome is Outcome.SLA_REFUSED
     assert "observed at 100 %" in unplaced.message
