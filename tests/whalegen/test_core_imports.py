@@ -6,8 +6,9 @@ through a late import is still a cycle a reader has to hold in their head.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.whalegen.imports import imported_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ("gpus", "placement", "scheduling", "goodput", "sim", "forecast")
@@ -16,16 +17,10 @@ CORE = ("gpus", "placement", "scheduling", "goodput", "sim", "forecast")
 def _imports(path: Path) -> set[str]:
     """The core packages `path` imports (absolute imports only: the core writes no relative ones)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        for name in names:
-            parts = name.split(".")
-            if len(parts) > 1 and parts[0] == "whalegen" and parts[1] in CORE:
-                found.add(parts[1])
+    for name in imported_names(path):
+        parts = name.split(".")
+        if len(parts) > 1 and parts[0] == "whalegen" and parts[1] in CORE:
+            found.add(parts[1])
     return found
 
 

@@ -6,10 +6,11 @@ as much as one at the top."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from tests.whalegen.imports import imported_names
 
 ROOT = Path(__file__).resolve().parents[3]
 TRUTH = "whalegen.goodput.truth"
@@ -33,20 +34,14 @@ def imported_modules(module: str) -> set[str]:
     path = module_file(module)
     assert path is not None, module
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        for name in names:
-            if not name.startswith("whalegen."):
-                continue
-            parts = name.split(".")
-            for end in range(2, len(parts) + 1):
-                prefix = ".".join(parts[:end])
-                if module_file(prefix) is not None:
-                    found.add(prefix)
+    for name in imported_names(path):
+        if not name.startswith("whalegen."):
+            continue
+        parts = name.split(".")
+        for end in range(2, len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            if module_file(prefix) is not None:
+                found.add(prefix)
     return found
 
 
