@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 from tests.faults.services import PostgresServer, RedisServer
 
+if TYPE_CHECKING:
+    from tests.faults.harness import Stack
+
 ROOT = Path(__file__).resolve().parents[2]
+StackT = TypeVar("StackT", bound="Stack")
 
 
 @pytest.fixture
@@ -103,16 +108,14 @@ class Worker:
                 self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Any]:
-    """One production-shaped stack for a module of scenarios (starting one costs ~30 s of migrations);
-    each scenario leaves it whole again (processes restarted, nodes back)."""
-    from tests.faults.harness import Stack
-
+@contextlib.contextmanager
+def started_stack(make: Callable[[Path], StackT], prefix: str) -> Iterator[StackT]:
+    """`make(work)` started in a new work directory and stopped afterwards; the directory is removed
+    unless WHALEGEN_FAULTS_KEEP is set."""
     # Outside /tmp, as `fault_dir`: the runs record their executions here and each has a /tmp of its own.
-    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-stack-", dir="/var/tmp"))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
     path.chmod(0o755)
-    made = Stack(path)
+    made = make(path)
     try:
         made.start()
         yield made
@@ -120,3 +123,13 @@ def stack() -> Iterator[Any]:
         made.stop()
         if not os.environ.get("WHALEGEN_FAULTS_KEEP"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Any]:
+    """One production-shaped stack for a module of scenarios (starting one costs ~30 s of migrations);
+    each scenario leaves it whole again (processes restarted, nodes back)."""
+    from tests.faults.harness import Stack
+
+    with started_stack(Stack, prefix="whalegen-faults-stack-") as made:
+        yield made

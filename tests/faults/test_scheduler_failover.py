@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -32,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import Worker
+from tests.faults.conftest import Worker, started_stack
 from tests.faults.harness import Stack
 
 pytestmark = pytest.mark.faults
@@ -157,16 +154,8 @@ class FailoverStack(Stack):
 
 @pytest.fixture
 def failover_stack() -> Iterator[FailoverStack]:
-    path = Path(tempfile.mkdtemp(prefix="whalegen-faults-failover-", dir="/var/tmp"))
-    path.chmod(0o755)
-    made = FailoverStack(path)
-    try:
-        made.start()
+    with started_stack(FailoverStack, prefix="whalegen-faults-failover-") as made:
         yield made
-    finally:
-        made.stop()
-        if not os.environ.get("WHALEGEN_FAULTS_KEEP"):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_leader(stack: FailoverStack) -> tuple[str, str, datetime]:
