@@ -50,12 +50,27 @@ def wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+@dataclass(frozen=True)
+class Ports:
+    """A test's own fixed ports, each overridable as `<prefix>_WEB_PORT`, `_POSTGRES_PORT`, `_REDIS_PORT`.
+    Below Linux's ephemeral range, as the fault suite's (tests/faults/services.py says why)."""
+
+    web: int
+    postgres: int
+    redis: int
+
+    @classmethod
+    def from_env(cls, prefix: str, *, web: int, postgres: int, redis: int) -> Ports:
+        def port(name: str, default: int) -> int:
+            return int(os.environ.get(f"{prefix}_{name}_PORT", str(default)))
+
+        return cls(port("WEB", web), port("POSTGRES", postgres), port("REDIS", redis))
+
+
 @dataclass
 class OpsStack:
     work: Path
-    web_port: int
-    postgres_port: int
-    redis_port: int
+    ports: Ports
     secret_key: str
     env_set: dict[str, str] = field(default_factory=dict)
     env_unset: tuple[str, ...] = ("DJANGO_SETTINGS_MODULE",)
@@ -64,9 +79,9 @@ class OpsStack:
     world: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.url = f"http://127.0.0.1:{self.web_port}"
-        self.pg = PostgresServer(self.work / "pg", port=self.postgres_port)
-        self.redis = RedisServer(self.work / "redis", port=self.redis_port)
+        self.url = f"http://127.0.0.1:{self.ports.web}"
+        self.pg = PostgresServer(self.work / "pg", port=self.ports.postgres)
+        self.redis = RedisServer(self.work / "redis", port=self.ports.redis)
         self.bin_dir = install_fake_tools(self.work / "bin")
         self.env = {
             **os.environ,
@@ -86,7 +101,7 @@ class OpsStack:
         self.pg.init()
         self.pg.start()
         subprocess.run(
-            [str(self.pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.postgres_port),
+            [str(self.pg.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.ports.postgres),
              "-U", "postgres", "whalegen"],
             check=True, capture_output=True,
         )  # fmt: skip

@@ -16,7 +16,6 @@ Run it under `flock /var/tmp/faults.lock` (fixed ports, as tests/ops/test_produc
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Iterator
 from datetime import datetime
@@ -26,13 +25,11 @@ from typing import Any
 import pytest
 import requests
 
-from tests.ops.stack import OpsStack, stack_in_temp_dir, wait
+from tests.ops.stack import OpsStack, Ports, stack_in_temp_dir, wait
 
 pytestmark = pytest.mark.e2e
 
-WEB_PORT = int(os.environ.get("WHALEGEN_LOGS_WEB_PORT", "18640"))
-POSTGRES_PORT = int(os.environ.get("WHALEGEN_LOGS_POSTGRES_PORT", "15474"))
-REDIS_PORT = int(os.environ.get("WHALEGEN_LOGS_REDIS_PORT", "16421"))
+PORTS = Ports.from_env("WHALEGEN_LOGS", web=18640, postgres=15474, redis=16421)
 COMMON = ("time", "level", "component", "logger", "message")
 COMPONENT = {"web": "web", "worker": "worker", "beat": "beat", "agent": "agent"}
 FAKE_BEARER = "zq-made-up-bearer-7c1e0b9a5d"
@@ -42,12 +39,10 @@ FAKE_JOIN_TOKEN = "wgj_" + "J" * 40
 def _make_stack(work: Path) -> OpsStack:
     return OpsStack(
         work,
-        web_port=WEB_PORT,
-        postgres_port=POSTGRES_PORT,
-        redis_port=REDIS_PORT,
-        secret_key="logs-test-only-not-secret",
+        PORTS,
+        "logs-test-only-not-secret",
         env_set={
-            "WHALEGEN_WEB_BIND": f"127.0.0.1:{WEB_PORT}",
+            "WHALEGEN_WEB_BIND": f"127.0.0.1:{PORTS.web}",
             "WEB_CONCURRENCY": "2",
             "WHALEGEN_WEB_THREADS": "4",
         },

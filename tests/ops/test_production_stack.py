@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,14 +21,11 @@ from typing import Any
 
 import pytest
 
-from tests.ops.stack import ROOT, OpsStack, stack_in_temp_dir, wait
+from tests.ops.stack import ROOT, OpsStack, Ports, stack_in_temp_dir, wait
 
 pytestmark = pytest.mark.e2e
 
-# Below Linux's ephemeral range, as the fault suite's (tests/faults/services.py says why).
-WEB_PORT = int(os.environ.get("WHALEGEN_OPS_WEB_PORT", "18620"))
-POSTGRES_PORT = int(os.environ.get("WHALEGEN_OPS_POSTGRES_PORT", "15464"))
-REDIS_PORT = int(os.environ.get("WHALEGEN_OPS_REDIS_PORT", "16411"))
+PORTS = Ports.from_env("WHALEGEN_OPS", web=18620, postgres=15464, redis=16411)
 # Seconds each process may take to stop after SIGTERM: gunicorn's --graceful-timeout plus slack, Celery's
 # warm shutdown of an idle worker, a beat giving up its lease, the agent's clean exit (it leaves runs
 # running). Beat keeps no schedule file (its state is in PostgreSQL): the shelve that could be closed under
@@ -46,14 +42,8 @@ GRACE_S = {
 
 
 def _make_stack(work: Path) -> OpsStack:
-    return OpsStack(
-        work,
-        web_port=WEB_PORT,
-        postgres_port=POSTGRES_PORT,
-        redis_port=REDIS_PORT,
-        secret_key="ops-test-only-not-secret",
-        env_set={"WHALEGEN_LOG_FORMAT": "json", "WHALEGEN_ACCESS_LOG_LEVEL": "WARNING"},
-    )
+    json_logs = {"WHALEGEN_LOG_FORMAT": "json", "WHALEGEN_ACCESS_LOG_LEVEL": "WARNING"}
+    return OpsStack(work, PORTS, "ops-test-only-not-secret", env_set=json_logs)
 
 
 @pytest.fixture
@@ -90,7 +80,7 @@ def test_gunicorn_celery_and_two_agents_run_a_task_and_stop_cleanly_on_sigterm(
     # 1. Servers of our own, the database migrated and seeded; gunicorn and the worker import meanwhile.
     stack.start_servers()
     stack.spawn(
-        "web", "-m", "gunicorn", "whalegen.config.wsgi", "--bind", f"127.0.0.1:{WEB_PORT}",
+        "web", "-m", "gunicorn", "whalegen.config.wsgi", "--bind", f"127.0.0.1:{PORTS.web}",
         "--workers", "2", "--threads", "4", "--timeout", "60", "--graceful-timeout", "5",
     )  # fmt: skip
     stack.spawn(
