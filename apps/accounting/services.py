@@ -8,6 +8,7 @@ from django.db import transaction
 
 from apps.accounting.models import Budget, BudgetChange, HeldUnit
 from apps.accounting.selectors import unit_fraction
+from apps.common.words import plural
 from apps.inventory.models import ComputeUnit, Gpu, Pool
 from apps.scheduling.models import Assignment
 from apps.tenants.models import Tenant
@@ -40,6 +41,24 @@ def budget_set(*, tenant: Tenant, pool: Pool, gpu_hours: float, reason: str, by:
         budget=budget, actor=user_actor(by), old_gpu_hours=old, new_gpu_hours=gpu_hours, reason=reason[:500]
     )
     return budget
+
+
+def quota_budget_refusal(quota: Quota) -> str:
+    """Why `quota` may not be deleted for its budget ("" when it has none): a budget goes with its quota
+    (CASCADE), and with it the budget's audit trail."""
+    if Budget.objects.filter(quota=quota).exists():
+        return "the quota carries a budget; remove the Budget document first"
+    return ""
+
+
+def budget_delete_refusal(budget: Budget) -> str:
+    """Always a refusal: a budget's changes are its audit trail and go with it, so deleting is an admin's
+    act, with the trail in view, never a side effect of a file that no longer names it."""
+    changes = budget.changes.count()
+    return (
+        f"a budget keeps its audit trail ({plural(changes, 'change')}); set gpu_hours instead, or delete "
+        "it in the admin"
+    )
 
 
 def held_units_keep(*, gpu_id: int) -> int:

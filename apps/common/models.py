@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.db import models
 
 
@@ -7,3 +9,12 @@ class TimestampedModel(models.Model):
 
     class Meta:
         abstract = True
+
+
+def save_validated(obj: models.Model, values: dict[str, Any]) -> Any:
+    """Set `values` on `obj`, validate it with the model's `full_clean` and save it."""
+    for key, value in values.items():
+        setattr(obj, key, value)
+    obj.full_clean()
+    obj.save()
+    return obj

@@ -1,6 +1,6 @@
 """The kinds `whalegen apply` knows, one class each: the document's identity and spec fields, how the
 current object reads back into that form, who may write it, and how it is created, changed and deleted
-— always through the owning app's services (or `apps.declarative.writes` where the app has none yet).
+— always through the owning app's services (GPU prices, this app's own rows, through `prices`).
 
 A document:
 
@@ -24,20 +24,45 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 
 from apps.accounting.models import Budget
-from apps.accounting.services import budget_set
+from apps.accounting.services import budget_delete_refusal, budget_set, quota_budget_refusal
 from apps.common.errors import ApplicationError
 from apps.declarative import fields as f
-from apps.declarative import writes
 from apps.declarative.models import GpuPrice
+from apps.declarative.prices import gpu_price_delete, gpu_price_set
+from apps.fleet.nodes import node_delete_refusal, node_update
 from apps.inventory import selectors as inventory
 from apps.inventory.models import Cluster, Gpu, Node, Pool
-from apps.inventory.services import cluster_create, gpu_add, node_register, pool_create
+from apps.inventory.services import (
+    cluster_create,
+    cluster_delete_refusal,
+    cluster_update,
+    gpu_add,
+    node_delete,
+    node_register,
+    pool_create,
+    pool_update,
+)
 from apps.tenants.models import Membership, Tenant
 from apps.tenants.selectors import Access, tenant_list
-from apps.tenants.services import membership_set, tenant_create
+from apps.tenants.services import (
+    membership_remove,
+    membership_set,
+    tenant_create,
+    tenant_delete,
+    tenant_delete_refusal,
+    tenant_update,
+)
 from apps.workloads import selectors as workloads
 from apps.workloads.models import Queue, Quota
-from apps.workloads.services import queue_create, queue_delete, queue_update, quota_set
+from apps.workloads.services import (
+    pool_delete_refusal,
+    queue_create,
+    queue_delete,
+    queue_update,
+    quota_delete,
+    quota_delete_refusal,
+    quota_set,
+)
 from whalegen.gpus import UnknownGpuModel, get_model, mig_profiles, model_names
 
 REQUIRED = object()  # the document must give it
@@ -193,14 +218,14 @@ class ClusterKind(Kind):
     def create(self, ident, labels, spec, ctx) -> Cluster:
         cluster = cluster_create(name=ident["name"], region=spec["region"])
         if spec["cordoned"]:
-            writes.cluster_update(cluster=cluster, values={"cordoned": True})
+            cluster_update(cluster=cluster, values={"cordoned": True})
         return cluster
 
     def update(self, obj, changes, labels, ctx) -> None:
-        writes.cluster_update(cluster=obj, values=changes)
+        cluster_update(cluster=obj, values=changes)
 
     def delete_refusal(self, obj: Cluster) -> str:
-        return writes.cluster_delete_refusal(obj)
+        return cluster_delete_refusal(obj)
 
 
 class PoolKind(Kind):
@@ -238,10 +263,10 @@ class PoolKind(Kind):
         return pool_create(name=ident["name"], **spec)
 
     def update(self, obj, changes, labels, ctx) -> None:
-        writes.pool_update(pool=obj, values=changes)
+        pool_update(pool=obj, values=changes)
 
     def delete_refusal(self, obj: Pool) -> str:
-        return writes.pool_delete_refusal(obj)
+        return pool_delete_refusal(obj)
 
 
 def _gpu_groups(value: Any) -> list[dict[str, Any]]:
@@ -359,7 +384,7 @@ class NodeKind(Kind):
     def current(self, obj: Node) -> dict[str, Any]:
         return {
             "pool": obj.pool.name,
-            "cordoned": writes.node_cordoned(obj),
+            "cordoned": inventory.node_cordoned(obj),
             "cpu_milli": obj.cpu_milli,
             "mem_mib": obj.mem_mib,
             "gpus": gpu_groups_of(obj),
@@ -400,7 +425,7 @@ class NodeKind(Kind):
                 )
                 index += 1
         if spec["cordoned"]:
-            writes.node_update(node=node, values={"cordoned": True}, actor=ctx.actor)
+            node_update(node=node, values={"cordoned": True}, actor=ctx.actor)
         ctx.notes.append(
             "no agent credential yet: issue one with "
             f"`manage.py issue_node_token {ident['cluster']}/{ident['name']}`"
@@ -413,13 +438,13 @@ class NodeKind(Kind):
             values["pool"] = _pool(values["pool"])
         if labels is not None:
             values["labels"] = labels
-        writes.node_update(node=obj, values=values, actor=ctx.actor)
+        node_update(node=obj, values=values, actor=ctx.actor)
 
     def delete_refusal(self, obj: Node) -> str:
-        return writes.node_delete_refusal(obj)
+        return node_delete_refusal(obj)
 
     def delete(self, obj: Node, ctx: Context) -> None:
-        writes.node_delete(node=obj)
+        node_delete(node=obj)
 
 
 class TenantKind(Kind):
@@ -457,20 +482,20 @@ class TenantKind(Kind):
             slug=ident["name"], name=spec["display_name"], kind=spec["kind"], parent=parent
         )
         if spec["run_uid"] is not None:
-            writes.tenant_update(tenant=tenant, values={"run_uid": spec["run_uid"]})
+            tenant_update(tenant=tenant, values={"run_uid": spec["run_uid"]})
         return tenant
 
     def update(self, obj, changes, labels, ctx) -> None:
         values = {("name" if key == "display_name" else key): value for key, value in changes.items()}
         if "parent" in values:
             values["parent"] = _tenant(values["parent"]) if values["parent"] else None
-        writes.tenant_update(tenant=obj, values=values)
+        tenant_update(tenant=obj, values=values)
 
     def delete_refusal(self, obj: Tenant) -> str:
-        return writes.tenant_delete_refusal(obj)
+        return tenant_delete_refusal(obj)
 
     def delete(self, obj: Tenant, ctx: Context) -> None:
-        writes.tenant_delete(tenant=obj)
+        tenant_delete(tenant=obj)
 
 
 class MemberKind(Kind):
@@ -524,7 +549,7 @@ class MemberKind(Kind):
         membership_set(user=obj.user, tenant=obj.tenant, role=changes.get("role", obj.role))
 
     def delete(self, obj: Membership, ctx: Context) -> None:
-        writes.membership_remove(membership=obj)
+        membership_remove(membership=obj)
 
 
 class QueueKind(Kind):
@@ -612,7 +637,7 @@ class QuotaKind(Kind):
         }
 
     def status(self, obj: Quota) -> dict[str, Any]:
-        return {"live_tasks": writes.live_tasks(obj)}
+        return {"live_tasks": workloads.quota_live_tasks(obj)}
 
     def _set(self, tenant: Tenant, pool: Pool, spec: dict[str, Any]) -> Quota:
         return quota_set(
@@ -630,10 +655,10 @@ class QuotaKind(Kind):
         self._set(obj.tenant, obj.pool, {**self.current(obj), **changes})
 
     def delete_refusal(self, obj: Quota) -> str:
-        return writes.quota_delete_refusal(obj)
+        return quota_delete_refusal(obj) or quota_budget_refusal(obj)
 
     def delete(self, obj: Quota, ctx: Context) -> None:
-        writes.quota_delete(quota=obj)
+        quota_delete(quota=obj)
 
 
 class BudgetKind(Kind):
@@ -682,7 +707,7 @@ class BudgetKind(Kind):
         self._set(obj.quota.tenant, obj.quota.pool, {**self.current(obj), **changes}, ctx)
 
     def delete_refusal(self, obj: Budget) -> str:
-        return writes.budget_delete_refusal(obj)
+        return budget_delete_refusal(obj)
 
 
 class GpuPriceKind(Kind):
@@ -712,13 +737,13 @@ class GpuPriceKind(Kind):
             ) from None
         if model != ident["name"]:
             raise Refused(f"write the model's catalogue name, {model!r}, as metadata.name")
-        return writes.gpu_price_set(model=model, per_gpu_hour=spec["per_gpu_hour"], actor=ctx.actor)
+        return gpu_price_set(model=model, per_gpu_hour=spec["per_gpu_hour"], actor=ctx.actor)
 
     def update(self, obj, changes, labels, ctx) -> None:
-        writes.gpu_price_set(model=obj.model, per_gpu_hour=changes["per_gpu_hour"], actor=ctx.actor)
+        gpu_price_set(model=obj.model, per_gpu_hour=changes["per_gpu_hour"], actor=ctx.actor)
 
     def delete(self, obj: GpuPrice, ctx: Context) -> None:
-        writes.gpu_price_delete(price=obj)
+        gpu_price_delete(price=obj)
 
 
 KINDS: tuple[Kind, ...] = (

@@ -1,5 +1,6 @@
 """Node services: the agent credential, node health (a node the plane stopped hearing is lost and its
-work requeued), and the operator's cordon, uncordon and drain.
+work requeued), the operator's cordon, uncordon and drain, and the node changes and deletes
+`whalegen apply` asks for.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -15,12 +17,15 @@ from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 
 from apps.common.errors import Conflict
+from apps.common.words import plural
 from apps.fleet import liveness
 from apps.fleet.credentials import credentials_changed
 from apps.fleet.models import FleetIngestion, NodeAgent, NodeJoin
 from apps.fleet.runs import LIVE_TASK_STATES, quotas_lock, task_requeue
 from apps.fleet.selectors import credential_hash
 from apps.inventory.models import Node
+from apps.inventory.selectors import node_cordoned
+from apps.inventory.services import node_settings_update
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Task
 
@@ -250,3 +255,43 @@ def drains_complete() -> list[int]:
         state=Node.State.CORDONED, version=F("version") + 1
     )
     return done
+
+
+# ------------------------------------------------------------------------------- operator's changes
+
+
+def _live_assignments(node: Node) -> int:
+    return Assignment.objects.filter(node=node, released_at__isnull=True).count()
+
+
+def node_update(*, node: Node, values: dict[str, Any], actor: str) -> Node:
+    """Labels, capacity, pool and cordon. A node moves to another pool only while it runs nothing: its
+    live assignments were placed by the old pool's cycle and are charged to the old pool's quotas."""
+    if "pool" in values and values["pool"].pk != node.pool_id:
+        live = _live_assignments(node)
+        if live:
+            raise Conflict(
+                f"node {node.name} runs {plural(live, 'task')} in pool {node.pool.name!r}; "
+                "drain it before moving it to another pool"
+            )
+    node_settings_update(node=node, values=values)
+    if "cordoned" in values:
+        node.refresh_from_db()
+        if values["cordoned"] and node.state == Node.State.READY:
+            node_cordon(node=node, actor=actor)
+        elif not values["cordoned"] and node.state in (Node.State.CORDONED, Node.State.DRAINING):
+            node_uncordon(node=node, actor=actor)
+        elif node.state == Node.State.LOST and values["cordoned"] != node_cordoned(node):
+            raise Conflict(f"node {node.name} is lost; its cordon can change once its agent heartbeats")
+    node.refresh_from_db()
+    return node
+
+
+def node_delete_refusal(node: Node) -> str:
+    """Why `node` may not be deleted ("" when it may: then apps.inventory.services.node_delete)."""
+    live = _live_assignments(node)
+    if live:
+        return f"node {node.name} runs {plural(live, 'task')}; drain it first"
+    if Assignment.objects.filter(node=node).exists():
+        return f"node {node.name} has task history (assignments keep it); cordon it instead"
+    return ""

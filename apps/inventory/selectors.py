@@ -74,3 +74,10 @@ def gpu_get(*, access: Access, gpu_id: int) -> Gpu:
 
 def pool_get_by_name(*, name: str) -> Pool | None:
     return Pool.objects.filter(name=name).first()
+
+
+def node_cordoned(node: Node) -> bool:
+    """Whether an operator holds the node out of placement (a draining node is on its way to cordoned; a
+    lost node keeps the state it was lost from)."""
+    held = (Node.State.CORDONED, Node.State.DRAINING)
+    return node.state in held or (node.state == Node.State.LOST and node.state_before_lost in held)

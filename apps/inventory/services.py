@@ -6,10 +6,14 @@ import hashlib
 import secrets
 import uuid as uuidlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 
+from apps.common.models import save_validated
+from apps.common.words import plural
 from apps.inventory.models import Cluster, ComputeUnit, Gpu, Node, Pool
 from whalegen.gpus import UnknownGpuModel, get_model, mig_profiles
 from whalegen.gpus.mig import profile_by_name
@@ -20,6 +24,19 @@ def cluster_create(*, name: str, region: str = "") -> Cluster:
     cluster.full_clean()
     cluster.save()
     return cluster
+
+
+def cluster_update(*, cluster: Cluster, values: dict[str, Any]) -> Cluster:
+    """Region and the whole-cluster cordon (the scheduler reads `cordoned` on every cycle)."""
+    return save_validated(cluster, {k: v for k, v in values.items() if k in ("region", "cordoned")})
+
+
+def cluster_delete_refusal(cluster: Cluster) -> str:
+    """Why `cluster` may not be deleted ("" when it may)."""
+    nodes = cluster.nodes.count()
+    if nodes:
+        return f"cluster {cluster.name!r} still has {plural(nodes, 'node')}; remove them first"
+    return ""
 
 
 def pool_create(
@@ -42,6 +59,19 @@ def pool_create(
     pool.full_clean()
     pool.save()
     return pool
+
+
+def pool_update(*, pool: Pool, values: dict[str, Any]) -> Pool:
+    """Description and runtime settings: a new runtime or image rule applies to tasks submitted
+    afterwards (each task keeps what it got at submission)."""
+    allowed = (
+        "description",
+        "runtime",
+        "allowed_image_prefixes",
+        "image_pull_policy",
+        "join_requires_approval",
+    )
+    return save_validated(pool, {k: v for k, v in values.items() if k in allowed})
 
 
 def node_register(
@@ -67,6 +97,23 @@ def node_register(
     node.full_clean()
     node.save()
     return node, credential
+
+
+def node_settings_update(*, node: Node, values: dict[str, Any]) -> Node:
+    """Labels, capacity and pool, validated. The caller (apps.fleet.nodes.node_update) has checked that a
+    node changing pool runs nothing."""
+    plain = {k: v for k, v in values.items() if k in ("labels", "cpu_milli", "mem_mib", "pool")}
+    if plain:
+        save_validated(node, plain)
+        # Placement reads labels, capacity and pool: the cycle's compare-and-set must see the change.
+        Node.objects.filter(pk=node.pk).update(version=F("version") + 1)
+    return node
+
+
+def node_delete(*, node: Node) -> None:
+    """Delete a node whose refusal (apps.fleet.nodes.node_delete_refusal) was asked first, inside the
+    same transaction."""
+    node.delete()  # its GPUs and units go with it (CASCADE); nothing refers to them once it holds nothing
 
 
 def mig_units_create(*, gpu_id: int, model: str, layout: Iterable[tuple[str, int]]) -> list[ComputeUnit]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -12,7 +13,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from apps.common.errors import NotAllowed
+from apps.common.errors import Conflict, NotAllowed
+from apps.common.models import save_validated
+from apps.common.words import plural
+from apps.tenants.callers import forget_callers
 from apps.tenants.models import ROLE_RANK, ApiToken, Membership, Tenant, TokenAudit
 from apps.tenants.selectors import Access, access_for, token_role_ceiling
 
@@ -39,6 +43,38 @@ def tenant_create(
     return tenant
 
 
+def tenant_update(*, tenant: Tenant, values: dict[str, Any]) -> Tenant:
+    """Name, kind, parent and run UID; a team cannot become a tenant's parent."""
+    parent = values.get("parent", tenant.parent)
+    if parent is not None and parent.kind != Tenant.Kind.ORG:
+        raise Conflict(f"tenant {parent.slug!r} is a team; teams cannot hold tenants")
+    save_validated(tenant, {k: v for k, v in values.items() if k in ("name", "kind", "parent", "run_uid")})
+    forget_callers()  # roles flow down the tree: a moved tenant changes who may see what
+    return tenant
+
+
+def tenant_delete_refusal(tenant: Tenant) -> str:
+    """Why `tenant` may not be deleted ("" when it may): its tasks' history, or what still hangs off it."""
+    tasks = tenant.tasks.count()
+    if tasks:
+        return f"tenant {tenant.slug!r} has {plural(tasks, 'task')} (history is kept)"
+    for related, what in (
+        (tenant.children, "child tenant"),
+        (tenant.queues, "queue"),
+        (tenant.quotas, "quota"),
+    ):
+        count = related.count()
+        if count:
+            return f"tenant {tenant.slug!r} still has {plural(count, what)}; remove them first"
+    return ""
+
+
+def tenant_delete(*, tenant: Tenant) -> None:
+    """Delete a tenant whose refusal was asked first, inside the same transaction."""
+    tenant.delete()  # memberships and tokens go with it
+    forget_callers()
+
+
 def membership_set(*, user: AbstractBaseUser, tenant: Tenant, role: str) -> Membership:
     if role not in Membership.Role.values:
         raise ValidationError(
@@ -46,6 +82,11 @@ def membership_set(*, user: AbstractBaseUser, tenant: Tenant, role: str) -> Memb
         )
     membership, _ = Membership.objects.update_or_create(user=user, tenant=tenant, defaults={"role": role})
     return membership
+
+
+def membership_remove(*, membership: Membership) -> None:
+    membership.delete()
+    forget_callers()  # the member's remembered access must not outlive the membership
 
 
 # Self-service tokens (the API, the dashboard, `whalegen token create` over HTTP) live at most a year: a

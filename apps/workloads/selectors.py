@@ -15,6 +15,7 @@ from django.http import Http404
 
 from apps.tenants.selectors import Access
 from apps.workloads.models import Queue, Quota, Task, TaskEvent
+from apps.workloads.state_machine import FINAL
 
 # The states whose tasks hold quota: admission charges a task, its end or return to pending gives it back.
 HOLDING = (Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING)
@@ -71,6 +72,11 @@ def quota_list(*, access: Access) -> QuerySet[Quota]:
         ),
         access,
     )
+
+
+def quota_live_tasks(quota: Quota) -> int:
+    """The tenant's tasks in the quota's pool that have not ended (pending ones included)."""
+    return Task.objects.filter(tenant=quota.tenant_id, pool=quota.pool_id).exclude(state__in=FINAL).count()
 
 
 def quota_get(*, access: Access, quota_id: int) -> Quota:

@@ -22,9 +22,11 @@ from django.utils import timezone
 
 from apps.common import hooks
 from apps.common.errors import BulkItemError, CodedValidationError, Conflict
+from apps.common.words import plural
 from apps.inventory.models import Gpu, Node, Pool
 from apps.tenants.models import Tenant, run_uid_refusal
 from apps.workloads.models import Queue, Quota, Task, TaskEvent, TaskWait
+from apps.workloads.selectors import quota_live_tasks
 from apps.workloads.state_machine import FINAL, RETRY_FROM, check_transition
 from apps.workloads.task_insert import queue_get_for_submission, tasks_insert
 from whalegen.gpus import UnknownGpuModel, get_model
@@ -126,6 +128,41 @@ def quota_set(
         },
     )
     return quota
+
+
+def quota_delete_refusal(quota: Quota) -> str:
+    """Why `quota` may not be deleted for what it holds ("" when it may): the tenant's live tasks in the
+    pool. A budget on it is accounting's to refuse (apps.accounting.services.quota_budget_refusal)."""
+    live = quota_live_tasks(quota)
+    if live:
+        return (
+            f"tenant {quota.tenant.slug!r} has {plural(live, 'live task')} in pool {quota.pool.name!r}; "
+            "they must finish or be cancelled first"
+        )
+    return ""
+
+
+def quota_delete(*, quota: Quota) -> None:
+    """Delete a quota whose refusals were asked first, inside the same transaction."""
+    quota.delete()
+
+
+# ----------------------------------------------------------------------------------------------- pools
+
+
+def pool_delete_refusal(pool: Pool) -> str:
+    """Why `pool` may not be deleted ("" when it may): here, not in apps.inventory, because its tasks,
+    queues and quotas are this app's rows."""
+    live = Task.objects.filter(pool=pool).exclude(state__in=FINAL).count()
+    if live:
+        return f"pool {pool.name!r} has {plural(live, 'live task')}; they must finish or be cancelled"
+    for related, what in ((pool.nodes, "node"), (pool.queues, "queue"), (pool.quotas, "quota")):
+        count = related.count()
+        if count:
+            return f"pool {pool.name!r} still has {plural(count, what)}; remove or move them first"
+    if Task.objects.filter(pool=pool).exists():
+        return f"pool {pool.name!r} has task history, which keeps it"
+    return ""
 
 
 # ----------------------------------------------------------------------------------------------- tasks
