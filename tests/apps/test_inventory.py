@@ -54,3 +54,45 @@ def test_mps_shares_split_compute_memory_and_thread_percentage(node) -> None:
     gpu = gpu_add(node=node, index=0, model="L4", partition_mode=Gpu.PartitionMode.MPS, mps_shares=4)
     assert gpu.units.count() == 4
     assert set(gpu.units.values_list("kind", "gpu_milli", "mps_thread_pct")) == {("mps", 250, 25)}
+
+
+def test_a_cluster_update_changes_region_and_cordon_and_ignores_other_keys(db: None) -> None:
+    from apps.inventory.services import cluster_update
+    from tests.apps.factories import ClusterFactory
+
+    cluster = ClusterFactory(name="fra", region="eu-west")
+    cluster_update(cluster=cluster, values={"region": "eu-central", "cordoned": True, "name": "other"})
+    cluster.refresh_from_db()
+    assert (cluster.name, cluster.region, cluster.cordoned) == ("fra", "eu-central", True)
+
+
+def test_a_cluster_with_nodes_refuses_deletion_and_says_how_many(node) -> None:
+    from apps.inventory.services import cluster_delete_refusal
+    from tests.apps.factories import ClusterFactory
+
+    NodeFactory(cluster=node.cluster)
+    assert cluster_delete_refusal(node.cluster) == (
+        f"cluster {node.cluster.name!r} still has 2 nodes; remove them first"
+    )
+    assert cluster_delete_refusal(ClusterFactory()) == ""
+
+
+def test_a_pool_update_validates_its_runtime(db: None) -> None:
+    from apps.inventory.services import pool_update
+    from tests.apps.factories import PoolFactory
+
+    pool = PoolFactory()
+    pool_update(pool=pool, values={"description": "train", "name": "renamed"})
+    pool.refresh_from_db()
+    assert (pool.description, pool.name != "renamed") == ("train", True)
+    with pytest.raises(ValidationError):
+        pool_update(pool=pool, values={"runtime": "vm"})
+
+
+def test_changing_a_nodes_labels_raises_its_version_for_the_cycles_compare_and_set(node) -> None:
+    from apps.inventory.services import node_settings_update
+
+    before = node.version
+    node_settings_update(node=node, values={"labels": {"rack": "a1"}, "state": "cordoned"})
+    node.refresh_from_db()
+    assert (node.labels, node.state, node.version) == ({"rack": "a1"}, "ready", before + 1)
