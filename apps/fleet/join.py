@@ -26,6 +26,7 @@ from apps.fleet.agents import ProtocolMismatch
 from apps.fleet.credentials import credentials_changed
 from apps.fleet.models import JoinToken, NodeJoin
 from apps.fleet.nodes import node_token_issue
+from apps.fleet.reports import node_lock
 from apps.fleet.selectors import credential_hash
 from apps.inventory.models import Cluster, Gpu, Node, Pool
 from apps.inventory.services import cluster_create, gpu_add, pool_create
@@ -416,8 +417,9 @@ def node_approve(*, node: Node, actor: str, now: datetime | None = None) -> Node
     back ready). Approving an approved node changes nothing."""
     now = now or timezone.now()
     with transaction.atomic():
-        # The node row before the join row: the order the scheduling cycle locks a node's rows in.
-        Node.objects.select_for_update().filter(pk=node.pk).first()
+        # The node row before the join row: the order the scheduling cycle locks a node's rows in. Its own
+        # row only (`node_lock`): a plain select_for_update joined and locked the cluster's row too.
+        node_lock(node)
         joined = NodeJoin.objects.select_for_update().filter(node=node).first()
         if joined is None or not joined.approval_required:
             raise Conflict(
