@@ -16,8 +16,8 @@
      observed SM utilisation (`predicted_slice_factor`, its profile's P95). A slice predicted below the
      service's SLA is avoided: a unit that keeps the SLA is taken where one has room, the slice only where
      none has, since a waiting service breaks its SLA too (`slice_sla=refuse` refuses the slice outright:
-     the service then waits with that sentence as its reason; the two gave identical replays on the default
-     and holdout fleets, seed 1: docs/notes/goodput-runs.md).
+     the service then waits with that sentence as its reason; the two gave identical replays on the three
+     docs fleets, seed 1: docs/notes/goodput-runs.md).
   3. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
      from the SM utilisations (the Lucid-fitted rule of whalegen/goodput/interference.py, summed over
      the neighbours); a GPU where a predicted factor falls below an online task's SLA, or below
