@@ -63,13 +63,17 @@ def quota_list(*, access: Access) -> QuerySet[Quota]:
     asked = F("pool__tasks__gpu_count") * F("pool__tasks__gpu_milli")
     asked_mem = F("pool__tasks__gpu_count") * Coalesce(F("pool__tasks__gpu_mem_mib"), 0)
     return _visible(
-        Quota.objects.select_related("tenant", "pool").annotate(
+        Quota.objects.select_related("tenant", "pool")
+        .annotate(
             held_milli=Coalesce(Sum(asked, filter=held), 0),
             held_mem_mib=Coalesce(Sum(asked_mem, filter=held), 0),
             waiting_milli=Coalesce(Sum(asked, filter=waiting), 0),
             tasks_pending=Count("pool__tasks", filter=waiting),
             tasks_admitted=Count("pool__tasks", filter=held),
-        ),
+        )
+        # Named here: Django leaves Meta.ordering out of a GROUP BY query, so without it PostgreSQL
+        # returns the quotas in whatever order its aggregate produced (the dashboard's rows swapped).
+        .order_by("tenant__slug", "pool__name"),
         access,
     )
 
@@ -93,12 +97,16 @@ def queue_list_with_counts(*, access: Access) -> QuerySet[Queue]:
     shows them apart from running ones so a slow agent start is visible.
     """
     placed = [Task.State.ADMITTED, Task.State.ASSIGNED]
-    return queue_list(access=access).annotate(
-        tasks_pending=Count("tasks", filter=Q(tasks__state=Task.State.PENDING)),
-        tasks_placed=Count("tasks", filter=Q(tasks__state__in=placed)),
-        tasks_running=Count("tasks", filter=Q(tasks__state=Task.State.RUNNING)),
-        oldest_pending_at=Min("tasks__created_at", filter=Q(tasks__state=Task.State.PENDING)),
-    )
+    return (
+        queue_list(access=access)
+        .annotate(
+            tasks_pending=Count("tasks", filter=Q(tasks__state=Task.State.PENDING)),
+            tasks_placed=Count("tasks", filter=Q(tasks__state__in=placed)),
+            tasks_running=Count("tasks", filter=Q(tasks__state=Task.State.RUNNING)),
+            oldest_pending_at=Min("tasks__created_at", filter=Q(tasks__state=Task.State.PENDING)),
+        )
+        .order_by("tenant__slug", "name")
+    )  # Meta.ordering is left out of GROUP BY queries
 
 
 @dataclass(frozen=True)
