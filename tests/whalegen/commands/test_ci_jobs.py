@@ -218,10 +218,10 @@ def _recorded_task(checkout: Path, job: subprocess.Popen[str]) -> int:
     return int(record.read_text())
 
 
-def _cancel_reason(runner: Runner, checkout: Path, task_id: int) -> str:
+def _cancel_reason(runner: Runner, checkout: Path, task_id: int, said: str = "") -> str:
     shown = runner.run(["whalegen", "tasks", "show", str(task_id)], checkout)
     assert shown.returncode == 0, shown.stderr
-    assert " state: cancelled" in shown.stdout, shown.stdout
+    assert " state: cancelled" in shown.stdout, f"{shown.stdout}\nthe cancel step said:\n{said}"
     return next(line for line in shown.stdout.splitlines() if "cancel reason" in line)
 
 
@@ -267,9 +267,20 @@ def test_the_cancel_step_cancels_the_task_of_a_job_killed_without_a_signal_it_co
     else:
         cleanup = runner.run(_shell(_github_step("whalegen-cancel.sh")), checkout)
     assert cleanup.returncode == 0, cleanup.stderr
-    assert _cancel_reason(runner, checkout, task_id).endswith("CI job cancelled")
+    said = cleanup.stdout + cleanup.stderr
+    assert _cancel_reason(runner, checkout, task_id, said).endswith("CI job cancelled")
     again = runner.run(_shell(_github_step("whalegen-cancel.sh")), checkout)  # a task already over
     assert again.returncode == 0
+
+
+def test_the_cancel_step_asks_again_while_the_plane_is_away_and_still_exits_0(
+    runner: Runner, tmp_path: Path
+) -> None:
+    checkout = _checkout(tmp_path, LONG_TASK)
+    (checkout / ".whalegen-task").write_text("7\n")
+    away = runner.run(_shell(_github_step("whalegen-cancel.sh")), checkout, WHALEGEN_URL="http://127.0.0.1:9")
+    assert away.returncode == 0, away.stderr
+    assert away.stderr.count("cannot reach the plane") == 5, away.stderr
 
 
 def test_docs_ci_shows_the_jobs_the_tests_run() -> None:
