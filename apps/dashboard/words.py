@@ -25,7 +25,9 @@ REASON_LABELS: dict[str, str] = {
     Outcome.NO_ISOLATION: "no GPU offers the isolation asked for",
     Outcome.ONLINE_RESERVE: "held back by the online-service reserve",
     Outcome.BUDGET_SPENT: "the tenant's GPU-hour budget is used up",
-    Outcome.SLA_REFUSED: "sharing a GPU would break an online service's SLA",
+    # Both of whalegen-aware's SLA refusals carry this one code: a co-location on a shared GPU, and (with
+    # slice_sla=refuse) a MIG slice whose share of the SMs is below what the service is observed to use.
+    Outcome.SLA_REFUSED: "no unit with room keeps an online SLA (a shared GPU, or too small a MIG slice)",
     Code.NEEDS_LAYOUT: "only a new MIG layout would fit",
     Code.WAITING_FOR_LAYOUT: "a GPU is being re-carved for it",
     Code.VICTIM_CLAIMED: "its preemption victims were just placed",
