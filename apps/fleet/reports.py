@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from apps.common import hooks
@@ -19,6 +20,7 @@ from apps.fleet.models import AgentReport, GpuPartition, NodeAgent, TaskRun
 from apps.fleet.runs import LIVE_TASK_STATES, quotas_lock, task_move, task_requeue
 from apps.fleet.selectors import parse_run
 from apps.inventory.models import ComputeUnit, Gpu, Node
+from apps.scheduling.fields import unit_ids_sql
 from apps.scheduling.models import Assignment
 from apps.workloads.models import Task
 from whalegen import protocol as p
@@ -103,11 +105,19 @@ def _late_result_apply(*, node: Node, task: Task, report: p.TaskReport, attempt:
 
 
 def _held_gpu_indexes(task: Task) -> str:
-    """The device indexes of the GPUs a placed task holds, "0,1,2,3" (two small queries)."""
-    live = Assignment.objects.filter(task=task, released_at__isnull=True)
-    unit_ids = live.values_list("unit_ids", flat=True).first()
-    indexes = sorted(
-        set(ComputeUnit.objects.filter(pk__in=unit_ids or []).values_list("gpu__index", flat=True))
+    """The device indexes of the GPUs a placed task holds, "0,1,2,3": one query, the units its live
+    assignment lists (at most one per task, a unique constraint) read as a subquery of that list."""
+    item, unit_id = unit_ids_sql("a.unit_ids", connection.vendor)
+    listed = RawSQL(
+        f"SELECT {unit_id} FROM {Assignment._meta.db_table} a, {item}"
+        " WHERE a.task_id = %s AND a.released_at IS NULL",
+        (task.pk,),
+    )
+    indexes = (
+        ComputeUnit.objects.filter(pk__in=listed)
+        .values_list("gpu__index", flat=True)
+        .distinct()
+        .order_by("gpu__index")
     )
     return ",".join(str(index) for index in indexes) or "?"
 
