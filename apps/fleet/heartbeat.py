@@ -55,6 +55,7 @@ from apps.fleet.telemetry import samples_store
 from apps.inventory.models import Node
 from apps.scheduling.models import Assignment
 from whalegen import protocol as p
+from whalegen.config.logging import log_environ_add
 
 log = logging.getLogger("whalegen.fleet")
 
@@ -74,10 +75,19 @@ def _refused(status: int, detail: str, headers: dict[str, str] | None = None) ->
     return status, {"detail": detail}, headers or {}
 
 
-def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool = False) -> Answer:
+def answer(
+    *,
+    authorization: str,
+    content_type: str,
+    body: bytes,
+    shortcut: bool = False,
+    environ: dict[str, Any] | None = None,
+) -> Answer:
     """One heartbeat request: 1. the credential (first, as DRF did), 2. the body, 3. the fast path when
     `shortcut` and the node's fingerprint holds, else 4. the full path: the message decoded and checked,
-    recorded (`agent_heartbeat_outcome`), and 5. the node's fingerprint left when nothing is pending."""
+    recorded (`agent_heartbeat_outcome`), and 5. the node's fingerprint left when nothing is pending.
+    `environ` is the request's WSGI environ (Django's `request.META`): the node's name is left there for
+    the request's log lines, gunicorn's access line included, as the agent endpoints' authentication does."""
     # 1. The fast path's credential check is the fingerprint in Redis, which holds the credential's hash;
     # a credential this process has not seen yet (each web process has its own memory) is looked up
     # once (one indexed query) and may take the fast path too.
@@ -90,6 +100,8 @@ def answer(*, authorization: str, content_type: str, body: bytes, shortcut: bool
         return _refused(401, "unknown node token", CHALLENGE)
     if shortcut and known is None:
         known = credentials.known(parts[1], within_s=liveness.FINGERPRINT_TTL_S)
+    if environ is not None:  # the node on this request's log lines, as the agent endpoints' authentication
+        log_environ_add(environ, node=known.name if known is not None else getattr(node, "name", None))
     # 2. The body.
     media = content_type.split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):

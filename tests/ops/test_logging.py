@@ -14,6 +14,7 @@ import pytest
 from django.test import Client
 
 from tests.apps.fleet.conftest import fleet  # noqa: F401  (the world with node credentials)
+from whalegen import protocol as p
 from whalegen.config.logging import (
     REDACTED,
     JsonFormatter,
@@ -23,6 +24,11 @@ from whalegen.config.logging import (
     logging_config,
     redact,
 )
+
+# Imported here, not in a test: importing the front sets Django up again, which replaces the root
+# logger's handlers (the `captured` fixture's among them).
+from whalegen.config.wsgi import application
+from whalegen.logformat import ENVIRON_FIELDS_KEY
 
 FORMATS = {"plain": PlainFormatter, "json": JsonFormatter}
 
@@ -201,3 +207,42 @@ def test_a_requests_tenant_and_node_are_on_its_lines_and_not_on_the_next_request
         ("after them", set()),
         ("between requests", set()),
     ]
+
+
+def test_a_heartbeats_node_is_on_its_lines_through_the_front_and_through_the_view(
+    captured: Captured,
+    fleet: Any,  # noqa: F811
+    client: Client,
+) -> None:
+    """The heartbeat authenticates in front of DRF: it names its node for the log lines itself, in the
+    WSGI environ gunicorn's access line reads and on the plane's lines about the request."""
+    node = {"Authorization": f"Bearer {fleet.token_a}"}
+    # 1. Django's view (the embedded default): a body that is not JSON, refused after the credential.
+    view = client.post(p.HEARTBEAT_PATH, data="x", content_type="text/plain",
+                       headers={**node, "X-Request-ID": "req-hb-view"})  # fmt: skip
+    assert view.status_code == 415
+    # 2. The front gunicorn calls: the same refusal, and the environ the access line is written from.
+    base = {
+        "REQUEST_METHOD": "POST", "PATH_INFO": p.HEARTBEAT_PATH, "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80", "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(b"x"), "CONTENT_LENGTH": "1",
+        "CONTENT_TYPE": "text/plain", "HTTP_AUTHORIZATION": node["Authorization"],
+    }  # fmt: skip
+    environ = dict(base, HTTP_X_REQUEST_ID="req-hb-front")
+    statuses: list[str] = []
+    b"".join(application(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+    assert statuses == ["415 Unsupported Media Type"]
+    assert environ[ENVIRON_FIELDS_KEY] == {"node": "gpu-001"}
+    # 3. A credential nobody holds names no node.
+    unknown = dict(base, HTTP_AUTHORIZATION="Bearer wgn_" + "x" * 40, HTTP_X_REQUEST_ID="req-hb-unknown")
+    unknown["wsgi.input"] = io.BytesIO(b"x")
+    b"".join(application(unknown, lambda status, headers, exc_info=None: statuses.append(status)))
+    assert statuses[-1].startswith("401") and ENVIRON_FIELDS_KEY not in unknown
+    if isinstance(captured.handler.formatter, PlainFormatter):
+        text = captured.text()
+        assert "request_id=req-hb-view node=gpu-001]" in text
+        assert "request_id=req-hb-front node=gpu-001]" in text
+        assert "request_id=req-hb-unknown]" in text
+        return
+    lines = {line.get("request_id"): line for line in captured.json_lines()}
+    assert lines["req-hb-view"]["node"] == lines["req-hb-front"]["node"] == "gpu-001"
+    assert "node" not in lines["req-hb-unknown"]

@@ -32,6 +32,7 @@ __all__ = [
     "RequestContextFilter",
     "context_of",
     "log_context_add",
+    "log_environ_add",
     "logging_config",
     "redact",
     "request_id_var",
@@ -55,8 +56,16 @@ ENVIRON_KEY = logformat.ENVIRON_FIELDS_KEY
 def log_context_add(request: Any, **fields: Any) -> None:
     """Put `fields` (`tenant=slug`, `node=name`) on every log line about `request` from now on: the plane's
     own, Django's 4xx/5xx line and gunicorn's access line. Authentication calls it once it knows them."""
-    held = request.META.setdefault(ENVIRON_KEY, {})
-    held.update({name: value for name, value in fields.items() if value is not None})
+    log_environ_add(request.META, **fields)
+
+
+def log_environ_add(environ: dict[str, Any], **fields: Any) -> None:
+    """`log_context_add` for a request held as its WSGI environ: the heartbeat, answered in front of Django
+    (`whalegen.config.wsgi`), has no request object."""
+    held = environ.setdefault(ENVIRON_KEY, {})
+    for name, value in fields.items():
+        if value is not None:
+            held[name] = value
     request_fields_var.set((request_id_var.get(), held))
 
 

@@ -5,10 +5,11 @@
 URL resolution or DRF (docs/fleet.md, "Heartbeat load"). It goes to `apps.fleet.heartbeat.answer`
 directly, the same function the Django view at that path calls; everything else, any other method at
 that path included, goes to Django unchanged. What the front keeps of Django's handling: the
-`X-Request-ID` of the request on its log lines and in its answer, the 413 for a body above the upload
-limit before it is read, a JSON 500 with the error logged, a warning line for every refusal, and the
-database connection rules of `close_old_connections` (a connection that failed is closed at the end of
-the request; one past `CONN_MAX_AGE` too).
+`X-Request-ID` of the request on its log lines and in its answer, the node its credential names on those
+lines and on gunicorn's access line (as the agent endpoints' authentication does), the 413 for a body
+above the upload limit before it is read, a JSON 500 with the error logged, a warning line for every
+refusal, and the database connection rules of `close_old_connections` (a connection that failed is
+closed at the end of the request; one past `CONN_MAX_AGE` too).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def _heartbeat(environ: dict[str, Any], start_response: StartResponse) -> Iterab
                 content_type=environ.get("CONTENT_TYPE", ""),
                 body=body,
                 shortcut=True,
+                environ=environ,
             )
         except Exception:
             log.exception("Internal Server Error: %s", p.HEARTBEAT_PATH)

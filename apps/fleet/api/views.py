@@ -83,6 +83,7 @@ def heartbeat_view(request: HttpRequest) -> HttpResponse:
         authorization=request.headers.get("Authorization", ""),
         content_type=request.content_type or "",
         body=request.body,
+        environ=request.META,
     )
     response = JsonResponse(body, status=status_code)
     for name, value in headers.items():
