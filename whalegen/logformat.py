@@ -18,16 +18,24 @@ agent runs on GPU hosts without Django or Celery (tests/test_import_rules.py).
   default, so a process nobody configured still writes lines a log pipeline can parse).
 - `set_component(name)` names the process once, at its start (gunicorn's logger, Celery's worker and beat
   classes, the agent's command); until then `WHALEGEN_COMPONENT`, else `plane`.
+- `structured_stdio(logger)` turns what a one-shot start-up step prints (`manage.py migrate`'s progress,
+  the bootstrap join token's sentence) and an uncaught exception's traceback into log records, from the
+  first byte; `ConsoleHandler` is the stream handler that writes past it, to the real stream.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
 import re
+import sys
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 # The context fields a record may carry (`extra={"task_id": …}`), in the order they are written: who and
 # what first, then an HTTP request's own fields (gunicorn's access lines).
@@ -159,3 +167,126 @@ def is_plain(fmt: str) -> bool:
 def formatter_for(fmt: str) -> logging.Formatter:
     """`PlainFormatter` for `plain` (any case, spaces ignored), `JsonFormatter` otherwise."""
     return PlainFormatter() if is_plain(fmt) else JsonFormatter()
+
+
+class LineLog(io.TextIOBase):
+    """A text stream (`sys.stdout` / `sys.stderr`) whose every line becomes one record of `logger` at
+    `level`: a line printed in pieces (`Applying x...` then ` OK`) is one record, blank lines none, and a
+    leading `prefix` (the program's name, which `logger` names already) is dropped. Writes
+    made while one of its own records is being handled go to the real stream unchanged, so a handler that
+    was bound to this stream can never loop."""
+
+    def __init__(self, real: TextIO, logger: str, level: int, *, prefix: str = "") -> None:
+        super().__init__()
+        self.real_stream = real
+        self._logger = logging.getLogger(logger)
+        self._level = level
+        self._prefix = prefix
+        self._pending = ""
+        self._busy = threading.local()
+
+    def write(self, text: str) -> int:
+        if getattr(self._busy, "on", False):
+            return self.real_stream.write(text)
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        # A partial line stays pending: Django flushes `Applying x...` before it prints ` OK`.
+        self.real_stream.flush()
+
+    def finish(self) -> None:
+        """The last line, if the process ends without a newline after it."""
+        line, self._pending = self._pending, ""
+        self._emit(line)
+
+    def _emit(self, line: str) -> None:
+        text = line.strip()
+        if self._prefix and text.startswith(self._prefix):
+            text = text[len(self._prefix) :].lstrip()
+        if not text:
+            return
+        self._busy.on = True
+        try:
+            self._logger.log(self._level, text)
+        finally:
+            self._busy.on = False
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.real_stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.real_stream.encoding
+
+
+def real_stream(stream: TextIO) -> TextIO:
+    """The stream under a `LineLog`, or `stream` itself."""
+    return stream.real_stream if isinstance(stream, LineLog) else stream
+
+
+class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler (stderr by default) that writes to the real stream when the process's stdio was
+    turned into records (`structured_stdio`): bound to the `LineLog` itself, each line would be logged
+    again, as a message inside a message."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(real_stream(stream if stream is not None else sys.stderr))
+
+
+def wants_structured_stdio(fmt: str, *streams: TextIO) -> bool:
+    """Whether a start-up step's prints should become log lines: not when plain lines were asked for, and
+    not at a person's terminal (prompts and progress are for them there)."""
+    return not is_plain(fmt) and not any(stream.isatty() for stream in streams)
+
+
+@contextlib.contextmanager
+def structured_stdio(logger: str, *, stderr_level: int = logging.WARNING, prefix: str = "") -> Iterator[bool]:
+    """Inside the block, every byte the process writes is a log line (`WHALEGEN_LOG_FORMAT`: JSON unless
+    `plain`), for a one-shot start-up step whose output a log pipeline reads (`manage.py migrate`, the
+    bootstrap join token): 1. a root handler on the real stderr until the process configures its own
+    (Django's `LOGGING` replaces it with a `ConsoleHandler`), 2. Python's warnings as records, 3. each line
+    printed on stdout an INFO record of `logger`, on stderr one at `stderr_level`, without a leading
+    `prefix` (`whalegen create join-token:`: the logger says it, and the redaction would take
+    `join-token: made` for a credential's key and value), 4. an exception that leaves the block one
+    CRITICAL record with its traceback in `exc`, then exit status 1, as Python's own uncaught-exception
+    handling would have ended it. Nothing at a terminal or with `plain`; yields whether it did it. The
+    streams are restored at the end (a test calls the commands in-process)."""
+    fmt = os.environ.get("WHALEGEN_LOG_FORMAT", "json")
+    if not wants_structured_stdio(fmt, sys.stdout, sys.stderr):
+        yield False
+        return
+    root = logging.getLogger()
+    handler = None
+    if not root.handlers:
+        handler = ConsoleHandler(sys.stderr)
+        handler.setFormatter(formatter_for(fmt))
+        handler.addFilter(RedactFilter())
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    saved = sys.stdout, sys.stderr
+    out = LineLog(sys.stdout, logger, logging.INFO, prefix=prefix)
+    err = LineLog(sys.stderr, logger, stderr_level, prefix=prefix)
+    sys.stdout, sys.stderr = out, err
+    try:
+        yield True
+    except Exception as error:  # SystemExit and KeyboardInterrupt pass through as they are
+        out.finish()  # what was printed before it, first
+        err.finish()
+        logging.getLogger(logger).critical("uncaught %s: %s", type(error).__name__, error, exc_info=True)
+        raise SystemExit(1) from None
+    finally:
+        out.finish()
+        err.finish()
+        sys.stdout, sys.stderr = saved
+        if handler is not None and handler in root.handlers:
+            root.removeHandler(handler)

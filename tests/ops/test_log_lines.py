@@ -2,14 +2,18 @@
 credential sent to the plane appears in any of them (issue #42 item 3; docs/logs-and-metrics.md, "Logs").
 
 The process set is the shipped one, each a real process on a PostgreSQL and a Redis of this test's own:
-gunicorn with docker/gunicorn.conf.py, `celery worker`, `celery beat` and `whalegen agent --backend sim`,
-with no log setting in their environment (the defaults are what is under test). Each process's stdout and
-stderr go to files of their own, so a line is judged as the process wrote it. The test drives what makes
-each kind of line: requests carrying an API token, a node token, a join token and a made-up bearer in
-headers and query strings (gunicorn's access lines, with the tenant or node the credential names; Django's
-401/403 lines), a task submitted and run on the agent (Celery's received/succeeded lines, the agent's task
-lines), a Celery task sent with arguments it does not take (a failure with a traceback), and SIGTERM at
-the end (each process's stop lines).
+the start-up steps the compose stack runs before the others (`manage.py migrate --noinput` on an empty
+database, with its progress output, and `whalegen create join-token --bootstrap`) and the `manage.py check`
+an operator's unit may run, then gunicorn with docker/gunicorn.conf.py, `celery worker`, `celery beat` and
+`whalegen agent --backend sim`, with no log setting in their environment (the defaults are what is under
+test). Each process's stdout and stderr go to files of their own, read from the first byte, so a line is
+judged as the process wrote it: every line of every one must be JSON with the common fields, start-up
+lines included. The test drives what makes each kind of line: requests carrying an API token, a node
+token, a join token and a made-up bearer in headers and query strings (gunicorn's access lines, with the
+tenant or node the credential names, the agent's heartbeats' included; Django's 401/403 lines), a task
+submitted and run on the agent (Celery's received/succeeded lines, the agent's task lines), a Celery task
+sent with arguments it does not take (a failure with a traceback), and SIGTERM at the end (each process's
+stop lines).
 Run it under `flock /var/tmp/faults.lock` (fixed ports, as tests/ops/test_production_stack.py).
 """
 
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -25,13 +31,16 @@ from typing import Any
 import pytest
 import requests
 
-from tests.ops.stack import OpsStack, Ports, stack_in_temp_dir, wait
+from tests.ops.stack import ROOT, OpsStack, Ports, stack_in_temp_dir, wait
 
 pytestmark = pytest.mark.e2e
 
 PORTS = Ports.from_env("WHALEGEN_LOGS", web=18640, postgres=15474, redis=16421)
 COMMON = ("time", "level", "component", "logger", "message")
-COMPONENT = {"web": "web", "worker": "worker", "beat": "beat", "agent": "agent"}
+# Each process of the set by the name its output files have, and the `component` its lines carry.
+STEPS = {"migrate": "plane", "check": "plane", "bootstrap": "plane"}
+COMPONENT = {**STEPS, "web": "web", "worker": "worker", "beat": "beat", "agent": "agent"}
+BOOTSTRAP_SECRET = "logs-bootstrap-secret-0123456789"
 FAKE_BEARER = "zq-made-up-bearer-7c1e0b9a5d"
 FAKE_JOIN_TOKEN = "wgj_" + "J" * 40
 
@@ -65,10 +74,24 @@ def stack() -> Iterator[OpsStack]:
         yield made
 
 
+def _step(stack: OpsStack, name: str, *args: str, **env: str) -> None:
+    """`python *args` to the end, as a start-up step of the stack: exit 0, its stdout and stderr kept in
+    files of their own as a spawned process's are."""
+    with (stack.work / f"{name}.out").open("wb") as out, (stack.work / f"{name}.err").open("wb") as err:
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=dict(stack.env, **env), stdout=out,
+                              stderr=err, timeout=180)  # fmt: skip
+    assert done.returncode == 0, (name, stack.outputs(name))
+
+
 def _start(stack: OpsStack) -> None:
-    """Servers, schema and seed, then the four processes as the images run them; ready when /readyz is."""
+    """Servers, the start-up steps as docker/compose.yaml's migrate service runs them (and a `check`), the
+    test's seed, then the four processes as the images run them; ready when /readyz is."""
     stack.start_servers()
-    stack.migrate_and_seed()
+    _step(stack, "migrate", "manage.py", "migrate", "--noinput")
+    _step(stack, "bootstrap", "-m", "whalegen", "create", "join-token", "--bootstrap",
+          WHALEGEN_BOOTSTRAP_JOIN_TOKEN=BOOTSTRAP_SECRET)  # fmt: skip
+    _step(stack, "check", "manage.py", "check")
+    stack.world = json.loads(stack.run("-m", "tests.ops.plane_scripts"))
     stack.spawn("web", "-m", "gunicorn", "-c", "docker/gunicorn.conf.py", "whalegen.config.wsgi")
     stack.spawn("worker", "-m", "celery", "-A", "whalegen.config", "worker", "--loglevel", "info",
                 "--concurrency", "2", "-n", "logs@%h")  # fmt: skip
@@ -149,7 +172,7 @@ def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_cred
     _stop(stack)
     # 1. Every line of every process is one JSON object with the common fields, and no credential.
     logs = {name: _entries(stack, name) for name in COMPONENT}
-    secrets = [stack.world["token"], FAKE_BEARER, FAKE_JOIN_TOKEN,
+    secrets = [stack.world["token"], FAKE_BEARER, FAKE_JOIN_TOKEN, BOOTSTRAP_SECRET,
                *(node["token"] for node in stack.world["nodes"].values())]  # fmt: skip
     for name in COMPONENT:
         text = "".join(stack.outputs(name).values())
@@ -169,6 +192,10 @@ def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_cred
     assert "tenant" not in access[request_ids["made-up bearer"]]
     fetches = [e for e in web if e["logger"] == "gunicorn.access" and "/agent/desired-state/" in e["path"]]
     assert fetches and {e["node"] for e in fetches} == {"ops-example"}
+    # The heartbeat is answered in front of DRF (whalegen/config/wsgi.py) and names its node itself.
+    beats = [e for e in web if e["logger"] == "gunicorn.access" and e["method"] == "POST"
+             and e["path"] == "/api/v1/agent/heartbeat/"]  # fmt: skip
+    assert beats and {(e["status"], e.get("node")) for e in beats} == {(200, "ops-example")}, beats[:3]
     refused = [e for e in web if e["logger"] == "django.request" and e.get("request_id") in access]
     assert refused, "Django's 401/403 lines carry the request id"
     # 3. Celery: the worker's lines about a task carry its id and name; a failure carries its traceback.
@@ -186,3 +213,9 @@ def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_cred
     agent = logs["agent"]
     assert {e["node"] for e in agent} == {"ops-example"}
     assert any(e.get("task_id") and "succeeded" in e["message"] for e in agent)
+    # 5. The start-up steps: migrate's progress (a line printed in two pieces is one record), the
+    #    bootstrap token's sentence, the check's verdict.
+    said = {name: [(e["logger"], e["message"]) for e in logs[name]] for name in STEPS}
+    assert ("manage.migrate", "Applying contenttypes.0001_initial... OK") in said["migrate"]
+    assert [message.split(" token ")[0] for _, message in said["bootstrap"]] == ["made bootstrap"]
+    assert said["check"] == [("manage.check", "System check identified no issues (0 silenced).")]

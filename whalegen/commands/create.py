@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import os
 import re
 import sys
+
+from whalegen.logformat import structured_stdio
 
 # The bootstrap token is refreshed at every start of the stack, so a day is plenty for its agent to join
 # and short enough that a secret copied from an old .env stops working.
@@ -75,6 +78,12 @@ def _refusal(exc: Exception) -> int:
 
 
 def _bootstrap() -> int:
+    # The compose stack's start-up step: what it says is log lines there (docs/logs-and-metrics.md, "Logs").
+    with structured_stdio("whalegen.create", stderr_level=logging.INFO, prefix="whalegen create join-token:"):
+        return _bootstrap_token()
+
+
+def _bootstrap_token() -> int:
     secret = os.environ.get("WHALEGEN_BOOTSTRAP_JOIN_TOKEN", "").strip()
     if not secret:
         print("whalegen create join-token: WHALEGEN_BOOTSTRAP_JOIN_TOKEN is not set; no bootstrap token",

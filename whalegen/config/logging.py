@@ -166,7 +166,7 @@ def logging_config(*, fmt: str, level: str, access_level: str) -> dict[str, Any]
         },
         "handlers": {
             "console": {
-                "class": "logging.StreamHandler",
+                "class": "whalegen.logformat.ConsoleHandler",
                 "formatter": "plain" if is_plain(fmt) else "json",
                 "filters": ["request", "redact"],
             }
