@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, F, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, F, Min, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from apps.accounting.selectors import month_usage
@@ -22,6 +22,7 @@ from apps.scheduling.holders import live_holders_sql
 from apps.scheduling.models import Cycle, PoolCycleTotals, Repartition
 from apps.scheduling.selectors import QuotaUsage, quota_usage
 from apps.workloads.models import Quota, Task
+from apps.workloads.selectors import quotas_with_waiting
 
 Row = dict[str, Any]
 
@@ -122,25 +123,16 @@ def plane_readings(*, now: datetime) -> PlaneReadings:
         .annotate(tasks=Count("id"), idle=Count("id", filter=Q(idle_flagged_at__isnull=False)))
         .order_by()
     )
-    # What each tenant's pending tasks ask in the pool (they hold nothing until admitted), in the same read.
-    waiting = (
-        Task.objects.filter(
-            tenant_id=OuterRef("tenant_id"), pool_id=OuterRef("pool_id"), state=Task.State.PENDING
-        )
-        .order_by()
-        .values("tenant_id")
-        .annotate(milli=Sum(F("gpu_count") * F("gpu_milli")))
-        .values("milli")
-    )
+    # What each tenant's pending tasks ask in the pool, in the same read, as the quota list counts it.
     quotas = list(
-        Quota.objects.values(
+        quotas_with_waiting(Quota.objects.all()).values(
             "tenant_id",
             "pool_id",
             "guaranteed_milli",
             "borrow_limit_milli",
+            "waiting_milli",
             tenant_slug=F("tenant__slug"),
             budget_gpu_hours=F("budget__gpu_hours"),
-            waiting_milli=Coalesce(Subquery(waiting), 0),
         )
     )
     usage = quota_usage(tenant_ids=sorted({q["tenant_id"] for q in quotas})) if quotas else {}
