@@ -177,6 +177,7 @@ class Agent:
 
         self.node_id: str | None = None
         self.desired: DesiredState | None = None
+        self._desired_encoded: tuple[DesiredState | None, dict[str, Any] | None] = (None, None)
         self.generation_applied = 0
         # Keyed by run key (`protocol.run_key`: task id and attempt), so a requeued task handed back to
         # this node is a new run here, never confused with its earlier attempt.
@@ -322,10 +323,10 @@ class Agent:
 
     # ---- the poller thread ----------------------------------------------------------------------------
     def _poll_loop(self) -> None:
-        """Two ways to learn of a new desired state (docs/agent.md, "Desired state"): a long poll held open
-        (`poll_wait_s` > 0: the plane answers as soon as it changes), or, with `poll_wait_s` 0 (a plane
-        of thousands of nodes holds no request per idle agent), a fetch when a heartbeat's answer names a
-        newer generation than the one held, and once after registering."""
+        """Two ways to learn of a new desired state (docs/agent.md, "Protocol", the desired-state row): a
+        long poll held open (`poll_wait_s` > 0: the plane answers as soon as it changes), or, with
+        `poll_wait_s` 0 (a plane of thousands of nodes holds no request per idle agent), a fetch when a
+        heartbeat's answer names a newer generation than the one held, and once after registering."""
         backoff = Backoff(rng=self.rng)
         while not self.stop_event.is_set():
             if self.node_id is None:
@@ -981,6 +982,8 @@ class Agent:
 
     def _collect_output(self) -> None:
         """Read what live runs wrote since the last pass, unless reports are already backing up."""
+        if not self.runner.tasks:
+            return  # an idle node: nothing to read, and no need to count the outbox every tick
         if self.outbox.count() >= LOG_BACKLOG_REPORTS:
             return
         for proc in self.runner.tasks.values():
@@ -1050,12 +1053,22 @@ class Agent:
                 "node_name": self.config.node_name,
                 "seq": self.seq,
                 "generation_applied": self.generation_applied,
-                "desired": self.desired.to_dict() if self.desired else None,
+                "desired": self._desired_dict(),
                 "tasks": self.runner.records(),
                 "specs": {tid: spec.to_dict() for tid, spec in self.specs.items()},
                 "finished": sorted(self.finished),
             }
         )
+
+    def _desired_dict(self) -> dict[str, Any] | None:
+        """The desired state as the state file keeps it, encoded once per desired state: the file is
+        checked every tick, and encoding the desired state was half of that check's cost on an idle node.
+        Keyed by identity, which is safe because a DesiredState is frozen and a new one is a new object."""
+        if self.desired is None:
+            return None
+        if self._desired_encoded[0] is not self.desired:
+            self._desired_encoded = (self.desired, self.desired.to_dict())
+        return self._desired_encoded[1]
 
 
 def _chunk(task_id: str, attempt: int, batch: Batch) -> LogChunk:

@@ -58,20 +58,28 @@ class StateFile:
 
 
 class Outbox:
+    """One file a report. The agent is the directory's only writer, so once a listing found it empty it
+    stays empty until `put`: an idle agent asks every tick and lists the directory no more after that."""
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._seen_empty = False  # not yet listed: a previous agent's reports may wait here
 
     def put(self, seq: int, report: dict[str, Any]) -> None:
         write_json_atomic(self.directory / f"{seq:012d}.json", report)
+        self._seen_empty = False
 
     def pending(self) -> list[tuple[int, dict[str, Any]]]:
+        if self._seen_empty:
+            return []
         found = []
         for path in sorted(self.directory.glob("*.json")):
             try:
                 found.append((int(path.stem), json.loads(path.read_text())))
             except (ValueError, OSError):
                 path.replace(path.with_suffix(".bad"))
+        self._seen_empty = not found
         return found
 
     def done(self, seq: int) -> None:
@@ -79,7 +87,11 @@ class Outbox:
 
     def count(self) -> int:
         """Reports waiting (cheap: names only; the agent asks every tick before reading more output)."""
-        return sum(1 for _ in self.directory.glob("*.json"))
+        if self._seen_empty:
+            return 0
+        waiting = sum(1 for _ in self.directory.glob("*.json"))
+        self._seen_empty = waiting == 0
+        return waiting
 
     def last_seq(self) -> int:
         seqs = [int(p.stem) for p in self.directory.glob("*.json") if p.stem.isdigit()]

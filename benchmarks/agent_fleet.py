@@ -208,12 +208,16 @@ class NodeView:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._backend, name)
+        renamed = name in self.RENAMED
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 value = method(*args, **kwargs)
-            return self._rename(value) if name in self.RENAMED else value
+            return self._rename(value) if renamed else value
 
+        # Kept on the view: the next call finds it without __getattr__ and a new closure (an idle agent
+        # makes ~120 backend calls a heartbeat; this is the generator's own overhead, not the agent's).
+        setattr(self, name, call)
         return call
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ WHOLE_DEVICE = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId meaning "not a MI
 GI_PROFILE_INDEX_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13.615.71
 CI_PROFILE_INDEX_COUNT = 0x9  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT
 XID_GPU_FALLEN_OFF_BUS = 79
+# File timestamps come from the kernel's coarse clock (a tick of 1-10 ms): a directory whose last change
+# is at least this old cannot take a new file under the same mtime.
+EMPTY_PROC_DIR_SETTLED_NS = 100_000_000
 
 
 class Nvml(IntEnum):
@@ -104,13 +108,27 @@ class CallLog:
     def __init__(self, sink: Path | None = None) -> None:
         self.entries: list[CallRecord] = []
         self._sink = sink
+        self._sink_fd: int | None = None
 
     def append(self, record: CallRecord) -> None:
         self.entries.append(record)
         if self._sink is not None:
-            with self._sink.open("a") as out:
-                row = {"seq": record.seq, "t_s": record.t_s, "function": record.function, "code": record.code}
-                out.write(json.dumps(row | {"args": [repr(a) for a in record.args]}) + "\n")
+            row = {"seq": record.seq, "t_s": record.t_s, "function": record.function, "code": record.code}
+            line = json.dumps(row | {"args": [repr(a) for a in record.args]}) + "\n"
+            # One write(2) per line on a descriptor opened once, in append mode: a reader in another
+            # process (a test watching a live agent) sees each call as it happens, as before, and an
+            # open and close per call (two thirds of an idle simulated agent's NVML cost) is gone.
+            os.write(self._fd(), line.encode())
+
+    def _fd(self) -> int:
+        """The sink, opened at the first call (the file appears then, as it always did) and closed when
+        this log is collected: a test process builds many simulators."""
+        if self._sink_fd is None:
+            assert self._sink is not None
+            fd = os.open(self._sink, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            weakref.finalize(self, os.close, fd)
+            self._sink_fd = fd
+        return self._sink_fd
 
     def mark(self) -> int:
         return len(self.entries)
@@ -331,6 +349,7 @@ class SimSystem:
         self._serial = 0
         self._event_sets: dict[int, SimEventSet] = {}
         self._control_checked_at = 0.0
+        self._proc_dir_empty_since_ns: int | None = None  # see _sync_external_processes
         # The driver outlives the agent: with a state path, instances, modes and lost GPUs survive an
         # agent restart the way they survive one on a real host.
         self.state_path = state_path
@@ -537,9 +556,18 @@ class SimSystem:
         """
         for pid in [p for p, proc in self.processes.items() if proc.external]:
             del self.processes[pid]
-        if self.proc_dir is None or not self.proc_dir.is_dir():
+        if self.proc_dir is None:
             return
+        listed_ns = time.time_ns()
+        try:
+            changed_ns = self.proc_dir.stat().st_mtime_ns
+        except OSError:
+            return
+        if changed_ns == self._proc_dir_empty_since_ns:
+            return  # still empty: a program declaring itself creates a file, which moves the mtime
+        declared = False
         for path in self.proc_dir.glob("*.json"):
+            declared = True
             try:
                 pid = int(path.stem)
                 os.kill(pid, 0)
@@ -561,6 +589,11 @@ class SimSystem:
                 sm_pct=int(data.get("sm_pct", 35)),
                 mem_pct=None if data.get("mem_pct") is None else int(data["mem_pct"]),
             )
+        # An empty directory is remembered by its mtime (idle agents ask for processes ~30 times a
+        # heartbeat), but only once its last change is older than a coarse timestamp tick: a file created
+        # within the same tick as that change would carry the same mtime and go unseen.
+        settled = listed_ns - changed_ns > EMPTY_PROC_DIR_SETTLED_NS
+        self._proc_dir_empty_since_ns = changed_ns if not declared and settled else None
 
     def locate_uuid(self, device_uuid: str) -> tuple[int, int | None, int | None] | None:
         for gpu in self.gpus:
