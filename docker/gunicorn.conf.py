@@ -23,8 +23,22 @@ overridable from the environment. Why these (docs/fleet.md, "Heartbeat load"; fi
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import sys
+from typing import NoReturn
+
+from whalegen.logformat import formatter_for, set_component
+
+
+def refuse(message: str) -> NoReturn:
+    """Stop the start with `message` as a log line like every other of the web's: gunicorn reads this file
+    before it sets its logger up (`whalegen.gunicornlog`), so the line is formatted here."""
+    set_component("web")
+    record = logging.LogRecord("gunicorn.error", logging.ERROR, __file__, 0, message, None, None)
+    sys.stderr.write(formatter_for(os.environ.get("WHALEGEN_LOG_FORMAT", "json")).format(record) + "\n")
+    raise SystemExit(1)
 
 
 def envfloat(name: str, default: float) -> float:
@@ -36,13 +50,13 @@ def envfloat(name: str, default: float) -> float:
     try:
         return float(value)
     except ValueError:
-        raise SystemExit(f"{name}={value!r} is not a number") from None
+        refuse(f"{name}={value!r} is not a number")
 
 
 def envint(name: str, default: int) -> int:
     value = envfloat(name, default)
     if value != int(value):
-        raise SystemExit(f"{name}={os.environ[name]!r} is not an integer")
+        refuse(f"{name}={os.environ[name]!r} is not an integer")
     return int(value)
 
 

@@ -20,6 +20,7 @@ Run it under `flock /var/tmp/faults.lock` (fixed ports, as tests/ops/test_produc
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -219,3 +220,20 @@ def test_every_process_writes_only_json_lines_with_the_common_fields_and_no_cred
     assert ("manage.migrate", "Applying contenttypes.0001_initial... OK") in said["migrate"]
     assert [message.split(" token ")[0] for _, message in said["bootstrap"]] == ["made bootstrap"]
     assert said["check"] == [("manage.check", "System check identified no issues (0 silenced).")]
+
+
+def test_a_setting_gunicorn_refuses_at_its_start_is_a_json_line_too() -> None:
+    """docker/gunicorn.conf.py is read before gunicorn's logger exists: its refusal is formatted there."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WHALEGEN_LOG_FORMAT", "WHALEGEN_COMPONENT")}
+    env.update(PYTHONPATH=str(ROOT), WHALEGEN_WEB_THREADS="eight", WHALEGEN_WEB_BIND="127.0.0.1:0")
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "docker/gunicorn.conf.py",
+                           "whalegen.config.wsgi"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = [json.loads(text) for text in done.stderr.splitlines()]
+    assert list(line) == [*COMMON]
+    assert (line["level"], line["component"], line["message"]) == (
+        "ERROR",
+        "web",
+        "WHALEGEN_WEB_THREADS='eight' is not a number",
+    )
