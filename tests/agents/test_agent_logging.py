@@ -61,3 +61,27 @@ def test_the_node_token_is_never_written(fmt: str) -> None:
     assert len(lines) == 3
     assert NODE_TOKEN not in text and "k" * 16 not in text
     assert text.count("[redacted]") >= 2
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "--server and --token"),
+        (("--server", "http://plane.invalid", "--uid-range", "5"), "--uid-range: a uid range reads LOW-HIGH"),
+    ],
+    ids=["no credential", "a bad uid range"],
+)
+def test_an_agent_that_refuses_to_start_says_why_in_a_json_line(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    """What a supervisor's log shows of an agent started without what it needs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHALEGEN_AGENT_", "WHALEGEN_LOG"))}
+    env.update(PYTHONPATH=str(ROOT), WHALEGEN_AGENT_TOKEN=NODE_TOKEN if args else "")
+    done = subprocess.run(
+        [sys.executable, "-m", "whalegen", "agent", "--backend", "sim", "--state-dir", str(tmp_path), *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = [json.loads(text) for text in done.stderr.splitlines()]
+    assert (line["level"], line["component"], line["logger"]) == ("ERROR", "agent", "whalegen.agent")
+    assert says in line["message"] and NODE_TOKEN not in done.stderr

@@ -286,11 +286,11 @@ def run(args: argparse.Namespace) -> int:
         token = joined.credential
         args.server = args.server or joined.server
         args.node_name = args.node_name or joined.node_name
+    # From here on a refusal is a log line like the agent's others: a supervisor's log reads it.
     if not args.server or not token:
-        print(
+        logging.getLogger("whalegen.agent").error(
             "whalegen agent: --server and --token (or WHALEGEN_AGENT_TOKEN[_FILE]) are required, unless this "
-            "host joined (`whalegen agent join`, or a join token in WHALEGEN_AGENT_JOIN_TOKEN[_FILE])",
-            file=sys.stderr,
+            "host joined (`whalegen agent join`, or a join token in WHALEGEN_AGENT_JOIN_TOKEN[_FILE])"
         )
         return 2
     from agents.agent import Agent, AgentConfig
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         uid_range = parse_uid_range(str(args.uid_range))
     except ValueError as error:
-        print(f"whalegen agent: --uid-range: {error}", file=sys.stderr)
+        logging.getLogger("whalegen.agent").error("whalegen agent: --uid-range: %s", error)
         return 2
     config = AgentConfig(
         server=args.server,
