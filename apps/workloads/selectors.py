@@ -63,8 +63,8 @@ def quotas_with_waiting(quotas: QuerySet[Quota]) -> QuerySet[Quota]:
     The sum is a plain SQL function, not Django's `Sum`, and the COALESCE is inside the subquery: an
     aggregate would make Django group the subquery (no row, so NULL, for a tenant with nothing pending),
     and a COALESCE around it would become a GROUP BY key of the quota list's own aggregate, which
-    PostgreSQL computes for every joined task row (the subquery once per task of the pool: 83 against
-    5 ms for 250 tasks, benchmarks/metrics_scrape.py)."""
+    PostgreSQL computes for every joined task row, not once per quota (10 quotas, 250 tasks, analysed:
+    7 against 0.8 ms of execution, and a plan costly enough to be JIT-compiled, 46 against 4 ms a call)."""
     asked = Func(F("gpu_count") * F("gpu_milli"), function="SUM")
     waiting = (
         Task.objects.filter(
