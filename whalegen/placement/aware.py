@@ -20,8 +20,10 @@
      docs fleets, seed 1: docs/notes/goodput-runs.md).
   3. **Co-location.** On a shared (MPS / time-sliced) GPU the slowdown of every task on it is predicted
      from the SM utilisations (the Lucid-fitted rule of whalegen/goodput/interference.py, summed over
-     the neighbours); a GPU where a predicted factor falls below an online task's SLA, or below
-     `floor` for batch work, is refused. Among admissible GPUs a co-location that keeps every factor
+     the neighbours); a GPU where a predicted factor falls below `floor` for batch work is refused. An
+     online task's SLA is a floor, so it is checked against the factor 99 in 100 of the measured pairs near
+     it keep (`predicted_low_factor`), not the median rule: a GPU where that falls below its SLA is
+     refused. Among admissible GPUs a co-location that keeps every factor
      above the floor goes before an idle GPU of the same model (two tasks at 0.7 each do 1.4 GPUs of
      work on one), and a slower model is taken only when nothing faster has room.
   4. **Reasons.** Every choice says why (`reasons[task_id]`): "H100-80GB chosen: 3.7× this task's
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from whalegen.forecast.interference import utilisation_factor
+from whalegen.forecast.interference import utilisation_factor, utilisation_low_factor
 from whalegen.forecast.profiles import BoundClass, BoundProfile, bound_class
 from whalegen.gpus.mig import COMPUTE_SLICES, MEMORY_SLICES, MigProfile
 from whalegen.gpus.speed import GpuFigures, gpu_figures
@@ -95,6 +97,12 @@ class ShareBinpackPolicy(Policy):
 def predicted_factor(util_pct: float, others_util_pct: float) -> float:
     """The Lucid-fitted utilisation rule with the neighbours' utilisations summed."""
     return utilisation_factor(util_pct, others_util_pct)
+
+
+def predicted_low_factor(util_pct: float, others_util_pct: float) -> float:
+    """The factor the measured pairs near these utilisations keep in 99 cases of 100: what an SLA is
+    checked against (whalegen.forecast.interference, "co-location risk")."""
+    return utilisation_low_factor(util_pct, others_util_pct)
 
 
 def predicted_slice_factor(util_pct: float, compute_share: float) -> float:
@@ -361,20 +369,24 @@ class AwarePolicy(WhalegenPolicy):
         factors = []
         for (member, p), u in zip(members, utils, strict=True):
             f = predicted_factor(u, total - u)
+            checked = self._checked_factor(p, u, total - u)
             limit = p.sla_min_factor if p.sla_min_factor is not None else self.floor
-            if f < limit:
+            if checked < limit:
                 what = (
                     f"{member}'s SLA {limit:.2f}"
                     if p.sla_min_factor is not None
                     else f"the floor {limit:.2f}"
                 )
-                refused.append(
-                    f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: sharing it predicts {f:.2f}× for "
-                    f"{member}, below {what}"
+                told = (
+                    f"{checked:.2f}× in 99 of 100 measured pairs"
+                    if p.sla_min_factor is not None
+                    else f"{f:.2f}×"
                 )
+                why = f"sharing it predicts {told} for {member}, below {what}"
+                refused.append(f"{s.names[n]} GPU {s.gpu_index[n][d]} refused: {why}")
                 if p.sla_min_factor is not None:
                     self._sla_hit = True
-                    self._remedy(n, d, members, f"sharing it predicts {f:.2f}× for {member}, below {what}")
+                    self._remedy(n, d, members, why)
                 return None
             factors.append((member, f))
         shown = ", ".join(f"{m} {f:.2f}×" for m, f in factors[1:])
@@ -387,6 +399,15 @@ class AwarePolicy(WhalegenPolicy):
             (d,),
             f"shares GPU {s.gpu_index[n][d]}: predicted {factors[0][1]:.2f}× for it, {shown}",
         )
+
+    @staticmethod
+    def _checked_factor(profile: TaskProfile, util_pct: float, others_util_pct: float) -> float:
+        """The factor a co-location is admitted on: for an online service the low quantile of the measured
+        pairs near it (an SLA is a floor, and the median rule hides the pairs' spread), for batch work the
+        median rule against the floor."""
+        if profile.sla_min_factor is not None:
+            return predicted_low_factor(util_pct, others_util_pct)
+        return predicted_factor(util_pct, others_util_pct)
 
     def _mig_option(
         self,
@@ -448,7 +469,7 @@ class AwarePolicy(WhalegenPolicy):
         total = sum(utils)
         for (_, p), u in zip(kept, utils, strict=True):
             limit = p.sla_min_factor if p.sla_min_factor is not None else self.floor
-            if len(kept) > 1 and predicted_factor(u, total - u) < limit:
+            if len(kept) > 1 and self._checked_factor(p, u, total - u) < limit:
                 return
         s = self.state
         self._remedies.append(SlaRemedy(s.names[n], s.gpu_index[n][d], batch, why))
