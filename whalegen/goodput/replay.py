@@ -749,8 +749,7 @@ class _GoodputReplay:
 
     def service_profile(self, task: _Task, at_s: float) -> TaskProfile:
         assert task.service is not None
-        running = [t.task_id for t in self.running.values() if t.service is not None]
-        return self.side.telemetry.service_profile(task.task_id, at_s, task.service.sla_min_factor, running)
+        return self.side.telemetry.service_profile(task.task_id, at_s, task.service.sla_min_factor)
 
 
 def _step_work(task: _Task, step_s: float) -> tuple[float, float]:

@@ -75,7 +75,6 @@ class Telemetry:
         self._rng = random.Random(f"telemetry:{seed}")
         # Each service's samples of the last `SERVICE_WINDOW_S` (older ones are dropped as new ones come).
         self.service_samples: dict[str, deque[tuple[float, float]]] = defaultdict(deque)
-        self._pooled: tuple[float, float | None] | None = None
 
     def job_sample(self, workload: str, model: str, throughput: float, util_pct: float) -> None:
         """One sample of a job running alone; a job that does not run (throughput 0) reports nothing."""
@@ -97,19 +96,14 @@ class Telemetry:
     def _recent(self, service_id: str, at_s: float) -> list[float]:
         return [u for t, u in self.service_samples.get(service_id, ()) if t > at_s - SERVICE_WINDOW_S]
 
-    def pooled_service_util(self, running_ids: list[str], at_s: float) -> float | None:
-        """The P95 over the running services' last hour: the prior of a service not seen running yet."""
-        if self._pooled is None or self._pooled[0] != at_s:
-            samples = [u for sid in running_ids for u in self._recent(sid, at_s)]
-            self._pooled = (at_s, nearest_rank_percentile(samples, 95) if samples else None)
-        return self._pooled[1]
-
-    def service_profile(
-        self, service_id: str, at_s: float, sla_min_factor: float, running_ids: list[str]
-    ) -> TaskProfile:
-        """The P95 of its own last hour of samples; a service with none yet: the pooled prior."""
+    def service_profile(self, service_id: str, at_s: float, sla_min_factor: float) -> TaskProfile:
+        """The P95 of its own last hour of samples. A service not seen running yet has no utilisation: the
+        placement counts it as saturating a GPU. A prior pooled over the running services (the replay's
+        rule before 7 Dec 2026) put a new service on a MIG slice sized for the others' load, where it then
+        stayed for its life: on the older-mig fleet every SLA-violating minute (1.1–1.6 %) was one of
+        those (docs/notes/goodput-runs.md, "The co-location risk")."""
         own = self._recent(service_id, at_s)
-        util = nearest_rank_percentile(own, 95) if own else self.pooled_service_util(running_ids, at_s)
+        util = nearest_rank_percentile(own, 95) if own else None
         return TaskProfile(compute_exponent=0.5, sm_util_pct=util, sla_min_factor=sla_min_factor)
 
 

@@ -194,19 +194,22 @@ def test_running_tasks_carry_their_stored_profile_into_the_snapshot(fleet) -> No
     assert running.profile.sm_util_pct == pytest.approx(10.0) and running.profile.sla_min_factor is None
     [pending] = snapshot.cluster.pending
     assert pending.profile is not None and pending.profile.sla_min_factor == ONLINE_SLA_MIN_FACTOR
-    # Knowing its quiet neighbour, the cycle's fresh engine shares the GPU with the online task.
+    # The cycle's fresh engine judges the co-location from the neighbour's stored 10 %: 99 in 100 of the
+    # measured pairs near (30 %, 10 %) keep 0.87× (against 0.64× beside an unknown, busy neighbour, the
+    # next test) — still below the online SLA 0.90, so the online task waits rather than share.
     report = run(fleet, minutes=1, policy="whalegen-aware")
-    assert report.placed == 1
-    assert Assignment.objects.get(task=online, released_at__isnull=True).node.name == "mps-01"
+    assert report.placed == 0
+    online.refresh_from_db()
+    assert "sharing it predicts 0.87× in 99 of 100 measured pairs" in online.why_pending
 
 
 def test_an_online_task_refused_beside_an_unknown_neighbour_waits_as_sla_refused(fleet) -> None:
-    # The neighbour's key has no telemetry: it counts as a busy training job (SM 100 %), and sharing is
-    # predicted to give the online task 0.85× (below its SLA 0.90). Not "no capacity", and no victims
-    # (the batch task is not preemptible).
+    # The neighbour's key has no telemetry: it counts as a busy training job (SM 100 %), and 99 in 100 of
+    # the measured pairs near (30 %, 100 %) give the online task 0.64× (below its SLA 0.90). Not "no
+    # capacity", and no victims (the batch task is not preemptible).
     _, online = _online_beside(fleet, neighbour_known=False)
     report = run(fleet, minutes=1, policy="whalegen-aware")
     assert (report.placed, report.preempted) == (0, 0)
     online.refresh_from_db()
     assert online.why_pending_code == "sla_refused"
-    assert "refused: sharing it predicts 0.85× for" in online.why_pending
+    assert "refused: sharing it predicts 0.64× in 99 of 100 measured pairs for" in online.why_pending

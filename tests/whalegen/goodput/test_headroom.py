@@ -52,9 +52,12 @@ def _roomy_fleet(mode: str, gpus: int) -> object:
 
 
 def _churn_run(truth: World, policy: str) -> object:
-    # Four MPS GPUs, a stream of preemptible whole-GPU jobs that keeps them busy, and eight services that
-    # arrive over the window (half at t = 0) and leave after an exponential lifetime.
-    fleet = _roomy_fleet("mps", 4)
+    # Eight GPUs, a stream of preemptible whole-GPU jobs that keeps them busy, and eight services that
+    # arrive over the window (half at t = 0) and leave after an exponential lifetime. Whole GPUs: a
+    # service at SLA 0.90 never shares one (the measured pairs' 1st percentile is below 0.90 everywhere,
+    # whalegen.forecast.interference), so on four shared GPUs eight services could not all run whatever
+    # the headroom (it was four MPS GPUs while services shared on the median rule).
+    fleet = _roomy_fleet("whole", 8)
     jobs = [
         replace(_job(f"j{i}", (A, B)[i % 2], 3600, arrival_s=300 * i), preemptible=True) for i in range(40)
     ]
@@ -117,8 +120,8 @@ def test_the_ceilings_of_two_one_hour_jobs_on_one_gpu_by_hand(world: World) -> N
 
 def test_services_at_the_batch_priority_wait_without_the_reserve(world: World) -> None:  # noqa: F811
     # `+peer`: services arrive at the preemptible jobs' priority, as production's queue default puts them.
-    # Without a reserve, equal priority displaces nobody: arriving services wait for jobs to end (10 % of
-    # service-minutes violate, waiting). The forecast reserve keeps room for them (1.2 %).
+    # Without a reserve, equal priority displaces nobody: arriving services wait for jobs to end (29 % of
+    # service-minutes violate, waiting). The forecast reserve keeps room for them (0 %).
     plain = _churn_run(world, "whalegen-aware+peer")
     kept = _churn_run(world, "whalegen-aware+peer+headroom")
     assert plain.service_preemptions == 0  # type: ignore[attr-defined]
