@@ -2,10 +2,12 @@
 in the same run on the same rows.
 
     DATABASE_URL=postgres://… SECRET_KEY=x python benchmarks/metrics_scrape.py [--baseline-rev REV]
-        [--tenants 40] [--pools 4] [--pending 25] [--history 500] [--rounds 15] [--only READ] [--json]
+        [--tenants 40] [--pools 4] [--pending 25] [--holding 0] [--history 500] [--rounds 15] [--only READ]
+        [--json]
 
 Builds scratch tenants, pools, queues and quotas in the configured database (every tenant a quota in
-every pool), with `--pending` pending and `--history` finished tasks per quota, then times, round by
+every pool), with `--pending` pending, `--holding` admitted, assigned or running, and `--history` finished
+(succeeded, failed, cancelled) tasks per quota, then times, round by
 round and alternating so drift in a shared machine falls on both alike:
 
 - the whole scrape: `generate_latest(registry_for(now))`, as `/metrics` answers it, with the collector's
@@ -59,7 +61,7 @@ def _module_at(rev: str, path: str, name: str) -> ModuleType:
     return module
 
 
-def _seed(tag: str, *, tenants: int, pools: int, pending: int, history: int) -> dict[str, int]:
+def _seed(tag: str, *, tenants: int, pools: int, pending: int, holding: int, history: int) -> dict[str, int]:
     """Scratch rows, `tag` in every name; returns what was made."""
     from django.db import connection
 
@@ -84,7 +86,15 @@ def _seed(tag: str, *, tenants: int, pools: int, pending: int, history: int) -> 
                 Task(state=Task.State.PENDING, gpu_count=count, gpu_milli=milli, **common)
                 for count, milli in (shapes[i % 2] for i in range(pending))
             ]
-            rows += [Task(state=Task.State.SUCCEEDED, gpu_milli=250, **common) for _ in range(history)]
+            # Holding work in every holding state, some stating GPU memory (the list sums it), some not.
+            held_states = (Task.State.ADMITTED, Task.State.ASSIGNED, Task.State.RUNNING)
+            rows += [
+                Task(state=held_states[i % 3], gpu_milli=500, gpu_mem_mib=(i % 2) * 8192, **common)
+                for i in range(holding)
+            ]
+            # The history: finished in every way (none of it counts in any figure of the quota list).
+            ended = (Task.State.SUCCEEDED, Task.State.FAILED, Task.State.CANCELLED)
+            rows += [Task(state=ended[i % 3], gpu_milli=250, **common) for i in range(history)]
     Task.objects.bulk_create(rows, batch_size=5_000)
     # Fresh statistics, as autovacuum keeps them on a live plane: with the empty tables' stale ones the
     # planner's estimates (hundreds of quotas, tens of thousands of groups) crossed PostgreSQL's JIT
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=40)
     parser.add_argument("--pools", type=int, default=4)
     parser.add_argument("--pending", type=int, default=25, help="pending tasks per quota")
+    parser.add_argument("--holding", type=int, default=0, help="admitted/assigned/running tasks per quota")
     parser.add_argument("--history", type=int, default=500, help="finished tasks per quota")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", action="store_true")
@@ -145,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         started = time.perf_counter()
         out["made"] = _seed(
-            tag, tenants=args.tenants, pools=args.pools, pending=args.pending, history=args.history
+            tag,
+            tenants=args.tenants,
+            pools=args.pools,
+            pending=args.pending,
+            holding=args.holding,
+            history=args.history,
         )
         out["seed_s"] = round(time.perf_counter() - started, 1)
         admin = Access(platform_admin=True)
@@ -172,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
             ]
 
         assert figures(reads["scrape before"]()) == figures(reads["scrape after"]())
-        waiting = {
-            name: sorted((q.tenant_id, q.pool_id, q.waiting_milli) for q in reads[name]())
+        fields = ("tenant_id", "pool_id", "waiting_milli", "held_milli", "held_mem_mib")
+        fields += ("tasks_pending", "tasks_admitted")
+        listed = {
+            name: [tuple(getattr(q, field) for field in fields) for q in reads[name]()]
             for name in ("quota_list before", "quota_list after")
         }
-        assert waiting["quota_list before"] == waiting["quota_list after"]
+        assert listed["quota_list before"] == listed["quota_list after"]  # every figure, in the same order
         timed = [name for name in reads if args.only is None or name.startswith(f"{args.only} ")]
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in timed}
         for _ in range(args.rounds):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, F, Func, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, F, Func, IntegerField, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
@@ -77,24 +77,42 @@ def quotas_with_waiting(quotas: QuerySet[Quota]) -> QuerySet[Quota]:
     return quotas.annotate(waiting_milli=Subquery(waiting, output_field=IntegerField()))
 
 
+def _quota_tasks(*, states: tuple[str, ...], value: Func) -> Subquery:
+    """One figure over the quota's tenant's tasks in its pool in `states`, as a subquery per quota.
+
+    Answered from the tasks' (tenant, state) index, so it reads the tenant's tasks in those states and
+    never the pool's finished history. As in `quotas_with_waiting`, the aggregate is a plain SQL function
+    with its COALESCE inside: Django's `Sum` or `Count` would make it group the subquery (no row, so
+    NULL, for a quota with no such task) and the outer query would need a GROUP BY again."""
+    tasks = (
+        Task.objects.filter(tenant_id=OuterRef("tenant_id"), pool_id=OuterRef("pool_id"), state__in=states)
+        .order_by()
+        .annotate(figure=Coalesce(value, 0, output_field=IntegerField()))
+        .values("figure")
+    )
+    return Subquery(tasks, output_field=IntegerField())
+
+
 def quota_list(*, access: Access) -> QuerySet[Quota]:
     """Quotas with their use: what admitted work holds (admitted, assigned, running: what the limit
-    counts), what waiting work asks (it holds nothing: `quotas_with_waiting`), and how many tasks each is."""
-    same_tenant = Q(pool__tasks__tenant_id=F("tenant_id"))
-    held = same_tenant & Q(pool__tasks__state__in=HOLDING)
-    waiting = same_tenant & Q(pool__tasks__state=Task.State.PENDING)
-    asked = F("pool__tasks__gpu_count") * F("pool__tasks__gpu_milli")
-    asked_mem = F("pool__tasks__gpu_count") * Coalesce(F("pool__tasks__gpu_mem_mib"), 0)
+    counts), what waiting work asks (it holds nothing: `quotas_with_waiting`), and how many tasks each is.
+
+    Every figure is a subquery per quota over the tenant's tasks in the states it counts, not an aggregate
+    over the pool's tasks joined in: that join read every finished task of every pool, so a long history
+    made the list slow (160 quotas, 84,000 tasks, 80,000 of them finished: seconds a call) while the
+    answer depends only on the live tasks."""
+    asked_milli = Func(F("gpu_count") * F("gpu_milli"), function="SUM")
+    asked_mem_mib = Func(F("gpu_count") * Coalesce(F("gpu_mem_mib"), 0), function="SUM")
+    tasks = Func(F("pk"), function="COUNT")
     return _visible(
         quotas_with_waiting(Quota.objects.select_related("tenant", "pool"))
         .annotate(
-            held_milli=Coalesce(Sum(asked, filter=held), 0),
-            held_mem_mib=Coalesce(Sum(asked_mem, filter=held), 0),
-            tasks_pending=Count("pool__tasks", filter=waiting),
-            tasks_admitted=Count("pool__tasks", filter=held),
+            held_milli=_quota_tasks(states=HOLDING, value=asked_milli),
+            held_mem_mib=_quota_tasks(states=HOLDING, value=asked_mem_mib),
+            tasks_pending=_quota_tasks(states=(Task.State.PENDING,), value=tasks),
+            tasks_admitted=_quota_tasks(states=HOLDING, value=tasks),
         )
-        # Named here: Django leaves Meta.ordering out of a GROUP BY query, so without it PostgreSQL
-        # returns the quotas in whatever order its aggregate produced (the dashboard's rows swapped).
+        # Named here rather than left to Meta.ordering, so the list's order is stated where it is read.
         .order_by("tenant__slug", "pool__name"),
         access,
     )
