@@ -1,6 +1,6 @@
 """Agent fleet: N real node agents against the plane started as shipped, for minutes.
 
-    python benchmarks/agent_fleet.py [--agents 200] [--procs 2] [--duration-s 180]
+    python benchmarks/agent_fleet.py [--agents 200] [--procs 2] [--duration-s 180] [--ramp-s S]
         [--baseline-agents 50] [--baseline-poll-wait-s 20] [--changes-per-s 1] [--json]
 
 What runs (issue #42 item 2):
@@ -16,7 +16,8 @@ What runs (issue #42 item 2):
   process, each agent seeing it under GPU UUIDs of its own, calls serialised: the simulator is one per
   process). `--procs` generator processes run `--agents` ÷ `--procs` agents each, one thread per agent
   plus its poller, so that no one interpreter's GIL holds the load back. The agents start spread over the
-  ramp; the window starts once every agent has registered and a warm-up of 30 s has passed.
+  ramp (`--ramp-s`, default one agent per 25th of a second, at least 10 s; each start is a registration,
+  a fetch and a partition report); the window starts after the ramp and a warm-up of 30 s.
 - **Beside them**: an API client (a platform admin's token) alternating `GET /api/v1/tasks/` and
   `GET /api/v1/pools/` every 0.5 s, and a writer changing `--changes-per-s` nodes' desired states a second
   (benchmarks/heartbeat_load.py's `Writer`: a GPU's partition mode flipped, the node marked), which
@@ -380,7 +381,7 @@ def _merge(parts: list[dict[str, Any]], window: tuple[float, float]) -> dict[str
 
 def run_fleet(
     work: Path, *, agents: int, procs: int, duration_s: float, web_port: int, poll_wait_s: float | None,
-    changes_per_s: float,
+    changes_per_s: float, ramp_s: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One run: the shipped plane, `agents` real agents in `procs` processes, the window, the figures."""
     work.mkdir(parents=True, exist_ok=True)
@@ -391,7 +392,7 @@ def run_fleet(
     try:
         tokens, api_token = plane.boot(agents)
         (work / "tokens.json").write_text(json.dumps(tokens))
-        ramp_s = max(10.0, agents / 25)
+        ramp_s = max(10.0, agents / 25) if ramp_s is None else ramp_s
         started = time.time() + 3.0
         window = (started + ramp_s + WARM_UP_S, started + ramp_s + WARM_UP_S + duration_s)
         per = -(-agents // procs)
@@ -473,6 +474,9 @@ def main() -> int:
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--duration-s", type=float, default=180.0)
     parser.add_argument("--changes-per-s", type=float, default=1.0)
+    parser.add_argument(
+        "--ramp-s", type=float, dest="fleet_ramp_s", help="the starts spread over this (default agents / 25)"
+    )
     parser.add_argument("--baseline-agents", type=int, help="a baseline run with this many agents")
     parser.add_argument("--baseline-poll-wait-s", type=float,
                         help="the baseline plane's WHALEGEN_AGENT_POLL_WAIT_S (20: the default before "
@@ -494,7 +498,8 @@ def main() -> int:
             progress(f"run {label}: {agents} agents, plane poll wait {poll_wait_s or 'default'}")
             results[label] = run_fleet(Path(tmp) / label, agents=agents, procs=args.procs,
                                        duration_s=args.duration_s, web_port=args.web_port,
-                                       poll_wait_s=poll_wait_s, changes_per_s=args.changes_per_s)  # fmt: skip
+                                       poll_wait_s=poll_wait_s, changes_per_s=args.changes_per_s,
+                                       ramp_s=args.fleet_ramp_s)  # fmt: skip
     if "baseline" in results:
         a, b = results["shipped"], results["baseline"]
         results["shipped_over_baseline"] = {
