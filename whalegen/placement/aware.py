@@ -24,7 +24,7 @@
      online task's SLA is a floor, so it is checked against the factor 99 in 100 of the measured pairs near
      it keep (`predicted_low_factor`), not the median rule: a GPU where that falls below its SLA is
      refused. Among admissible GPUs a co-location that keeps every factor
-     above the floor goes before an idle GPU of the same model (two tasks at 0.7 each do 1.4 GPUs of
+     above the floor goes before an idle GPU of the same model (two tasks at 0.9 each do 1.8 GPUs of
      work on one), and a slower model is taken only when nothing faster has room.
   4. **Reasons.** Every choice says why (`reasons[task_id]`): "H100-80GB chosen: 3.7× this task's
      V100M16 speed (bandwidth-bound, a = 0.08)"; every refusal too (`refusals[task_id]`).
@@ -60,7 +60,7 @@ from whalegen.placement.whalegen_policy import OPTIONS, WhalegenPolicy
 
 # A neighbour whose utilisation nobody measured yet counts as a busy training job.
 UNKNOWN_UTIL_PCT = 100.0
-DEFAULT_FLOOR = 0.6  # the lowest predicted factor a batch task is co-located at
+DEFAULT_FLOOR = 0.9  # the lowest predicted factor a batch task is co-located at (chosen on seed 3: notes)
 DEFAULT_ADVANTAGE = 0.5  # a batch task defers models slower than this × its fleet-average speed …
 DEFAULT_DEFER_S = 900.0  # … for at most this long
 REFERENCE_MODEL = "V100M16"  # the speed ratios in reasons and the replay's reference

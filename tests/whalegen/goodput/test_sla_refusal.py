@@ -39,8 +39,8 @@ def _service(task_id: str = "svc", profile: TaskProfile = SERVICE) -> TaskReques
     return TaskRequest(task_id, 1000, GIB, 1, 400, priority=10, sla_online=True, profile=profile)
 
 
-def _engine(nodes: tuple[NodeState, ...], jobs: list[TaskRequest]) -> Engine:
-    engine = Engine(ClusterSnapshot(nodes), EngineConfig(policy="whalegen-aware"))
+def _engine(nodes: tuple[NodeState, ...], jobs: list[TaskRequest], policy: str = "whalegen-aware") -> Engine:
+    engine = Engine(ClusterSnapshot(nodes), EngineConfig(policy=policy))
     for job in jobs:
         assert engine.solve((job,), 0.0).placements
     return engine
@@ -64,9 +64,12 @@ def test_a_service_refused_beside_a_preemptible_batch_job_preempts_that_job_with
 def test_no_victims_where_the_refusal_stays_after_they_leave() -> None:
     # The GPU has room (400 of 1000 milli free) beside a busy job nobody may preempt and a preemptible
     # one. Preempting the preemptible one alone leaves the busy one there, so the co-location still
-    # breaks the SLA: the engine proposes nothing, and says why (not "no capacity").
+    # breaks the SLA: the engine proposes nothing, and says why (not "no capacity"). The batch floor is
+    # lowered to 0.6 so that the two busy jobs share the GPU at all (predicted 0.66× each).
     engine = _engine(
-        (_node("n1"),), [_job("keep", 300, preemptible=False), _job("bj", 300, preemptible=True)]
+        (_node("n1"),),
+        [_job("keep", 300, preemptible=False), _job("bj", 300, preemptible=True)],
+        policy="whalegen-aware:floor=0.6",
     )
     result = engine.solve((_service(),), 600.0)
     assert result.preemptions == ()
