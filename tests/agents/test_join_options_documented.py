@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.join import NodeCredential, credential_save
+from whalegen import logformat
 from whalegen.commands import agent as agent_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ def _flags_the_join_reads(tmp_path: Path) -> set[str]:
     args = parser.parse_args(argv, namespace=ReadRecorder())
     args.read.clear()  # parsing itself looks at every argument
     root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    handlers, level, component = list(root.handlers), root.level, logformat._component
     try:
         # Port 9 (discard) answers nothing: the join goes as far as asking the plane, and no further.
         assert agent_command.run(args) == 69
@@ -55,6 +56,7 @@ def _flags_the_join_reads(tmp_path: Path) -> set[str]:
         logging.captureWarnings(False)
         root.handlers[:] = handlers
         root.setLevel(level)
+        logformat._component = component  # the agent's logging set-up names the process "agent"
     read = args.read
     return {flag for action in parser._actions if action.dest in read for flag in action.option_strings}
 

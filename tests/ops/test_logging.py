@@ -14,6 +14,7 @@ import pytest
 from django.test import Client
 
 from tests.apps.fleet.conftest import fleet  # noqa: F401  (the world with node credentials)
+from whalegen import logformat
 from whalegen import protocol as p
 from whalegen.config.logging import (
     REDACTED,
@@ -56,14 +57,16 @@ class Captured:
 def captured(request: pytest.FixtureRequest) -> Iterator[Captured]:
     made = Captured(request.param)
     root = logging.getLogger()
-    level = root.level
+    level, component = root.level, logformat._component
     root.addHandler(made.handler)
     root.setLevel(logging.DEBUG)
+    logformat._component = None  # a process nobody named: an in-process test may have named this one
     try:
         yield made
     finally:
         root.removeHandler(made.handler)
         root.setLevel(level)
+        logformat._component = component
 
 
 def test_a_request_with_a_bearer_header_and_a_node_token_leaves_neither_in_the_logs(
