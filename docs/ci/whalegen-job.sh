@@ -23,7 +23,16 @@ task=""
 cancel() {
     [ -n "$waiter" ] && kill "$waiter" 2>/dev/null
     [ -n "$task" ] || task=$(sed -n '1s/^task \([0-9][0-9]*\):.*/\1/p' "$record.out" 2>/dev/null)
-    [ -n "$task" ] && whalegen tasks cancel "$task" --reason "CI job cancelled"
+    # Ask again while the plane is away or busy (69, 75), as the cancel step does: a job cancelled while
+    # the plane is slow must not leave its task holding GPUs.
+    for try in 1 2 3 4 5; do
+        [ -n "$task" ] || break
+        whalegen tasks cancel "$task" --reason "CI job cancelled"
+        case $? in
+            69|75) [ "$try" -lt 5 ] && sleep 3 ;;
+            *) break ;;
+        esac
+    done
     exit "$1"
 }
 trap 'cancel 130' INT

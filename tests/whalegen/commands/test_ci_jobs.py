@@ -245,7 +245,7 @@ def test_a_cancelled_job_cancels_its_task(
     # The runner's own shell around the script is signalled too and may die of it (-signal); the
     # script itself cancels the task and exits 128 + the signal.
     assert job.returncode in (want_code, -how), out + err
-    assert f"task {task_id}: cancelled" in out
+    assert f"task {task_id}: cancelled" in out, out + err
     assert _cancel_reason(runner, checkout, task_id).endswith("CI job cancelled")
 
 
