@@ -1137,12 +1137,24 @@ def task_cancel(*, task: Task, by: AbstractBaseUser | None, reason: str = "") ->
         last = task.events.filter(to_state=Task.State.CANCELLED).order_by("-pk").first()
         if last is not None and last.reason.startswith(GANG_REASON_PREFIX):
             return task
-    return task_transition(
-        task=task,
-        to_state=Task.State.CANCELLED,
-        actor=user_actor(by),
-        reason=reason or "cancelled by request",
-    )
+    for attempt in range(CANCEL_TRIES):
+        try:
+            return task_transition(
+                task=task,
+                to_state=Task.State.CANCELLED,
+                actor=user_actor(by),
+                reason=reason or "cancelled by request",
+            )
+        except Conflict:
+            # The task moved while we acted (assigned -> running by its agent's report): the user's
+            # intent still holds, so read it again and cancel what it is now; a final task stays refused.
+            if attempt == CANCEL_TRIES - 1:
+                raise
+            task.refresh_from_db()
+    raise AssertionError("unreachable")
+
+
+CANCEL_TRIES = 3
 
 
 def tasks_transition_bulk(

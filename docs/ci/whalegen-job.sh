@@ -23,16 +23,8 @@ task=""
 cancel() {
     [ -n "$waiter" ] && kill "$waiter" 2>/dev/null
     [ -n "$task" ] || task=$(sed -n '1s/^task \([0-9][0-9]*\):.*/\1/p' "$record.out" 2>/dev/null)
-    # Ask again while the plane is away or busy (69, 75), as the cancel step does: a job cancelled while
-    # the plane is slow must not leave its task holding GPUs.
-    for try in 1 2 3 4 5; do
-        [ -n "$task" ] || break
-        whalegen tasks cancel "$task" --reason "CI job cancelled"
-        case $? in
-            69|75) [ "$try" -lt 5 ] && sleep 3 ;;
-            *) break ;;
-        esac
-    done
+    # The cancel step's own retries (asked again while the plane is away or busy) cancel it.
+    [ -n "$task" ] && echo "$task" >"$record" && sh "$(dirname "$0")/whalegen-cancel.sh"
     exit "$1"
 }
 trap 'cancel 130' INT
